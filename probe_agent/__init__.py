@@ -1,0 +1,35 @@
+"""probe agent: lives inside a training rank and answers query, eval and backtrace over HTTP.
+
+``import probe_agent`` is free: nothing heavy (duckdb, fastapi, torch) is imported and nothing
+starts until ``start()`` is called, or the process runs with ``PROBE=1``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "start", "stop"]
+
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .config import AgentConfig
+
+
+def start(config: AgentConfig | None = None) -> Agent:
+    """Start the agent in this process, configured from ``PROBE_*`` variables unless ``config``
+    is given. Binds its sockets before returning: a taken port raises ``BindError`` here."""
+    from .agent import start as _start
+
+    return _start(config)
+
+
+def stop() -> None:
+    """Stop the agent if one runs; idempotent."""
+    from .agent import stop as _stop
+
+    _stop()
+
+
+def __getattr__(name: str) -> Any:  # pragma: no cover - convenience for REPL users
+    raise AttributeError(f"module 'probe_agent' has no attribute {name!r}")

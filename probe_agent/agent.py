@@ -1,0 +1,265 @@
+"""Agent: wires the store, the collectors, the evaluator and the HTTP server of one rank.
+
+Lifecycle: ``start()`` binds every socket in the caller's thread (so a taken port fails at once),
+then starts the writer and HTTP threads. ``stop()`` is idempotent and joins them. A forked child
+(a DataLoader worker) gets ``_after_fork_in_child``: the agent is marked stopped there and the
+inherited listening sockets are closed, so the worker never answers for its parent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .config import AgentConfig
+from .errors import AgentStateError, EvalError
+from .ranks import Identity
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_current: Agent | None = None
+_fork_handler_registered = False
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, identity: Identity) -> None:
+        from .evaluator import Evaluator
+        from .store import Store
+
+        self.config = config
+        self.identity = identity
+        self.rank = identity.rank
+        self.started_at = time.time()
+        self.store = Store(config)
+        self.evaluator = Evaluator(config.eval_timeout_s, config.eval_output_bytes)
+        # Separate pools so a slow query can never starve eval or backtrace, and vice versa.
+        self.query_pool = ThreadPoolExecutor(4, thread_name_prefix="probe-agent.query")
+        self.eval_pool = ThreadPoolExecutor(2, thread_name_prefix="probe-agent.evalwait")
+        self.collectors: dict[str, Any] = {}
+        self.url: str | None = None
+        self.unix_path: str | None = None
+        self._server: Any = None
+        self._info_path: str | None = None
+        self.peers: dict[int, dict[str, Any]] = {}
+        self.running = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        from .app import create_app
+        from .collectors import stacks
+        from .server import AgentServer, bind_tcp, bind_unix
+
+        sockets = []
+        try:
+            if self.config.tcp:
+                tcp = bind_tcp(self.config.host, self.config.port, self.rank)
+                sockets.append(tcp)
+                host, port = tcp.getsockname()[:2]
+                shown = f"[{host}]" if ":" in host else host
+                self.url = f"http://{shown}:{port}"
+            if self.config.unix_socket:
+                uds, self.unix_path = bind_unix(self.config.run_dir, self.identity.pid, self.rank)
+                sockets.append(uds)
+        except BaseException:
+            for s in sockets:
+                s.close()
+            raise
+        if not self.config.loopback_only and self.config.token is None:
+            log.warning(
+                "probe agent on rank %d listens on %s without PROBE_TOKEN: reads are open to "
+                "that network and eval is refused; set PROBE_TOKEN for remote eval",
+                self.rank,
+                self.config.host,
+            )
+        import pyarrow as pa
+
+        self.store.add_materializer(
+            "python.backtrace",
+            lambda: pa.table(stacks.to_columns(stacks.snapshot(), self.rank)),
+        )
+        self.store.start()
+        self._server = AgentServer(create_app(self), sockets, self.rank)
+        self._server.start()
+        self.running = True
+        self._start_collectors()
+        self._write_info_file()
+
+    def _start_collectors(self) -> None:
+        from .collectors.registry import build_collectors
+
+        for name, collector in build_collectors(self).items():
+            try:
+                collector.start(self.store)
+                self.collectors[name] = collector
+            except Exception as e:  # a collector that cannot start must not stop the agent
+                log.warning("probe agent: collector %s did not start: %s", name, e)
+
+    def stop(self) -> None:
+        if not self.running:
+            return
+        self.running = False
+        for name, collector in list(self.collectors.items()):
+            try:
+                collector.stop()
+            except Exception as e:  # keep stopping the rest
+                log.warning("probe agent: collector %s did not stop cleanly: %s", name, e)
+        self.collectors.clear()
+        if self._server is not None:
+            self._server.stop()
+        self.store.stop()
+        for pool in (self.query_pool, self.eval_pool):
+            # Not wait=True: a wedged eval must not hang interpreter exit. Workers finish on
+            # their own (queries are interrupted by their timer, evals by theirs).
+            pool.shutdown(wait=False, cancel_futures=True)
+            for th in list(getattr(pool, "_threads", ())):
+                th.join(2.0)
+        for path in (self.unix_path, self._info_path):
+            if path:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+    def _write_info_file(self) -> None:
+        """``run_dir/<pid>.json`` lets `probe ps` and `probe PID` find this agent locally."""
+        if not self.config.unix_socket:
+            return
+        path = os.path.join(self.config.run_dir, f"{self.identity.pid}.json")
+        tmp = path + ".tmp"
+        try:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                json.dump(self.info(), f)
+            os.replace(tmp, path)
+            self._info_path = path
+        except OSError as e:
+            log.warning("probe agent: could not write %s: %s", path, e)
+
+    # -- what routes call -------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        from . import __version__
+
+        torch = sys.modules.get("torch")
+        return {
+            "rank": self.rank,
+            "local_rank": self.identity.local_rank,
+            "world_size": self.identity.world_size,
+            "pid": self.identity.pid,
+            "host": self.identity.host,
+            "python": sys.version.split()[0],
+            "torch": getattr(torch, "__version__", None),
+            "version": __version__,
+            "started_at": self.started_at,
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "url": self.url,
+            "unix_socket": self.unix_path,
+            "argv": sys.argv[:8],
+            "trace": getattr(self.collectors.get("modules"), "mode", self.config.trace),
+        }
+
+    def known_ranks(self) -> list[dict[str, Any]]:
+        me = {
+            "rank": self.rank,
+            "url": self.url,
+            "host": self.identity.host,
+            "pid": self.identity.pid,
+        }
+        merged = {**self.peers, self.rank: me}
+        return [merged[r] for r in sorted(merged)]
+
+    def audit(self, client: str, code: str, outcome: str, error: str | None, ms: float) -> None:
+        import pyarrow as pa
+
+        self.store.append(
+            "python.evals",
+            pa.table(
+                {
+                    "timestamp": [time.time()],
+                    "rank": [self.rank],
+                    "client": [client],
+                    "code": [code],
+                    "outcome": [outcome],
+                    "error": [error],
+                    "elapsed_ms": [ms],
+                }
+            ),
+        )
+        # The audit row must be visible to the very next query ("what did I just run?").
+        self.store.flush(timeout=1.0)
+
+    def run_eval(self, code: str, client: str) -> Any:
+        try:
+            out = self.evaluator.run(code)
+        except EvalError as e:
+            self.audit(client, code, "error", e.message, 0.0)
+            raise
+        outcome = "ok" if out.ok else ("timeout" if out.timed_out else "error")
+        self.audit(client, code, outcome, out.error, out.elapsed_ms)
+        if not out.ok:
+            status = 408 if out.timed_out else 400
+            err = EvalError(
+                out.error or "eval failed",
+                traceback=out.traceback,
+                stdout=out.stdout,
+                stderr=out.stderr,
+            )
+            err.status = status
+            raise err
+        return out
+
+
+def start(config: AgentConfig | None = None, environ: Mapping[str, str] | None = None) -> Agent:
+    """Start the agent in this process; raises ``AgentStateError`` if one already runs."""
+    global _current, _fork_handler_registered
+    env = os.environ if environ is None else environ
+    with _lock:
+        if _current is not None and _current.running:
+            raise AgentStateError(
+                f"a probe agent already runs in this process (rank {_current.rank}, "
+                f"{_current.url or _current.unix_path}); call probe_agent.stop() first"
+            )
+        cfg = config if config is not None else AgentConfig.from_env(env)
+        agent = Agent(cfg, Identity.from_env(env))
+        agent.start()
+        _current = agent
+        os.environ["PROBE_AGENT_PID"] = str(os.getpid())
+        if not _fork_handler_registered:
+            # NOTE: forked children (DataLoader workers) must not answer for their parent.
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            atexit.register(stop)
+            _fork_handler_registered = True
+        return agent
+
+
+def stop() -> None:
+    global _current
+    with _lock:
+        agent, _current = _current, None
+    if agent is not None:
+        agent.stop()
+
+
+def current() -> Agent | None:
+    return _current
+
+
+def _after_fork_in_child() -> None:
+    global _current
+    agent, _current = _current, None
+    if agent is None:
+        return
+    agent.running = False  # its threads do not exist in the child; nothing to join
+    if agent._server is not None:
+        for s in agent._server.sockets:
+            try:
+                s.close()
+            except OSError:
+                pass

@@ -1,0 +1,60 @@
+"""Loads the SQL that ships with the agent: ``schema.sql`` and the canned ``queries/*.sql``.
+
+In a wheel the files live in ``probe_agent/sql`` (hatch force-include); in a source checkout or
+an editable install they are read from the repository's ``sql/`` directory.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+_HEADER = re.compile(r"^--\s*(name|description|params)\s*:\s*(.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class CannedQuery:
+    name: str
+    description: str
+    params: tuple[str, ...]
+    sql: str
+
+
+def sql_dir() -> Path:
+    """The directory holding schema.sql, wherever this install keeps it."""
+    packaged = resources.files("probe_agent") / "sql"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    source = Path(__file__).resolve().parent.parent / "sql"
+    if source.is_dir():
+        return source
+    raise FileNotFoundError(
+        "probe_agent cannot find its sql/ directory; reinstall with: pip install 'probe[agent]'"
+    )
+
+
+def load_schema() -> str:
+    return (sql_dir() / "schema.sql").read_text(encoding="utf-8")
+
+
+def parse_query(name: str, text: str) -> CannedQuery:
+    meta = {"name": name, "description": "", "params": ""}
+    for line in text.splitlines():
+        m = _HEADER.match(line.strip())
+        if m:
+            meta[m.group(1)] = m.group(2).strip()
+    params = tuple(p.strip() for p in meta["params"].split(",") if p.strip())
+    return CannedQuery(meta["name"], meta["description"], params, text)
+
+
+def load_queries() -> dict[str, CannedQuery]:
+    qdir = sql_dir() / "queries"
+    if not qdir.is_dir():
+        return {}
+    out = {}
+    for path in sorted(qdir.glob("*.sql")):
+        q = parse_query(path.stem, path.read_text(encoding="utf-8"))
+        out[q.name] = q
+    return out

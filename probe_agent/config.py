@@ -1,0 +1,200 @@
+"""AgentConfig: every PROBE_* setting the agent reads, validated in one place.
+
+Built from an environment mapping (``AgentConfig.from_env(os.environ)``) so tests pass a dict.
+Every validation message names the variable to fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from .errors import ConfigError
+
+DEFAULT_BASE_PORT = 9700
+_TRACE_RE = re.compile(r"^(on|off|every:([1-9][0-9]*))$")
+
+
+def default_run_dir() -> str:
+    """Per-user directory for agent unix sockets (``/tmp/probe-<uid>``)."""
+    return os.path.join("/tmp", f"probe-{os.getuid()}")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AgentConfig:
+    host: str = "127.0.0.1"
+    """PROBE_HOST. Loopback by default: /v1/eval is remote code execution. A non-loopback host
+    without PROBE_TOKEN serves reads but refuses eval."""
+
+    port: int = DEFAULT_BASE_PORT
+    """PROBE_PORT plus LOCAL_RANK. 0 picks a free port (read it from /v1/info or the run dir)."""
+
+    token: str | None = None
+    """PROBE_TOKEN (or the file named by PROBE_TOKEN_FILE). When set, every request needs
+    ``Authorization: Bearer <token>``."""
+
+    run_dir: str = field(default_factory=default_run_dir)
+    """PROBE_RUN_DIR: holds ``<pid>.sock`` and ``<pid>.json`` for local discovery (`probe PID`)."""
+
+    unix_socket: bool = True
+    """PROBE_UNIX_SOCKET=0 turns the unix socket off (TCP only)."""
+
+    tcp: bool = True
+    """PROBE_TCP=0 serves the unix socket only."""
+
+    query_timeout_ms: int = 10_000
+    """PROBE_QUERY_TIMEOUT_MS: a query still running after this is interrupted (HTTP 408)."""
+
+    max_rows: int = 10_000
+    """PROBE_MAX_ROWS: rows returned per query before ``truncated`` is set."""
+
+    db_memory_mb: int = 512
+    """PROBE_DB_MEMORY_MB: DuckDB's memory_limit; a query needing more fails, not the rank."""
+
+    db_threads: int = 1
+    """PROBE_DB_THREADS: DuckDB worker threads. One keeps queries off the training cores."""
+
+    retention_mb: int = 128
+    """PROBE_RETENTION_MB: bytes kept in step-indexed tables; the oldest steps go first."""
+
+    flush_ms: int = 200
+    """PROBE_FLUSH_MS: how often the writer thread moves collector buffers into DuckDB."""
+
+    trace: str = "every:10"
+    """PROBE_TRACE: on | off | every:N. Module tracing mode at start (`probe trace` changes it)."""
+
+    eval_timeout_s: float = 30.0
+    """PROBE_EVAL_TIMEOUT_S: an eval still running after this is interrupted and reported."""
+
+    eval_output_bytes: int = 1 << 20
+    """PROBE_EVAL_OUTPUT_BYTES: captured stdout/stderr of one eval is cut after this."""
+
+    watchdog: bool = True
+    """PROBE_WATCHDOG=0 disables the out-of-process stack reader."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise_config("PROBE_PORT", self.port, "a port between 0 and 65535 (0 = any free)")
+        if not _TRACE_RE.match(self.trace):
+            raise_config("PROBE_TRACE", self.trace, "one of on, off, every:N (N ≥ 1)")
+        for name, value in (
+            ("PROBE_QUERY_TIMEOUT_MS", self.query_timeout_ms),
+            ("PROBE_MAX_ROWS", self.max_rows),
+            ("PROBE_DB_MEMORY_MB", self.db_memory_mb),
+            ("PROBE_DB_THREADS", self.db_threads),
+            ("PROBE_RETENTION_MB", self.retention_mb),
+            ("PROBE_FLUSH_MS", self.flush_ms),
+            ("PROBE_EVAL_OUTPUT_BYTES", self.eval_output_bytes),
+        ):
+            if value <= 0:
+                raise_config(name, value, "a positive integer")
+        if self.eval_timeout_s <= 0:
+            raise_config("PROBE_EVAL_TIMEOUT_S", self.eval_timeout_s, "a positive number")
+        if self.token is not None and not self.token.strip():
+            raise_config("PROBE_TOKEN", "''", "a non-empty token, or unset it")
+
+    @property
+    def loopback_only(self) -> bool:
+        return is_loopback(self.host)
+
+    @property
+    def eval_allowed(self) -> bool:
+        """eval is remote code execution: off loopback it needs a token."""
+        return self.loopback_only or self.token is not None
+
+    def with_(self, **changes: object) -> AgentConfig:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> AgentConfig:
+        """Read PROBE_* variables; PROBE_PORT is a base port to which LOCAL_RANK is added."""
+        kw: dict[str, object] = {}
+        if "PROBE_HOST" in environ:
+            kw["host"] = environ["PROBE_HOST"]
+        base = _int(environ, "PROBE_PORT", DEFAULT_BASE_PORT)
+        local_rank = _int(environ, "LOCAL_RANK", 0)
+        kw["port"] = 0 if base == 0 else base + local_rank
+        token = environ.get("PROBE_TOKEN")
+        if token is None and environ.get("PROBE_TOKEN_FILE"):
+            token = _read_token_file(environ["PROBE_TOKEN_FILE"])
+        kw["token"] = token
+        if environ.get("PROBE_RUN_DIR"):
+            kw["run_dir"] = environ["PROBE_RUN_DIR"]
+        for key, name in (
+            ("query_timeout_ms", "PROBE_QUERY_TIMEOUT_MS"),
+            ("max_rows", "PROBE_MAX_ROWS"),
+            ("db_memory_mb", "PROBE_DB_MEMORY_MB"),
+            ("db_threads", "PROBE_DB_THREADS"),
+            ("retention_mb", "PROBE_RETENTION_MB"),
+            ("flush_ms", "PROBE_FLUSH_MS"),
+            ("eval_output_bytes", "PROBE_EVAL_OUTPUT_BYTES"),
+        ):
+            if name in environ:
+                kw[key] = _int(environ, name, 0)
+        if "PROBE_EVAL_TIMEOUT_S" in environ:
+            kw["eval_timeout_s"] = _float(environ, "PROBE_EVAL_TIMEOUT_S")
+        if "PROBE_TRACE" in environ:
+            kw["trace"] = environ["PROBE_TRACE"].strip().lower()
+        for key, name in (
+            ("unix_socket", "PROBE_UNIX_SOCKET"),
+            ("tcp", "PROBE_TCP"),
+            ("watchdog", "PROBE_WATCHDOG"),
+        ):
+            if name in environ:
+                kw[key] = _bool(environ, name)
+        return cls(**kw)  # type: ignore[arg-type]
+
+
+def raise_config(name: str, value: object, expected: str) -> None:
+    raise ConfigError(f"{name}={value!s} is invalid: expected {expected}")
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise_config(name, raw, "an integer")
+        raise  # unreachable; keeps type checkers honest
+
+
+def _float(environ: Mapping[str, str], name: str) -> float:
+    raw = environ[name]
+    try:
+        return float(raw)
+    except ValueError:
+        raise_config(name, raw, "a number")
+        raise
+
+
+def _bool(environ: Mapping[str, str], name: str) -> bool:
+    raw = environ[name].strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off", ""):
+        return False
+    raise_config(name, raw, "1 or 0")
+    raise AssertionError
+
+
+def _read_token_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as e:
+        raise_config("PROBE_TOKEN_FILE", path, f"a readable file ({e.strerror})")
+        raise

@@ -1,0 +1,1 @@
+"""HTTP routes, one APIRouter per feature; ``app.ROUTERS`` lists the modules."""

@@ -1,0 +1,141 @@
+"""Core routes: health, info, ranks, query (JSON and Arrow), eval, backtrace."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+
+from ..collectors import stacks
+from ..errors import ForbiddenError
+
+router = APIRouter(prefix="/v1")
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+class QueryRequest(BaseModel):
+    sql: str = Field(description="One read-only statement (SELECT, DESCRIBE, SHOW, EXPLAIN…)")
+    max_rows: int | None = Field(None, ge=1, description="Row cap; at most PROBE_MAX_ROWS")
+
+
+class EvalRequest(BaseModel):
+    code: str = Field(description="Python source; the repr of a trailing expression is returned")
+
+
+def _arrow_bytes(table: Any) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _agent(request: Request) -> Any:
+    return request.app.state.agent
+
+
+def _client(request: Request) -> str:
+    c = request.scope.get("client")
+    return f"{c[0]}:{c[1]}" if c else "unix"
+
+
+@router.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    return {"ok": True, "rank": _agent(request).rank, "status": "ok"}
+
+
+@router.get("/info")
+async def info(request: Request) -> dict[str, Any]:
+    agent = _agent(request)
+    return {"ok": True, **agent.info()}
+
+
+@router.get("/ranks")
+async def ranks(request: Request) -> dict[str, Any]:
+    agent = _agent(request)
+    return {"ok": True, "rank": agent.rank, "ranks": agent.known_ranks()}
+
+
+@router.post("/query", response_model=None)
+async def query(request: Request, body: QueryRequest) -> dict[str, Any] | Response:
+    agent = _agent(request)
+    loop = asyncio.get_running_loop()
+    if ARROW_STREAM in request.headers.get("accept", ""):
+        table, truncated = await loop.run_in_executor(
+            agent.query_pool, agent.store.query_arrow, body.sql, body.max_rows
+        )
+        return Response(
+            _arrow_bytes(table),
+            media_type=ARROW_STREAM,
+            headers={"X-Probe-Truncated": str(truncated).lower(), "X-Probe-Rank": str(agent.rank)},
+        )
+    res = await loop.run_in_executor(
+        agent.query_pool, lambda: agent.store.query(body.sql, max_rows=body.max_rows)
+    )
+    return {
+        "ok": True,
+        "rank": agent.rank,
+        "columns": res.columns,
+        "types": res.types,
+        "rows": res.rows,
+        "truncated": res.truncated,
+        "elapsed_ms": round(res.elapsed_ms, 3),
+    }
+
+
+@router.post("/eval")
+async def eval_code(request: Request, body: EvalRequest) -> dict[str, Any]:
+    agent = _agent(request)
+    client = _client(request)
+    # eval is remote code execution. Off loopback it needs a token; the unix socket is
+    # already restricted to our uid (SO_PEERCRED), so it is always allowed.
+    if client != "unix" and not agent.config.eval_allowed:
+        agent.audit(client, body.code, "refused", "no token on a non-loopback bind", 0.0)
+        raise ForbiddenError(
+            f"eval refused: this agent listens on {agent.config.host} without a token. Set "
+            "PROBE_TOKEN (or PROBE_TOKEN_FILE) in the training job's environment and pass "
+            "--token to probe, or bind PROBE_HOST=127.0.0.1"
+        )
+    loop = asyncio.get_running_loop()
+    out = await loop.run_in_executor(agent.eval_pool, agent.run_eval, body.code, client)
+    return {
+        "ok": True,
+        "rank": agent.rank,
+        "result": out.result,
+        "stdout": out.stdout,
+        "stderr": out.stderr,
+        "elapsed_ms": round(out.elapsed_ms, 3),
+    }
+
+
+@router.get("/backtrace")
+async def backtrace(
+    request: Request, locals: bool = False, native: bool = False, all: bool = False
+) -> dict[str, Any]:
+    agent = _agent(request)
+    t0 = time.perf_counter()
+    if locals:
+        # Reprs run user code that may be slow; keep them off the event loop.
+        snap = await asyncio.get_running_loop().run_in_executor(
+            agent.query_pool, lambda: stacks.snapshot(with_locals=True, include_agent=all)
+        )
+    else:
+        snap = stacks.snapshot(include_agent=all)
+    return {
+        "ok": True,
+        "rank": agent.rank,
+        "pid": agent.identity.pid,
+        "host": agent.identity.host,
+        "source": "in-process",
+        "route": "sys._current_frames",
+        "native": False,
+        "python": sys.version.split()[0],
+        "threads": stacks.to_dicts(snap),
+        "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
+    }

@@ -1,0 +1,358 @@
+"""Store: the sole owner of the agent's in-memory DuckDB.
+
+Threads and ownership
+---------------------
+- The *root* connection is created in ``Store.__init__`` (schema applied, then the
+  configuration locked). Nobody runs SQL on it; it only hands out cursors, under a lock.
+- The *writer* thread (``probe-agent.writer``) owns one cursor for every write: it calls the
+  registered flushers (collectors turn their in-memory buffers into Arrow there), inserts the
+  queued Arrow batches, re-materialises on-demand tables and enforces byte retention. Rows are
+  never inserted one at a time (≈1k rows/s); Arrow batches reach 0.5–0.9 M rows/s.
+- Each *read* gets its own cursor on the caller's thread. DuckDB releases the GIL while a query
+  executes, so a query costs the training thread only the time to convert its result. A
+  ``threading.Timer`` calls ``cursor.interrupt()`` at ``PROBE_QUERY_TIMEOUT_MS``.
+
+Sandbox
+-------
+``enable_external_access=false`` (no files, no network, no extension loading), no Python
+replacement scans, bounded threads and memory, ``lock_configuration=true``. Because DuckDB still
+allows CREATE/DROP after the lock, statements are allow-listed (``READ_STATEMENT_TYPES``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    import duckdb
+    import pyarrow as pa
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError("probe_agent needs the agent extra: pip install 'probe[agent]'") from e
+
+from .catalog import load_schema
+from .config import AgentConfig
+from .errors import QueryError, QueryTimeoutError
+
+log = logging.getLogger(__name__)
+
+#: Statement types a client may run. DESCRIBE, SHOW, SUMMARIZE, VALUES and FROM-first queries
+#: all parse as SELECT. EXPLAIN is allowed only around a SELECT (EXPLAIN ANALYZE executes).
+READ_STATEMENT_TYPES = ("SELECT", "EXPLAIN")
+
+#: Rough bytes per row per column type, for retention. Exactness does not matter: the goal is a
+#: bound that holds memory flat, and DuckDB compresses below this.
+_WIDTH = {"VARCHAR": 48, "BOOLEAN": 1, "INTEGER": 4, "DATE": 4, "FLOAT": 4}
+_RETENTION_EVERY_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+    truncated: bool
+    elapsed_ms: float
+
+
+class Store:
+    """In-memory DuckDB with one writer thread and a cursor per reader.
+
+    Args:
+        config: supplies the sandbox limits, the query timeout, the row cap, the flush interval
+            and the retention budget. The store is usable as soon as the constructor returns;
+            writes queued before ``start()`` are inserted once the writer runs.
+    """
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self._root = duckdb.connect(
+            ":memory:",
+            config={
+                "enable_external_access": False,
+                "autoload_known_extensions": False,
+                "autoinstall_known_extensions": False,
+                "python_enable_replacements": False,
+                "threads": config.db_threads,
+                "memory_limit": f"{config.db_memory_mb}MB",
+            },
+        )
+        self._root.execute(load_schema())
+        self._root.execute("SET lock_configuration = true")
+        self._root_lock = threading.Lock()
+        self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._flushers: list[Callable[[], None]] = []
+        self._materializers: dict[str, Callable[[], pa.Table]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._step_tables: dict[str, int] = {}
+        self._last_retention = 0.0
+        self.rows_written = 0
+        self.rows_dropped = 0
+        self._columns = self._load_columns()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="probe-agent.writer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._queue.put(("", None))  # wake the writer
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._root_lock:
+            self._root.close()
+
+    # -- writing ----------------------------------------------------------------------------
+    def append(self, table: str, data: pa.Table | pa.RecordBatch) -> None:
+        """Queue an Arrow batch for ``table`` (``schema.name``). Never blocks, never raises."""
+        self._queue.put((table, data))
+
+    def add_flusher(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the writer thread every PROBE_FLUSH_MS; it should call ``append``."""
+        self._flushers.append(fn)
+
+    def add_materializer(self, table: str, fn: Callable[[], pa.Table]) -> None:
+        """Replace ``table``'s rows with ``fn()`` before any query that names it."""
+        self._materializers[table] = fn
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Block until everything queued so far is in DuckDB (for tests and shutdown)."""
+        done = threading.Event()
+        self._queue.put(("", done))
+        if self._thread is None or not self._thread.is_alive():
+            self._drain(self._cursor())
+        else:
+            done.wait(timeout)
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        with self._root_lock:
+            cur = self._root.cursor()
+        cur.execute("SET search_path = 'python,main'")
+        return cur
+
+    def _run(self) -> None:
+        cur = self._cursor()
+        interval = self.config.flush_ms / 1000.0
+        while not self._stop.is_set():
+            for fn in list(self._flushers):
+                try:
+                    fn()
+                except Exception:  # a collector bug must not stop the writer; it logs itself
+                    log.exception("probe agent: flusher %r failed", fn)
+            self._drain(cur, wait=interval)
+            if time.monotonic() - self._last_retention > _RETENTION_EVERY_S:
+                self._last_retention = time.monotonic()
+                self._enforce_retention(cur)
+        self._drain(cur)
+        cur.close()
+
+    def _drain(self, cur: duckdb.DuckDBPyConnection, wait: float = 0.0) -> None:
+        pending: dict[str, list[Any]] = {}
+        events: list[threading.Event] = []
+        try:
+            item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+            while True:
+                table, data = item
+                if isinstance(data, threading.Event):
+                    events.append(data)
+                elif table:
+                    pending.setdefault(table, []).append(data)
+                item = self._queue.get_nowait()
+        except queue.Empty:
+            pass
+        for table, batches in pending.items():
+            self._insert(cur, table, batches)
+        for ev in events:
+            ev.set()
+
+    def _insert(self, cur: duckdb.DuckDBPyConnection, table: str, batches: list[Any]) -> None:
+        try:
+            tbl = pa.concat_tables(
+                [b if isinstance(b, pa.Table) else pa.Table.from_batches([b]) for b in batches],
+                promote_options="default",
+            )
+            cols = ", ".join(f'"{c}"' for c in tbl.column_names)
+            cur.register("_probe_batch", tbl)
+            try:
+                cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _probe_batch")
+            finally:
+                cur.unregister("_probe_batch")
+            self.rows_written += tbl.num_rows
+        except Exception:  # a malformed batch is a collector bug; drop it, keep the writer
+            log.exception("probe agent: could not insert a batch into %s", table)
+
+    def _load_columns(self) -> dict[str, list[tuple[str, str]]]:
+        rows = self._root.execute(
+            "SELECT schema_name || '.' || table_name, column_name, data_type "
+            "FROM duckdb_columns() WHERE NOT internal ORDER BY column_index"
+        ).fetchall()
+        out: dict[str, list[tuple[str, str]]] = {}
+        for table, col, dtype in rows:
+            out.setdefault(table, []).append((col, dtype))
+        for table, cols in out.items():
+            if any(c == "step" for c, _ in cols):
+                self._step_tables[table] = sum(_WIDTH.get(t, 8) for _, t in cols)
+        return out
+
+    def _enforce_retention(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """Drop the oldest steps until the step-indexed tables fit PROBE_RETENTION_MB."""
+        budget = self.config.retention_mb * 1024 * 1024
+        try:
+            counts = {
+                t: cur.execute(f"SELECT count(*), min(step), max(step) FROM {t}").fetchone()
+                for t in self._step_tables
+            }
+            used = sum(c[0] * self._step_tables[t] for t, c in counts.items() if c)
+            if used <= budget:
+                return
+            lo = min((c[1] for c in counts.values() if c and c[1] is not None), default=None)
+            hi = max((c[2] for c in counts.values() if c and c[2] is not None), default=None)
+            if lo is None or hi is None:
+                return
+            # Keep the newest fraction of steps that fits, with 10% headroom, at least one step.
+            keep_frac = 0.9 * budget / used
+            cutoff = max(lo + 1, hi - int((hi - lo + 1) * keep_frac) + 1)
+            cutoff = min(cutoff, hi)
+            for t in self._step_tables:
+                n = cur.execute(f"DELETE FROM {t} WHERE step < ?", [cutoff]).fetchone()
+                self.rows_dropped += int(n[0]) if n else 0
+        except Exception:  # retention must never kill the writer
+            log.exception("probe agent: retention pass failed")
+
+    # -- reading ----------------------------------------------------------------------------
+    def check_read_only(self, sql: str) -> None:
+        """Raise QueryError unless ``sql`` is exactly one allowed read statement."""
+        with self._root_lock:
+            try:
+                statements = self._root.extract_statements(sql)
+            except duckdb.Error as e:
+                raise QueryError(one_line(e)) from None
+        if len(statements) != 1:
+            raise QueryError(
+                f"send exactly one statement (got {len(statements)}); "
+                "run several queries as separate requests"
+            )
+        kind = statements[0].type.name
+        if kind == "EXPLAIN":
+            if "ANALY" in sql.upper():  # ANALYZE/ANALYSE, wherever comments put it
+                raise QueryError("EXPLAIN ANALYZE executes its statement; use plain EXPLAIN")
+        elif kind not in READ_STATEMENT_TYPES:
+            raise QueryError(
+                f"{kind} statements are not allowed: the agent's tables are read-only. "
+                f"Allowed: {', '.join(READ_STATEMENT_TYPES)} (incl. DESCRIBE, SHOW, SUMMARIZE)"
+            )
+
+    def _materialize(self, cur: duckdb.DuckDBPyConnection, sql: str) -> None:
+        lowered = sql.lower()
+        for table, fn in self._materializers.items():
+            if table.split(".")[-1] in lowered:
+                snapshot = fn()
+                cur.register("_probe_snapshot", snapshot)
+                try:
+                    cur.execute(f"DELETE FROM {table}")
+                    cols = ", ".join(f'"{c}"' for c in snapshot.column_names)
+                    cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _probe_snapshot")
+                finally:
+                    cur.unregister("_probe_snapshot")
+
+    def _run_read(self, sql: str, params: list[Any] | None, max_rows: int, consume: Callable):
+        self.check_read_only(sql)
+        cur = self._cursor()
+        timer = threading.Timer(self.config.query_timeout_ms / 1000.0, cur.interrupt)
+        timer.daemon = True
+        t0 = time.perf_counter()
+        try:
+            self._materialize(cur, sql)
+            timer.start()
+            return consume(cur, sql, params or [], max_rows, t0)
+        except duckdb.InterruptException:
+            raise QueryTimeoutError(
+                f"query stopped after {self.config.query_timeout_ms} ms "
+                "(PROBE_QUERY_TIMEOUT_MS); add a LIMIT or a WHERE on step"
+            ) from None
+        except duckdb.Error as e:
+            raise QueryError(one_line(e)) from None
+        finally:
+            timer.cancel()
+            cur.close()
+
+    def query(
+        self, sql: str, params: list[Any] | None = None, max_rows: int | None = None
+    ) -> QueryResult:
+        """Run one read statement; at most ``max_rows`` (≤ PROBE_MAX_ROWS) rows come back."""
+        cap = min(max_rows or self.config.max_rows, self.config.max_rows)
+
+        def consume(
+            cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any], cap: int, t0: float
+        ) -> QueryResult:
+            cur.execute(sql, params)
+            columns = [d[0] for d in cur.description] if cur.description else []
+            types = [str(d[1]) for d in cur.description] if cur.description else []
+            rows = cur.fetchmany(cap + 1)
+            truncated = len(rows) > cap
+            body = [[jsonable(v) for v in r] for r in rows[:cap]]
+            return QueryResult(columns, types, body, truncated, (time.perf_counter() - t0) * 1e3)
+
+        return self._run_read(sql, params, cap, consume)
+
+    def query_arrow(self, sql: str, max_rows: int | None = None) -> tuple[pa.Table, bool]:
+        """Like ``query`` but returns an Arrow table and whether it was truncated."""
+        cap = min(max_rows or self.config.max_rows, self.config.max_rows)
+
+        def consume(
+            cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any], cap: int, t0: float
+        ) -> tuple[pa.Table, bool]:
+            rel = cur.sql(sql)
+            batch = min(cap + 1, 65536)
+            reader = rel.to_arrow_reader(batch) if hasattr(rel, "to_arrow_reader") else (
+                rel.record_batch(batch)
+            )
+            batches, n = [], 0
+            for batch in reader:
+                batches.append(batch)
+                n += batch.num_rows
+                if n > cap:
+                    break
+            tbl = pa.Table.from_batches(batches, schema=reader.schema)
+            return tbl.slice(0, cap), n > cap
+
+        return self._run_read(sql, None, cap, consume)
+
+    def table_columns(self) -> dict[str, list[tuple[str, str]]]:
+        return dict(self._columns)
+
+
+def one_line(e: Exception) -> str:
+    """DuckDB's message without the multi-line caret excerpt of the query."""
+    return str(e).split("\n\nLINE")[0].split("\nLINE ")[0].strip()
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-safe form of a DuckDB value (NaN and ±Inf become strings, not nulls)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    try:
+        return float(value)  # Decimal
+    except (TypeError, ValueError):
+        return json.dumps(value, default=str)

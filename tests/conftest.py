@@ -1,0 +1,61 @@
+"""Shared fixtures: a real agent on 127.0.0.1 port 0, bounded waits, torchrun helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.support import agent_threads, cuda_available, wait_until
+
+
+@pytest.fixture
+def run_dir() -> Iterator[str]:
+    """A short run dir: unix socket paths must stay under 108 bytes."""
+    d = tempfile.mkdtemp(prefix="probe-t-", dir="/tmp")
+    yield os.path.join(d, "run")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def make_agent(run_dir: str) -> Iterator[Callable[..., object]]:
+    """Start agents with ``make_agent(**config_overrides)``; all are stopped at teardown and no
+    ``probe-agent.*`` thread may survive them (catches thread leaks)."""
+    pytest.importorskip("duckdb")
+    import probe_agent
+    from probe_agent.config import AgentConfig
+
+    def make(**overrides: object) -> object:
+        overrides.setdefault("port", 0)
+        overrides.setdefault("run_dir", run_dir)
+        overrides.setdefault("watchdog", False)
+        return probe_agent.start(AgentConfig(**overrides))
+
+    yield make
+    probe_agent.stop()
+    wait_until(lambda: not agent_threads(), 10, f"agent threads left: {agent_threads()}")
+
+
+@pytest.fixture
+def agent(make_agent: Callable[..., object]) -> object:
+    return make_agent()
+
+
+@pytest.fixture
+def client(agent: object) -> Iterator[object]:
+    import httpx
+
+    with httpx.Client(base_url=agent.url, timeout=10) as c:  # type: ignore[attr-defined]
+        yield c
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; none visible (torch.cuda.is_available())")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,317 @@
+"""The agent's HTTP API against a real agent (real DuckDB, real uvicorn on 127.0.0.1:0)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import threading
+
+import httpx
+import pytest
+
+from probe_agent.errors import AgentStateError, BindError
+
+
+def test_health_and_info_carry_rank_and_versions(client):
+    # WHEN
+    health = client.get("/v1/health").json()
+    info = client.get("/v1/info").json()
+    # THEN
+    assert health == {"ok": True, "rank": 0, "status": "ok"}
+    assert info["ok"] and info["pid"] == os.getpid()
+    assert info["python"].count(".") == 2 and info["version"]
+    assert info["url"].startswith("http://127.0.0.1:")
+    assert info["uptime_s"] >= 0
+
+
+def test_openapi_spec_is_served(client):
+    spec = client.get("/openapi.json").json()
+    assert {"/v1/query", "/v1/eval", "/v1/backtrace", "/v1/info", "/v1/health"} <= set(spec["paths"])
+
+
+def test_query_returns_wire_format_with_types(client):
+    body = client.post("/v1/query", json={"sql": "SELECT 42 AS answer, 'x' AS s"}).json()
+    assert body == {
+        "ok": True, "rank": 0, "columns": ["answer", "s"], "types": ["INTEGER", "VARCHAR"],
+        "rows": [[42, "x"]], "truncated": False, "elapsed_ms": body["elapsed_ms"],
+    }
+
+
+def test_non_finite_floats_survive_json(client):
+    body = client.post("/v1/query", json={"sql": "SELECT 'nan'::DOUBLE, 'inf'::DOUBLE"}).json()
+    assert body["rows"] == [["NaN", "Infinity"]]
+
+
+def test_backtrace_table_resolves_qualified_and_unqualified(client):
+    # GIVEN the seed playbook's query, verbatim
+    sql = "SELECT func, file, lineno, depth FROM python.backtrace ORDER BY depth LIMIT 10"
+    # WHEN
+    qualified = client.post("/v1/query", json={"sql": sql}).json()
+    bare = client.post("/v1/query", json={"sql": "SELECT count(*) FROM backtrace"}).json()
+    # THEN the main thread (this test, blocked in httpx) is in the snapshot
+    assert qualified["ok"] and qualified["columns"] == ["func", "file", "lineno", "depth"]
+    assert qualified["rows"][0][3] == 0
+    funcs = client.post(
+        "/v1/query", json={"sql": "SELECT func FROM backtrace WHERE is_main"}
+    ).json()["rows"]
+    assert ["test_backtrace_table_resolves_qualified_and_unqualified"] in funcs
+    assert bare["rows"][0][0] > 0
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DROP TABLE python.evals",
+        "CREATE TABLE x (a INT)",
+        "INSERT INTO python.evals VALUES (1, 0, 'c', 'x', 'ok', NULL, 0)",
+        "DELETE FROM python.backtrace",
+        "ATTACH ':memory:' AS other",
+        "SET threads = 8",
+        "PRAGMA enable_profiling",
+        "EXPLAIN ANALYZE SELECT 1",
+        "SELECT 1; DROP TABLE python.evals",
+    ],
+    ids=["drop", "create", "insert", "delete", "attach", "set", "pragma", "explain-analyze",
+         "stacked"],
+)
+def test_write_and_config_statements_are_refused(client, sql):
+    r = client.post("/v1/query", json={"sql": sql})
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["ok"] is False and body["status"] == 400 and body["rank"] == 0
+    assert "\n" not in body["error"]
+    # and the tables are intact
+    assert client.post("/v1/query", json={"sql": "SELECT count(*) FROM python.evals"}).json()["ok"]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "SELECT * FROM read_text('/etc/hostname')",
+        "COPY (SELECT 1) TO '/tmp/probe-leak.csv'",
+        "SELECT * FROM glob('/etc/*')",
+        "INSTALL httpfs",
+    ],
+    ids=["read_csv", "read_text", "copy-to", "glob", "install"],
+)
+def test_sql_cannot_reach_files_or_extensions(client, sql):
+    r = client.post("/v1/query", json={"sql": sql})
+    assert r.status_code == 400
+    assert not os.path.exists("/tmp/probe-leak.csv")
+
+
+def test_sql_cannot_see_python_variables(client):
+    """Probing runs unknown python."…" names as Python; DuckDB's replacement scans would read
+    a caller's variables. Both must be impossible."""
+    secret_table = {"token": ["hunter2"]}  # noqa: F841 - the point is that SQL cannot see it
+    r = client.post("/v1/query", json={"sql": "SELECT * FROM secret_table"})
+    assert r.status_code == 400 and "secret_table" in r.json()["error"]
+    r = client.post("/v1/query", json={"sql": 'SELECT * FROM python."os.environ"'})
+    assert r.status_code == 400
+
+
+def test_bad_sql_is_one_line_400(client):
+    body = client.post("/v1/query", json={"sql": "SELCT 1"}).json()
+    assert body["status"] == 400 and body["error"].startswith("Parser Error")
+    assert "\n" not in body["error"]
+
+
+def test_row_cap_sets_truncated(make_agent):
+    agent = make_agent(max_rows=5)
+    with httpx.Client(base_url=agent.url) as c:
+        body = c.post("/v1/query", json={"sql": "SELECT * FROM range(100)"}).json()
+        smaller = c.post("/v1/query", json={"sql": "SELECT * FROM range(100)", "max_rows": 2})
+    assert len(body["rows"]) == 5 and body["truncated"] is True
+    assert len(smaller.json()["rows"]) == 2
+
+
+def test_slow_query_is_interrupted_and_agent_keeps_answering(make_agent):
+    agent = make_agent(query_timeout_ms=300)
+    slow = "SELECT sum(a * b) FROM range(2000000000) x(a), range(50) y(b)"
+    with httpx.Client(base_url=agent.url, timeout=30) as c:
+        r = c.post("/v1/query", json={"sql": slow})
+        after = c.post("/v1/query", json={"sql": "SELECT 1"})
+    assert r.status_code == 408, r.text
+    assert "PROBE_QUERY_TIMEOUT_MS" in r.json()["error"]
+    assert after.json()["rows"] == [[1]]
+
+
+def test_arrow_stream_round_trips(client):
+    import pyarrow as pa
+
+    r = client.post(
+        "/v1/query",
+        json={"sql": "SELECT range AS i FROM range(1000)"},
+        headers={"Accept": "application/vnd.apache.arrow.stream"},
+    )
+    assert r.headers["content-type"] == "application/vnd.apache.arrow.stream"
+    table = pa.ipc.open_stream(r.content).read_all()
+    assert table.num_rows == 1000 and table.column_names == ["i"]
+    assert r.headers["x-probe-truncated"] == "false"
+
+
+def test_eval_multiline_prints_and_trailing_expression(client):
+    code = (
+        "import threading\nfor t in threading.enumerate():\n"
+        "    print(f'{t.name}: alive={t.is_alive()}')\n6 * 7"
+    )
+    body = client.post("/v1/eval", json={"code": code}).json()
+    assert body["ok"] and body["result"] == "42"
+    assert "MainThread: alive=True" in body["stdout"]
+
+
+def test_eval_does_not_capture_other_threads_prints(client, capsys):
+    # GIVEN a "training" thread printing while the eval runs
+    stop = threading.Event()
+
+    def trainer() -> None:
+        while not stop.is_set():
+            print("training-line")
+            stop.wait(0.001)
+
+    th = threading.Thread(target=trainer)
+    th.start()
+    try:
+        body = client.post(
+            "/v1/eval", json={"code": "import time\nfor i in range(20):\n  print('e', i)\n  time.sleep(0.002)"}
+        ).json()
+    finally:
+        stop.set()
+        th.join()
+    assert "training-line" not in body["stdout"]
+    assert body["stdout"].count("e ") == 20
+
+
+def test_eval_resolves_names_from_main_thread_frames(client):
+    """A script that keeps `model` inside main(): the name still resolves."""
+    model = {"layers": 3}  # noqa: F841 - found by the eval through this frame's locals
+    body = client.post("/v1/eval", json={"code": "model['layers'] + 1"}).json()
+    assert body["result"] == "4"
+
+
+def test_eval_error_has_traceback_and_is_audited(client):
+    r = client.post("/v1/eval", json={"code": "x = 1\n1 / 0"})
+    assert r.status_code == 400
+    body = r.json()
+    assert body["error"] == "ZeroDivisionError: division by zero"
+    assert "<probe eval>" in body["traceback"] and "evaluator.py" not in body["traceback"]
+    client.post("/v1/eval", json={"code": "1"})
+    audit = client.post(
+        "/v1/query", json={"sql": "SELECT code, outcome FROM python.evals ORDER BY timestamp"}
+    ).json()["rows"]
+    assert audit[-2:] == [["x = 1\n1 / 0", "error"], ["1", "ok"]]
+
+
+def test_eval_syntax_error_is_400(client):
+    body = client.post("/v1/eval", json={"code": "def ("}).json()
+    assert body["status"] == 400 and body["error"].startswith("SyntaxError")
+
+
+def test_eval_infinite_loop_is_interrupted(make_agent):
+    agent = make_agent(eval_timeout_s=0.5)
+    with httpx.Client(base_url=agent.url, timeout=10) as c:
+        r = c.post("/v1/eval", json={"code": "while True:\n    pass"})
+        after = c.post("/v1/eval", json={"code": "'still here'"})
+    assert r.status_code == 408 and "PROBE_EVAL_TIMEOUT_S" in r.json()["error"]
+    assert after.json()["result"] == "'still here'"
+
+
+def test_eval_output_is_capped(make_agent):
+    agent = make_agent(eval_output_bytes=1000)
+    with httpx.Client(base_url=agent.url, timeout=10) as c:
+        body = c.post("/v1/eval", json={"code": "print('x' * 100000)"}).json()
+    assert len(body["stdout"]) < 1200 and "PROBE_EVAL_OUTPUT_BYTES" in body["stdout"]
+
+
+def test_backtrace_marks_main_hides_agent_and_survives_bad_repr(client):
+    class Broken:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr for you")
+
+    broken = Broken()  # noqa: F841 - a local whose repr raises
+    body = client.get("/v1/backtrace", params={"locals": 1}).json()
+    names = [t["thread_name"] for t in body["threads"]]
+    assert body["source"] == "in-process"
+    assert body["threads"][0]["is_main"] and names[0] == "MainThread"
+    assert not any(n.startswith("probe-agent") for n in names)
+    frames = body["threads"][0]["frames"]
+    mine = next(f for f in frames if f["func"] == "test_backtrace_marks_main_hides_agent_and_survives_bad_repr")
+    assert "Broken" in mine["locals"]["broken"]  # reprlib names the type instead of failing
+    with_agent = client.get("/v1/backtrace", params={"all": 1}).json()
+    assert any(t["thread_name"] == "probe-agent.http" for t in with_agent["threads"])
+
+
+def test_token_required_when_set(make_agent):
+    agent = make_agent(token="s3cret")
+    with httpx.Client(base_url=agent.url) as c:
+        missing = c.get("/v1/health")
+        wrong = c.get("/v1/health", headers={"Authorization": "Bearer nope"})
+        spec = c.get("/openapi.json")
+        right = c.get("/v1/health", headers={"Authorization": "Bearer s3cret"})
+    assert missing.status_code == wrong.status_code == spec.status_code == 401
+    assert "PROBE_TOKEN" in wrong.json()["error"]
+    assert right.json()["ok"] is True
+
+
+def test_eval_refused_off_loopback_without_token(make_agent):
+    agent = make_agent(host="0.0.0.0")
+    port = agent.url.rsplit(":", 1)[1]
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}") as c:
+        r = c.post("/v1/eval", json={"code": "1"})
+        q = c.post("/v1/query", json={"sql": "SELECT 1"})
+    assert r.status_code == 403 and "PROBE_TOKEN" in r.json()["error"]
+    assert q.status_code == 200
+    # over the uid-checked unix socket eval stays available
+    with httpx.Client(transport=httpx.HTTPTransport(uds=agent.unix_path), base_url="http://x") as u:
+        assert u.post("/v1/eval", json={"code": "1"}).json()["result"] == "1"
+
+
+def test_unix_socket_permissions_and_info_file(agent, run_dir):
+    assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(agent.unix_path).st_mode) == 0o600
+    with open(os.path.join(run_dir, f"{os.getpid()}.json")) as f:
+        assert json.load(f)["url"] == agent.url
+    with httpx.Client(transport=httpx.HTTPTransport(uds=agent.unix_path), base_url="http://x") as u:
+        assert u.get("/v1/health").json()["ok"]
+
+
+def test_port_in_use_fails_at_once_with_advice(make_agent):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        with pytest.raises(BindError, match=r"could not bind 127.0.0.1:\d+ .*PROBE_PORT=0"):
+            make_agent(port=taken.getsockname()[1])
+    finally:
+        taken.close()
+
+
+def test_start_twice_is_an_error(agent, make_agent):
+    with pytest.raises(AgentStateError, match="already runs"):
+        make_agent()
+
+
+def test_unknown_route_and_malformed_body(client):
+    assert client.get("/v1/nope").json()["status"] == 404
+    r = client.post("/v1/query", json={"sqll": "SELECT 1"})
+    assert r.status_code == 422 and "sql" in r.json()["error"]
+
+
+def test_forked_child_does_not_inherit_agent(agent):
+    """A DataLoader worker forks after the agent started: it must not answer for its parent."""
+    import probe_agent.agent as agent_mod
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        ok = agent_mod.current() is None and not agent.running
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(w)
+    verdict = os.read(r, 1)
+    os.waitpid(pid, 0)
+    assert verdict == b"1"
+    assert agent_mod.current() is agent and agent.running
