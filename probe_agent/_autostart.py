@@ -46,7 +46,16 @@ def should_start(argv: list[str], environ: Mapping[str, str], pid: int) -> bool:
     return not (args and os.path.basename(args[0]) in LAUNCHER_SCRIPTS)
 
 
+_attempted = False
+
+
 def maybe_start() -> None:
+    global _attempted
+    # site can process the same site-packages twice (a venv over a pyenv interpreter does):
+    # only the first call may start.
+    if _attempted:
+        return
+    _attempted = True
     argv = list(getattr(sys, "orig_argv", sys.argv))
     if not should_start(argv, os.environ, os.getpid()):
         return

@@ -1,0 +1,98 @@
+"""The wheel carries sql/ and the .pth hook, and PROBE unset costs nothing at start-up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT, python_env
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("hatchling")
+    out = tmp_path_factory.mktemp("dist")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (whl,) = out.glob("probe-*.whl")
+    return whl
+
+
+def test_wheel_ships_sql_and_autostart_hook(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "probe_agent/sql/schema.sql" in names
+    assert any(n.startswith("probe_agent/sql/queries/") for n in names) or not list(
+        (ROOT / "sql" / "queries").glob("*.sql")
+    )
+    assert "probe_autostart.pth" in names
+    assert "probe_cli/__main__.py" in names
+
+
+def test_wheel_does_not_require_torch(wheel):
+    meta = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("METADATA"))
+    text = zipfile.ZipFile(wheel).read(meta).decode()
+    requires = [line for line in text.splitlines() if line.startswith("Requires-Dist:")]
+    assert not [r for r in requires if "torch" in r.split(";")[0]], requires
+
+
+def test_pth_hook_imports_nothing_without_probe():
+    # GIVEN PROBE unset, WHEN an interpreter starts with the .pth installed
+    code = "import sys; print(sorted(m for m in sys.modules if m.startswith(('probe', 'duckdb', 'fastapi', 'torch'))))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=python_env(), capture_output=True, text=True, timeout=60
+    )
+    # THEN nothing of ours (or our dependencies) was imported
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_pth_hook_starts_agent_with_probe_set(tmp_path):
+    code = (
+        "import sys, probe_agent.agent as a; ag = a.current(); "
+        "print(ag is not None and ag.url is not None)"
+    )
+    env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(tmp_path / "r"), PROBE_WATCHDOG="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True", out.stderr
+
+
+def test_pth_hook_bad_config_warns_and_program_still_runs(tmp_path):
+    env = python_env(PROBE="1", PROBE_PORT="notaport", PROBE_RUN_DIR=str(tmp_path / "r"))
+    out = subprocess.run(
+        [sys.executable, "-c", "print('trained')"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "trained"
+    assert "probe: agent not started: PROBE_PORT=notaport is invalid" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["python", "train.py"], True),
+        (["python", "-m", "torch.distributed.run", "--nproc-per-node=2", "t.py"], False),
+        (["/venv/bin/python", "/venv/bin/torchrun", "t.py"], False),
+        (["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"], False),
+        (["python", "-m", "torch._inductor.compile_worker", "--pool"], False),
+        (["python", "/home/me/deepspeed_runs/train.py"], True),
+    ],
+    ids=["script", "torchrun-module", "torchrun-script", "mp-spawn", "compile-worker", "path-mentions-deepspeed"],
+)
+def test_autostart_skips_launchers(argv, expected):
+    from probe_agent._autostart import should_start
+
+    assert should_start(argv, {}, 1) is expected
+
+
+def test_autostart_skips_children_of_an_agent():
+    from probe_agent._autostart import should_start
+
+    assert should_start(["python", "w.py"], {"PROBE_AGENT_PID": "10"}, 11) is False
+    assert should_start(["python", "w.py"], {"PROBE_AGENT_PID": "11"}, 11) is True
