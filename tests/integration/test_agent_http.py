@@ -315,3 +315,46 @@ def test_forked_child_does_not_inherit_agent(agent):
     os.waitpid(pid, 0)
     assert verdict == b"1"
     assert agent_mod.current() is agent and agent.running
+
+
+def _as_nobody(fn) -> bytes:
+    """Run ``fn`` in a forked child that dropped to uid nobody; return what it wrote."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            out = fn()
+        except BaseException as e:  # report any failure to the parent as text
+            out = f"EXC {type(e).__name__}: {e}".encode()
+        os.write(w, out[:4000])
+        os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 4096):
+        chunks.append(chunk)
+    os.waitpid(pid, 0)
+    return b"".join(chunks)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to switch to uid nobody")
+def test_other_uid_cannot_use_unix_socket(agent, run_dir):
+    def connect() -> bytes:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(agent.unix_path)
+        try:
+            s.sendall(b"POST /v1/eval HTTP/1.1\r\nhost: x\r\ncontent-length: 12\r\n\r\n{\"code\":\"1\"}")
+        except BrokenPipeError:
+            pass  # the agent refuses on connect and may have closed before we sent
+        return s.recv(4096)
+
+    # GIVEN the run dir's 0700 mode: another uid cannot even reach the socket
+    assert _as_nobody(connect).startswith(b"EXC PermissionError")
+    # AND with the file modes loosened by mistake, the SO_PEERCRED check still refuses it
+    os.chmod(os.path.dirname(run_dir), 0o755)
+    os.chmod(run_dir, 0o755)
+    os.chmod(agent.unix_path, 0o666)
+    answer = _as_nobody(connect)
+    assert answer.startswith(b"HTTP/1.1 403"), answer
+    assert b"uid 65534 may not use this agent" in answer

@@ -1,0 +1,71 @@
+"""Start and stop real training processes for end-to-end tests (no sleeps: readiness files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.support import PROGRAMS, python_env, wait_until
+
+
+@contextmanager
+def training_job(
+    tmp: Path,
+    program: str = "toy_train.py",
+    args: tuple[str, ...] = (),
+    nproc: int = 0,
+    ranks: int = 1,
+    env: dict[str, str] | None = None,
+    timeout: float = 90,
+) -> Iterator[tuple[subprocess.Popen[str], list[dict]]]:
+    """Run ``program`` (under torchrun when ``nproc``) with PROBE=1 and yield (proc, rank infos).
+
+    Every rank writes ``rank{N}.json`` when it has taken its first step. On exit the stop file is
+    created, then the whole process group is killed if it lingers.
+    """
+    ready = tmp / "ready"
+    ready.mkdir(exist_ok=True)
+    stop = tmp / "stop"
+    child_env = python_env(
+        PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(tmp / "run"), PROBE_WATCHDOG="0",
+        **(env or {}),
+    )
+    cmd = [sys.executable]
+    if nproc:
+        cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+                "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"]
+        ranks = nproc
+    cmd += [str(PROGRAMS / program), "--ready-dir", str(ready), "--stop-file", str(stop), *args]
+    proc = subprocess.Popen(
+        cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        def all_ready() -> bool:
+            assert proc.poll() is None, f"training exited early:\n{proc.stdout.read()}"
+            return all((ready / f"rank{r}.json").exists() for r in range(ranks))
+
+        wait_until(all_ready, timeout, "training ranks did not become ready")
+        infos = [json.loads((ready / f"rank{r}.json").read_text()) for r in range(ranks)]
+        yield proc, infos
+    finally:
+        stop.touch()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def probe(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "probe_cli", *args],
+        capture_output=True, text=True, timeout=timeout, env=python_env(**(env or {})),
+    )
