@@ -139,7 +139,7 @@ class AgentServer:
         config = uvicorn.Config(
             app,
             log_config=None,
-            log_level="warning",
+            log_level="error",  # "Invalid HTTP request" warnings are noise in a training log
             access_log=False,
             lifespan="off",
             loop="asyncio",

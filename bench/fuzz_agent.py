@@ -1,0 +1,92 @@
+"""Fuzz the agent's served OpenAPI spec with schemathesis while a training job runs.
+
+Starts tests/programs/toy_train.py with the agent (once without a token, once with one), runs
+`schemathesis run <url>/openapi.json --checks not_a_server_error`, and checks that
+- no response had a 5xx status (schemathesis exits non-zero otherwise), and
+- the training process kept stepping throughout (trainer.current_step before and after).
+
+    python bench/fuzz_agent.py [--max-examples 100]
+Exit code 0 when both runs are clean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAM = ROOT / "tests" / "programs" / "toy_train.py"
+
+
+def run_once(token: str | None, max_examples: int) -> tuple[bool, str]:
+    with tempfile.TemporaryDirectory(prefix="probe-fuzz-") as d:
+        tmp = Path(d)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE")}
+        env.update(PYTHONPATH=str(ROOT), PROBE="1", PROBE_PORT="0", PROBE_WATCHDOG="0",
+                   PROBE_RUN_DIR=str(tmp / "run"), PROBE_EVAL_TIMEOUT_S="2")
+        if token:
+            env["PROBE_TOKEN"] = token
+        proc = subprocess.Popen(
+            [sys.executable, str(PROGRAM), "--ready-dir", str(tmp), "--stop-file", str(tmp / "stop")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not (tmp / "rank0.json").exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    return False, f"training did not start: {proc.stdout.read() if proc.stdout else ''}"
+                time.sleep(0.05)
+            url = json.loads((tmp / "rank0.json").read_text())["url"]
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+            def step() -> int:
+                r = httpx.post(f"{url}/v1/eval", json={"code": "trainer.current_step"},
+                               headers=headers, timeout=30)
+                return int(r.json()["result"])
+
+            before = step()
+            cmd = [shutil.which("schemathesis") or "schemathesis", "run", f"{url}/openapi.json",
+                   "--checks", "not_a_server_error", "--max-examples", str(max_examples),
+                   "--workers", "2", "--request-timeout", "30", "--seed", "1"]
+            if token:
+                cmd += ["-H", f"Authorization: Bearer {token}"]
+            fz = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            after = step()
+            alive = proc.poll() is None
+            summary = [ln for ln in fz.stdout.splitlines() if "generated" in ln or "passed" in ln]
+            ok = fz.returncode == 0 and alive and after > before
+            return ok, (
+                f"token={'yes' if token else 'no'}: schemathesis exit {fz.returncode} "
+                f"({'; '.join(s.strip() for s in summary[-2:])}); training steps {before} -> {after}, "
+                f"alive={alive}" + ("" if fz.returncode == 0 else "\n" + fz.stdout[-3000:])
+            )
+        finally:
+            (tmp / "stop").touch()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max-examples", type=int, default=100)
+    args = ap.parse_args()
+    results = [run_once(None, args.max_examples), run_once("fuzz-token", args.max_examples)]
+    for _, line in results:
+        print(line)
+    return 0 if all(ok for ok, _ in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
