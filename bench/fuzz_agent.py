@@ -55,7 +55,9 @@ def run_once(token: str | None, max_examples: int) -> tuple[bool, str]:
                 return int(r.json()["result"])
 
             before = step()
-            cmd = [shutil.which("schemathesis") or "schemathesis", "run", f"{url}/openapi.json",
+            local = Path(sys.executable).with_name("schemathesis")
+            exe = str(local) if local.exists() else shutil.which("schemathesis") or "schemathesis"
+            cmd = [exe, "run", f"{url}/openapi.json",
                    "--checks", "not_a_server_error", "--max-examples", str(max_examples),
                    "--workers", "2", "--request-timeout", "30", "--seed", "1"]
             if token:

@@ -51,6 +51,7 @@ READ_STATEMENT_TYPES = ("SELECT", "EXPLAIN")
 #: bound that holds memory flat, and DuckDB compresses below this.
 _WIDTH = {"VARCHAR": 48, "BOOLEAN": 1, "INTEGER": 4, "DATE": 4, "FLOAT": 4}
 _RETENTION_EVERY_S = 2.0
+_SNAPSHOT_REUSE_S = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,8 @@ class Store:
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._flushers: list[Callable[[], None]] = []
         self._materializers: dict[str, Callable[[], pa.Table]] = {}
+        self._materialize_lock = threading.Lock()
+        self._snapshot_at: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._step_tables: dict[str, int] = {}
@@ -254,15 +257,24 @@ class Store:
     def _materialize(self, cur: duckdb.DuckDBPyConnection, sql: str) -> None:
         lowered = sql.lower()
         for table, fn in self._materializers.items():
-            if table.split(".")[-1] in lowered:
+            if table.split(".")[-1] not in lowered:
+                continue
+            # One refresher at a time (two concurrent DELETEs conflict in DuckDB's MVCC), and
+            # queries arriving within _SNAPSHOT_REUSE_S of a refresh share that snapshot.
+            with self._materialize_lock:
+                if time.monotonic() - self._snapshot_at.get(table, -1e9) < _SNAPSHOT_REUSE_S:
+                    continue
                 snapshot = fn()
                 cur.register("_probe_snapshot", snapshot)
                 try:
+                    cur.execute("BEGIN")
                     cur.execute(f"DELETE FROM {table}")
                     cols = ", ".join(f'"{c}"' for c in snapshot.column_names)
                     cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _probe_snapshot")
+                    cur.execute("COMMIT")
                 finally:
                     cur.unregister("_probe_snapshot")
+                self._snapshot_at[table] = time.monotonic()
 
     def _run_read(self, sql: str, params: list[Any] | None, max_rows: int, consume: Callable):
         self.check_read_only(sql)

@@ -1,0 +1,130 @@
+"""Load: N concurrent clients mix query, backtrace and eval against a training process.
+
+Runs docker/demo_train.py (a small GPT, single process) with the agent, then alternates phases in
+one run: quiet (no clients) / loaded (N clients) / quiet, and reports
+- the step-time ratio loaded / quiet (goal ≤ 1.05),
+- p50 and p99 latency per endpoint,
+- requests sent vs responses received (none may be lost).
+Each client loops: pick an endpoint (query 40%, backtrace 40%, eval 20%), send, wait for the
+answer, sleep --think seconds.
+
+    python bench/bench_load.py [--clients 50] [--seconds 60] [--think 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAM = ROOT / "docker" / "demo_train.py"
+REQUESTS = [
+    ("query", 0.4, ("POST", "/v1/query", {"sql": "SELECT func, count(*) FROM python.backtrace GROUP BY ALL"})),
+    ("backtrace", 0.4, ("GET", "/v1/backtrace", None)),
+    ("eval", 0.2, ("POST", "/v1/eval", {"code": "trainer.current_step"})),
+]
+
+
+async def client_loop(c: httpx.AsyncClient, until: float, think: float, lat: dict, counts: dict) -> None:
+    rng = random.Random()
+    while time.monotonic() < until:
+        name, _, (method, path, body) = rng.choices(REQUESTS, weights=[w for _, w, _ in REQUESTS])[0]
+        counts["sent"] += 1
+        t0 = time.perf_counter()
+        try:
+            r = await c.request(method, path, json=body)
+            counts["answered"] += 1
+            if r.status_code != 200:
+                counts["errors"] += 1
+                counts.setdefault("error_kinds", []).append(f"{name} {r.status_code} {r.text[:120]}")
+        except httpx.HTTPError as e:
+            counts["lost"] += 1
+            counts.setdefault("lost_kinds", []).append(type(e).__name__)
+        lat[name].append((time.perf_counter() - t0) * 1e3)
+        await asyncio.sleep(think * rng.uniform(0.5, 1.5))
+
+
+async def loaded_phase(url: str, clients: int, seconds: float, think: float) -> tuple[dict, dict]:
+    lat: dict[str, list[float]] = {n: [] for n, _, _ in REQUESTS}
+    counts = {"sent": 0, "answered": 0, "errors": 0, "lost": 0}
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as c:
+        until = time.monotonic() + seconds
+        await asyncio.gather(*(client_loop(c, until, think, lat, counts) for _ in range(clients)))
+    return lat, counts
+
+
+def current_step(url: str) -> int:
+    r = httpx.post(f"{url}/v1/eval", json={"code": "trainer.current_step"}, timeout=60)
+    body = r.json()
+    return int(body["result"]) if body.get("ok") else -1  # -1: main() has not built trainer yet
+
+
+def step_time(url: str, seconds: float) -> float:
+    s0, t0 = current_step(url), time.monotonic()
+    time.sleep(seconds)
+    s1, t1 = current_step(url), time.monotonic()
+    return (t1 - t0) / max(1, s1 - s0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--quiet-seconds", type=float, default=20)
+    ap.add_argument("--think", type=float, default=1.0)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="probe-load-") as d:
+        tmp = Path(d)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE")}
+        env.update(PYTHONPATH=str(ROOT), PROBE="1", PROBE_PORT="0", PROBE_WATCHDOG="0",
+                   PROBE_RUN_DIR=str(tmp / "run"), PROBE_TRACE="off", OMP_NUM_THREADS="1")
+        proc = subprocess.Popen([sys.executable, str(PROGRAM), "--stop-file", str(tmp / "stop")],
+                                env=env, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not list((tmp / "run").glob("*.json")) if (tmp / "run").exists() else True:
+                if time.monotonic() > deadline:
+                    raise SystemExit("agent did not start")
+                time.sleep(0.1)
+            url = json.loads(next((tmp / "run").glob("*.json")).read_text())["url"]
+            while current_step(url) < 20:
+                time.sleep(0.2)
+            quiet1 = step_time(url, args.quiet_seconds)
+            s0, t0 = current_step(url), time.monotonic()
+            lat, counts = asyncio.run(loaded_phase(url, args.clients, args.seconds, args.think))
+            loaded = (time.monotonic() - t0) / max(1, current_step(url) - s0)
+            quiet2 = step_time(url, args.quiet_seconds)
+        finally:
+            (tmp / "stop").touch()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+    quiet = (quiet1 + quiet2) / 2
+    print(f"clients={args.clients} seconds={args.seconds:g} think={args.think:g}s")
+    print(f"step time quiet {quiet * 1e3:.1f} ms (before {quiet1 * 1e3:.1f}, after {quiet2 * 1e3:.1f}), "
+          f"loaded {loaded * 1e3:.1f} ms, ratio {loaded / quiet:.3f}")
+    for name, xs in lat.items():
+        xs.sort()
+        if xs:
+            print(f"{name:<10} n={len(xs):>5} p50 {statistics.median(xs):7.1f} ms  p99 {xs[int(len(xs) * 0.99) - 1]:7.1f} ms")
+    print(f"requests sent {counts['sent']}, answered {counts['answered']} "
+          f"(non-200: {counts['errors']}), lost {counts['lost']} {sorted(set(counts.get('lost_kinds', [])))}")
+    for kind in sorted(set(counts.get("error_kinds", [])))[:5]:
+        print("  non-200:", kind)
+
+
+if __name__ == "__main__":
+    main()
