@@ -64,6 +64,10 @@ class Agent:
                 tcp = bind_tcp(self.config.host, self.config.port, self.rank)
                 sockets.append(tcp)
                 host, port = tcp.getsockname()[:2]
+                if self.config.advertise_host:
+                    host = self.config.advertise_host
+                elif host in ("0.0.0.0", "::"):
+                    host = self.identity.host  # a wildcard is not an address clients can use
                 shown = f"[{host}]" if ":" in host else host
                 self.url = f"http://{shown}:{port}"
             if self.config.unix_socket:

@@ -38,6 +38,11 @@ class AgentConfig:
     """PROBE_HOST. Loopback by default: /v1/eval is remote code execution. A non-loopback host
     without PROBE_TOKEN serves reads but refuses eval."""
 
+    advertise_host: str | None = None
+    """PROBE_ADVERTISE_HOST: the host put in this agent's URL for discovery (`probe -t` fans out
+    to it). Default: PROBE_HOST, or this machine's hostname when PROBE_HOST is 0.0.0.0 / ::.
+    Set it when clients reach the rank through another name (NAT, published container ports)."""
+
     port: int = DEFAULT_BASE_PORT
     """PROBE_PORT plus LOCAL_RANK. 0 picks a free port (read it from /v1/info or the run dir)."""
 
@@ -123,6 +128,8 @@ class AgentConfig:
         kw: dict[str, object] = {}
         if "PROBE_HOST" in environ:
             kw["host"] = environ["PROBE_HOST"]
+        if environ.get("PROBE_ADVERTISE_HOST"):
+            kw["advertise_host"] = environ["PROBE_ADVERTISE_HOST"]
         base = _int(environ, "PROBE_PORT", DEFAULT_BASE_PORT)
         local_rank = _int(environ, "LOCAL_RANK", 0)
         kw["port"] = 0 if base == 0 else base + local_rank
