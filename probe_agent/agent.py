@@ -32,7 +32,9 @@ _fork_handler_registered = False
 
 class Agent:
     def __init__(self, config: AgentConfig, identity: Identity) -> None:
+        from .actions import ActionQueue
         from .evaluator import Evaluator
+        from .stepclock import StepClock
         from .store import Store
 
         self.config = config
@@ -51,6 +53,10 @@ class Agent:
         self._info_path: str | None = None
         self.peers: dict[int, dict[str, Any]] = {}
         self.running = False
+        # issue 6: the one step counter of this agent (the tracer uses it too), and the queue of
+        # step-boundary actions that rides on it.
+        self.stepclock = StepClock()
+        self.actions = ActionQueue(self)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -94,6 +100,8 @@ class Agent:
         self._server = AgentServer(create_app(self), sockets, self.rank)
         self._server.start()
         self.running = True
+        self.stepclock.start(self.store)
+        self.actions.start()
         self._start_collectors()
         self._write_info_file()
 
@@ -117,6 +125,8 @@ class Agent:
             except Exception as e:  # keep stopping the rest
                 log.warning("probe agent: collector %s did not stop cleanly: %s", name, e)
         self.collectors.clear()
+        self.actions.stop()  # releases a paused training thread
+        self.stepclock.stop()
         if self._server is not None:
             self._server.stop()
         self.store.stop()
@@ -179,25 +189,34 @@ class Agent:
         merged = {**self.peers, self.rank: me}
         return [merged[r] for r in sorted(merged)]
 
-    def audit(self, client: str, code: str, outcome: str, error: str | None, ms: float) -> None:
+    def audit(
+        self, client: str, code: str, outcome: str, error: str | None, ms: float,
+        **action: Any,
+    ) -> None:
+        """One row of python.evals. ``action`` (kind, action_id, at_step, requested_by, flush)
+        is set by step-boundary actions (issue 6); a plain eval is kind 'eval'."""
         import pyarrow as pa
 
-        self.store.append(
-            "python.evals",
-            pa.table(
-                {
-                    "timestamp": [time.time()],
-                    "rank": [self.rank],
-                    "client": [client],
-                    "code": [code],
-                    "outcome": [outcome],
-                    "error": [error],
-                    "elapsed_ms": [ms],
-                }
-            ),
-        )
-        # The audit row must be visible to the very next query ("what did I just run?").
-        self.store.flush(timeout=1.0)
+        row: dict[str, list[Any]] = {
+            "timestamp": [time.time()],
+            "rank": [self.rank],
+            "client": [client],
+            "code": [code],
+            "outcome": [outcome],
+            "error": [error],
+            "elapsed_ms": [ms],
+        }
+        # Always every column: batches are concatenated before insert, and a missing column
+        # would become NULL rather than its default.
+        row["kind"] = [action.get("kind") or "eval"]
+        row["action_id"] = pa.array([action.get("action_id")], pa.string())
+        row["at_step"] = pa.array([action.get("at_step")], pa.int64())
+        row["requested_by"] = pa.array([action.get("requested_by")], pa.string())
+        self.store.append("python.evals", pa.table(row))
+        # The audit row must be visible to the very next query ("what did I just run?"), but
+        # the training thread (step-boundary actions) never waits on the writer.
+        if action.get("flush", True):
+            self.store.flush(timeout=1.0)
 
     def run_eval(self, code: str, client: str) -> Any:
         try:

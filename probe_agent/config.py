@@ -87,7 +87,30 @@ class AgentConfig:
     """PROBE_EVAL_OUTPUT_BYTES: captured stdout/stderr of one eval is cut after this."""
 
     watchdog: bool = True
-    """PROBE_WATCHDOG=0 disables the out-of-process stack reader."""
+    """PROBE_WATCHDOG=0 disables the out-of-process stack reader (issue 5): then the agent serves
+    its public sockets itself, and a rank whose GIL is held answers nothing."""
+
+    watchdog_grace_s: float = 600.0
+    """PROBE_WATCHDOG_GRACE_S: how long the watchdog keeps answering (exit status, last stack,
+    last step) after its rank died. A clean exit (code 0) ends it at once."""
+
+    backtrace_deadline_ms: int = 1000
+    """PROBE_BACKTRACE_DEADLINE_MS: a backtrace the in-process agent has not answered by then is
+    answered out-of-process by the watchdog (py-spy, or a faulthandler dump)."""
+
+    watchdog_reader: str = "auto"
+    """PROBE_WATCHDOG_READER: auto | py-spy | faulthandler. How the watchdog reads stacks when the
+    agent cannot; auto = py-spy, then faulthandler where ptrace is not permitted."""
+
+    watchdog_snapshot_s: float = 5.0
+    """PROBE_WATCHDOG_SNAPSHOT_S: how often the watchdog keeps a backtrace for crash forensics
+    (from the in-process agent; py-spy only while the agent is frozen)."""
+
+    action_timeout_s: float = 60.0
+    """PROBE_ACTION_TIMEOUT_S: the longest a step-boundary action should hold the training thread
+    (waiting for the other ranks to reach the step, then running). A waiting action is skipped
+    on every rank past it; a running one cannot be stopped safely and is reported as overrunning
+    (issue 6)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -107,6 +130,18 @@ class AgentConfig:
                 raise_config(name, value, "a positive integer")
         if self.eval_timeout_s <= 0:
             raise_config("PROBE_EVAL_TIMEOUT_S", self.eval_timeout_s, "a positive number")
+        if self.watchdog_reader not in ("auto", "py-spy", "faulthandler"):
+            raise_config("PROBE_WATCHDOG_READER", self.watchdog_reader,
+                         "one of auto, py-spy, faulthandler")
+        for name, number in (
+            ("PROBE_WATCHDOG_GRACE_S", self.watchdog_grace_s),
+            ("PROBE_BACKTRACE_DEADLINE_MS", self.backtrace_deadline_ms),
+            ("PROBE_WATCHDOG_SNAPSHOT_S", self.watchdog_snapshot_s),
+        ):
+            if number <= 0:
+                raise_config(name, number, "a positive number")
+        if self.action_timeout_s <= 0:
+            raise_config("PROBE_ACTION_TIMEOUT_S", self.action_timeout_s, "a positive number")
         if self.token is not None and not self.token.strip():
             raise_config("PROBE_TOKEN", "''", "a non-empty token, or unset it")
 
@@ -131,7 +166,7 @@ class AgentConfig:
         if environ.get("PROBE_ADVERTISE_HOST"):
             kw["advertise_host"] = environ["PROBE_ADVERTISE_HOST"]
         base = _int(environ, "PROBE_PORT", DEFAULT_BASE_PORT)
-        local_rank = _int(environ, "LOCAL_RANK", 0)
+        local_rank = _int(environ, first_set(environ, LOCAL_RANK_VARS), 0)
         kw["port"] = 0 if base == 0 else base + local_rank
         token = environ.get("PROBE_TOKEN")
         if token is None and environ.get("PROBE_TOKEN_FILE"):
@@ -152,6 +187,18 @@ class AgentConfig:
                 kw[key] = _int(environ, name, 0)
         if "PROBE_EVAL_TIMEOUT_S" in environ:
             kw["eval_timeout_s"] = _float(environ, "PROBE_EVAL_TIMEOUT_S")
+        for key, name in (
+            ("watchdog_grace_s", "PROBE_WATCHDOG_GRACE_S"),
+            ("watchdog_snapshot_s", "PROBE_WATCHDOG_SNAPSHOT_S"),
+        ):
+            if name in environ:
+                kw[key] = _float(environ, name)
+        if "PROBE_BACKTRACE_DEADLINE_MS" in environ:
+            kw["backtrace_deadline_ms"] = _int(environ, "PROBE_BACKTRACE_DEADLINE_MS", 1000)
+        if environ.get("PROBE_WATCHDOG_READER"):
+            kw["watchdog_reader"] = environ["PROBE_WATCHDOG_READER"].strip().lower()
+        if "PROBE_ACTION_TIMEOUT_S" in environ:
+            kw["action_timeout_s"] = _float(environ, "PROBE_ACTION_TIMEOUT_S")
         if "PROBE_TRACE" in environ:
             kw["trace"] = environ["PROBE_TRACE"].strip().lower()
         for key, name in (
@@ -162,6 +209,18 @@ class AgentConfig:
             if name in environ:
                 kw[key] = _bool(environ, name)
         return cls(**kw)  # type: ignore[arg-type]
+
+
+#: Where launchers put a process's rank on its node, in order of preference: torchrun and
+#: deepspeed set LOCAL_RANK; srun sets only SLURM_LOCALID; Open MPI's mpirun its own (issue 4).
+LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+
+
+def first_set(environ: Mapping[str, str], names: tuple[str, ...]) -> str:
+    """The first of ``names`` present in ``environ`` (the first name when none is)."""
+    return next((n for n in names if environ.get(n, "").strip()), names[0])
 
 
 def raise_config(name: str, value: object, expected: str) -> None:

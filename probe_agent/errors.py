@@ -12,7 +12,9 @@ One exception handler in ``app.py`` turns any of these into the wire error body
     ├── EvalError (400)        the code raised or did not compile
     ├── AuthError (401)        missing or wrong bearer token
     ├── ForbiddenError (403)   refused by policy (eval without a token off loopback, peer uid)
-    └── NotFoundError (404)    unknown rank, action, route
+    ├── NotFoundError (404)    unknown rank, action, route
+    └── ConflictError (409)    a step-boundary action that cannot be queued now (no optimizer
+                               step seen, target step already passed, already running)
 """
 
 from __future__ import annotations
@@ -64,3 +66,7 @@ class ForbiddenError(ProbeAgentError):
 
 class NotFoundError(ProbeAgentError):
     status = 404
+
+
+class ConflictError(ProbeAgentError):
+    status = 409

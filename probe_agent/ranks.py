@@ -1,11 +1,24 @@
-"""Rank identity (RANK / LOCAL_RANK / WORLD_SIZE) and the registry of every rank's URL."""
+"""Rank identity (RANK / LOCAL_RANK / WORLD_SIZE) and the registry of every rank's URL.
+
+torch is never imported here: the registry only looks at ``sys.modules`` until the training
+program has imported and initialised ``torch.distributed`` itself.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import socket
+import sys
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .config import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, first_set
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +38,126 @@ class Identity:
                 return default
 
         return cls(
-            rank=num("RANK", 0),
-            local_rank=num("LOCAL_RANK", 0),
-            world_size=num("WORLD_SIZE", 1),
+            rank=num(first_set(environ, RANK_VARS), 0),
+            local_rank=num(first_set(environ, LOCAL_RANK_VARS), 0),
+            world_size=num(first_set(environ, WORLD_SIZE_VARS), 1),
             host=socket.gethostname(),
             pid=os.getpid(),
         )
+
+
+#: Keys live under this prefix in the job's c10d store: ``probe_agent/rank{N}`` -> JSON.
+STORE_PREFIX = "probe_agent"
+
+
+class RankRegistry:
+    """Collector that publishes this rank's address in the job's c10d store and reads the others.
+
+    The agent starts before ``init_process_group``, so the registry arms itself lazily: on every
+    writer tick (PROBE_FLUSH_MS) it checks, without importing torch, whether
+    ``torch.distributed`` is imported and initialised. Once it is, it clones the default store's
+    TCPStore (a connection of its own, so a training thread blocked in a store call never holds
+    ours), writes ``probe_agent/rank{N}`` = ``{rank, url, host, pid}``, and from then on reads
+    the published entries with ``list_keys`` + ``multi_get`` — never a blocking ``get`` on a key
+    that may not exist. Entries land in ``agent.peers``; ``/v1/ranks`` serves them.
+
+    If the store cannot be reached, the failure is logged once and retried with back-off; the
+    agent keeps serving itself.
+
+    Args:
+        agent: the running agent; its ``url``, ``identity`` and ``peers`` are read and written.
+        refresh_s: once every rank has published, how often the list is re-read (ranks of an
+            elastic job can come back at new addresses).
+    """
+
+    def __init__(self, agent: Any, refresh_s: float = 30.0) -> None:
+        self.agent = agent
+        self.refresh_s = refresh_s
+        self.store: Any = None
+        self.world_size = 0
+        self.published = False
+        self.failures = 0
+        self.last_error: str | None = None
+        self._next = 0.0
+
+    def start(self, sink: Any) -> None:
+        sink.add_flusher(self.tick)
+
+    def stop(self) -> None:
+        self._next = float("inf")  # the writer may tick once more before it stops
+        self.store = None
+
+    def entry(self) -> dict[str, Any]:
+        ident = self.agent.identity
+        url = self.agent.url
+        if url:
+            # A wildcard bind is reachable at the host's name, not at 0.0.0.0.
+            for wildcard in ("//0.0.0.0:", "//[::]:"):
+                url = url.replace(wildcard, f"//{ident.host}:")
+        return {"rank": self.agent.rank, "url": url, "host": ident.host, "pid": ident.pid}
+
+    def tick(self) -> None:
+        """Called on the writer thread; cheap until the default process group exists."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        try:
+            if self.store is None:
+                dist = sys.modules.get("torch.distributed")
+                if dist is None or not getattr(dist, "is_initialized", lambda: False)():
+                    return
+                self._arm(dist)
+            if not self.published:
+                self.store.set(f"rank{self.agent.rank}", json.dumps(self.entry()))
+                self.published = True
+            self._read()
+            complete = len(self.agent.peers) >= self.world_size
+            self._next = now + (self.refresh_s if complete else 0.5)
+        except Exception as e:  # store down or gone: serve ourselves, retry later
+            self.failures += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+            if self.failures == 1:
+                log.warning(
+                    "probe agent on rank %d: cannot use the job's c10d store for rank "
+                    "discovery (%s); this agent serves itself only, pass -t for the others",
+                    self.agent.rank, self.last_error,
+                )
+            self._next = now + min(30.0, 0.5 * 2 ** min(self.failures, 6))
+
+    def _arm(self, dist: Any) -> None:
+        from datetime import timedelta
+
+        store = dist.distributed_c10d._get_default_store()
+        base = getattr(store, "_underlying_non_prefix_store", None) or store
+        try:
+            base = base.clone()  # our own connection to the TCPStore
+        except (AttributeError, RuntimeError):
+            pass  # HashStore/FileStore: no clone; we only ever make non-blocking calls
+        base.set_timeout(timedelta(seconds=2))
+        rank = dist.get_rank()
+        if rank != self.agent.rank:
+            log.warning(
+                "probe agent: RANK=%d in the environment but init_process_group gave rank %d; "
+                "using %d", self.agent.rank, rank, rank,
+            )
+            self.agent.rank = rank
+            self.agent.identity = replace(self.agent.identity, rank=rank)
+        self.world_size = dist.get_world_size()
+        self.store = dist.PrefixStore(STORE_PREFIX, base)
+
+    def _read(self) -> None:
+        keys = sorted(k for k in self.store.list_keys() if k.startswith("rank"))
+        if not keys:
+            return
+        peers: dict[int, dict[str, Any]] = {}
+        for key, raw in zip(keys, self.store.multi_get(keys)):
+            try:
+                value = json.loads(bytes(raw).decode())
+                peers[int(value["rank"])] = value
+            except (ValueError, KeyError, TypeError):
+                log.debug("probe agent: ignoring malformed store entry %s", key)
+        self.agent.peers = peers
+
+
+def build_registry(agent: Any) -> RankRegistry:
+    return RankRegistry(agent)

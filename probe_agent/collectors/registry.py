@@ -11,7 +11,11 @@ log = logging.getLogger(__name__)
 
 #: name -> "module:factory"; the factory takes the agent and returns a Collector or None.
 #: Modules are imported only here, at agent start, never at ``import probe_agent``.
-FACTORIES: dict[str, str] = {}
+FACTORIES: dict[str, str] = {
+    # issue 4: rank discovery through the job's c10d store, and python.collectives.
+    "ranks": "..ranks:build_registry",
+    "collectives": ".collectives:build_recorder",
+}
 
 
 def build_collectors(agent: Any) -> dict[str, Any]:

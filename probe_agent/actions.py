@@ -1,0 +1,405 @@
+"""ActionQueue: code and built-in actions run on the training thread at a step boundary.
+
+Model
+-----
+- An action is queued for step N on every targeted rank (the CLI sends the same id to each). It
+  runs on the training thread right after optimizer step N, from the step clock's subscriber
+  (stepclock.py), in submission order with the other actions due then. Queries, evals and
+  backtraces keep working meanwhile (they run on agent threads).
+- Before running, the ranks agree through the job's store that every one of them reached step
+  N (agreement.py): an action runs on all of them or on none, so collectives inside it match
+  and a rank that never gets there cannot leave the others blocked in one.
+- Kinds: ``step-eval`` (operator code; the repr of a trailing expression comes back),
+  ``lr`` (lr.py), ``checkpoint`` (checkpoint.py) and ``pause``, which holds the training thread
+  after step N until ``resume()``. While held, actions queued for step N still run there.
+- Refused at once (HTTP 409): no torch, no optimizer step seen yet (nothing to ride on), a step
+  this rank has already passed (``reason: "past"``, with ``current_step``), a duplicate id.
+- Failures: an exception in the code is reported (``state: error`` with the traceback) and
+  training goes on. An action still running after PROBE_ACTION_TIMEOUT_S is reported as
+  ``overran`` and logged; it is *not* interrupted: stopping code mid-way on the training thread
+  could leave the model or optimizer half-updated, or raise into the training loop and end the
+  job. Only a queued (or still agreeing) action can be cancelled.
+- Every change of state is audited in ``python.evals`` (kind, action_id, at_step, requested_by).
+"""
+
+from __future__ import annotations
+
+import builtins
+import itertools
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .agreement import StepAgreement
+from .errors import ConflictError, NotFoundError
+from .evaluator import CappedBuffer, full_repr
+from .objects import find_models, find_schedulers, training_namespace
+
+log = logging.getLogger(__name__)
+
+KINDS = ("step-eval", "lr", "checkpoint", "pause")
+TERMINAL = frozenset({"ok", "error", "cancelled", "skipped"})
+#: Finished actions kept for `probe actions` (queued ones are always kept).
+KEEP_FINISHED = 200
+_ticket = itertools.count()
+
+
+@dataclass
+class Action:
+    id: str
+    kind: str
+    step: int
+    code: str
+    args: dict[str, Any]
+    client: str
+    requested_by: str | None
+    group: list[int] | None
+    submitted_at: float = field(default_factory=time.time)
+    state: str = "queued"  # queued | waiting (agreeing) | running | ok | error | cancelled | skipped
+    started_at: float | None = None
+    finished_at: float | None = None
+    waited_ms: float | None = None
+    elapsed_ms: float | None = None
+    result: str | None = None
+    data: Any = None
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None
+    traceback: str | None = None
+    overran: bool = False
+    cancel_requested: bool = False
+    order: int = field(default_factory=lambda: next(_ticket))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("order")
+        return d
+
+
+class ActionQueue:
+    """Per-rank queue of step-boundary actions. See the module docstring."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.clock = agent.stepclock
+        self.timeout_s = agent.config.action_timeout_s
+        self.agreement = StepAgreement()
+        self._cond = threading.Condition()
+        self._pending: list[Action] = []
+        self._all: OrderedDict[str, Action] = OrderedDict()
+        self.paused_at: int | None = None
+        self._hold = False
+        self._holding = False
+        self._unsubscribe: Any = None
+
+    def start(self) -> None:
+        self._unsubscribe = self.clock.subscribe(self.on_step, "step-boundary actions")
+
+    def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        with self._cond:  # never leave the training thread held by a stopped agent
+            self._hold = False
+            for a in self._pending:
+                a.state, a.error = "cancelled", "the probe agent stopped"
+            self._pending.clear()
+            self._cond.notify_all()
+
+    # -- requests (agent threads) -------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        self.clock.poll()
+        return {**self.clock.state(), "paused_at": self.paused_at,
+                "pending": len(self._pending), "action_timeout_s": self.timeout_s}
+
+    def submit(self, *, kind: str, step: int | None, code: str, args: dict[str, Any],
+               client: str, requested_by: str | None, action_id: str,
+               group: list[int] | None) -> Action:
+        rank = self.agent.rank
+        try:
+            if kind == "step-eval":
+                self.agent.evaluator.compile(code)  # a SyntaxError is a 400 now, not later
+            self._refuse_unless_ready()
+            with self._cond:
+                cur = self.clock.current_step
+                held = self.paused_at == cur
+                target = step if step is not None else (cur if held else cur + 1)
+                if target < cur or (target == cur and not held):
+                    raise ConflictError(
+                        f"rank {rank} is already at step {cur}, past step {target}; nothing was "
+                        "queued (use --next-step, or a later --at-step)",
+                        reason="past", current_step=cur,
+                    )
+                if action_id in self._all:
+                    raise ConflictError(f"an action with id {action_id} already exists on rank "
+                                        f"{rank}", reason="duplicate", current_step=cur)
+                a = Action(action_id, kind, target, code, args, client, requested_by, group)
+                self._all[action_id] = a
+                self._pending.append(a)
+                self._pending.sort(key=lambda x: (x.step, x.order))
+                self._trim()
+                self._cond.notify_all()
+        except Exception as e:
+            msg = getattr(e, "message", str(e))
+            self._audit_raw(kind, action_id, step, code, client, requested_by, "refused", msg)
+            raise
+        self._audit(a, "queued")
+        return a
+
+    def _refuse_unless_ready(self) -> None:
+        rank = self.agent.rank
+        if "torch" not in sys.modules:
+            raise ConflictError(
+                f"torch is not imported on rank {rank}: step-boundary actions ride on torch's "
+                "optimizer step hook and there is none here; use plain `probe eval`",
+                reason="no-step-hook",
+            )
+        if not self.clock.poll() or not self.clock.seen_step:
+            since = self.clock.armed_at
+            ago = f" (step hook armed {time.time() - since:.0f} s ago)" if since else ""
+            raise ConflictError(
+                f"no optimizer step seen on rank {rank} yet{ago}: either training has not "
+                "reached its first optimizer.step() (retry then), or its optimizer is not a "
+                "torch.optim.Optimizer and never fires the step hook, so step-boundary actions "
+                "cannot run here; use plain `probe eval`",
+                reason="no-step-hook",
+            )
+
+    def get(self, action_id: str) -> Action:
+        a = self._all.get(action_id)
+        if a is None:
+            raise NotFoundError(f"no action {action_id} on rank {self.agent.rank}; "
+                                "`probe actions` lists them")
+        return a
+
+    def actions(self) -> list[Action]:
+        return [*self._all.values()]
+
+    def cancel(self, action_id: str, client: str, requested_by: str | None) -> Action:
+        with self._cond:
+            a = self.get(action_id)
+            if a.state == "running":
+                raise ConflictError(
+                    f"action {a.id} is running on rank {self.agent.rank}'s training thread and "
+                    "cannot be cancelled: stopping code mid-way there could leave the model "
+                    "half-updated or end the job", reason="running",
+                    current_step=self.clock.current_step,
+                )
+            if a.state == "queued":
+                self._pending.remove(a)
+                a.state, a.finished_at = "cancelled", time.time()
+                a.error = f"cancelled before step {a.step} (rank was at {self.clock.current_step})"
+            elif a.state == "waiting":
+                a.cancel_requested = True  # the agreement votes abort on every rank
+            self._cond.notify_all()
+        if a.state == "cancelled":
+            self._audit(a, "cancelled", client=client, requested_by=requested_by)
+        return a
+
+    def resume(self, client: str, requested_by: str | None) -> dict[str, Any]:
+        """Release a held training thread now, and cancel pauses that have not happened yet."""
+        cancelled = []
+        with self._cond:
+            was = self.paused_at
+            for a in [a for a in self._pending if a.kind == "pause"]:
+                self._pending.remove(a)
+                a.state, a.finished_at = "cancelled", time.time()
+                a.error = "cancelled by resume before it was reached"
+                cancelled.append(a)
+            for a in self._all.values():
+                if a.kind == "pause" and a.state == "waiting":
+                    a.cancel_requested = True
+            self._hold = False
+            self._cond.notify_all()
+        for a in cancelled:
+            self._audit(a, "cancelled", client=client, requested_by=requested_by)
+        note = f"released at step {was}" if was is not None else "was not paused"
+        self._audit_raw("resume", None, was, "resume", client, requested_by, "ok", None)
+        return {"was_paused_at": was, "cancelled": [a.id for a in cancelled], "note": note,
+                "step": self.clock.current_step}
+
+    # -- the training thread ------------------------------------------------------------------
+    def on_step(self, step: int, optimizer: Any) -> None:
+        pending = self._pending
+        if not pending or pending[0].step > step:
+            return  # the common case: one list read per step
+        self._run_due(step)
+
+    def _run_due(self, step: int) -> None:
+        while True:
+            with self._cond:
+                if not self._pending or self._pending[0].step > step:
+                    return
+                a = self._pending.pop(0)
+            if a.step < step:  # cannot happen while submit() checks under the lock; be loud
+                a.state, a.error = "skipped", f"step {a.step} passed before it could run"
+                a.finished_at = time.time()
+                self._audit(a, "skipped")
+                continue
+            self._run(a, step)
+            if a.kind == "pause" and a.state == "ok" and not self._holding:
+                self._hold_loop(step)
+
+    def _hold_loop(self, step: int) -> None:
+        log.warning("probe agent: rank %d paused after step %d; `probe resume` releases it",
+                    self.agent.rank, step)
+        self._holding = True
+        try:
+            while True:
+                with self._cond:
+                    while (self._hold and self.agent.running
+                           and not (self._pending and self._pending[0].step <= step)):
+                        self._cond.wait(1.0)
+                    if not self._hold or not self.agent.running:
+                        return
+                self._run_due(step)
+        finally:
+            with self._cond:
+                self._holding, self._hold, self.paused_at = False, False, None
+            log.warning("probe agent: rank %d resumed after step %d", self.agent.rank, step)
+
+    def _run(self, a: Action, step: int) -> None:
+        a.state = "waiting"
+        t0 = time.perf_counter()
+        run, why = self.agreement.agree(a.id, a.group, self.timeout_s,
+                                        lambda: a.cancel_requested, step)
+        a.waited_ms = round((time.perf_counter() - t0) * 1e3, 3)
+        if not run:
+            a.state = "cancelled" if a.cancel_requested else "skipped"
+            a.error, a.finished_at = why, time.time()
+            self._audit(a, a.state)
+            return
+        a.state, a.started_at = "running", time.time()
+        timer = threading.Timer(self.timeout_s, self._overrun, (a,))
+        timer.daemon = True
+        timer.name = "probe-agent.action-timer"
+        timer.start()
+        t1 = time.perf_counter()
+        try:
+            RUNNERS[a.kind](self, a, step)
+            a.state = "ok"
+        except KeyboardInterrupt:  # a real Ctrl-C is the operator's, not the action's
+            a.state, a.error = "error", "KeyboardInterrupt"
+            raise
+        except BaseException as e:  # operator code may raise anything (SystemExit too)
+            a.state, a.error = "error", f"{type(e).__name__}: {e}"
+            a.traceback = _user_traceback(e)
+        finally:
+            timer.cancel()
+            a.elapsed_ms = round((time.perf_counter() - t1) * 1e3, 3)
+            a.finished_at = time.time()
+            if a.overran and a.state == "ok":
+                a.error = f"overran PROBE_ACTION_TIMEOUT_S={self.timeout_s:g} s"
+            self._audit(a, a.state)
+
+    def _overrun(self, a: Action) -> None:
+        a.overran = True
+        log.warning(
+            "probe agent: action %s (%s) has held rank %d's training thread for more than "
+            "PROBE_ACTION_TIMEOUT_S=%g s; it cannot be stopped safely from outside (that could "
+            "leave the model half-updated or end the job), so training waits until it returns",
+            a.id, a.kind, self.agent.rank, self.timeout_s,
+        )
+        self._audit(a, "overrun")
+
+    # -- audit --------------------------------------------------------------------------------
+    def _audit(self, a: Action, outcome: str, client: str | None = None,
+               requested_by: str | None = None) -> None:
+        self._audit_raw(a.kind, a.id, a.step, a.code, client or a.client,
+                        requested_by or a.requested_by, outcome, a.error, a.elapsed_ms or 0.0)
+
+    def _audit_raw(self, kind: str, action_id: str | None, step: int | None, code: str,
+                   client: str, requested_by: str | None, outcome: str, error: str | None,
+                   ms: float = 0.0) -> None:
+        try:
+            on_training_thread = threading.get_ident() == self.clock.training_thread
+            self.agent.audit(client, code, outcome, error, ms, kind=kind, action_id=action_id,
+                             at_step=step, requested_by=requested_by,
+                             flush=not on_training_thread)
+        except Exception as e:  # the audit table must never fail an action or the training
+            log.warning("probe agent: could not audit action %s: %s", action_id, e)
+
+    def _trim(self) -> None:
+        done = [k for k, a in self._all.items() if a.state in TERMINAL]
+        for k in done[: max(0, len(done) - KEEP_FINISHED)]:
+            del self._all[k]
+
+
+# -- runners (training thread) -----------------------------------------------------------------
+def _run_code(q: ActionQueue, a: Action, step: int) -> None:
+    ev = q.agent.evaluator
+    body, tail = ev.compile(a.code)
+    out, err = CappedBuffer(ev.output_cap), CappedBuffer(ev.output_cap)
+
+    def eval_print(*args: Any, file: Any = None, **kw: Any) -> None:
+        target = err if file is sys.stderr else out if file in (None, sys.stdout) else file
+        builtins.print(*args, file=target, **kw)
+
+    g = dict(ev.session)
+    g.update(training_namespace())
+    g.update(print=eval_print, probe_step=step, probe_optimizers=q.clock.optimizers())
+    g.setdefault("__builtins__", builtins)
+    before = {k: id(v) for k, v in g.items()}
+    main_globals = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
+    try:
+        exec(body, g)
+        value = eval(tail, g) if tail is not None else None
+        a.result = None if value is None else full_repr(value, ev.output_cap)
+    finally:
+        a.stdout, a.stderr = out.text(), err.text()
+        for k, v in g.items():  # same write-through rules as /v1/eval (evaluator.py)
+            if k in ("print", "__builtins__", "probe_step", "probe_optimizers"):
+                continue
+            if before.get(k) != id(v):
+                (main_globals if k in main_globals else ev.session)[k] = v
+
+
+def _run_lr(q: ActionQueue, a: Action, step: int) -> None:
+    from .lr import change_lr
+
+    opts = q.clock.optimizers()
+    report = change_lr(opts, find_schedulers(opts), scale=a.args.get("scale"),
+                       set_to=a.args.get("set"))
+    report["step"] = step
+    a.data = report
+    a.result = ", ".join(
+        f"{o['class']}[{i}] {g['before']:.6g} -> {g['after']:.6g}"
+        for o in report["optimizers"] for i, g in enumerate(o["groups"])
+    )
+
+
+def _run_checkpoint(q: ActionQueue, a: Action, step: int) -> None:
+    from .checkpoint import save
+
+    opts = q.clock.optimizers()
+    models = find_models(opts, training_namespace(), a.args.get("model"))
+    dist = q.agreement.distributed()
+    world = dist.get_world_size() if dist is not None else 1
+    a.data = save(str(a.args["path"]), step=step, rank=q.agent.rank, world_size=world,
+                  tag=a.id, models=models, optimizers=opts, schedulers=find_schedulers(opts))
+    a.result = ", ".join(f"{f['path']} ({f['bytes']} bytes)" for f in a.data["files"]) or (
+        "nothing to write on this rank")
+
+
+def _run_pause(q: ActionQueue, a: Action, step: int) -> None:
+    with q._cond:
+        q._hold, q.paused_at = True, step
+    a.data = {"paused_at": step}
+    a.result = f"held after step {step}"
+
+
+RUNNERS = {"step-eval": _run_code, "lr": _run_lr, "checkpoint": _run_checkpoint,
+           "pause": _run_pause}
+
+
+def _user_traceback(e: BaseException) -> str:
+    """From the operator's code (``<probe eval>``) down; the whole chain for built-ins."""
+    tb = e.__traceback__
+    first = tb
+    while tb is not None and tb.tb_frame.f_code.co_filename != "<probe eval>":
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(e), e, tb or first))

@@ -1,0 +1,213 @@
+"""`probe checkpoint PATH`: a consistent checkpoint taken at a step boundary on every rank.
+
+Runs on the training thread right after optimizer step N (a step-boundary action, agreed by
+every rank: see agreement.py), so model, optimizer and scheduler are all from step N.
+
+Two layouts:
+
+- **Replicated** (one process, DDP, DataParallel: every rank holds the whole model). Rank 0
+  writes ``PATH`` with ``torch.save``::
+
+      {"probe_checkpoint": 1, "step": N, "world_size": W,
+       "model": state_dict            (or "models": {name: state_dict} for several roots),
+       "optimizer": state_dict        (or "optimizers": [state_dict, ...]),
+       "scheduler": state_dict        (or "schedulers": [...]; absent without one),
+       "rng": {"python", "torch", "numpy"?, "cuda"?},   # rank 0's generators
+       "names": {"model": [...], "optimizer": [...], "scheduler": [...]}}
+
+  With W > 1 every rank r also writes its own generators to ``PATH.rng.rank{r}`` (ranks draw
+  different data and dropout masks; no collective is used to gather them).
+- **Sharded** (a parameter is a DTensor: FSDP2, tensor parallel; or an FSDP1 wrapper):
+  ``torch.distributed.checkpoint`` writes the directory ``PATH`` from every rank, with
+  ``get_state_dict`` for model and optimizers, ``step``, the scheduler states and ``rng.rank{r}``.
+
+Atomic: every file is written to ``<name>.tmp-<action>`` (fsync'd) and renamed; a sharded
+directory is written as ``PATH.tmp-<action>/`` and renamed by rank 0 once ``dcp.save`` returned
+(the coordinator returns only after every rank's data and the metadata are written). A crash
+mid-save leaves only ``*.tmp-*`` names, never a ``PATH`` that looks complete.
+
+``load(PATH, rank)`` reads a replicated checkpoint back with that rank's generators merged in;
+``restore_rng(state["rng"])`` puts them back.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from typing import Any
+
+FORMAT = 1
+
+
+def rng_state() -> dict[str, Any]:
+    import torch
+
+    out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        out["numpy"] = np.random.get_state()
+    if torch.cuda.is_initialized():  # never create a CUDA context the job did not
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    import torch
+
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def is_sharded(models: list[Any]) -> bool:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_initialized():
+        return False
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # older torch
+        DTensor = ()  # type: ignore[assignment]  # noqa: N806
+    for m in models:
+        for sub in m.modules():
+            if type(sub).__name__ == "FullyShardedDataParallel":
+                return True
+        if DTensor and any(isinstance(p, DTensor) for p in m.parameters()):
+            return True
+    return False
+
+
+def _one_or_many(key: str, items: list[Any]) -> dict[str, Any]:
+    if not items:
+        return {}
+    return {key: items[0]} if len(items) == 1 else {key + "s": items}
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, obj: Any, tag: str) -> int:
+    """torch.save to ``path`` through a temporary name; returns the size in bytes."""
+    import torch
+
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = f"{path}.tmp-{tag}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(parent)
+    return os.path.getsize(path)
+
+
+def save(
+    path: str, *, step: int, rank: int, world_size: int, tag: str,
+    models: list[tuple[str, Any]], optimizers: list[Any], schedulers: list[Any],
+) -> dict[str, Any]:
+    """Write this rank's part of the checkpoint; returns ``{"mode", "files": [{path, bytes}]}``."""
+    path = os.path.abspath(path)
+    names = {
+        "model": [n for n, _ in models],
+        "optimizer": [type(o).__name__ for o in optimizers],
+        "scheduler": [type(s).__name__ for s in schedulers],
+    }
+    if is_sharded([m for _, m in models]):
+        return _save_sharded(path, step=step, rank=rank, tag=tag, models=models,
+                             optimizers=optimizers, schedulers=schedulers, names=names)
+    if os.path.isdir(path):
+        raise FileExistsError(f"{path} is a directory; give a file path for this checkpoint")
+    files = []
+    if rank == 0:
+        state: dict[str, Any] = {"probe_checkpoint": FORMAT, "step": step,
+                                 "world_size": world_size, "names": names}
+        if len(models) == 1:
+            state["model"] = models[0][1].state_dict()
+        else:
+            state["models"] = {n: m.state_dict() for n, m in models}
+        state.update(_one_or_many("optimizer", [o.state_dict() for o in optimizers]))
+        state.update(_one_or_many("scheduler", [s.state_dict() for s in schedulers]))
+        state["rng"] = rng_state()
+        files.append({"path": path, "bytes": write_atomic(path, state, tag)})
+    if world_size > 1:
+        rng_path = f"{path}.rng.rank{rank}"
+        rng = {"probe_checkpoint": FORMAT, "step": step, "rank": rank, "rng": rng_state()}
+        files.append({"path": rng_path, "bytes": write_atomic(rng_path, rng, tag)})
+    return {"mode": "torch.save", "step": step, "files": files, "names": names}
+
+
+def _save_sharded(
+    path: str, *, step: int, rank: int, tag: str, models: list[tuple[str, Any]],
+    optimizers: list[Any], schedulers: list[Any], names: dict[str, Any],
+) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    if os.path.exists(path):
+        raise FileExistsError(f"{path} exists; a sharded checkpoint needs a new directory")
+    state: dict[str, Any] = {"step": step, f"rng.rank{rank}": rng_state()}
+    for name, model in models:
+        mine = [o for o in optimizers if _owns(model, o)]
+        msd, osd = get_state_dict(model, mine)
+        key = "" if len(models) == 1 else f".{name}"
+        state["model" + key] = msd
+        state["optimizer" + key] = osd
+    for i, s in enumerate(schedulers):
+        state[f"scheduler.{i}"] = s.state_dict()
+    tmp = f"{path}.tmp-{tag}"
+    dcp.save(state, checkpoint_id=tmp)  # collective: every rank of the job is here (agreed)
+    if rank == 0:
+        os.rename(tmp, path)
+        _fsync_dir(os.path.dirname(path))
+    where = path if rank == 0 else tmp  # other ranks may return before rank 0 renames
+    files = []
+    if rank == 0:
+        for entry in sorted(os.listdir(path)):
+            full = os.path.join(path, entry)
+            files.append({"path": full, "bytes": os.path.getsize(full)})
+    return {"mode": "torch.distributed.checkpoint", "step": step, "directory": path,
+            "written_as": where, "files": files, "names": names}
+
+
+def _owns(model: Any, optimizer: Any) -> bool:
+    ids = {id(p) for p in model.parameters()}
+    return any(id(p) in ids for g in optimizer.param_groups for p in g["params"])
+
+
+def load(path: str, rank: int = 0) -> dict[str, Any]:
+    """A replicated checkpoint with ``rank``'s generators as ``state["rng"]``.
+
+    Uses ``weights_only=False``: the RNG states are Python and numpy objects. Load only files
+    you wrote.
+    """
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    rng_path = f"{path}.rng.rank{rank}"
+    if rank != 0 or os.path.exists(rng_path):
+        if os.path.exists(rng_path):
+            state["rng"] = torch.load(rng_path, map_location="cpu", weights_only=False)["rng"]
+        elif rank != 0:
+            raise FileNotFoundError(f"{rng_path}: no generator state saved for rank {rank}")
+    return state

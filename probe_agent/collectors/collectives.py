@@ -1,0 +1,397 @@
+"""Collective recorder: every torch.distributed collective and point-to-point call of this rank.
+
+What gets captured
+------------------
+Two sources, merged into ``python.collectives`` when a query names the table (nothing is written
+on the training thread beyond one small record per explicit call):
+
+- **Python wrappers** around the public ``torch.distributed`` functions (``all_reduce``,
+  ``broadcast``, ``send``, ``barrier``, …). They see explicit calls only, with the Python call
+  site, the wall-clock start and end of the call, and whether it is still running (``pending``),
+  returned (``done``) or raised (``failed``). They are installed as soon as
+  ``torch.distributed`` has been imported (checked on the writer tick, never importing torch
+  ourselves). Code that bound a function before that (``from torch.distributed import
+  all_reduce`` at import time) keeps the unwrapped one.
+- **The Flight Recorder** (``torch._C._distributed_c10d._dump_fr_trace``; on by default in
+  torch 2.13, 2,000 entries). It sees every collective the process group runs, including DDP's
+  and FSDP's internal gradient reductions that never pass through the Python API, with the
+  per-group sequence number, shapes, dtypes and a Python stack. On gloo it has no end times.
+
+A wrapper record is matched to the Flight Recorder entry its call created (same group, the first
+entry created after the call started); the row then carries the Flight Recorder's ``seq`` and
+the wrapper's timing. Without a Flight Recorder the wrapper numbers calls per group itself.
+
+Cost
+----
+One record (a list) per explicit call, in a bounded deque: a few microseconds. The Flight
+Recorder dump (about 10 µs per entry) happens only when ``python.collectives`` is queried.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import os
+import pickle
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from . import Guard
+
+log = logging.getLogger(__name__)
+
+#: Public functions wrapped, by op name (as the Flight Recorder spells it after "gloo:").
+WRAPPED = (
+    "all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather",
+    "all_gather_into_tensor", "all_gather_coalesced", "all_gather_object", "gather",
+    "gather_object", "scatter", "scatter_object_list", "reduce_scatter", "reduce_scatter_tensor",
+    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "broadcast_object_list",
+    "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list",
+)
+P2P = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
+                 "recv_object_list"})
+COLUMNS = (
+    "rank", "pg", "pg_desc", "group_ranks", "seq", "op", "is_p2p", "shapes", "dtype",
+    "start_time", "end_time", "duration", "state", "error", "thread_name", "callsite", "source",
+)
+_TORCH_DIR = os.sep + "torch" + os.sep
+
+# Wrapper record slots (a list, not an object: cheaper to build on the training thread).
+_PG, _OP, _SHAPES, _DTYPE, _START, _END, _STATE, _ERROR, _THREAD, _SITE, _SEQ, _ASYNC = range(12)
+
+
+class CollectiveRecorder:
+    """Collector for ``python.collectives``.
+
+    Args:
+        agent: its ``rank`` is written into every row (read at query time: the rank registry
+            may correct it after ``init_process_group``).
+        capacity: wrapper records kept (oldest dropped first); the Flight Recorder keeps its own
+            2,000 (``TORCH_FR_BUFFER_SIZE``).
+    """
+
+    def __init__(self, agent: Any, capacity: int = 4096) -> None:
+        self.agent = agent
+        self.records: deque[list[Any]] = deque(maxlen=capacity)
+        self.guard = Guard("collective recorder")
+        self._local = threading.local()
+        self._seq: dict[str, int] = {}
+        self._patched: list[tuple[Any, str, Any]] = []
+        self._armed = False
+        self._stopped = False
+        self._lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self, sink: Any) -> None:
+        sink.add_flusher(self.tick)
+        sink.add_materializer("python.collectives", self.snapshot)
+        self.tick()
+
+    def stop(self) -> None:
+        with self._lock:
+            # The writer keeps calling tick() until the store stops: it must not re-install.
+            self._stopped = True
+            try:
+                for module, name, original in reversed(self._patched):
+                    setattr(module, name, original)
+            finally:
+                self._patched.clear()
+                self._armed = False
+
+    def tick(self) -> None:
+        """Install the wrappers once ``torch.distributed`` is fully imported."""
+        if self._armed or self._stopped:
+            return
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        dist = sys.modules.get("torch.distributed")
+        if c10d is None or dist is None:
+            return
+        for mod in (c10d, dist):
+            if getattr(getattr(mod, "__spec__", None), "_initializing", False):
+                return  # still being imported on another thread
+        with self._lock:
+            if not self._armed and not self._stopped:
+                self._install(c10d, dist)
+                self._armed = True
+
+    def _install(self, c10d: Any, dist: Any) -> None:
+        for op in WRAPPED:
+            original = getattr(c10d, op, None)
+            if original is None or getattr(original, "__probe_wrapped__", False):
+                continue
+            wrapper = self._wrap(op, original)
+            for module in (c10d, dist):
+                if getattr(module, op, None) is original:
+                    setattr(module, op, wrapper)
+                    self._patched.append((module, op, original))
+
+    # -- the training-thread side --------------------------------------------------------------
+    def _wrap(self, op: str, fn: Any) -> Any:
+        params = list(inspect.signature(fn).parameters)
+        group_at = params.index("group") if "group" in params else None
+        async_at = params.index("async_op") if "async_op" in params else None
+        is_async = op in ("isend", "irecv", "batch_isend_irecv")
+        local, records, guard, seqs = self._local, self.records, self.guard, self._seq
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            # Nested calls (all_gather_object -> all_gather) are recorded once, outermost.
+            if not guard.enabled or getattr(local, "depth", 0):
+                return fn(*args, **kwargs)
+            rec = None
+            try:
+                group = kwargs.get("group")
+                if group is None and group_at is not None and len(args) > group_at:
+                    group = args[group_at]
+                asynchronous = is_async or bool(
+                    kwargs.get("async_op")
+                    or (async_at is not None and len(args) > async_at and args[async_at])
+                )
+                rec = _begin(op, group, args, kwargs, asynchronous)
+                rec[_SEQ] = seqs[rec[_PG]] = seqs.get(rec[_PG], 0) + 1
+                records.append(rec)
+            except Exception as e:  # noqa: BLE001 - see Guard: recording must never fail training
+                guard.failed(e)
+            local.depth = 1
+            try:
+                out = fn(*args, **kwargs)
+            except BaseException as e:
+                if rec is not None:
+                    rec[_END] = time.time()
+                    rec[_STATE] = "failed"
+                    rec[_ERROR] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                raise
+            finally:
+                local.depth = 0
+            if rec is not None:
+                rec[_END] = time.time()
+                rec[_STATE] = "issued" if rec[_ASYNC] else "done"
+            return out
+
+        wrapper.__probe_wrapped__ = True  # type: ignore[attr-defined]
+        return wrapper
+
+    # -- the query side ------------------------------------------------------------------------
+    def snapshot(self) -> Any:
+        """``python.collectives`` rows now: Flight Recorder entries merged with wrapper records."""
+        import pyarrow as pa
+
+        rows = self.rows()
+        return pa.table(
+            {c: [r[c] for r in rows] for c in COLUMNS},
+            schema=pa.schema(
+                [
+                    ("rank", pa.int32()), ("pg", pa.string()), ("pg_desc", pa.string()),
+                    ("group_ranks", pa.list_(pa.int32())), ("seq", pa.int64()),
+                    ("op", pa.string()), ("is_p2p", pa.bool_()), ("shapes", pa.string()),
+                    ("dtype", pa.string()), ("start_time", pa.float64()),
+                    ("end_time", pa.float64()), ("duration", pa.float64()),
+                    ("state", pa.string()), ("error", pa.string()),
+                    ("thread_name", pa.string()), ("callsite", pa.string()),
+                    ("source", pa.string()),
+                ]
+            ),
+        )
+
+    def rows(self) -> list[dict[str, Any]]:
+        records = [list(r) for r in list(self.records)]
+        groups = _group_ranks()
+        fr = read_flight_recorder()
+        out: list[dict[str, Any]] = []
+        unmatched = records
+        if fr is not None:
+            entries, status = fr
+            unmatched = _match(entries, records)
+            oldest = min((e["start_time"] for e in entries), default=None)
+            for e in entries:
+                e["state"] = _fr_state(e, status.get(e["pg"], {}))
+                rec = e.pop("_rec", None)
+                if rec is not None:
+                    e.update(
+                        start_time=rec[_START], end_time=rec[_END], state=_merged_state(e, rec),
+                        error=rec[_ERROR], callsite=rec[_SITE] or e["callsite"], source="both",
+                    )
+                out.append(e)
+            # Calls older than the Flight Recorder's window have no comparable seq: drop them.
+            if oldest is not None:
+                unmatched = [r for r in unmatched if r[_START] >= oldest or r[_STATE] == "pending"]
+        for rec in unmatched:
+            out.append(
+                {
+                    "pg": rec[_PG], "pg_desc": None, "seq": rec[_SEQ], "op": rec[_OP],
+                    "is_p2p": rec[_OP] in P2P, "shapes": rec[_SHAPES], "dtype": rec[_DTYPE],
+                    "start_time": rec[_START], "end_time": rec[_END], "state": rec[_STATE],
+                    "error": rec[_ERROR], "thread_name": rec[_THREAD], "callsite": rec[_SITE],
+                    "source": "python",
+                }
+            )
+        for row in out:
+            row["rank"] = self.agent.rank
+            row["group_ranks"] = groups.get(row["pg"])
+            end, start = row.get("end_time"), row.get("start_time")
+            row["duration"] = end - start if end is not None and start is not None else None
+            row.setdefault("pg_desc", None)
+            row.setdefault("error", None)
+        out.sort(key=lambda r: (r["start_time"] or 0.0))
+        return out
+
+
+def _begin(op: str, group: Any, args: tuple, kwargs: dict, asynchronous: bool) -> list[Any]:
+    pg = _group_name(group)
+    shapes: list[list[int]] = []
+    dtype = None
+    for value in (*args, *kwargs.values()):
+        for t in value if isinstance(value, (list, tuple)) else (value,):
+            shape = getattr(t, "shape", None)
+            if shape is not None and hasattr(t, "dtype"):
+                shapes.append(list(shape))
+                dtype = dtype or str(t.dtype).removeprefix("torch.")
+        if len(shapes) >= 8:
+            break
+    caller = sys._getframe(2)
+    site = f"{caller.f_code.co_filename}:{caller.f_lineno} {caller.f_code.co_name}"
+    return [pg, op, json.dumps(shapes), dtype, time.time(), None, "pending", None,
+            threading.current_thread().name, site, None, asynchronous]
+
+
+def _group_name(group: Any) -> str:
+    if group is None:
+        c10d = sys.modules["torch.distributed.distributed_c10d"]
+        group = c10d._get_default_group()
+    return str(group.group_name)
+
+
+def _group_ranks() -> dict[str, list[int]]:
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None or not c10d.is_initialized():
+        return {}
+    out = {}
+    for pg, name in list(c10d._world.pg_names.items()):
+        try:
+            out[str(name)] = sorted(c10d.get_process_group_ranks(pg))
+        except (RuntimeError, ValueError, KeyError):
+            continue
+    return out
+
+
+def read_flight_recorder() -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]] | None:
+    """Entries of this process's Flight Recorders as row dicts, plus per-group status.
+
+    Two recorders exist: the CPU one (gloo; ``_dump_fr_trace``) and, in CUDA builds, NCCL's
+    (``_dump_nccl_trace``: CUDA-event states, so ``started``/``completed`` and end times).
+    Returns None when torch.distributed is not in use or no recorder is available (buffer size
+    0, a torch without them).
+    """
+    c10d_c = sys.modules.get("torch._C._distributed_c10d")
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None or not c10d.is_initialized():
+        return None
+    dumps = [getattr(c10d_c, n) for n in ("_dump_fr_trace", "_dump_nccl_trace")
+             if hasattr(c10d_c, n)]
+    entries: list[dict[str, Any]] = []
+    status: dict[str, dict[str, str]] = {}
+    seen = False
+    for dump in dumps:
+        try:
+            data = pickle.loads(dump(True, True, False))
+        except (RuntimeError, pickle.UnpicklingError, EOFError, TypeError) as e:
+            log.debug("probe agent: flight recorder dump failed: %s", e)
+            continue
+        seen = True
+        status.update(data.get("pg_status") or {})
+        entries.extend(_fr_row(e) for e in data.get("entries", ()))
+    return (entries, status) if seen else None
+
+
+def _fr_row(e: dict[str, Any]) -> dict[str, Any]:
+    pg_name, pg_desc = (list(e.get("process_group") or ("", "")) + ["", ""])[:2]
+    is_p2p = bool(e.get("is_p2p"))
+    start = e["time_created_ns"] / 1e9
+    end = None
+    if e.get("duration_ms") is not None and e.get("time_discovered_started_ns"):
+        end = e["time_discovered_started_ns"] / 1e9 + e["duration_ms"] / 1e3  # NCCL timing
+    elif e.get("time_discovered_completed_ns"):
+        end = e["time_discovered_completed_ns"] / 1e9  # watchdog's view, NCCL only
+    return {
+        "pg": str(pg_name), "pg_desc": pg_desc,
+        "seq": e.get("p2p_seq_id") if is_p2p else e.get("collective_seq_id"),
+        "op": str(e.get("profiling_name", "")).split(":", 1)[-1], "is_p2p": is_p2p,
+        "shapes": json.dumps(e.get("input_sizes") or []),
+        "dtype": _dtype((e.get("input_dtypes") or [None])[0]),
+        "start_time": start, "end_time": end,
+        "retired": bool(e.get("retired")), "fr_state": e.get("state"),
+        "thread_name": e.get("thread_name"),
+        "callsite": _callsite(e.get("frames") or ()),
+        "source": "flight_recorder",
+    }
+
+
+#: c10 ScalarType names (what the Flight Recorder writes) -> torch dtype names.
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+           "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+           "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128"}
+
+
+def _dtype(name: str | None) -> str | None:
+    return _DTYPES.get(name, name.lower()) if name else None
+
+
+def _callsite(frames: Any) -> str | None:
+    """The innermost frame outside torch's own package: where the user's code asked for it."""
+    for f in frames:
+        if _TORCH_DIR not in f.get("filename", ""):
+            return f"{f['filename']}:{f['line']} {f['name']}"
+    return None
+
+
+def _fr_state(e: dict[str, Any], status: dict[str, str]) -> str:
+    if e.pop("fr_state", None) == "completed" or e.pop("retired", False):
+        return "done"
+    if not e["is_p2p"]:
+        try:
+            if int(e["seq"]) <= int(status.get("last_completed_collective", -1)):
+                return "done"
+        except (TypeError, ValueError):
+            pass
+    return "pending"
+
+
+def _merged_state(e: dict[str, Any], rec: list[Any]) -> str:
+    if rec[_STATE] == "failed":
+        return "failed"
+    if rec[_STATE] == "pending" or e["state"] == "pending":
+        return "pending"
+    return "done"
+
+
+def _match(entries: list[dict[str, Any]], records: list[list[Any]]) -> list[list[Any]]:
+    """Attach each wrapper record to the first Flight Recorder entry its call created.
+
+    Same group, created at or after the call started and (when it has returned) before it
+    returned. Returns the records that matched nothing.
+    """
+    by_pg: dict[str, list[dict[str, Any]]] = {}
+    for e in sorted(entries, key=lambda e: e["start_time"]):
+        by_pg.setdefault(e["pg"], []).append(e)
+    unmatched = []
+    cursor: dict[str, int] = {}
+    for rec in sorted(records, key=lambda r: r[_START]):
+        cands = by_pg.get(rec[_PG], [])
+        i = cursor.get(rec[_PG], 0)
+        while i < len(cands) and (cands[i]["start_time"] < rec[_START] - 1e-6 or "_rec" in cands[i]):
+            i += 1
+        if i < len(cands) and (rec[_END] is None or cands[i]["start_time"] <= rec[_END] + 1e-6):
+            cands[i]["_rec"] = rec
+            cursor[rec[_PG]] = i + 1
+        else:
+            unmatched.append(rec)
+    return unmatched
+
+
+def build_recorder(agent: Any) -> CollectiveRecorder:
+    return CollectiveRecorder(agent)

@@ -1,0 +1,142 @@
+"""Step-boundary action routes (issue 6): step, actions (queue, list, wait, cancel), resume.
+
+Queueing runs code on the training thread, so it follows /v1/eval's policy: off loopback it
+needs a token (the unix socket is always allowed). Nothing here blocks the event loop: submit
+and cancel only take the queue's lock; ``wait`` polls the action's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field, model_validator
+
+from ..errors import ForbiddenError
+from .core import _agent, _client
+
+router = APIRouter(prefix="/v1")
+
+#: Longest a GET /v1/actions/{id}?wait=S holds the request open.
+MAX_WAIT_S = 30.0
+
+
+class ActionRequest(BaseModel):
+    kind: Literal["step-eval", "lr", "checkpoint", "pause"] = Field(
+        "step-eval", description="step-eval runs `code`; the others are built-in actions"
+    )
+    step: int | None = Field(
+        None, ge=0, description="Run right after optimizer step N; null = this rank's next step"
+    )
+    code: str = Field("", description="Python source for step-eval")
+    scale: float | None = Field(None, gt=0, description="lr: multiply every LR by this")
+    set: float | None = Field(None, ge=0, description="lr: set every LR to this")
+    path: str | None = Field(None, description="checkpoint: where to write")
+    model: str | None = Field(None, description="checkpoint: the model's name (dotted) to save")
+    id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="Action id; the CLI sends the same one to every rank",
+    )
+    group: list[int] | None = Field(
+        None, description="Ranks the action was sent to; they must all reach the step for it "
+        "to run (default: every rank of the job)",
+    )
+    requested_by: str | None = Field(None, max_length=200, description="user@host, for audit")
+
+    @model_validator(mode="after")
+    def _check(self) -> ActionRequest:
+        if self.kind == "step-eval" and not self.code.strip():
+            raise ValueError("step-eval needs code")
+        if self.kind == "lr" and (self.scale is None) == (self.set is None):
+            raise ValueError("lr needs exactly one of scale or set")
+        if self.kind == "checkpoint" and not self.path:
+            raise ValueError("checkpoint needs a path")
+        return self
+
+
+class ResumeRequest(BaseModel):
+    requested_by: str | None = Field(None, max_length=200)
+
+
+def _describe(body: ActionRequest) -> str:
+    if body.kind == "step-eval":
+        return body.code
+    if body.kind == "lr":
+        return f"lr scale={body.scale}" if body.scale is not None else f"lr set={body.set}"
+    if body.kind == "checkpoint":
+        return f"checkpoint {body.path}" + (f" model={body.model}" if body.model else "")
+    return body.kind
+
+
+def _require_eval_rights(request: Request, what: str) -> None:
+    agent = _agent(request)
+    if _client(request) != "unix" and not agent.config.eval_allowed:
+        raise ForbiddenError(
+            f"{what} refused: this agent listens on {agent.config.host} without a token. Set "
+            "PROBE_TOKEN in the training job's environment and pass --token to probe"
+        )
+
+
+def _envelope(agent: Any, **body: Any) -> dict[str, Any]:
+    return {"ok": True, "rank": agent.rank, "step": agent.stepclock.current_step,
+            "paused_at": agent.actions.paused_at, **body}
+
+
+@router.get("/step")
+async def step(request: Request) -> dict[str, Any]:
+    """This rank's step clock: ``step`` (null before the first optimizer step), ``paused_at``."""
+    agent = _agent(request)
+    return {"ok": True, "rank": agent.rank, **agent.actions.status(), "now": time.time()}
+
+
+@router.get("/actions")
+async def list_actions(request: Request) -> dict[str, Any]:
+    agent = _agent(request)
+    return _envelope(agent, actions=[a.to_dict() for a in agent.actions.actions()])
+
+
+@router.post("/actions")
+async def submit(request: Request, body: ActionRequest) -> dict[str, Any]:
+    agent = _agent(request)
+    _require_eval_rights(request, f"{body.kind} action")
+    args = {k: v for k, v in (("scale", body.scale), ("set", body.set), ("path", body.path),
+                              ("model", body.model)) if v is not None}
+    action = agent.actions.submit(
+        kind=body.kind, step=body.step, code=_describe(body), args=args,
+        client=_client(request), requested_by=body.requested_by,
+        action_id=body.id or uuid.uuid4().hex[:12], group=body.group,
+    )
+    return _envelope(agent, action=action.to_dict())
+
+
+@router.get("/actions/{action_id}")
+async def get_action(request: Request, action_id: str, wait: float = 0.0) -> dict[str, Any]:
+    """One action; ``wait=S`` holds the answer up to S seconds (≤ 30) until it has finished."""
+    agent = _agent(request)
+    action = agent.actions.get(action_id)
+    deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
+    while action.state not in ("ok", "error", "cancelled", "skipped"):
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.02)
+    return _envelope(agent, action=action.to_dict())
+
+
+@router.delete("/actions/{action_id}")
+async def cancel(request: Request, action_id: str) -> dict[str, Any]:
+    """Cancel a queued action (409 while it runs: the training thread cannot be interrupted)."""
+    agent = _agent(request)
+    action = agent.actions.cancel(action_id, _client(request), request.headers.get("x-probe-who"))
+    return _envelope(agent, action=action.to_dict())
+
+
+@router.post("/resume")
+async def resume(request: Request, body: ResumeRequest) -> dict[str, Any]:
+    """Release a paused training thread now (and cancel pauses not reached yet)."""
+    agent = _agent(request)
+    _require_eval_rights(request, "resume")
+    return {"ok": True, "rank": agent.rank, **agent.actions.resume(_client(request),
+                                                                   body.requested_by)}

@@ -1,0 +1,213 @@
+"""StepClock: the agent's single source of truth for "which training step is this rank at".
+
+NOTE for every feature that needs step numbers or step boundaries (the torch tracer of issue 3,
+the step-boundary actions of issue 6, ...): use ``agent.stepclock`` — ``current_step`` for the
+number and ``subscribe(fn)`` for "run this on the training thread right after the step". Do not
+register another global optimizer hook that counts on its own: two counters drift apart (one
+arms later, one counts every optimizer), and then "step 40" means two different things in one
+agent's tables and actions.
+
+How it works
+------------
+- One global ``torch.optim.optimizer.register_optimizer_step_post_hook``. It fires after
+  ``step()`` of every ``torch.optim.Optimizer`` in the process, on the thread that called it (the
+  training thread).
+- The clock arms lazily: the agent may start before the program imports torch (PROBE=1 starts it
+  from a ``.pth`` file), and it must never import torch itself. ``poll()`` runs on the writer
+  tick (PROBE_FLUSH_MS) and on every step-related request; it arms once ``torch.optim.optimizer``
+  is fully imported.
+- A step is counted when the *primary* optimizer (the first one seen stepping) finishes its step,
+  so a job with two optimizers (a GAN, or one per parameter subset) counts one step per
+  iteration. If the primary optimizer is garbage-collected, the next one seen stepping takes over
+  and the count continues.
+- Numbering: at the first step it sees, the clock takes the optimizer's own count when it keeps
+  one (the Adam family's ``state[p]["step"]``, which a resumed run restores), so ranks whose
+  agents armed at different times (``probe inject`` after start) still agree. Otherwise it counts
+  from 1 at the first step seen. Step N means "the N-th optimizer step has finished";
+  ``current_step`` is 0 before the first.
+- Every optimizer seen stepping is kept in a WeakSet-like ordered list (``optimizers()``), the
+  robust way to find a job's optimizers without knowing its variable names.
+- Subscribers run on the training thread right after each counted step, in subscription order.
+  Each has its own ``collectors.Guard``: a failure is counted and logged once, and after repeated
+  failures that subscriber is switched off. Training never sees the exception.
+- Optimizers that are not ``torch.optim.Optimizer`` subclasses (a hand-written update loop,
+  some fused third-party optimizers) never fire the hook: then ``seen_step`` stays False and
+  step-bound features must refuse and say so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from .collectors import Guard
+
+log = logging.getLogger(__name__)
+
+#: A subscriber gets the step number that just finished and the optimizer that finished it.
+StepCallback = Callable[[int, Any], None]
+
+
+class StepClock:
+    """Counts training steps from the global optimizer step hook; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.current_step = 0
+        self.seen_step = False
+        self.armed = False
+        self.armed_at: float | None = None
+        self.last_step_at: float | None = None
+        self.training_thread: int | None = None
+        self.numbering = "counted"  # or "optimizer-state" when seeded from Adam's step
+        self._primary: weakref.ref[Any] | None = None
+        self._optimizers: list[weakref.ref[Any]] = []
+        self._seen_ids: set[int] = set()
+        self._subscribers: list[tuple[StepCallback, Guard]] = []
+        self._handle: Any = None
+        self._lock = threading.Lock()
+
+    # -- collector protocol ------------------------------------------------------------------
+    def start(self, sink: Any) -> None:
+        self.poll()
+        if not self.armed:
+            sink.add_flusher(self.poll)
+
+    def stop(self) -> None:
+        handle, self._handle = self._handle, None
+        try:
+            if handle is not None:
+                handle.remove()
+        finally:
+            self.armed = False
+
+    # -- arming ------------------------------------------------------------------------------
+    @staticmethod
+    def torch_ready() -> bool:
+        """True once the program has fully imported torch.optim.optimizer (never imports it)."""
+        mod = sys.modules.get("torch.optim.optimizer")
+        if mod is None or not hasattr(mod, "register_optimizer_step_post_hook"):
+            return False
+        spec = getattr(mod, "__spec__", None)
+        return not getattr(spec, "_initializing", False)
+
+    def poll(self) -> bool:
+        """Arm if torch is ready; cheap after that. Returns whether the clock is armed."""
+        if self.armed:
+            return True
+        if not self.torch_ready():
+            return False
+        with self._lock:
+            if not self.armed:
+                mod = sys.modules["torch.optim.optimizer"]
+                self._handle = mod.register_optimizer_step_post_hook(self._on_step)
+                self.armed = True
+                self.armed_at = time.time()
+        return True
+
+    # -- what others use ---------------------------------------------------------------------
+    def subscribe(self, fn: StepCallback, name: str | None = None) -> Callable[[], None]:
+        """Run ``fn(step, optimizer)`` on the training thread after every counted step.
+
+        Args:
+            fn: must be quick; it holds the training thread. Its exceptions are counted and
+                logged once, and after 10 failures it is not called again.
+            name: shown in the warning when ``fn`` fails.
+
+        Returns:
+            A function that unsubscribes ``fn``.
+        """
+        entry = (fn, Guard(f"step subscriber {name or getattr(fn, '__qualname__', fn)}"))
+        with self._lock:
+            self._subscribers = [*self._subscribers, entry]
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers = [e for e in self._subscribers if e is not entry]
+
+        return unsubscribe
+
+    def optimizers(self) -> list[Any]:
+        """Every live optimizer seen stepping, in the order first seen (primary first)."""
+        return [o for o in (r() for r in self._optimizers) if o is not None]
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "step": self.current_step if self.seen_step else None,
+            "seen_step": self.seen_step,
+            "armed": self.armed,
+            "torch": "torch" in sys.modules,
+            "numbering": self.numbering,
+            "armed_at": self.armed_at,
+            "last_step_at": self.last_step_at,
+            "optimizers": [type(o).__name__ for o in self.optimizers()],
+        }
+
+    # -- the hook (training thread) ----------------------------------------------------------
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # Failures here must never reach optimizer.step(): this is a hook on the training thread.
+        try:
+            if id(optimizer) not in self._seen_ids:
+                self._remember(optimizer)
+            primary = self._primary() if self._primary is not None else None
+            if primary is None:
+                self._primary = weakref.ref(optimizer)
+                primary = optimizer
+            if optimizer is not primary:
+                return
+            if not self.seen_step:
+                seeded = _optimizer_step_count(optimizer)
+                if seeded is not None:
+                    self.numbering = "optimizer-state"
+                self.current_step = seeded if seeded is not None else self.current_step + 1
+                self.seen_step = True
+            else:
+                self.current_step += 1
+            self.last_step_at = time.time()
+            self.training_thread = threading.get_ident()
+        except Exception as e:  # never into the training thread (see module docstring)
+            log.warning("probe agent: step clock failed: %s", e)
+            return
+        step = self.current_step
+        for fn, guard in self._subscribers:
+            if not guard.enabled:
+                continue
+            try:
+                fn(step, optimizer)
+            except Exception as e:  # the subscriber's own bug; counted, training continues
+                guard.failed(e)
+
+    def _remember(self, optimizer: Any) -> None:
+        oid = id(optimizer)
+
+        def forget(_: Any, oid: int = oid) -> None:
+            self._seen_ids.discard(oid)
+            self._optimizers = [r for r in self._optimizers if r() is not None]
+
+        self._optimizers.append(weakref.ref(optimizer, forget))
+        self._seen_ids.add(oid)
+
+
+def _optimizer_step_count(optimizer: Any) -> int | None:
+    """The optimizer's own step count when it keeps one (Adam family), else None."""
+    best: int | None = None
+    for state in getattr(optimizer, "state", {}).values():
+        step = state.get("step") if isinstance(state, dict) else None
+        if step is None:
+            continue
+        try:
+            value = int(step.item() if hasattr(step, "item") else step)
+        except (TypeError, ValueError, RuntimeError):
+            continue
+        best = value if best is None else max(best, value)
+    return best
+
+
+def is_torch_file(filename: str) -> bool:
+    """Frames in torch's own package (optimizer wrappers, hooks) are not the training script."""
+    return f"{os.sep}torch{os.sep}" in filename

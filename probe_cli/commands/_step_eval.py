@@ -1,0 +1,23 @@
+"""`probe eval --at-step N | --next-step CODE`: eval as a step-boundary action (issue 6)."""
+
+from __future__ import annotations
+
+from ..outcome import Outcome
+from ..render import render_eval, render_eval_failures
+from ..session import Session
+from ..steps import run_step_action, step_outcome
+
+
+def step_eval(session: Session, code: str, at_step: int | None, wait_s: float) -> Outcome:
+    so = run_step_action(session, {"kind": "step-eval", "code": code}, at_step=at_step,
+                         wait_s=wait_s)
+    many = len(so.results) > 1
+    return step_outcome(
+        session, so,
+        lambda ok: render_eval(ok, session.colour),
+        # Only ranks whose code raised show a traceback; the rest are in the summary.
+        render_failed=lambda failed: render_eval_failures(
+            [r for r in failed if (r.data or {}).get("state") == "error"], session.colour,
+            labels=many,
+        ),
+    )

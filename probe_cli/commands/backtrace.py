@@ -1,0 +1,58 @@
+"""`probe backtrace`: Python stacks of every rank, identical main-thread stacks grouped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..fanout import fan_out, resolve_ranks
+from ..outcome import Outcome, finish
+from ..render import format_csv
+from ..render_stacks import render_backtrace
+from ..result import RankResult
+from ..session import Session
+from . import pass_session
+
+CSV_COLUMNS = ("rank", "thread_id", "thread_name", "is_main", "depth", "func", "file", "lineno",
+               "frame_type")
+
+
+@click.command("backtrace")
+@click.option("--locals", "show_locals", is_flag=True,
+              help="Also show each frame's local variables (safe, truncated reprs).")
+@click.option("--native", is_flag=True,
+              help="Ask for native (C/C++) frames too, where the agent's route can read them.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Every rank in full with every thread, the agent's own included. Default: "
+                   "main-thread stacks grouped across ranks, outliers first.")
+@pass_session
+def command(session: Session, show_locals: bool, native: bool, show_all: bool) -> Outcome:
+    """Show where every rank is right now.
+
+    Across ranks, main-thread stacks that are identical are printed once with their ranks
+    (smallest groups first: the rank that is elsewhere is usually the one to look at).
+    """
+    results = fan_out(
+        session,
+        resolve_ranks(session),
+        lambda client, _: client.backtrace(locals=show_locals, native=native, all=show_all),
+    )
+
+    def render(ok: list[RankResult]) -> list[str]:
+        if session.output == "csv":
+            return format_csv(CSV_COLUMNS, list(_frame_rows(ok)))
+        return render_backtrace(
+            ok, show_all=show_all, show_locals=show_locals, colour=session.colour
+        )
+
+    return finish(session, results, render)
+
+
+def _frame_rows(results: list[RankResult]) -> Any:
+    for r in results:
+        for t in (r.data or {}).get("threads") or []:
+            for f in t.get("frames") or []:
+                yield [r.rank, t.get("thread_id"), t.get("thread_name"), t.get("is_main"),
+                       f.get("depth"), f.get("func"), f.get("file"), f.get("lineno"),
+                       f.get("frame_type")]

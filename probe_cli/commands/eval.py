@@ -1,0 +1,49 @@
+"""`probe eval CODE`: run Python in every rank; identical outputs grouped by rank set."""
+
+from __future__ import annotations
+
+import click
+
+from ..fanout import run_on_ranks
+from ..outcome import Outcome, finish
+from ..render import render_eval, render_eval_failures
+from ..session import Session
+from ..steps import at_step_option, check_exclusive, wait_option
+from . import pass_session
+
+
+@click.command("eval")
+@click.argument("code")
+@at_step_option
+@click.option("--next-step", is_flag=True,
+              help="Run on the training thread right after the next optimizer step, the same "
+                   "step on every rank (the smallest step no rank has passed yet).")
+@wait_option
+@pass_session
+def command(session: Session, code: str, at_step: int | None, next_step: bool,
+            wait_s: float) -> Outcome:
+    """Run CODE in every rank and print what it printed plus the repr of a trailing
+    expression. CODE `-` reads the code from stdin.
+
+    With --at-step N or --next-step, CODE runs on every rank's training thread right after
+    that optimizer step (so collectives inside it match), instead of on an agent thread now.
+
+    Ranks with identical output are shown once under their rank list. A rank whose code raised
+    prints its traceback on stderr; the exit code is then 1 (all raised) or 3 (some did).
+    """
+    if code == "-":
+        code = click.get_text_stream("stdin").read()
+    check_exclusive(at_step, next_step)
+    if at_step is not None or next_step:  # issue 6: a step-boundary action, see steps.py
+        from ._step_eval import step_eval
+
+        return step_eval(session, code, at_step, wait_s)
+    results = run_on_ranks(session, "POST", "/v1/eval", {"code": code})
+    return finish(
+        session,
+        results,
+        lambda ok: render_eval(ok, session.colour),
+        render_failed=lambda failed: render_eval_failures(
+            failed, session.colour, labels=len(results) > 1
+        ),
+    )

@@ -1,0 +1,103 @@
+"""`probe launch [options] -- CMD ...`: run a training command with an agent in every rank.
+
+The command only prepares the environment (``PROBE=1`` and the ``PROBE_*`` settings) and then
+*replaces itself* with CMD (``os.execvpe``), so torchrun, srun or deepspeed receive signals and
+report exit codes exactly as if started directly. Which processes get an agent is decided inside
+them by the ``.pth`` hook: launchers (torchrun, deepspeed's runner, this CLI) never do, ranks do,
+and rank r on a node listens on BASE + LOCAL_RANK (SLURM_LOCALID under srun).
+
+Multi-node deepspeed forwards only some variables to remote nodes: list PROBE, PROBE_PORT (and
+the others you set) in ``.deepspeed_env`` there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+
+import click
+
+_TRACE = re.compile(r"^(on|off|every:[1-9][0-9]*)$")
+
+
+def launch_env(
+    environ: Mapping[str, str],
+    *,
+    port: int | None = None,
+    host: str | None = None,
+    token_file: str | None = None,
+    trace: str | None = None,
+) -> dict[str, str]:
+    """The environment CMD runs with: ``environ`` plus PROBE=1 and the given settings.
+
+    The token itself never goes into the environment (``ps e`` and /proc/PID/environ show it
+    to the same uid): only the path of the file holding it.
+    """
+    env = dict(environ)
+    env["PROBE"] = "1"
+    if port is not None:
+        env["PROBE_PORT"] = str(port)
+    if host is not None:
+        env["PROBE_HOST"] = host
+    if token_file is not None:
+        env["PROBE_TOKEN_FILE"] = os.path.abspath(token_file)
+        env.pop("PROBE_TOKEN", None)
+    if trace is not None:
+        env["PROBE_TRACE"] = trace
+    return env
+
+
+def _trace_mode(_: click.Context, __: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip().lower().replace(" ", ":")
+    if not _TRACE.match(value):
+        raise click.BadParameter("expected on, off or every:N (N ≥ 1)")
+    return value
+
+
+@click.command(
+    "launch",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Base port: rank r on a node listens on PORT + LOCAL_RANK. 0 picks free "
+                   "ports (find them with /v1/ranks). [default: 9700, or PROBE_PORT]")
+@click.option("--host", default=None,
+              help="Address the agents bind. [default: 127.0.0.1; anything else needs a token "
+                   "for eval, and exposes reads to that network]")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False, readable=True),
+              default=None,
+              help="File holding the bearer token every request must carry. Its path, not the "
+                   "token, is passed to the ranks (PROBE_TOKEN_FILE).")
+@click.option("--trace", callback=_trace_mode, default=None,
+              help="Module tracing at start: on, off or every:N. [default: every:10]")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, required=True)
+def command(port: int | None, host: str | None, token_file: str | None, trace: str | None,
+           cmd: tuple[str, ...]) -> None:
+    """Run CMD (torchrun, python, srun, deepspeed …) with a probe agent in every rank.
+
+    \b
+    Example:
+      probe launch --port 9700 -- torchrun --nproc-per-node 8 train.py
+      probe -t localhost:9700 hang
+    """
+    args = list(cmd)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        raise click.UsageError("give the command to run after --, e.g. probe launch -- torchrun …")
+    exe = shutil.which(args[0])
+    if exe is None:
+        raise click.UsageError(f"{args[0]}: command not found")
+    env = launch_env(os.environ, port=port, host=host, token_file=token_file, trace=trace)
+    shown_host = env.get("PROBE_HOST", "127.0.0.1")
+    shown_port = env.get("PROBE_PORT", "9700")
+    click.echo(
+        f"probe: agents on {shown_host}:{shown_port}+LOCAL_RANK; "
+        f"ask all ranks with: probe -t {shown_host}:{shown_port} hang",
+        err=True,
+    )
+    os.execve(exe, args, env)

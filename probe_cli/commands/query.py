@@ -1,0 +1,129 @@
+"""`probe query SQL`: one SQL statement on every rank, answers merged into one table."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from ..errors import EXIT_FAILURE, ProbeCLIError, UsageProblemError
+from ..fanout import fan_out, resolve_ranks, run_on_ranks
+from ..group import rank_label
+from ..outcome import Outcome, exit_code, failure_summary, finish
+from ..render import (
+    format_csv,
+    format_table,
+    json_default,
+    query_notes,
+    render_query_csv,
+    render_query_table,
+)
+from ..result import RankResult
+from ..session import Session
+from . import pass_session
+
+FORMATS = ("table", "json", "csv", "arrow", "parquet")
+BINARY = ("arrow", "parquet")
+
+
+@click.command("query")
+@click.argument("sql")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="Output format. Default: table, or json/csv when --json/--csv is given. "
+                   "arrow (an Arrow IPC file) and parquet need -o FILE and pyarrow.")
+@click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the result to this file instead of stdout.")
+@click.option("--gather", "gather_sql", metavar="SQL", default=None,
+              help="Load every rank's rows (plus a `rank` column) into a local in-memory DuckDB "
+                   "as table `results`, run this SQL over it and print that instead. Needs "
+                   "duckdb and pyarrow on this machine.")
+@click.option("--max-rows", type=click.IntRange(min=1), default=None,
+              help="Rows per rank at most; the agent's PROBE_MAX_ROWS caps it anyway.")
+@pass_session
+def command(
+    session: Session, sql: str, fmt: str | None, out_path: str | None, gather_sql: str | None,
+    max_rows: int | None,
+) -> Outcome:
+    """Run one read-only SQL statement on every rank.
+
+    Several ranks answer as one table with a leading `rank` column. Tables: python.backtrace,
+    python.torch_trace and the others in sql/schema.sql.
+    """
+    fmt = fmt or {"json": "json", "csv": "csv"}.get(session.output, "table")
+    if fmt in BINARY and not out_path:
+        raise UsageProblemError(
+            f"--format {fmt} writes a binary file", help_text=f"add -o FILE (e.g. -o result.{fmt})"
+        )
+    if gather_sql is not None or fmt in BINARY:
+        out = _via_arrow(session, sql, fmt, out_path, gather_sql, max_rows)
+    else:
+        results = run_on_ranks(session, "POST", "/v1/query", _body(sql, max_rows))
+        out = finish(session, results, lambda ok: _render(session, ok, fmt), as_json=fmt == "json")
+        out.stderr[:0] = query_notes([r for r in results if r.ok])
+    if out_path and out.stdout and fmt not in BINARY:
+        _write_text(out_path, out.stdout)
+        out.stderr.insert(0, f"wrote {out_path}")
+        out.stdout = []
+    return out
+
+
+def _body(sql: str, max_rows: int | None) -> dict[str, Any]:
+    return {"sql": sql} if max_rows is None else {"sql": sql, "max_rows": max_rows}
+
+
+def _render(session: Session, ok: list[RankResult], fmt: str) -> list[str]:
+    if fmt == "csv":
+        return render_query_csv(ok)
+    return render_query_table(ok, session.colour)
+
+
+def _via_arrow(
+    session: Session, sql: str, fmt: str, out_path: str | None, gather_sql: str | None,
+    max_rows: int | None,
+) -> Outcome:
+    from .. import merge  # pyarrow/duckdb stay unimported unless this path runs
+
+    results = fan_out(
+        session, resolve_ranks(session), lambda client, _: client.query_arrow(sql, max_rows)
+    )
+    ok = [r for r in results if r.ok]
+    out = Outcome(exit_code=exit_code(results))
+    out.stderr = query_notes(ok)
+    summary = failure_summary(results, session.timeout, session.target_note)
+    if not ok:
+        out.stderr += summary
+        return out
+    why = "--gather" if gather_sql is not None else f"--format {fmt}"
+    table = merge.combine(ok, why)
+    if gather_sql is not None:
+        table = merge.gather(table, gather_sql)
+    if fmt in BINARY:
+        assert out_path is not None
+        try:
+            merge.write_table(table, out_path, fmt)
+        except OSError as e:
+            raise ProbeCLIError(f"cannot write {out_path}: {e.strerror or e}", EXIT_FAILURE) from e
+        out.stderr.append(
+            f"wrote {table.num_rows} rows from {rank_label([r.rank for r in ok])} to {out_path}"
+        )
+    else:
+        cols, types, rows = merge.table_rows(table)
+        if fmt == "json":
+            ranks = [r.rank for r in ok]
+            body = {"ok": True, "ranks": ranks, "columns": cols, "types": types, "rows": rows}
+            out.stdout = [json.dumps(body, ensure_ascii=False, default=json_default)]
+        elif fmt == "csv":
+            out.stdout = format_csv(cols, rows)
+        else:
+            out.stdout = format_table(cols, rows, colour=session.colour)
+    out.stderr += summary
+    return out
+
+
+def _write_text(path: str, lines: list[str]) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+    except OSError as e:
+        raise ProbeCLIError(f"cannot write {path}: {e.strerror or e}") from e

@@ -1,0 +1,247 @@
+"""Targets -> ranks -> one concurrent request per rank -> ``list[RankResult]`` in rank order.
+
+Rank discovery (``resolve_ranks``):
+
+- one target: ``GET /v1/ranks`` on it and reach every rank listed, each at its advertised URL,
+  except the answering rank itself, which keeps the address the operator gave (a PID's unix
+  socket stays a unix socket; a host reached through a tunnel stays reachable). If the route
+  fails with an HTTP error the target alone is used; if the target cannot be reached at all it
+  becomes one failed result (no second wait on a dead address).
+- several targets (``-t a,b``, ``--hostfile``): exactly those agents, each asked for its rank,
+  duplicates (the same rank twice) dropped.
+- ``--rank`` then filters; naming a rank the job does not have is a usage error.
+
+Fan-out (``fan_out``) never raises for a rank: each becomes a ``RankResult`` with the wire body
+or the error (torch.distributed.debug's ``fetch_all``). At most ``FANOUT_CONCURRENCY`` requests
+are in flight; each rank gets ``session.timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .client import ProbeClient
+from .errors import (
+    AgentHTTPError,
+    AgentTimeoutError,
+    AgentUnreachableError,
+    AuthError,
+    ForbiddenError,
+    ProbeCLIError,
+    ProtocolError,
+    RankError,
+    UsageProblemError,
+)
+from .group import compact_ranges
+from .result import RankResult, result_order
+from .session import Session
+from .targets import Endpoint
+
+#: Requests in flight at once. 64 keeps a 512-rank job to 8 waves of short requests while
+#: staying far below a login node's file-descriptor limit.
+FANOUT_CONCURRENCY = 64
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RankTarget:
+    """One rank to ask. ``rank`` is None when discovery could not say (the answer will).
+
+    ``error`` is set when discovery already showed the agent cannot answer (unreachable,
+    silent, wrong token): the fan-out reports it without asking again.
+    """
+
+    rank: int | None
+    endpoint: Endpoint
+    host: str | None = None
+    pid: int | None = None
+    error: RankError | None = None
+
+
+# -- discovery ------------------------------------------------------------------------------
+
+
+def resolve_ranks(session: Session) -> list[RankTarget]:
+    """The ranks this invocation reaches (discovered once per session, then cached)."""
+    if session.rank_cache is None:
+        if len(session.endpoints) == 1:
+            targets = _expand(session, session.endpoints[0])
+        else:
+            targets = _dedupe(
+                parallel_map(session, session.endpoints, lambda ep: _identify(session, ep))
+            )
+        session.rank_cache = _filter(targets, session.rank_filter)
+    return list(session.rank_cache)
+
+
+_NO_ANSWER = (AgentUnreachableError, AgentTimeoutError, AuthError, ForbiddenError)
+
+
+def _expand(session: Session, ep: Endpoint) -> list[RankTarget]:
+    try:
+        body = session.client(ep).ranks()
+    except _NO_ANSWER as e:
+        return [RankTarget(None, ep, error=e)]
+    except RankError:
+        return [RankTarget(None, ep)]  # an agent without /v1/ranks: ask the target itself
+    me = body.get("rank")
+    entries = [e for e in body.get("ranks") or [] if isinstance(e, dict)]
+    out: list[RankTarget] = []
+    for entry in entries:
+        rank, url = entry.get("rank"), entry.get("url")
+        if not isinstance(rank, int):
+            continue
+        if rank == me:
+            out.append(RankTarget(rank, ep, entry.get("host"), entry.get("pid")))
+        elif isinstance(url, str) and url:
+            endpoint = Endpoint(url.rstrip("/"))
+            out.append(RankTarget(rank, endpoint, entry.get("host"), entry.get("pid")))
+        else:
+            why = f"rank {rank} advertised no URL in {ep.label}/v1/ranks"
+            err = ProtocolError(why, url=f"rank {rank}", reason="no URL advertised")
+            out.append(RankTarget(rank, Endpoint("http://unknown"), error=err))
+    if isinstance(me, int) and all(t.rank != me for t in out):
+        out.append(RankTarget(me, ep))
+    return _dedupe(out) or [RankTarget(None, ep)]
+
+
+def _identify(session: Session, ep: Endpoint) -> RankTarget:
+    try:
+        body = session.client(ep).ranks()
+    except _NO_ANSWER as e:
+        return RankTarget(None, ep, error=e)
+    except RankError:
+        return RankTarget(None, ep)
+    me = body.get("rank")
+    if not isinstance(me, int):
+        return RankTarget(None, ep)
+    entries = [e for e in body.get("ranks") or [] if isinstance(e, dict)]
+    entry: dict[str, Any] = next((e for e in entries if e.get("rank") == me), {})
+    return RankTarget(me, ep, entry.get("host"), entry.get("pid"))
+
+
+def _dedupe(targets: list[RankTarget]) -> list[RankTarget]:
+    seen: set[int] = set()
+    out = []
+    for t in targets:
+        if t.rank is not None:
+            if t.rank in seen:
+                continue
+            seen.add(t.rank)
+        out.append(t)
+    return sorted(out, key=lambda t: (t.rank is None, t.rank or 0))
+
+
+def _filter(targets: list[RankTarget], wanted: list[int] | None) -> list[RankTarget]:
+    if not wanted:
+        return targets
+    known = sorted(t.rank for t in targets if t.rank is not None)
+    missing = sorted(set(wanted) - set(known))
+    undiscovered = any(t.rank is None for t in targets)
+    if missing and not undiscovered:
+        noun = "rank" if len(missing) == 1 else "ranks"
+        job = f"ranks {compact_ranges(known)}" if known else "no ranks"
+        raise UsageProblemError(
+            f"{noun} {compact_ranges(missing)} not in job ({job})",
+            help_text="`probe info` lists the ranks; --rank takes lists like 0,3 or 0-7",
+        )
+    return [t for t in targets if t.rank is None or t.rank in wanted]
+
+
+# -- fan-out --------------------------------------------------------------------------------
+
+
+def parallel_map(session: Session, items: list[Any], fn: Callable[[Any], T]) -> list[T]:
+    """``fn`` over ``items`` on at most FANOUT_CONCURRENCY threads, results in input order."""
+    if len(items) <= 1:
+        return [fn(i) for i in items]
+    pool = ThreadPoolExecutor(min(FANOUT_CONCURRENCY, len(items)), "probe-fanout")
+    try:
+        return list(pool.map(fn, items))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+Call = Callable[[ProbeClient, RankTarget], dict[str, Any]]
+
+
+def fan_out(session: Session, targets: list[RankTarget], call: Call) -> list[RankResult]:
+    """Run ``call(client, target)`` for every target concurrently; never raises for a rank.
+
+    Args:
+        call: sends one request and returns the wire body; ``ProbeCLIError`` it raises
+            becomes that rank's failure. Any other exception is a bug and propagates.
+    """
+    results = [_failed(t, t.error) for t in targets if t.error is not None]
+    todo = [t for t in targets if t.error is None]
+    total = len(targets)
+    session.progress(len(results), total)
+    if todo:
+        pool = ThreadPoolExecutor(min(FANOUT_CONCURRENCY, len(todo)), "probe-fanout")
+        try:
+            futures: list[Future[RankResult]] = [
+                pool.submit(_call_one, session, t, call) for t in todo
+            ]
+            for fut in as_completed(futures):
+                results.append(fut.result())
+                session.progress(len(results), total)
+        finally:
+            # Ctrl-C must not wait for queued ranks; running ones end within the timeout.
+            pool.shutdown(wait=False, cancel_futures=True)
+    wanted = session.rank_filter
+    if wanted:  # a target whose rank discovery could not tell: keep it only if it is wanted
+        results = [r for r in results if r.rank is None or r.rank in wanted]
+    return sorted(results, key=result_order)
+
+
+def run_on_ranks(
+    session: Session,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    params: dict[str, Any] | None = None,
+) -> list[RankResult]:
+    """The shared pipeline's first half: resolve the ranks and send each one request.
+
+    Args:
+        method: ``GET`` or ``POST``.
+        path: a route of docs/http-api.md, like ``/v1/query``.
+        body: the JSON request body (POST).
+        params: query-string parameters.
+    """
+    targets = resolve_ranks(session)
+    return fan_out(
+        session, targets, lambda c, t: c.request(method, path, json=body, params=params)
+    )
+
+
+def _call_one(session: Session, target: RankTarget, call: Call) -> RankResult:
+    try:
+        data = call(session.client(target.endpoint), target)
+    except ProbeCLIError as e:
+        return _failed(target, e)
+    rank = target.rank if target.rank is not None else _int(data.get("rank"))
+    host = target.host or data.get("host")
+    pid = target.pid or _int(data.get("pid"))
+    if data.get("ok") is False:  # an error body behind a 2xx status: still a failure
+        msg = str(data.get("error") or "the agent answered ok: false")
+        err = ProtocolError(
+            f"agent at {target.endpoint.label}: {msg}", url=target.endpoint.label, reason=msg
+        )
+        return RankResult(rank, target.endpoint.label, False, data, err, host, pid)
+    return RankResult(rank, target.endpoint.label, True, data, None, host, pid)
+
+
+def _failed(target: RankTarget, error: ProbeCLIError | None) -> RankResult:
+    data = error.body if isinstance(error, AgentHTTPError) else None
+    rank = target.rank if target.rank is not None else _int((data or {}).get("rank"))
+    return RankResult(rank, target.endpoint.label, False, data, error, target.host, target.pid)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

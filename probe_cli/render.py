@@ -1,0 +1,266 @@
+"""Pure rendering: RankResults -> lines of text, tables, JSON, CSV. Stdlib only.
+
+Nothing here prints; main.py does. Colour is decided once in main.py and passed in as
+``colour``; with it False the output is plain ASCII-safe text fit for pipes. Backtraces are in
+``render_stacks.py``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+from .group import group_by, rank_label
+from .result import RankResult
+
+_STYLES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
+#: Longest cell shown in a human table; --json and --csv always carry the full value.
+MAX_CELL = 120
+
+
+def paint(text: str, style: str, colour: bool) -> str:
+    """``text`` in an ANSI style (``bold``, ``red``...) when ``colour``, else unchanged."""
+    if not colour or not text:
+        return text
+    codes = ";".join(_STYLES[s] for s in style.split())
+    return f"\x1b[{codes}m{text}\x1b[0m"
+
+
+def format_cell(value: Any) -> str:
+    """One value as a table cell: NULL for None, no newlines, long text cut with an ellipsis."""
+    if value is None:
+        text = "NULL"
+    elif isinstance(value, float):
+        text = repr(value) if math.isfinite(value) else str(value)
+    elif isinstance(value, (dict, list)):
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    else:
+        text = str(value)
+    text = text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", " ")
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float, Decimal)) and not isinstance(value, bool)
+
+
+def format_table(
+    columns: Sequence[str], rows: Sequence[Sequence[Any]], *, colour: bool = False
+) -> list[str]:
+    """An aligned text table: header, a rule, then rows; numbers right-aligned."""
+    cells = [[format_cell(v) for v in row] for row in rows]
+    header = [str(c) for c in columns]
+    widths = [len(h) for h in header]
+    for row in cells:
+        for i, c in enumerate(row[: len(widths)]):
+            widths[i] = max(widths[i], len(c))
+    right = [
+        bool(rows) and all(_numeric(row[i]) or row[i] is None for row in rows if i < len(row))
+        for i in range(len(header))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if r else v.ljust(w) for v, w, r in zip(values, widths, right, strict=False)
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = [paint(line(header), "bold", colour), "  ".join("-" * w for w in widths)]
+    out.extend(line(row) for row in cells)
+    return out
+
+
+def rank_header(r: RankResult, colour: bool = False, extra: str = "") -> str:
+    """py-spy's process header, per rank: ``Rank 1 (host:pid) http://…``."""
+    who = f"Rank {r.rank if r.rank is not None else '?'}"
+    host = r.host or (r.data or {}).get("host")
+    pid = r.pid or (r.data or {}).get("pid")
+    where = ":".join(str(x) for x in (host, pid) if x is not None)
+    text = f"{paint(who, 'bold cyan', colour)}{f' ({where})' if where else ''} {r.url}"
+    return f"{text} {extra}".rstrip()
+
+
+def json_default(value: Any) -> Any:
+    """JSON for values the wire never sends but a local DuckDB (``--gather``) returns:
+    integral decimals (``sum()`` of BIGINT is HUGEINT) as ints, times as ISO text, bytes as hex
+    (the agent's conventions, docs/design-decisions.md)."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+def render_json(results: Sequence[RankResult]) -> str:
+    """One JSON array of the per-rank wire bodies in rank order (py-spy ``dump --json``).
+
+    A rank that answered with an error body contributes that body; one that gave no answer
+    contributes ``{"ok": false, "rank": R, "status": null, "error": "..."}``. One line per rank
+    keeps big results greppable while the whole stays one JSON document.
+    """
+    bodies = [json.dumps(wire_body(r), ensure_ascii=False, default=json_default) for r in results]
+    return "[\n" + ",\n".join(bodies) + "\n]" if bodies else "[]"
+
+
+def wire_body(r: RankResult) -> dict[str, Any]:
+    if r.data is not None:
+        return {k: v for k, v in r.data.items() if not isinstance(v, bytes)}
+    message = r.error.message if r.error is not None else "no answer"
+    return {"ok": False, "rank": r.rank, "status": None, "error": message, "url": r.url}
+
+
+# -- query ----------------------------------------------------------------------------------
+
+
+def same_columns(results: Sequence[RankResult]) -> bool:
+    cols = {tuple((r.data or {}).get("columns") or ()) for r in results}
+    return len(cols) == 1
+
+
+def render_query_table(results: Sequence[RankResult], colour: bool = False) -> list[str]:
+    """One rank: its table. Several with the same columns: one table with a leading ``rank``
+    column. Several with different columns: a header and a table per rank."""
+    if len(results) == 1:
+        d = results[0].data or {}
+        return format_table(d.get("columns") or [], d.get("rows") or [], colour=colour)
+    if same_columns(results):
+        cols = ["rank", *((results[0].data or {}).get("columns") or [])]
+        rows = [[r.rank, *row] for r in results for row in (r.data or {}).get("rows") or []]
+        return format_table(cols, rows, colour=colour)
+    out: list[str] = []
+    for r in results:
+        d = r.data or {}
+        out += [rank_header(r, colour), *format_table(d.get("columns") or [], d.get("rows") or [],
+                                                     colour=colour), ""]
+    return out[:-1]
+
+
+def format_csv(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """CSV lines (RFC 4180 quoting); NULL is an empty field, nested values are JSON."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for row in rows:
+        w.writerow([_csv_value(v) for v in row])
+    return buf.getvalue().splitlines()
+
+
+def render_query_csv(results: Sequence[RankResult]) -> list[str]:
+    """CSV with a leading ``rank`` column; the header from the first rank."""
+    cols = ["rank", *((results[0].data or {}).get("columns") or [])] if results else ["rank"]
+    rows = [[r.rank, *row] for r in results for row in (r.data or {}).get("rows") or []]
+    return format_csv(cols, rows)
+
+
+def _csv_value(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, ensure_ascii=False, default=str)
+    return v
+
+
+def query_notes(results: Sequence[RankResult]) -> list[str]:
+    """stderr notes: ranks whose result was cut at the agent's row cap."""
+    cut = [r.rank for r in results if (r.data or {}).get("truncated")]
+    if not cut:
+        return []
+    return [
+        f"note: {rank_label(cut)}: result truncated at the agent's row cap; add a LIMIT or "
+        "aggregate, or raise PROBE_MAX_ROWS on the training side"
+    ]
+
+
+# -- info -----------------------------------------------------------------------------------
+
+INFO_COLUMNS = ("rank", "host", "pid", "python", "torch", "version", "uptime")
+
+
+def format_duration(seconds: Any) -> str:
+    """``3725`` -> ``1h02m``; short and sortable by eye."""
+    if not _numeric(seconds):
+        return ""
+    s = int(seconds)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{d}d{h:02d}h"
+    if h:
+        return f"{h}h{m:02d}m"
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def info_rows(
+    results: Sequence[RankResult], *, raw: bool = False
+) -> tuple[list[str], list[list[Any]]]:
+    """The info table's columns and rows; ``raw`` keeps uptime as seconds (for CSV)."""
+    cols = [*INFO_COLUMNS[:-1], "uptime_s" if raw else "uptime"]
+    rows = []
+    for r in results:
+        d = r.data or {}
+        up = d.get("uptime_s")
+        rows.append([
+            r.rank, d.get("host", r.host), d.get("pid", r.pid), d.get("python"),
+            d.get("torch") or ("" if raw else "-"), d.get("version"),
+            up if raw else format_duration(up),
+        ])
+    return cols, rows
+
+
+def render_info(results: Sequence[RankResult], colour: bool = False) -> list[str]:
+    cols, rows = info_rows(results)
+    return format_table(cols, rows, colour=colour)
+
+
+# -- eval -----------------------------------------------------------------------------------
+
+
+def eval_text(body: dict[str, Any]) -> list[str]:
+    """What an eval showed: its printed output, then the repr of a trailing expression."""
+    lines = (body.get("stdout") or "").splitlines()
+    if body.get("result") is not None:
+        lines += str(body["result"]).splitlines() or [""]
+    return lines
+
+
+def _eval_key(r: RankResult) -> tuple[str, str, str]:
+    d = r.data or {}
+    return (d.get("stdout") or "", str(d.get("result")), str(d.get("traceback") or d.get("error")))
+
+
+def render_eval(results: Sequence[RankResult], colour: bool = False) -> list[str]:
+    """One rank: its output as is (so ``$(probe PID eval x)`` works). Several: ranks with
+    identical output grouped under ``ranks 0–6,8:``, in rank order."""
+    if len(results) == 1:
+        return eval_text(results[0].data or {})
+    out: list[str] = []
+    for g in group_by(results, _eval_key):
+        label = rank_label([m.rank for m in g.members]) + ":"
+        out += [paint(label, "bold", colour), *(eval_text(g.first.data or {}) or ["(no output)"])]
+    return out
+
+
+def render_eval_failures(
+    results: Sequence[RankResult], colour: bool = False, *, labels: bool = True
+) -> list[str]:
+    """stderr: the traceback of each group of ranks whose code raised (with what it printed
+    first), under its rank label unless ``labels`` is False (a single-rank job). Ranks that
+    gave no eval answer at all are left to the summary."""
+    raised = [r for r in results if r.data and ("traceback" in r.data or "stdout" in r.data)]
+    out: list[str] = []
+    for g in group_by(raised, _eval_key):
+        d = g.first.data or {}
+        if labels:
+            out.append(paint(rank_label([m.rank for m in g.members]) + ":", "bold red", colour))
+        out += (d.get("stdout") or "").splitlines()
+        tb = d.get("traceback") or d.get("error") or ""
+        out += str(tb).rstrip("\n").splitlines()
+    return out

@@ -1,0 +1,105 @@
+"""Pure rendering for step-boundary actions (issue 6): lr, checkpoint, pause, the action list.
+
+Stdlib only; nothing here prints (main.py does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .render import format_table
+from .result import RankResult
+
+
+def human_bytes(n: Any) -> str:
+    if not isinstance(n, int):
+        return ""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(n)
+
+
+def render_lr(results: Sequence[RankResult], colour: bool = False) -> list[str]:
+    """Before and after, one row per rank, optimizer and param group; then the schedulers."""
+    rows, sched_lines = [], []
+    for r in results:
+        d = (r.data or {}).get("data") or {}
+        for opt in d.get("optimizers", []):
+            for i, g in enumerate(opt.get("groups", [])):
+                rows.append([r.rank, d.get("step"), f"{opt.get('class')}[{opt.get('index')}]",
+                             i, g.get("before"), g.get("after")])
+        for s in d.get("schedulers", []):
+            what = ", ".join(s.get("changed") or []) or "nothing to rescale"
+            notes = "; ".join(s.get("notes") or [])
+            line = f"{s.get('class')}: scaled {what}" + (f" ({notes})" if notes else "")
+            if line not in sched_lines:
+                sched_lines.append(line)
+    out = format_table(["rank", "step", "optimizer", "group", "lr_before", "lr_after"], rows,
+                       colour=colour)
+    if sched_lines:
+        out += ["", "schedulers (so the change survives their next step):",
+                *(f"  {s}" for s in sched_lines)]
+    else:
+        out += ["", "no LR scheduler found for these optimizers"]
+    return out
+
+
+def render_checkpoint(results: Sequence[RankResult], colour: bool = False) -> list[str]:
+    rows = []
+    for r in results:
+        d = (r.data or {}).get("data") or {}
+        for f in d.get("files", []):
+            rows.append([r.rank, d.get("step"), d.get("mode"), f.get("path"),
+                         human_bytes(f.get("bytes"))])
+    out = format_table(["rank", "step", "mode", "path", "size"], rows, colour=colour)
+    names = next(((r.data or {}).get("data", {}).get("names") for r in results), None)
+    if names:
+        out.append("")
+        out += [f"{k}: {', '.join(v) if v else '-'}" for k, v in names.items()]
+    return out
+
+
+def render_paused(results: Sequence[RankResult], colour: bool = False) -> list[str]:
+    rows = [[r.rank, ((r.data or {}).get("data") or {}).get("paused_at")] for r in results]
+    return [*format_table(["rank", "paused_after_step"], rows, colour=colour), "",
+            "training is held at the step boundary; query and eval work. `probe resume` "
+            "releases it."]
+
+
+def render_resumed(results: Sequence[RankResult], colour: bool = False) -> list[str]:
+    rows = [[r.rank, (r.data or {}).get("was_paused_at"), (r.data or {}).get("note"),
+             ",".join((r.data or {}).get("cancelled") or []) or None] for r in results]
+    return format_table(["rank", "was_paused_at", "note", "cancelled_pauses"], rows,
+                        colour=colour)
+
+
+def _short(text: Any, n: int = 60) -> str | None:
+    if text is None:
+        return None
+    s = str(text).replace("\n", "\\n")
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def render_action_list(results: Sequence[RankResult], colour: bool = False) -> list[str]:
+    rows = []
+    for r in results:
+        d = r.data or {}
+        for a in d.get("actions", []):
+            outcome = a.get("error") if a.get("state") != "ok" else a.get("result")
+            rows.append([r.rank, a.get("id"), a.get("kind"), a.get("step"), a.get("state"),
+                         _short(a.get("code"), 40), _short(outcome)])
+    if not rows:
+        steps = ", ".join(f"rank {r.rank} at step {(r.data or {}).get('step')}" for r in results)
+        return [f"no actions ({steps})"]
+    return format_table(["rank", "id", "kind", "step", "state", "what", "outcome"], rows,
+                        colour=colour)
+
+
+def render_cancelled(results: Sequence[RankResult], colour: bool = False) -> list[str]:
+    rows = [[r.rank, ((r.data or {}).get("action") or {}).get("state"),
+             (r.data or {}).get("step")] for r in results]
+    return format_table(["rank", "state", "current_step"], rows, colour=colour)

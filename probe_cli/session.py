@@ -1,0 +1,63 @@
+"""Session: the group options of one `probe` invocation, shared by every command.
+
+main.py builds it from the command line and puts it on ``ctx.obj``; commands receive it with
+``@pass_session``. It owns the ProbeClients (one per agent address, reused between rank
+discovery and the command's own requests) and closes them when the command ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .client import ProbeClient
+from .targets import Endpoint
+
+#: ``progress(done, total)`` while waiting; ``progress(total, total)`` once more at the end.
+Progress = Callable[[int, int], None]
+
+
+def _no_progress(done: int, total: int) -> None:
+    return None
+
+
+@dataclass(kw_only=True)
+class Session:
+    """Everything a command needs to reach the ranks and to shape its output."""
+
+    endpoints: list[Endpoint]
+    """The agents named on the command line (or the default one); at least one."""
+    rank_filter: list[int] | None = None
+    """``--rank``: only these ranks. None reaches every rank the targets know of."""
+    timeout: float = 5.0
+    """Seconds each rank gets for each request; slower ranks are reported as silent."""
+    token: str | None = None
+    output: str = "text"
+    """``text`` (tables for people), ``json`` or ``csv``."""
+    colour: bool = False
+    """Decided once in main.py (TTY, NO_COLOR, FORCE_COLOR, --no-color)."""
+    target_note: str | None = None
+    """How the target was chosen when none was given; added to errors about it."""
+    progress: Progress = _no_progress
+    """Called from the main thread as answers arrive; a no-op unless stderr is a TTY."""
+    _clients: dict[Endpoint, ProbeClient] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    rank_cache: list | None = field(default=None, repr=False)
+    """Set by fanout.resolve_ranks so a command that sends two requests discovers once."""
+
+    def client(self, endpoint: Endpoint) -> ProbeClient:
+        """The (cached) client for ``endpoint``; safe to call from fan-out threads."""
+        with self._lock:
+            c = self._clients.get(endpoint)
+            if c is None:
+                c = self._clients[endpoint] = ProbeClient(
+                    endpoint, token=self.token, timeout=self.timeout
+                )
+            return c
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()

@@ -1,0 +1,277 @@
+"""Step-boundary actions from the operator's side (issue 6): pick the step, queue, wait, cancel.
+
+``run_step_action`` is the whole protocol, shared by `eval --at-step/--next-step`, `lr`,
+`checkpoint` and `pause` (docs/design-decisions.md, "Step-boundary actions"):
+
+1. **Target.** ``--at-step N`` is taken as given. ``--next-step`` means *the smallest step that
+   no rank has passed yet*: every rank's ``GET /v1/step`` is read and the target is
+   ``max(step) + 1``, or the common step when every rank is already paused there.
+2. **Queue.** One action id (the same on every rank) is POSTed to every targeted rank with the
+   list of ranks taking part (the agents use it to agree that all of them reached the step).
+   If any rank refuses because it is already past the target (it stepped between 1 and 2), the
+   action is cancelled everywhere and, for ``--next-step``, step 1 is redone with a new target
+   (up to ``RETRIES`` times, leading by 2, 4, 8 steps, so steps shorter than the CLI's round
+   trip still converge). Any other refusal cancels everywhere and is reported.
+3. **Wait.** Every rank is long-polled (``GET /v1/actions/ID?wait=``) until it has finished or
+   ``--wait`` runs out.
+4. **Never a new hang.** Ranks still waiting then get ``DELETE /v1/actions/ID``: a queued action
+   is dropped, one agreeing with its peers is skipped on *every* rank. Those ranks are
+   reported with the step they were at.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import AgentHTTPError, ProbeCLIError, RankError
+from .fanout import RankTarget, fan_out, resolve_ranks
+from .group import rank_label
+from .result import RankResult
+from .session import Session
+
+#: --next-step retries when a rank stepped past the chosen target while it was being queued.
+RETRIES = 3
+TERMINAL = frozenset({"ok", "error", "cancelled", "skipped"})
+#: How long, after cancelling, to wait for ranks that were agreeing to settle on "skipped".
+SETTLE_S = 3.0
+
+
+class StepActionError(RankError):
+    """A rank whose action did not run (or did not succeed) at the target step."""
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What happened on every rank: ``results`` carry each rank's final action as ``data``."""
+
+    action_id: str
+    target: int | None
+    results: list[RankResult]
+    notes: list[str] = field(default_factory=list)
+
+
+def requested_by() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+def choose_next_step(bodies: list[dict[str, Any]]) -> int | None:
+    """The smallest step no rank has passed: ``max + 1``; the common step if all are paused
+    there. None when no rank has taken a step yet (the agents will refuse and say why)."""
+    steps = [b.get("step") for b in bodies if isinstance(b.get("step"), int)]
+    if not steps:
+        return None
+    paused = {b.get("paused_at") for b in bodies}
+    if len(paused) == 1 and None not in paused and paused == {max(steps)}:
+        return max(steps)
+    return max(steps) + 1
+
+
+def _send(session: Session, targets: list[RankTarget], method: str, path: str,
+          body: Any = None, params: dict[str, Any] | None = None) -> list[RankResult]:
+    """One request per target; the answers in the order of ``targets`` (fan_out sorts)."""
+    if not targets:
+        return []
+    answers = fan_out(session, targets,
+                      lambda c, t: c.request(method, path, json=body, params=params))
+    by_url = {r.url: r for r in answers}
+    return [by_url[t.endpoint.label] for t in targets]
+
+
+def _body(r: RankResult) -> dict[str, Any]:
+    if r.data is not None:
+        return r.data
+    if isinstance(r.error, AgentHTTPError):
+        return r.error.body
+    return {}
+
+
+def run_step_action(
+    session: Session, request: dict[str, Any], *, at_step: int | None, wait_s: float,
+) -> StepOutcome:
+    """Queue ``request`` (an /v1/actions body without id/step) on every rank; see module doc."""
+    targets = resolve_ranks(session)
+    reachable = [t for t in targets if t.error is None]
+    unreachable = [RankResult(t.rank, t.endpoint.label, False, None, t.error) for t in targets
+                   if t.error is not None]
+    if unreachable:  # an action on some ranks only is exactly what must not happen
+        return StepOutcome("", at_step, unreachable + _skipped(reachable, "not queued: other "
+                           "ranks are unreachable"), ["probe: nothing was queued on any rank"])
+    ranks = [t.rank for t in targets]
+    group = sorted(r for r in ranks if r is not None) if None not in ranks else None
+    for attempt in range(RETRIES + 1):
+        target = at_step
+        if target is None:
+            steps = _send(session, targets, "GET", "/v1/step")
+            bad = [r for r in steps if not r.ok]
+            if bad:
+                return StepOutcome("", None, steps, [
+                    "probe: cannot choose the next step without every rank's step; nothing was "
+                    "queued"])
+            target = choose_next_step([_body(r) for r in steps])
+            if target is not None and attempt:
+                # Steps faster than our round trip: lead by 2, 4, 8 steps on the retries.
+                target += 2 ** attempt - 1
+        action_id = uuid.uuid4().hex[:12]
+        body = {**request, "id": action_id, "step": target, "group": group,
+                "requested_by": requested_by()}
+        posted = _send(session, targets, "POST", "/v1/actions", body)
+        if all(r.ok for r in posted):
+            return _wait(session, targets, action_id, target, wait_s)
+        queued = [t for t, r in zip(targets, posted) if r.ok]
+        _cancel(session, queued, action_id)
+        past = [r for r in posted if _body(r).get("reason") == "past"]
+        if past and at_step is None and attempt < RETRIES:
+            continue  # a rank stepped past the target while we queued: choose again
+        note = "probe: nothing ran" + (
+            f"; cancelled again on {rank_label([t.rank for t in queued])}, which had queued it"
+            if queued else "")
+        return StepOutcome(action_id, target, [
+            r if not r.ok else _as_failed(r, "cancelled: not every rank accepted the action")
+            for r in posted
+        ], [note])
+    raise AssertionError("unreachable")
+
+
+def _wait(session: Session, targets: list[RankTarget], action_id: str, target: int | None,
+          wait_s: float) -> StepOutcome:
+    deadline = time.monotonic() + wait_s
+    final: dict[int, RankResult] = {}
+    pending = list(targets)
+    last: dict[int, RankResult] = {}
+    path = f"/v1/actions/{action_id}"
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        hold = max(0.0, min(left, session.timeout * 0.5, 2.0))
+        answers = _send(session, pending, "GET", path, params={"wait": round(hold, 2)})
+        still = []
+        for t, r in zip(pending, answers):
+            last[id(t)] = r
+            if r.ok and _body(r).get("action", {}).get("state") in TERMINAL:
+                final[id(t)] = r
+            else:
+                still.append(t)
+        pending = still
+    notes = []
+    if pending:
+        cancelled = _cancel(session, pending, action_id)
+        # Ranks that were agreeing abort on every rank; give them a moment to say "skipped".
+        settle = [t for t, r in zip(pending, cancelled)
+                  if _body(r).get("action", {}).get("state") not in TERMINAL]
+        end = time.monotonic() + SETTLE_S
+        while settle and time.monotonic() < end:
+            answers = _send(session, settle, "GET", path, params={"wait": 0.5})
+            for t, r in zip(settle, answers):
+                cancelled[pending.index(t)] = r
+            settle = [t for t, r in zip(settle, answers)
+                      if _body(r).get("action", {}).get("state") not in TERMINAL]
+        for t, r in zip(pending, cancelled):
+            final[id(t)] = r if _body(r).get("action") else last.get(id(t), r)
+        notes.append(f"probe: gave up waiting after {wait_s:g} s (--wait); the action was "
+                     f"cancelled on {rank_label([t.rank for t in pending])}")
+    results = [_finish(final[id(t)], target) for t in targets]
+    return StepOutcome(action_id, target, results, notes)
+
+
+def _cancel(session: Session, targets: list[RankTarget], action_id: str) -> list[RankResult]:
+    return _send(session, targets, "DELETE", f"/v1/actions/{action_id}")
+
+
+def _finish(r: RankResult, target: int | None) -> RankResult:
+    """A rank's final answer as a RankResult: ok only if its action ran and succeeded."""
+    body = _body(r)
+    action = body.get("action")
+    if action is None:
+        return r if not r.ok else _as_failed(r, "no action state came back")
+    data = {"ok": action.get("state") == "ok", "rank": body.get("rank", r.rank),
+            "current_step": body.get("step"), **action}
+    if action.get("state") == "ok":
+        return RankResult(r.rank, r.url, True, data, None, r.host, r.pid)
+    why = _why(action, body.get("step"), target)
+    err = StepActionError(f"rank {r.rank}: {why}", url=r.url, reason=why)
+    return RankResult(r.rank, r.url, False, data, err, r.host, r.pid)
+
+
+def _why(action: dict[str, Any], current: Any, target: int | None) -> str:
+    state = action.get("state")
+    if state == "cancelled" and action.get("started_at") is None and action.get("waited_ms") is None:
+        return f"never reached step {target} (at step {current}); cancelled"
+    if state in ("cancelled", "skipped"):
+        return str(action.get("error") or state)
+    if state == "error":
+        return str(action.get("error") or "raised")
+    if state == "running":
+        over = ", past PROBE_ACTION_TIMEOUT_S" if action.get("overran") else ""
+        return (f"still running on the training thread{over}; it cannot be interrupted "
+                "safely, check again with `probe actions`")
+    return f"{state} at step {current}"
+
+
+def _as_failed(r: RankResult, why: str) -> RankResult:
+    err = StepActionError(f"rank {r.rank}: {why}", url=r.url, reason=why)
+    return RankResult(r.rank, r.url, False, r.data, err, r.host, r.pid)
+
+
+def _skipped(targets: list[RankTarget], why: str) -> list[RankResult]:
+    return [RankResult(t.rank, t.endpoint.label, False, None,
+                       StepActionError(f"rank {t.rank}: {why}", url=t.endpoint.label, reason=why))
+            for t in targets]
+
+
+def header(outcome: StepOutcome) -> list[str]:
+    """stderr: where it ran."""
+    ran = [r.rank for r in outcome.results if (r.data or {}).get("state") in ("ok", "error")]
+    if not ran or outcome.target is None:
+        return []
+    return [f"probe: action {outcome.action_id} ran at step {outcome.target} on "
+            f"{rank_label(ran)}"]
+
+
+Render = Callable[[list[RankResult]], list[str]]
+
+
+def check_exclusive(at_step: int | None, next_step: bool) -> None:
+    if at_step is not None and next_step:
+        raise ProbeCLIError("give --at-step N or --next-step, not both", exit_code=2)
+
+
+def step_outcome(session: Session, so: StepOutcome, render_ok: Render,
+                 render_failed: Render | None = None) -> Any:
+    """StepOutcome -> the shared Outcome (exit code, failure summary), plus where it ran."""
+    from .outcome import finish
+
+    out = finish(session, so.results, render_ok, render_failed=render_failed)
+    out.stderr[:0] = header(so) + so.notes
+    return out
+
+
+def wait_option(fn: Any) -> Any:
+    import click
+
+    return click.option(
+        "--wait", "wait_s", type=click.FloatRange(min=0, min_open=True), default=120.0,
+        show_default=True, metavar="SECONDS",
+        help="How long to wait for every rank to reach the step and finish. Ranks that have "
+             "not got there by then have the action cancelled (it then runs on no rank).",
+    )(fn)
+
+
+def at_step_option(fn: Any) -> Any:
+    import click
+
+    return click.option(
+        "--at-step", type=click.IntRange(min=0), default=None, metavar="N",
+        help="Run right after optimizer step N on every rank. Default: the next step (the "
+             "smallest step no rank has passed yet).",
+    )(fn)

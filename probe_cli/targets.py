@@ -1,0 +1,205 @@
+"""Where to send requests: endpoint strings, hostfiles, --rank lists, and `probe ENDPOINT CMD`.
+
+An endpoint is one of:
+
+- ``HOST:PORT`` (``[::1]:9700`` for IPv6) -> ``http://HOST:PORT``;
+- a URL, ``http://...`` or ``https://...``;
+- a local PID (all digits) -> the agent's unix socket ``$PROBE_RUN_DIR/<pid>.sock``;
+- a socket path (``unix:/path`` or a path ending in ``.sock``).
+
+Pure functions except for the few that look at the run directory or at a PID.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .errors import NoAgentError, UsageProblemError
+
+DEFAULT_TARGET = "127.0.0.1:9700"
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
+_URL = re.compile(r"^https?://[^\s/]+(/\S*)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One agent address. ``uds`` set means: connect to that unix socket, not TCP."""
+
+    base_url: str
+    uds: str | None = None
+    pid: int | None = None
+
+    @property
+    def label(self) -> str:
+        """How the operator sees it in headers and errors."""
+        return f"unix:{self.uds}" if self.uds else self.base_url
+
+
+def default_run_dir(environ: dict[str, str] | os._Environ[str] | None = None) -> str:
+    """The agents' socket directory: ``$PROBE_RUN_DIR`` or ``/tmp/probe-<uid>``."""
+    env = os.environ if environ is None else environ
+    return env.get("PROBE_RUN_DIR") or os.path.join("/tmp", f"probe-{os.getuid()}")
+
+
+def looks_like_endpoint(text: str) -> bool:
+    """True for what `probe ENDPOINT COMMAND` accepts (comma-separated lists too)."""
+    parts = [p.strip() for p in text.split(",")]
+    return bool(parts) and all(p and _kind(p) is not None for p in parts)
+
+
+def _kind(text: str) -> str | None:
+    if text.isdigit():
+        return "pid"
+    if _URL.match(text):
+        return "url"
+    if text.startswith("unix:") or (text.endswith(".sock") and "/" in text):
+        return "uds"
+    m = _HOST_PORT.match(text)
+    if m and 0 < int(m.group(2)) < 65536:
+        return "hostport"
+    return None
+
+
+def parse_endpoint(text: str, run_dir: str, *, check_pid: bool = True) -> Endpoint:
+    """Turn one endpoint string into an Endpoint.
+
+    Args:
+        text: HOST:PORT, a URL, a PID, or a socket path (see the module docstring).
+        run_dir: where ``<pid>.sock`` lives for a PID.
+        check_pid: look for the PID's socket now, so a wrong PID fails before any request with
+            "no probe agent for PID ..." instead of a connection error.
+    """
+    text = text.strip()
+    kind = _kind(text)
+    if kind == "pid":
+        pid = int(text)
+        path = os.path.join(run_dir, f"{pid}.sock")
+        if check_pid and not os.path.exists(path):
+            raise _no_agent(pid, path)
+        return Endpoint("http://localhost", uds=path, pid=pid)
+    if kind == "uds":
+        return Endpoint("http://localhost", uds=text.removeprefix("unix:"))
+    if kind == "url":
+        return Endpoint(text.rstrip("/"))
+    if kind == "hostport":
+        return Endpoint(f"http://{text}")
+    raise UsageProblemError(
+        f"cannot use {text!r} as a target",
+        help_text="give HOST:PORT, http(s)://HOST:PORT, a local PID, or unix:/path/to/agent.sock",
+    )
+
+
+def _no_agent(pid: int, path: str) -> NoAgentError:
+    try:
+        os.kill(pid, 0)  # probe before guessing (memray's attach does the same)
+    except ProcessLookupError:
+        return NoAgentError(f"no process with PID {pid}", help_text="check the PID (`probe ps`)")
+    except PermissionError:
+        pass  # it exists, owned by someone else
+    return NoAgentError(f"no probe agent for PID {pid} (no socket at {path})")
+
+
+def parse_endpoints(values: Iterable[str], run_dir: str) -> list[Endpoint]:
+    """All -t values (each possibly comma-separated), deduplicated in order."""
+    out: list[Endpoint] = []
+    for value in values:
+        for part in value.split(","):
+            if part.strip():
+                ep = parse_endpoint(part, run_dir)
+                if ep not in out:
+                    out.append(ep)
+    return out
+
+
+def read_hostfile(path: str) -> list[str]:
+    """One HOST:PORT per line; blank lines and ``#`` comments are skipped."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise UsageProblemError(f"cannot read hostfile {path}: {e.strerror}") from e
+    return [s for s in (line.split("#", 1)[0].strip() for line in lines) if s]
+
+
+def default_endpoint(run_dir: str) -> tuple[Endpoint, str]:
+    """The target when none was given, and a note saying how it was chosen (for errors).
+
+    Exactly one agent socket in the run dir: that agent. Otherwise ``127.0.0.1:9700``.
+    """
+    try:
+        socks = sorted(n for n in os.listdir(run_dir) if n.endswith(".sock"))
+    except OSError:
+        socks = []
+    if len(socks) == 1:
+        path = os.path.join(run_dir, socks[0])
+        stem = socks[0].removesuffix(".sock")
+        pid = int(stem) if stem.isdigit() else None
+        note = f"no target given; using the only agent socket in {run_dir} ({socks[0]})"
+        return Endpoint("http://localhost", uds=path, pid=pid), note
+    found = f"{len(socks)} agent sockets" if socks else "no agent socket"
+    note = (
+        f"no target given, so probe used {DEFAULT_TARGET} ({found} in {run_dir}); "
+        "pass -t HOST:PORT or a PID"
+    )
+    return Endpoint(f"http://{DEFAULT_TARGET}"), note
+
+
+def parse_rank_list(text: str) -> list[int]:
+    """``"0,3,5-7"`` (or with an en dash) -> ``[0, 3, 5, 6, 7]``, sorted, unique."""
+    ranks: set[int] = set()
+    for part in text.replace("–", "-").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            if sep:
+                a, b = int(lo), int(hi)
+                if b < a:
+                    raise ValueError
+                ranks.update(range(a, b + 1))
+            else:
+                ranks.add(int(part))
+        except ValueError:
+            raise UsageProblemError(
+                f"bad --rank {text!r}", help_text="use ranks like 0,3 or 0-7 (no negatives)"
+            ) from None
+    if any(r < 0 for r in ranks):
+        raise UsageProblemError(f"bad --rank {text!r}", help_text="ranks are >= 0")
+    return sorted(ranks)
+
+
+def rewrite_endpoint_argv(
+    argv: Sequence[str], commands: Iterable[str], value_options: Iterable[str]
+) -> list[str]:
+    """`probe ENDPOINT COMMAND ...` -> `probe -t ENDPOINT COMMAND ...`.
+
+    Only the first non-option argument is looked at, and only when it is not a command name
+    and looks like an endpoint; everything else is left for click to judge.
+
+    Args:
+        argv: the arguments after the program name.
+        commands: the group's command names (these are never taken as endpoints).
+        value_options: group options that consume the next argument (``-t``, ``--rank``...),
+            so their values are not mistaken for the first positional argument.
+    """
+    names = set(commands)
+    takes_value = set(value_options)
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return args
+        if arg.startswith("-") and arg != "-":
+            if arg in takes_value:
+                i += 1  # skip its value
+            i += 1
+            continue
+        if arg not in names and looks_like_endpoint(arg):
+            return [*args[:i], "-t", arg, *args[i + 1 :]]
+        return args
+    return args

@@ -1,0 +1,101 @@
+"""The CLI against the real agent (tests/conftest.py ``agent`` fixture: uvicorn on 127.0.0.1:0).
+
+These pin the wire contract of docs/http-api.md from the client's side: the JSON routes, the
+Arrow stream (``--format arrow|parquet``, ``--gather``) and the unix socket (``probe PID``).
+They belong with the integration tests; they live here because this file's owner owns only
+tests/unit/test_cli_*.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from probe_cli.main import main
+
+pytest.importorskip("duckdb")
+pa = pytest.importorskip("pyarrow")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def address(agent) -> str:
+    return agent.url.removeprefix("http://")
+
+
+def test_info_backtrace_eval_over_tcp(agent, capsys):
+    code, out, err = run(capsys, address(agent), "info")
+    assert code == 0, err
+    assert str(os.getpid()) in out
+
+    code, out, err = run(capsys, address(agent), "backtrace")
+    assert code == 0, err
+    assert out.startswith("Rank 0 (") and "Thread " in out and "[main]" in out
+    assert "test_info_backtrace_eval_over_tcp" in out
+
+    code, out, err = run(capsys, address(agent), "--json", "eval", "print('hi'); 6*7")
+    assert code == 0, err
+    [body] = json.loads(out)
+    assert body["result"] == "42" and body["stdout"] == "hi\n"
+
+
+def test_pid_endpoint_over_the_unix_socket(agent, run_dir, capsys):
+    code, out, err = run(capsys, "--run-dir", run_dir, str(os.getpid()), "eval", "1+1")
+    assert code == 0, err
+    assert out == "2\n"
+
+
+def test_bad_sql_shows_the_agents_parser_error(agent, capsys):
+    code, out, err = run(capsys, address(agent), "query", "SELCT 1")
+    assert code == 1 and out == ""
+    assert "HTTP 400" in err and "SELCT" in err
+
+
+def test_query_table(agent, capsys):
+    code, out, err = run(capsys, address(agent), "query", "SELECT 41 + 1 AS answer")
+    assert code == 0, err
+    assert out.splitlines()[0] == "answer" and out.splitlines()[2].strip() == "42"
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "parquet"])
+def test_query_to_arrow_and_parquet_files_with_rank_column(agent, capsys, tmp_path, fmt):
+    # GIVEN a file path for the merged result
+    target = tmp_path / f"out.{fmt}"
+    # WHEN the query is written as Arrow IPC / Parquet
+    code, out, err = run(capsys, address(agent), "query", "SELECT 1 AS a, 'x' AS b",
+                         "--format", fmt, "-o", str(target))
+    # THEN the file holds the rows with a leading rank column
+    assert code == 0, err
+    assert out == "" and f"wrote 1 rows from rank 0 to {target}" in err
+    if fmt == "arrow":
+        table = pa.ipc.open_file(str(target)).read_all()
+    else:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(str(target))
+    assert table.column_names == ["rank", "a", "b"]
+    assert table.to_pylist() == [{"rank": 0, "a": 1, "b": "x"}]
+
+
+def test_gather_runs_local_sql_over_every_ranks_rows(agent, capsys):
+    code, out, err = run(capsys, address(agent), "--json", "query",
+                         "SELECT * FROM range(5) t(i)", "--gather",
+                         "SELECT count(*) AS n, sum(i) AS total, min(rank) AS r FROM results")
+    assert code == 0, err
+    body = json.loads(out)
+    assert body["columns"] == ["n", "total", "r"]
+    assert body["rows"] == [[5, 10, 0]] and body["ranks"] == [0]
+
+
+def test_wrong_token_against_the_real_agent(make_agent, capsys):
+    agent = make_agent(token="s3cret")
+    code, _, err = run(capsys, address(agent), "--token", "nope", "info")
+    assert code == 1 and "HTTP 401" in err and "PROBE_TOKEN" in err
+    code, _, err = run(capsys, address(agent), "--token", "s3cret", "info")
+    assert code == 0, err
