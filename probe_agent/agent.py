@@ -53,6 +53,8 @@ class Agent:
         self._info_path: str | None = None
         self.peers: dict[int, dict[str, Any]] = {}
         self.running = False
+        #: issue 5: the out-of-process companion that owns the public sockets (watchdog/link.py).
+        self.watchdog: Any = None
         # issue 6: the one step counter of this agent (the tracer uses it too), and the queue of
         # step-boundary actions that rides on it.
         self.stepclock = StepClock()
@@ -62,12 +64,12 @@ class Agent:
     def start(self) -> None:
         from .app import create_app
         from .collectors import stacks
-        from .server import AgentServer, bind_tcp, bind_unix
+        from .server import AgentServer, bind_unix
 
         sockets = []
         try:
             if self.config.tcp:
-                tcp = bind_tcp(self.config.host, self.config.port, self.rank)
+                tcp = _bind_tcp_reclaiming(self.config, self.rank)
                 sockets.append(tcp)
                 host, port = tcp.getsockname()[:2]
                 if self.config.advertise_host:
@@ -97,8 +99,18 @@ class Agent:
             lambda: pa.table(stacks.to_columns(stacks.snapshot(), self.rank)),
         )
         self.store.start()
-        self._server = AgentServer(create_app(self), sockets, self.rank)
+        serve = sockets
+        if self.config.watchdog:
+            from .watchdog.link import WatchdogLink
+
+            # The watchdog will own the public sockets; the agent serves a private one.
+            self.watchdog = WatchdogLink.create(self, sockets)
+            if self.watchdog is not None:
+                serve = [self.watchdog.inner_socket]
+        self._server = AgentServer(create_app(self), serve, self.rank)
         self._server.start()
+        if self.watchdog is not None:
+            self.watchdog.start()
         self.running = True
         self.stepclock.start(self.store)
         self.actions.start()
@@ -127,6 +139,8 @@ class Agent:
         self.collectors.clear()
         self.actions.stop()  # releases a paused training thread
         self.stepclock.stop()
+        # At interpreter exit the watchdog stays to report the death, and keeps our files.
+        handover = self.watchdog.stop() if self.watchdog is not None else False
         if self._server is not None:
             self._server.stop()
         self.store.stop()
@@ -136,7 +150,7 @@ class Agent:
             pool.shutdown(wait=False, cancel_futures=True)
             for th in list(getattr(pool, "_threads", ())):
                 th.join(2.0)
-        for path in (self.unix_path, self._info_path):
+        for path in () if handover else (self.unix_path, self._info_path):
             if path:
                 try:
                     os.unlink(path)
@@ -177,6 +191,7 @@ class Agent:
             "unix_socket": self.unix_path,
             "argv": sys.argv[:8],
             "trace": getattr(self.collectors.get("modules"), "mode", self.config.trace),
+            "watchdog": self.watchdog.describe() if self.watchdog is not None else None,
         }
 
     def known_ranks(self) -> list[dict[str, Any]]:
@@ -237,6 +252,22 @@ class Agent:
             err.status = status
             raise err
         return out
+
+
+def _bind_tcp_reclaiming(config: AgentConfig, rank: int) -> Any:
+    """bind_tcp; a port still held by the watchdog of this rank's dead predecessor (a restart
+    on the same node) is asked back once (issue 5)."""
+    from .errors import BindError
+    from .server import bind_tcp
+
+    try:
+        return bind_tcp(config.host, config.port, rank)
+    except BindError:
+        from .watchdog.link import reclaim_port
+
+        if config.port == 0 or not reclaim_port(config.run_dir, config.port):
+            raise
+        return bind_tcp(config.host, config.port, rank)
 
 
 def start(config: AgentConfig | None = None, environ: Mapping[str, str] | None = None) -> Agent:

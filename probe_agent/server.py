@@ -56,9 +56,12 @@ def bind_tcp(host: str, port: int, rank: int) -> socket.socket:
     return sock
 
 
-def bind_unix(run_dir: str, pid: int, rank: int) -> tuple[socket.socket, str]:
-    """Bind ``run_dir/<pid>.sock`` with the run dir 0700 and the socket 0600."""
-    path = os.path.join(run_dir, f"{pid}.sock")
+def bind_unix(
+    run_dir: str, pid: int, rank: int, name: str | None = None
+) -> tuple[socket.socket, str]:
+    """Bind ``run_dir/<pid>.sock`` (or ``run_dir/<name>``) with the run dir 0700 and the socket
+    0600. ``name`` is the watchdog's private hop to the agent (issue 5)."""
+    path = os.path.join(run_dir, name or f"{pid}.sock")
     try:
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
         st = os.stat(run_dir)

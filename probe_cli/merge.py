@@ -26,7 +26,8 @@ def _pyarrow(why: str) -> Any:
 
 
 def combine(results: Sequence[RankResult], why: str = "--format arrow") -> Any:
-    """The ok ranks' Arrow streams as one ``pyarrow.Table``, ``rank`` first, in rank order.
+    """The ok ranks' Arrow streams as one ``pyarrow.Table`` in rank order, with a leading
+    ``rank`` column unless the query selected one.
 
     Args:
         results: ranks whose ``data["arrow"]`` holds an Arrow IPC stream (client.query_arrow).
@@ -36,8 +37,10 @@ def combine(results: Sequence[RankResult], why: str = "--format arrow") -> Any:
     tables = []
     for r in results:
         table = pa.ipc.open_stream(r.data["arrow"]).read_all()  # type: ignore[index]
-        rank = pa.array([r.rank] * table.num_rows, type=pa.int64())
-        tables.append(table.add_column(0, "rank", rank))
+        if "rank" not in table.column_names:  # every probe table has one; a SELECT may not
+            rank = pa.array([r.rank] * table.num_rows, type=pa.int64())
+            table = table.add_column(0, "rank", rank)
+        tables.append(table)
     if not tables:
         return pa.table({"rank": pa.array([], type=pa.int64())})
     # "permissive": a column that is all NULL on one rank (type null) and INTEGER on another

@@ -131,8 +131,7 @@ def render_query_table(results: Sequence[RankResult], colour: bool = False) -> l
         d = results[0].data or {}
         return format_table(d.get("columns") or [], d.get("rows") or [], colour=colour)
     if same_columns(results):
-        cols = ["rank", *((results[0].data or {}).get("columns") or [])]
-        rows = [[r.rank, *row] for r in results for row in (r.data or {}).get("rows") or []]
+        cols, rows = with_rank_column(results)
         return format_table(cols, rows, colour=colour)
     out: list[str] = []
     for r in results:
@@ -152,11 +151,20 @@ def format_csv(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[st
     return buf.getvalue().splitlines()
 
 
+def with_rank_column(results: Sequence[RankResult]) -> tuple[list[str], list[list[Any]]]:
+    """Every rank's rows under the first rank's columns, with a leading ``rank`` column unless
+    the query already selected one (every probe table carries ``rank``)."""
+    cols = list((results[0].data or {}).get("columns") or []) if results else []
+    rows = [list(row) for r in results for row in (r.data or {}).get("rows") or []]
+    if "rank" in cols:
+        return cols, rows
+    ranks = [r.rank for r in results for _ in (r.data or {}).get("rows") or []]
+    return ["rank", *cols], [[rank, *row] for rank, row in zip(ranks, rows, strict=True)]
+
+
 def render_query_csv(results: Sequence[RankResult]) -> list[str]:
-    """CSV with a leading ``rank`` column; the header from the first rank."""
-    cols = ["rank", *((results[0].data or {}).get("columns") or [])] if results else ["rank"]
-    rows = [[r.rank, *row] for r in results for row in (r.data or {}).get("rows") or []]
-    return format_csv(cols, rows)
+    """CSV with a leading ``rank`` column (unless selected already); header from rank 0."""
+    return format_csv(*with_rank_column(results))
 
 
 def _csv_value(v: Any) -> Any:

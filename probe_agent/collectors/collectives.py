@@ -141,7 +141,7 @@ class CollectiveRecorder:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             # Nested calls (all_gather_object -> all_gather) are recorded once, outermost.
-            if not guard.enabled or getattr(local, "depth", 0):
+            if not guard.enabled or getattr(local, "inside", False):
                 return fn(*args, **kwargs)
             rec = None
             try:
@@ -157,17 +157,18 @@ class CollectiveRecorder:
                 records.append(rec)
             except Exception as e:  # noqa: BLE001 - see Guard: recording must never fail training
                 guard.failed(e)
-            local.depth = 1
+            local.inside = True
             try:
                 out = fn(*args, **kwargs)
             except BaseException as e:
                 if rec is not None:
                     rec[_END] = time.time()
                     rec[_STATE] = "failed"
-                    rec[_ERROR] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                    first = str(e).splitlines()[0][:300] if str(e) else ""
+                    rec[_ERROR] = f"{type(e).__name__}: {first}"
                 raise
             finally:
-                local.depth = 0
+                local.inside = False
             if rec is not None:
                 rec[_END] = time.time()
                 rec[_STATE] = "issued" if rec[_ASYNC] else "done"
@@ -383,7 +384,9 @@ def _match(entries: list[dict[str, Any]], records: list[list[Any]]) -> list[list
     for rec in sorted(records, key=lambda r: r[_START]):
         cands = by_pg.get(rec[_PG], [])
         i = cursor.get(rec[_PG], 0)
-        while i < len(cands) and (cands[i]["start_time"] < rec[_START] - 1e-6 or "_rec" in cands[i]):
+        while i < len(cands) and (
+            cands[i]["start_time"] < rec[_START] - 1e-6 or "_rec" in cands[i]
+        ):
             i += 1
         if i < len(cands) and (rec[_END] is None or cands[i]["start_time"] <= rec[_END] + 1e-6):
             cands[i]["_rec"] = rec

@@ -11,6 +11,9 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+
+from ..errors import NotFoundError, QueryError
 
 router = APIRouter(prefix="/v1")
 
@@ -40,3 +43,48 @@ async def collectives(
         agent.query_pool, _collective_rows, agent, state, limit
     )
     return {"ok": True, "rank": agent.rank, **body}
+
+
+class CannedRequest(BaseModel):
+    params: dict[str, Any] = Field(default_factory=dict,
+                                   description="values for the query's `-- params:` names")
+
+
+def _canned(agent: Any, name: str, params: dict[str, Any]) -> Any:
+    from ..catalog import load_queries
+
+    queries = load_queries()
+    q = queries.get(name)
+    if q is None:
+        raise NotFoundError(f"no canned query {name!r}; known: {', '.join(sorted(queries))}")
+    missing = [p for p in q.params if p not in params]
+    extra = [p for p in params if p not in q.params]
+    if missing or extra:
+        raise QueryError(
+            f"query {name} takes params {', '.join(q.params) or '(none)'}; "
+            f"missing: {', '.join(missing) or '-'}; unknown: {', '.join(extra) or '-'}"
+        )
+    return agent.store.query(q.sql, params=params or None)  # DuckDB binds $name from a dict
+
+
+@router.get("/queries")
+async def list_queries(request: Request) -> dict[str, Any]:
+    """The canned diagnostics of sql/queries/ (name, description, params)."""
+    from ..catalog import load_queries
+
+    agent = request.app.state.agent
+    return {"ok": True, "rank": agent.rank, "queries": [
+        {"name": q.name, "description": q.description, "params": list(q.params)}
+        for q in load_queries().values()
+    ]}
+
+
+@router.post("/queries/{name}")
+async def run_query(request: Request, name: str, body: CannedRequest) -> dict[str, Any]:
+    """Run one canned query by name: the same body as ``POST /v1/query``."""
+    agent = request.app.state.agent
+    res = await asyncio.get_running_loop().run_in_executor(
+        agent.query_pool, _canned, agent, name, body.params
+    )
+    return {"ok": True, "rank": agent.rank, "columns": res.columns, "types": res.types,
+            "rows": res.rows, "truncated": res.truncated, "elapsed_ms": round(res.elapsed_ms, 3)}

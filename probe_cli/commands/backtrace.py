@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from ..fanout import fan_out, resolve_ranks
+from ..group import rank_label
 from ..outcome import Outcome, finish
 from ..render import format_csv
 from ..render_stacks import render_backtrace
@@ -46,7 +47,21 @@ def command(session: Session, show_locals: bool, native: bool, show_all: bool) -
             ok, show_all=show_all, show_locals=show_locals, colour=session.colour
         )
 
-    return finish(session, results, render)
+    out = finish(session, results, render)
+    if native:
+        out.stderr[:0] = _native_notes([r for r in results if r.ok])
+    return out
+
+
+def _native_notes(ok: list[RankResult]) -> list[str]:
+    """Say so when --native was asked for but a rank's route reads Python frames only."""
+    without = [r.rank for r in ok if (r.data or {}).get("native") is False]
+    if not without:
+        return []
+    return [
+        f"note: {rank_label(without)}: no native frames from the in-process route; on the "
+        "rank's node `py-spy dump --native --pid PID` shows them"
+    ]
 
 
 def _frame_rows(results: list[RankResult]) -> Any:

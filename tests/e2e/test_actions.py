@@ -117,7 +117,9 @@ def test_lr_scale_changes_both_ranks_at_one_step_and_survives_schedulers(tmp_pat
                       "SELECT outcome, at_step, requested_by FROM python.evals "
                       "WHERE kind = 'lr' ORDER BY timestamp")
         for b in json.loads(audit.stdout):
-            assert [row[:2] for row in b["rows"]] == [["queued", n], ["ok", n]], b
+            # (earlier rows: a --next-step race lost to a fast step, refused and retried)
+            assert [row[:2] for row in b["rows"]][-2:] == [["queued", n], ["ok", n]], b
+            assert {row[0] for row in b["rows"][:-2]} <= {"refused", "cancelled"}, b
             assert all(row[2] and "@" in row[2] for row in b["rows"])
 
 
@@ -214,7 +216,8 @@ def test_target_step_a_hung_rank_never_reaches_is_reported_without_a_new_hang(
         # ... nothing is left queued or agreeing on any rank
         for info in infos:
             acts = httpx.get(info["url"] + "/v1/actions", timeout=10).json()["actions"]
-            assert [a["state"] for a in acts] in (["cancelled"], ["skipped"]), acts
+            # (more than one when a --next-step race with rank 0's step was retried)
+            assert acts and {a["state"] for a in acts} <= {"cancelled", "skipped"}, acts
         # ... and rank 0 is still training (no new hang)
         now = last_step(log_dir, 0)
         wait_until(lambda: last_step(log_dir, 0) > now + 3, 30, "rank 0 stopped training")

@@ -112,7 +112,7 @@ def test_launch_under_torchrun_one_address_reaches_every_rank(tmp_path):
     base = free_base_port(2)
     with torchrun_job(tmp_path, "toy_train.py", 2, launch=("--port", str(base))) as (proc, infos):
         # THEN rank r listens on BASE + LOCAL_RANK
-        assert [i["url"] for i in infos] == [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
+        assert [i["url"] for i in infos] == [f"http://127.0.0.1:{base + r}" for r in (0, 1)]
         # AND the torchrun launcher (the process probe exec'd into) has no agent
         agents = {int(p.stem) for p in (tmp_path / "run").glob("*.sock")}
         assert agents == {i["pid"] for i in infos}
@@ -184,7 +184,8 @@ def test_hang_verdict_names_a_sigkilled_rank(tmp_path):
     assert lines[0] == "PROBLEM: rank 1 did not answer; a collective failed on rank 0", out.stdout
     assert lines[1] == "  rank 1 did not answer (connection refused): the process is gone"
     assert re.fullmatch(r"  rank 0: all_reduce #\d+ failed: RuntimeError: .*(Connection|peer).*; "
-                        r"it is now in wait_for_restart \(rank_killed.py:\d+\)", lines[2]), out.stdout
+                        r"it is now in wait_for_restart \(rank_killed.py:\d+\)", lines[2]), \
+        out.stdout
 
 
 @pytest.mark.timeout(240)
@@ -203,3 +204,24 @@ def test_hang_verdict_on_four_ranks_groups_the_waiting_ones(tmp_path):
     assert body["culprits"] == [2]
     assert body["waiting"]["ranks"] == [0, 1, 3] and body["waiting"]["op"] == "all_reduce"
     assert [r["rank"] for r in body["ranks"]] == [0, 1, 2, 3]
+
+
+@pytest.mark.timeout(180)
+def test_straggler_names_the_rank_that_sleeps_50ms_per_step(tmp_path):
+    # GIVEN 2 ranks in lockstep where rank 1 sleeps 50 ms before every step
+    with torchrun_job(tmp_path, "straggler_sleep.py", 2, "--healthy-steps", "30") as (_, infos):
+        # WHEN
+        out = probe("-t", infos[0]["url"].removeprefix("http://"), "straggler", "--last", "20")
+        js = probe("-t", infos[0]["url"].removeprefix("http://"), "--json", "straggler",
+                   "--last", "20")
+    # THEN rank 1 is named, about 50 ms slower than the median rank each step
+    assert out.returncode == 4, out.stdout + out.stderr
+    m = re.match(r"STRAGGLER: rank 1 is ([\d.]+) ms slower than the median rank each time it is "
+                 r"last; the others waited for it (\d+)% of the last [\d.]+ s", out.stdout)
+    assert m, out.stdout
+    assert 40 <= float(m.group(1)) <= 200, out.stdout
+    assert int(m.group(2)) >= 30, out.stdout
+    body = json.loads(js.stdout)
+    assert body["culprits"] == [1]
+    by_rank = {r["rank"]: r for r in body["ranks"]}
+    assert by_rank[1]["others_waited_s"] > 10 * (by_rank[0]["others_waited_s"] or 0.001)

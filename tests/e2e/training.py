@@ -61,6 +61,9 @@ def training_job(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+        finally:
+            if proc.stdout is not None:
+                proc.stdout.close()  # else a ResourceWarning fails a later test (issue 6)
 
 
 def probe(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,6 @@ import threading
 
 import torch
 import torch.distributed as dist
-
 from hang_common import announce, parse_args, setup, train_step
 
 

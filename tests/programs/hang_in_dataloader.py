@@ -5,9 +5,8 @@ from __future__ import annotations
 import threading
 
 import torch
-from torch.utils.data import DataLoader, Dataset
-
 from hang_common import announce, parse_args, setup, train_step
+from torch.utils.data import DataLoader, Dataset
 
 
 class ShardDataset(Dataset):

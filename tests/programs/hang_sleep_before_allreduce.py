@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import torch
-
 from hang_common import announce, parse_args, setup, train_step
 
 

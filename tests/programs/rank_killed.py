@@ -11,7 +11,6 @@ import os
 import threading
 
 import torch
-
 from hang_common import announce, parse_args, setup, train_step
 
 

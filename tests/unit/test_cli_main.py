@@ -228,3 +228,25 @@ def test_colour_on_a_tty_only():
     assert "\x1b[" in coloured and "Rank 0" in coloured
     assert "\x1b[" not in no_color_env and "Rank 0" in no_color_env
     assert "\x1b[" not in no_color_flag
+
+
+def test_cli_surface_is_pinned():
+    """The options people's muscle memory (and the seed playbook) rely on; adding one is a
+    decision, so it shows up here (torchtitan's test_no_new_cli_options)."""
+    from probe_cli.main import cli
+
+    group_opts = {o for p in cli.params for o in p.opts}
+    assert group_opts == {"-t", "--target", "--hostfile", "--rank", "--json", "--csv",
+                          "--timeout", "--token", "--token-file", "--run-dir", "--no-color"}
+    assert {"backtrace", "query", "eval", "info"} <= set(cli.commands)
+    opts = {name: {o for p in cli.commands[name].params for o in p.opts}
+            for name in ("backtrace", "query")}
+    assert {"--locals", "--native", "--all"} <= opts["backtrace"]
+    assert {"--format", "-o", "--gather"} <= opts["query"]
+
+
+def test_native_request_notes_when_the_route_has_no_native_frames(capsys):
+    with canned_job(1, extra_backtrace={"native": False}) as a:
+        code, out, err = run(capsys, a[0].address, "backtrace", "--native")
+    assert code == 0 and "Rank 0" in out
+    assert err.startswith("note: rank 0: no native frames")

@@ -213,3 +213,9 @@ def test_info_table_and_durations():
     assert lines[0].split() == ["rank", "host", "pid", "python", "torch", "version", "uptime"]
     assert lines[2].split() == ["0", "node0", "42", "3.11.7", "2.13.0", "0.1.0", "1h02m"]
     assert [format_duration(s) for s in (5, 65, 90000)] == ["5s", "1m05s", "1d01h"]
+
+
+def test_query_that_selects_rank_gets_no_second_rank_column():
+    results = [ok(r, columns=["rank", "n"], rows=[[r, 6]]) for r in range(2)]
+    assert render_query_table(results)[0].split() == ["rank", "n"]
+    assert render_query_csv(results) == ["rank,n", "0,6", "1,6"]

@@ -1,0 +1,34 @@
+"""The watchdog: a small companion process that answers for its rank when the rank cannot (issue 5).
+
+Why a process: an in-process server needs the GIL to answer, so a C call that holds the GIL
+(a long kernel launch, a wedged collective inside C++, a hung ``read``) silences it, backtrace
+included. The watchdog is a separate interpreter that never needs the rank's GIL.
+
+The model::
+
+    client ──TCP/unix──▶ watchdog (owns the public sockets) ──unix, deadline──▶ agent (uvicorn)
+                              │                                  <run_dir>/<pid>.agent
+                              ├─ py-spy dump --json  (ptrace)            ▲ heartbeat file
+                              └─ faulthandler dump   (signal + file)     │ <pid>.beat
+
+- The agent binds the public TCP port and ``<pid>.sock`` in the caller's thread (so a taken port
+  fails ``start()`` at once), then hands the listening fds to the watchdog (``pass_fds``) and
+  serves only its private socket ``<pid>.agent``. It keeps its copies unused: if the watchdog
+  dies, the agent serves them itself again.
+- The watchdog is a lean asyncio reverse proxy (stdlib only; started with ``python -I -S``).
+  Every request is forwarded with a deadline. A backtrace the agent does not answer within
+  PROBE_BACKTRACE_DEADLINE_MS (or at once when the agent's heartbeat is already stale) is read
+  from outside (``reader.py``) and says so: ``source: "out-of-process"``, ``route``, ``reason``,
+  ``gil_holder``. Other routes get a 504 that says the rank's Python is not answering.
+- The agent writes a heartbeat (monotonic time and current step) into ``<pid>.beat`` every
+  250 ms from a daemon thread: it is how the watchdog tells "slow" from "GIL held", and where it
+  reads the last step of a rank that died.
+- When the rank exits, the watchdog keeps serving for PROBE_WATCHDOG_GRACE_S with the exit
+  status, the last backtrace and the last step (``rank.py``), then exits.
+
+Modules: ``link.py`` (agent side: spawn, heartbeat, faulthandler, exit record), ``main.py``
+(process entry), ``proxy.py`` (HTTP), ``httpwire.py`` (HTTP/1.1 framing), ``reader.py``
+(py-spy and faulthandler stacks), ``rank.py`` (liveness, exit status, forensics), ``files.py``
+and ``beat.py`` (what both sides share). Only ``link.py`` runs inside the rank; the rest is
+stdlib-only and never imports the rest of probe_agent.
+"""

@@ -1,0 +1,296 @@
+"""The watchdog's HTTP front: forward to the agent with a deadline, or answer for it.
+
+Per request, on the connection's own asyncio task (nothing is shared but two small semaphores,
+so a stuck request never delays the next one):
+
+- the rank is dead: answer from the forensics (``/v1/backtrace`` 200 with ``state: "dead"``,
+  every other route 410 with the cause);
+- ``GET /v1/backtrace``: forward; if the agent has not answered within the deadline, or its
+  heartbeat is already older than the deadline, read the stacks from outside instead;
+- anything else: forward and relay; while waiting, a heartbeat older than the deadline means the
+  rank's Python is not running, and the client gets a 504 that says so at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+from .httpwire import (
+    BadRequest,
+    Request,
+    forward_head,
+    json_response,
+    read_request,
+    read_response_head,
+)
+from .rank import RankWatch
+from .reader import ReadError, StackReader
+
+IDLE_S = 60.0
+#: Longest a forwarded request may wait for the agent while the agent is alive and its heartbeat
+#: fresh (the agent's own timeouts, PROBE_QUERY_TIMEOUT_MS and PROBE_EVAL_TIMEOUT_S, end
+#: requests well before this).
+MAX_WAIT_S = 600.0
+MAX_CONNECTIONS = 512
+CHUNK = 64 * 1024
+
+
+def _peer_uid(sock: socket.socket) -> int | None:
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return struct.unpack("3i", creds)[1]
+
+
+class Proxy:
+    def __init__(self, cfg: dict[str, Any], rank: RankWatch, reader: StackReader) -> None:
+        self.cfg = cfg
+        self.rank_no = cfg["rank"]
+        self.pid = cfg["pid"]
+        self.host = cfg.get("hostname")
+        self.inner = cfg["inner_path"]
+        self.token = cfg.get("token")
+        self.deadline_s = cfg["deadline_ms"] / 1000.0
+        self.rank = rank
+        self.reader = reader
+        self.connections = 0
+
+    # -- connections ------------------------------------------------------------------------
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     kind: str) -> None:
+        sock = writer.get_extra_info("socket")
+        try:
+            self.connections += 1
+            if self.connections > MAX_CONNECTIONS:
+                writer.write(self._error(503, "the watchdog has too many open connections; "
+                                         "retry", close=True))
+                return
+            if kind == "tcp":
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                peer = writer.get_extra_info("peername")
+                client = f"{peer[0]}:{peer[1]}" if peer else "tcp"
+            else:
+                uid = _peer_uid(sock)
+                if uid not in (os.getuid(), 0):
+                    writer.write(self._error(
+                        403, f"uid {uid} may not use this agent's socket; run probe as uid "
+                        f"{os.getuid()} or root", close=True))
+                    return
+                client = "unix"
+            while True:
+                try:
+                    req = await asyncio.wait_for(read_request(reader, writer), IDLE_S)
+                except BadRequest as e:
+                    writer.write(self._error(e.status, e.message, close=True))
+                    return
+                if req is None:
+                    return
+                keep = await self.dispatch(req, writer, client) and req.keep_alive
+                await writer.drain()
+                if not keep:
+                    return
+        except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            self.connections -= 1
+            try:
+                await writer.drain()
+            except (ConnectionError, RuntimeError):
+                pass
+            writer.close()
+
+    def _error(self, status: int, message: str, *, close: bool = False, **extra: Any) -> bytes:
+        body = {"ok": False, "rank": self.rank_no, "status": status, "error": message, **extra}
+        return json_response(status, body, close=close)
+
+    def _authorised(self, req: Request) -> bool:
+        if self.token is None:
+            return True
+        sent = (req.header("authorization") or "").encode()
+        return hmac.compare_digest(sent, f"Bearer {self.token}".encode())
+
+    async def dispatch(self, req: Request, writer: asyncio.StreamWriter, client: str) -> bool:
+        """Answer one request; False when the connection must close afterwards."""
+        if not self._authorised(req):
+            why = "missing" if not req.header("authorization") else "wrong"
+            writer.write(json_response(
+                401, {"ok": False, "rank": self.rank_no, "status": 401,
+                      "error": f"{why} token: pass --token or set PROBE_TOKEN to the job's token"},
+                headers=(("WWW-Authenticate", "Bearer"),)))
+            return True
+        is_backtrace = req.method == "GET" and req.path == "/v1/backtrace"
+        if not self.rank.alive:
+            writer.write(self._dead(req, is_backtrace))
+            return True
+        if is_backtrace:
+            return await self.backtrace(req, writer, client)
+        return await self.forward(req, writer, client)
+
+    # -- forwarding -------------------------------------------------------------------------
+    async def _ask_agent(self, req: Request, client: str) -> tuple[Any, Any, Any]:
+        r, w = await asyncio.open_unix_connection(self.inner, limit=CHUNK)
+        try:
+            w.write(forward_head(req, client) + req.body)
+            await w.drain()
+            head = await read_response_head(r)
+        except BaseException:
+            w.close()
+            raise
+        return head, r, w
+
+    async def _relay(self, writer: asyncio.StreamWriter, head: Any, r: Any, w: Any) -> bool:
+        close = head.length is None
+        try:
+            writer.write(head.relay_head(close))
+            left = head.length
+            while left is None or left > 0:
+                want = CHUNK if left is None else min(CHUNK, left)
+                data = await asyncio.wait_for(r.read(want), IDLE_S)
+                if not data:
+                    if left:
+                        return False  # the agent went away mid-body; the client sees it short
+                    break
+                writer.write(data)
+                await writer.drain()
+                if left is not None:
+                    left -= len(data)
+        finally:
+            w.close()
+        return not close
+
+    def _stale(self) -> float | None:
+        """Seconds since the agent's Python last ran, when that is past the deadline."""
+        hb = self.rank.heartbeat()
+        if hb is not None and hb[0] > self.deadline_s:
+            return hb[0]
+        return None
+
+    async def forward(self, req: Request, writer: asyncio.StreamWriter, client: str) -> bool:
+        task = asyncio.ensure_future(self._ask_agent(req, client))
+        started = time.monotonic()
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.05)
+            if done:
+                break
+            waited = time.monotonic() - started
+            stale = self._stale()
+            if not self.rank.alive or (stale is not None and waited >= self.deadline_s) or \
+                    waited > MAX_WAIT_S:
+                task.cancel()
+                if not self.rank.alive:
+                    writer.write(self._dead(req, False))
+                    return True
+                what = (f"has not run for {stale:.1f} s (its GIL is held, probably by a C call)"
+                        if stale is not None else f"did not answer within {MAX_WAIT_S:g} s")
+                writer.write(self._error(
+                    504, f"rank {self.rank_no}'s Python {what}; `probe backtrace` still answers "
+                    "(out-of-process)", gil_held=stale is not None,
+                    heartbeat_age_s=round(stale, 3) if stale is not None else None))
+                return True
+        try:
+            head, r, w = task.result()
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
+            if not self.rank.alive:
+                writer.write(self._dead(req, False))
+                return True
+            writer.write(self._error(502, f"rank {self.rank_no}'s agent did not answer "
+                                     f"({type(e).__name__}: {e}); is it stopping?"))
+            return True
+        return await self._relay(writer, head, r, w)
+
+    async def backtrace(self, req: Request, writer: asyncio.StreamWriter, client: str) -> bool:
+        started = time.monotonic()
+        stale = self._stale()
+        if stale is not None:
+            reason = (f"the agent's Python has not run for {stale:.1f} s (heartbeat): its GIL "
+                      "is held, probably by a C call")
+        else:
+            task = asyncio.ensure_future(self._ask_agent(req, client))
+            done, _ = await asyncio.wait({task}, timeout=self.deadline_s)
+            if done and task.exception() is None:
+                head, r, w = task.result()
+                return await self._relay(writer, head, r, w)
+            if done:
+                e = task.exception()
+                reason = f"the agent did not answer ({type(e).__name__}: {e})"
+            else:
+                task.cancel()
+                reason = (f"the agent did not answer within {self.deadline_s * 1000:.0f} ms "
+                          "(PROBE_BACKTRACE_DEADLINE_MS)")
+        writer.write(await self.out_of_process(req, reason, started))
+        return True
+
+    async def fetch_in_process(self) -> dict[str, Any] | None:
+        """The in-process backtrace (for snapshots), or None if the agent does not answer."""
+        req = Request("GET", "/v1/backtrace?all=1", "HTTP/1.1", [])
+        if self.token:
+            req.headers.append(("Authorization", f"Bearer {self.token}"))
+        try:
+            head, r, w = await asyncio.wait_for(self._ask_agent(req, "watchdog"),
+                                                self.deadline_s)
+            try:
+                if head.status != 200 or head.length is None:
+                    return None
+                data = await asyncio.wait_for(r.readexactly(head.length), self.deadline_s)
+            finally:
+                w.close()
+            body = json.loads(data)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
+            return None
+        return body if isinstance(body, dict) else None
+
+    # -- answering for the agent ------------------------------------------------------------
+    async def out_of_process(self, req: Request, reason: str, started: float) -> bytes:
+        native, want_locals, show_all = req.flag("native"), req.flag("locals"), req.flag("all")
+        try:
+            res = await self.reader.read(locals=want_locals, native=native)
+        except ReadError as e:
+            return self._error(503, f"rank {self.rank_no}: {reason}, and its stacks could not "
+                               f"be read from outside: {e}", source="out-of-process")
+        threads = [t for t in res["threads"] if show_all or not t.get("is_agent")]
+        threads.sort(key=lambda t: (not t.get("is_main"), bool(t.get("is_agent")),
+                                    str(t.get("thread_name"))))
+        for t in threads:
+            if isinstance(t.get("thread_id"), int) and t.get("thread_name"):
+                self.reader.names.setdefault(t["thread_id"], t["thread_name"])
+        if res.get("note"):
+            reason = f"{reason}; route faulthandler because {res['note']}"
+        hb = self.rank.heartbeat()
+        body = {
+            "ok": True, "rank": self.rank_no, "pid": self.pid, "host": self.host,
+            "source": "out-of-process", "route": res["route"], "reason": reason,
+            "native": native and res["route"] == "py-spy", "state": "alive",
+            "gil_holder": res.get("gil_holder"),
+            "gil_held": res.get("gil_holder") is not None if res["route"] == "py-spy" else None,
+            "heartbeat_age_s": round(hb[0], 3) if hb else None,
+            "step": self.rank.last_step, "threads": threads,
+            "elapsed_ms": round((time.monotonic() - started) * 1e3, 3),
+        }
+        return json_response(200, body)
+
+    def _dead(self, req: Request, is_backtrace: bool) -> bytes:
+        e = self.rank.exit or {}
+        ago = time.time() - (self.rank.died_at or time.time())
+        step = self.rank.last_step
+        last = self.rank.last_backtrace
+        facts = {"state": "dead", "pid": self.pid, "host": self.host, "exit": e,
+                 "last_step": step, "died_at": self.rank.died_at, "last_backtrace": last}
+        at = f" at step {step}" if step is not None else ""
+        message = (f"rank {self.rank_no} (pid {self.pid}) is dead: {e.get('description')}{at}, "
+                   f"{ago:.0f} s ago")
+        if is_backtrace:
+            threads = [t for t in (last or {}).get("threads") or []
+                       if req.flag("all") or not t.get("is_agent")]
+            body = {"ok": True, "rank": self.rank_no, "source": "watchdog",
+                    "route": (last or {}).get("route"), "reason": message, **facts,
+                    "threads": threads}
+            return json_response(200, body)
+        return self._error(410, message + "; `probe backtrace` shows its last stack", **facts)

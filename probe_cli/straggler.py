@@ -1,0 +1,143 @@
+"""The straggler verdict: pure functions from every rank's collectives (and, when recorded, its
+step times) to "rank N is slow, by this much". No I/O here; ``probe straggler`` gathers.
+
+Why arrivals, not step times
+----------------------------
+In a synchronous job every rank's step takes as long as the slowest rank's: the others wait for
+it inside a collective. So per-rank step time cannot name the straggler. What differs is *when
+each rank enters* the collectives: the Flight Recorder numbers them identically on every rank of
+a group, so for each (group, seq) the rank that arrives last is the one the others waited for,
+and its lag behind the median arrival is the time it cost them. Summed over a window, that lag
+is how much slower the straggler is; divided by the window, the share of the job's time lost.
+Arrival times come from each rank's own clock: ranks on different hosts carry their clock skew
+(NTP: usually well under a millisecond, so small next to a straggler worth naming).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from .group import rank_label
+
+
+@dataclass(slots=True)
+class Lateness:
+    rank: int
+    last: int = 0
+    """Collectives at which this rank arrived last (by more than ``MIN_LAG_S``)."""
+    caused_s: float = 0.0
+    """Sum over those of its lag behind the median arrival: the others' wait for it."""
+    lags: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StragglerVerdict:
+    problem: bool
+    headline: str
+    details: list[str] = field(default_factory=list)
+    culprits: list[int] = field(default_factory=list)
+    window_s: float = 0.0
+    collectives: int = 0
+    per_rank: dict[int, Lateness] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "problem": self.problem, "headline": self.headline, "details": self.details,
+            "culprits": self.culprits, "window_s": round(self.window_s, 4),
+            "collectives": self.collectives,
+            "ranks": [{"rank": r.rank, "arrived_last": r.last,
+                       "others_waited_s": round(r.caused_s, 4),
+                       "median_lag_ms": round(statistics.median(r.lags) * 1e3, 3) if r.lags
+                       else None} for r in sorted(self.per_rank.values(), key=lambda x: x.rank)],
+        }
+
+
+#: A rank arriving last by less than this is noise (thread wake-ups), not a straggler.
+MIN_LAG_S = 0.001
+
+
+def arrivals(rows_by_rank: dict[int, list[dict[str, Any]]],
+             last: int) -> list[dict[int, float]]:
+    """The last ``last`` collectives every member answered for: rank -> entry time, by seq."""
+    table: dict[tuple[str, int], dict[int, float]] = {}
+    members: dict[tuple[str, int], tuple[int, ...]] = {}
+    for rank, rows in rows_by_rank.items():
+        for r in rows:
+            if r.get("is_p2p") or r.get("seq") is None or r.get("start_time") is None:
+                continue
+            key = (str(r.get("pg")), int(r["seq"]))
+            table.setdefault(key, {})[rank] = float(r["start_time"])
+            members[key] = tuple(r.get("group_ranks") or sorted(rows_by_rank))
+    answered = set(rows_by_rank)
+    complete = [(key, times) for key, times in table.items()
+                if len(times) > 1 and set(members[key]) & answered <= set(times)]
+    complete.sort(key=lambda kv: statistics.median(kv[1].values()))
+    return [times for _, times in complete[-last:]]
+
+
+def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: int = 200,
+                        min_share: float = 0.05) -> StragglerVerdict:
+    """Name the rank the others wait for, if it costs them at least ``min_share`` of the time."""
+    window = arrivals(rows_by_rank, last)
+    per_rank = {r: Lateness(r) for r in sorted(rows_by_rank)}
+    if len(window) < 2:
+        return StragglerVerdict(False, "no verdict: fewer than 2 collectives seen on every rank "
+                                "(is the job running collectives? is it a single rank?)",
+                                per_rank=per_rank)
+    for times in window:
+        late_rank = max(times, key=lambda r: times[r])
+        others = [t for r, t in times.items() if r != late_rank]
+        lag = times[late_rank] - statistics.median(others)
+        if lag > MIN_LAG_S:
+            entry = per_rank[late_rank]
+            entry.last += 1
+            entry.caused_s += lag
+            entry.lags.append(lag)
+    span = max(max(t.values()) for t in window) - min(min(t.values()) for t in window)
+    worst = max(per_rank.values(), key=lambda e: e.caused_s)
+    share = worst.caused_s / span if span > 0 else 0.0
+    v = StragglerVerdict(False, "", window_s=span, collectives=len(window), per_rank=per_rank)
+    for e in sorted(per_rank.values(), key=lambda e: -e.caused_s):
+        if e.lags:
+            v.details.append(
+                f"rank {e.rank}: last to arrive at {e.last} of {len(window)} collectives, "
+                f"a median {statistics.median(e.lags) * 1e3:.1f} ms after the others; they "
+                f"waited {e.caused_s:.2f} s for it")
+    if share >= min_share and worst.lags:
+        lag_ms = statistics.median(worst.lags) * 1e3
+        v.problem = True
+        v.culprits = [worst.rank]
+        v.headline = (f"STRAGGLER: rank {worst.rank} is {lag_ms:.1f} ms slower than the median "
+                      f"rank each time it is last; the others waited for it {share:.0%} of the "
+                      f"last {span:.1f} s ({len(window)} collectives)")
+    else:
+        v.headline = (f"no straggler: no rank cost the others {min_share:.0%} or more of the last "
+                      f"{span:.1f} s ({len(window)} collectives on {rank_label(per_rank)})")
+    return v
+
+
+def step_table(rows_by_rank: dict[int, list[list[Any]]], columns: list[str]) -> list[str]:
+    """Per-rank step time and forward/backward/optimizer split (the straggler_steps query), with
+    each rank's step time against the median rank's."""
+    if not rows_by_rank:
+        return []
+    idx = {c: i for i, c in enumerate(columns)}
+    data = {r: rows[0] for r, rows in rows_by_rank.items() if rows and rows[0][idx["steps"]]}
+    if not data:
+        return ["step times: none recorded yet (python.steps is empty)"]
+    med = statistics.median(float(row[idx["step_ms"]]) for row in data.values())
+    header = f"{'rank':>5} {'steps':>6} {'step ms':>9} {'vs median':>10} {'forward':>9} " \
+             f"{'backward':>9} {'optimizer':>9} {'other':>9}"
+    lines = [header]
+    for r, row in sorted(data.items()):
+        def ms(name: str) -> str:
+            value = row[idx[name]]
+            return f"{float(value):9.1f}" if value is not None else f"{'-':>9}"
+
+        delta = float(row[idx["step_ms"]]) - med
+        lines.append(f"{r:>5} {row[idx['steps']]:>6} {ms('step_ms')} {delta:>+10.1f} "
+                     f"{ms('forward_ms')} {ms('backward_ms')} {ms('optimizer_ms')} "
+                     f"{ms('other_ms')}")
+    return lines

@@ -1,0 +1,28 @@
+-- name: straggler_steps
+-- description: This rank's median step time over its last $last_steps steps, split into forward, backward and optimizer time from python.torch_trace (the outermost module of each stage; NULL for steps that were not traced) and the rest ("other": data loading, host code, waits outside modules). `probe straggler` compares it across ranks.
+-- params: last_steps
+WITH recent AS (
+    SELECT step, duration FROM python.steps
+    WHERE step > (SELECT max(step) FROM python.steps) - $last_steps
+),
+per_module AS (
+    SELECT step, stage, module, sum(duration) AS d
+    FROM python.torch_trace
+    WHERE step IN (SELECT step FROM recent)
+    GROUP BY step, stage, module
+),
+per_stage AS (  -- the outermost module of a stage contains the others: take the largest
+    SELECT step,
+           max(d) FILTER (WHERE stage = 'forward')  AS fwd,
+           max(d) FILTER (WHERE stage = 'backward') AS bwd,
+           max(d) FILTER (WHERE stage = 'step')     AS opt
+    FROM per_module GROUP BY step
+)
+SELECT count(*)                                        AS steps,
+       round(median(r.duration) * 1e3, 3)              AS step_ms,
+       round(median(s.fwd) * 1e3, 3)                   AS forward_ms,
+       round(median(s.bwd) * 1e3, 3)                   AS backward_ms,
+       round(median(s.opt) * 1e3, 3)                   AS optimizer_ms,
+       round(median(r.duration - coalesce(s.fwd, 0) - coalesce(s.bwd, 0) - coalesce(s.opt, 0))
+             FILTER (WHERE s.step IS NOT NULL) * 1e3, 3) AS other_ms
+FROM recent r LEFT JOIN per_stage s USING (step);

@@ -1,0 +1,56 @@
+"""Pure parts of `probe straggler` and `probe launch` (no processes, no sockets)."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from probe_cli.commands.launch import launch_env
+from probe_cli.main import cli
+from probe_cli.straggler import diagnose_stragglers
+
+
+def lockstep(n_ranks, slow, lag, steps=50, period=0.06):
+    """Two collectives per step; ``slow`` enters the first of each step ``lag`` s late."""
+    rows = {r: [] for r in range(n_ranks)}
+    for s in range(steps):
+        for k in range(2):
+            seq = 2 * s + k + 1
+            for r in range(n_ranks):
+                late = lag if (r == slow and k == 0) else 0.0
+                rows[r].append({"pg": "0", "seq": seq, "start_time": s * period + k * 0.001 + late,
+                                "group_ranks": list(range(n_ranks)), "is_p2p": False})
+    return rows
+
+
+def test_the_rank_the_others_wait_for_is_named_with_its_lag():
+    v = diagnose_stragglers(lockstep(4, slow=2, lag=0.05))
+    assert v.problem and v.culprits == [2]
+    assert v.headline.startswith("STRAGGLER: rank 2 is 50.0 ms slower than the median rank")
+    assert v.details[0].startswith("rank 2: last to arrive at 50 of 100 collectives")
+
+
+def test_balanced_ranks_have_no_straggler():
+    v = diagnose_stragglers(lockstep(4, slow=None, lag=0.0))
+    assert not v.problem and v.headline.startswith("no straggler")
+
+
+def test_collectives_missing_on_a_member_are_not_compared():
+    rows = lockstep(2, slow=1, lag=0.05)
+    rows[1] = []  # rank 1 answered but its recorder saw nothing
+    assert not diagnose_stragglers(rows).problem
+
+
+def test_launch_env_sets_probe_and_passes_the_token_file_not_the_token(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    env = launch_env({"PATH": "/bin", "PROBE_TOKEN": "old"}, port=9800, host="0.0.0.0",
+                     token_file=str(token), trace="every:5")
+    assert env == {"PATH": "/bin", "PROBE": "1", "PROBE_PORT": "9800", "PROBE_HOST": "0.0.0.0",
+                   "PROBE_TOKEN_FILE": str(token), "PROBE_TRACE": "every:5"}
+
+
+def test_launch_rejects_a_bad_trace_mode_and_a_missing_command():
+    r = CliRunner().invoke(cli, ["launch", "--trace", "sometimes", "--", "python"])
+    assert r.exit_code == 2 and "on, off or every:N" in r.output
+    r = CliRunner().invoke(cli, ["launch", "--", "no-such-command-probe-test"])
+    assert r.exit_code == 2 and "command not found" in r.output
