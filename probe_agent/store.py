@@ -211,7 +211,9 @@ class Store:
         budget = self.config.retention_mb * 1024 * 1024
         try:
             counts = {
-                t: cur.execute(f"SELECT count(*), min(step), max(step) FROM {t}").fetchone()
+                # fetchall, not fetchone: DuckDB ≥ 2 refuses register() on a cursor that still
+                # holds an unfinished result, which would silently stop every later insert.
+                t: cur.execute(f"SELECT count(*), min(step), max(step) FROM {t}").fetchall()[0]
                 for t in self._step_tables
             }
             used = sum(c[0] * self._step_tables[t] for t, c in counts.items() if c)
@@ -226,7 +228,7 @@ class Store:
             cutoff = max(lo + 1, hi - int((hi - lo + 1) * keep_frac) + 1)
             cutoff = min(cutoff, hi)
             for t in self._step_tables:
-                n = cur.execute(f"DELETE FROM {t} WHERE step < ?", [cutoff]).fetchone()
+                n = cur.execute(f"DELETE FROM {t} WHERE step < ?", [cutoff]).fetchall()[0]
                 self.rows_dropped += int(n[0]) if n else 0
         except Exception:  # retention must never kill the writer
             log.exception("probe agent: retention pass failed")
