@@ -6,10 +6,11 @@ starts until ``start()`` is called, or the process runs with ``PROBE=1``.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "start", "stop"]
+__all__ = ["__version__", "log", "start", "stop"]
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -29,6 +30,23 @@ def stop() -> None:
     from .agent import stop as _stop
 
     _stop()
+
+
+def log(step: int | None = None, **scalars: Any) -> None:
+    """Record scalars (``loss=…``, ``grad_norm=…``) into ``python.metrics`` for ``step``.
+
+    Free to call when no agent runs (it returns at once) and never raises. ``step`` defaults to
+    the last finished optimizer step, so call it after ``optimizer.step()`` or pass ``step=``.
+    Tensors are fine: they are converted on the agent's writer thread, so this never waits for
+    the GPU. ``samples=N`` also fills ``python.steps.samples_per_s`` (issue 3).
+    """
+    agent_mod = sys.modules.get("probe_agent.agent")
+    agent = getattr(agent_mod, "_current", None)
+    if agent is None:
+        return
+    recorder = agent.collectors.get("steps")
+    if recorder is not None:
+        recorder.log(step, scalars)
 
 
 def __getattr__(name: str) -> Any:  # pragma: no cover - convenience for REPL users

@@ -60,7 +60,8 @@ class Action:
     requested_by: str | None
     group: list[int] | None
     submitted_at: float = field(default_factory=time.time)
-    state: str = "queued"  # queued | waiting (agreeing) | running | ok | error | cancelled | skipped
+    #: queued | waiting (agreeing) | running | ok | error | cancelled | skipped
+    state: str = "queued"
     started_at: float | None = None
     finished_at: float | None = None
     waited_ms: float | None = None

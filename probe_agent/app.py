@@ -22,7 +22,7 @@ from .errors import ProbeAgentError
 log = logging.getLogger(__name__)
 
 #: Feature routers, by module under probe_agent.routes. Each module exposes ``router``.
-ROUTERS = ("core", "trace", "cluster", "actions")
+ROUTERS = ("core", "trace", "cluster", "actions", "doctor")
 
 
 def error_body(rank: int, status: int, message: str, **extra: Any) -> dict[str, Any]:

@@ -71,13 +71,15 @@ def is_sharded(models: list[Any]) -> bool:
         return False
     try:
         from torch.distributed.tensor import DTensor
+
+        dtensor: tuple[type, ...] = (DTensor,)
     except ImportError:  # older torch
-        DTensor = ()  # type: ignore[assignment]  # noqa: N806
+        dtensor = ()
     for m in models:
         for sub in m.modules():
             if type(sub).__name__ == "FullyShardedDataParallel":
                 return True
-        if DTensor and any(isinstance(p, DTensor) for p in m.parameters()):
+        if dtensor and any(isinstance(p, dtensor) for p in m.parameters()):
             return True
     return False
 

@@ -69,11 +69,12 @@ def change_lr(
         groups, fs = [], []
         for g in opt.param_groups:
             before = _num(g["lr"])
-            if scale is not None:
-                f = scale
+            if set_to is None:
+                f = float(scale or 1.0)
+                after = before * f
             else:
                 f = set_to / before if before else float("nan")
-            after = set_to if set_to is not None else before * f
+                after = set_to
             _set_group(g, "lr", after)
             for key in _GROUP_KEYS if f == f else ():  # f is NaN when --set met an LR of 0
                 if isinstance(g.get(key), numbers.Real) or hasattr(g.get(key), "item"):
@@ -83,10 +84,9 @@ def change_lr(
         factors[id(opt)] = fs
         report["optimizers"].append({"index": i, "class": type(opt).__name__, "groups": groups})
     for s in schedulers:
-        fs = factors.get(id(getattr(s, "optimizer", None)))
-        if fs is None:
-            continue
-        report["schedulers"].append(_rescale_scheduler(s, fs))
+        found = factors.get(id(getattr(s, "optimizer", None)))
+        if found is not None:
+            report["schedulers"].append(_rescale_scheduler(s, found))
     return report
 
 

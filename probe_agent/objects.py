@@ -35,7 +35,7 @@ def training_namespace() -> dict[str, Any]:
     are the callers of ``optimizer.step()``; torch's and the agent's frames are skipped."""
     ns: dict[str, Any] = {}
     chain = []
-    frame = sys._getframe(1)
+    frame: Any = sys._getframe(1)
     while frame is not None:
         chain.append(frame)
         frame = frame.f_back

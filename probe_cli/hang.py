@@ -122,6 +122,8 @@ def _last_done(state: RankState, pg: str) -> dict[str, Any] | None:
 
 
 def _silent_reason(s: RankState) -> str:
+    if s.dead and s.error and s.error.startswith("is dead"):
+        return s.error
     if s.dead:
         return f"did not answer ({s.error}): the process is gone"
     return f"did not answer ({s.error}): alive but silent, or unreachable"

@@ -83,6 +83,8 @@ def thread_header(thread: dict[str, Any], gil_holder: Any = None, colour: bool =
 def source_note(body: dict[str, Any]) -> str:
     """``[out-of-process via py-spy; GIL held by thread 7]`` for a stack not read in-process;
     empty for the usual in-process answer (or an agent that does not say)."""
+    if body.get("state") == "dead":  # answered by the dead rank's watchdog (issue 5)
+        return "[" + "; ".join(dead_facts(body)) + "]"
     source = body.get("source")
     if not source or source == IN_PROCESS:
         return ""
@@ -90,6 +92,18 @@ def source_note(body: dict[str, Any]) -> str:
     if body.get("gil_holder") is not None:
         parts.append(f"GIL held by thread {body['gil_holder']}")
     return "[" + "; ".join(parts) + "]"
+
+
+def dead_facts(body: dict[str, Any]) -> list[str]:
+    """``DEAD: killed by signal 9 (SIGKILL)``, the last step, where the last stack came from."""
+    e = body.get("exit") or {}
+    facts = ["DEAD: " + str(e.get("description") or "exited")]
+    if body.get("last_step") is not None:
+        facts.append(f"last step {body['last_step']}")
+    route = (body.get("last_backtrace") or {}).get("route")
+    if route:
+        facts.append(f"last stack: {route}")
+    return facts
 
 
 def render_rank_stacks(
@@ -124,7 +138,10 @@ def render_backtrace(
     for g in groups:
         members = list(g.members)
         head = f"{rank_label([m.rank for m in members])} ({len(members)}/{total} ranks) main thread"
-        other = [m for m in members if source_note(m.data or {})]
+        dead = [m for m in members if (m.data or {}).get("state") == "dead"]
+        other = [m for m in members if source_note(m.data or {}) and m not in dead]
+        if dead:
+            head += f" [{dead_facts(dead[0].data or {})[0]}: {rank_label([m.rank for m in dead])}]"
         if other:
             source = (other[0].data or {}).get("source")
             head += f" [{source}: {rank_label([m.rank for m in other])}]"

@@ -67,7 +67,7 @@ def requested_by() -> str:
 def choose_next_step(bodies: list[dict[str, Any]]) -> int | None:
     """The smallest step no rank has passed: ``max + 1``; the common step if all are paused
     there. None when no rank has taken a step yet (the agents will refuse and say why)."""
-    steps = [b.get("step") for b in bodies if isinstance(b.get("step"), int)]
+    steps: list[int] = [b["step"] for b in bodies if isinstance(b.get("step"), int)]
     if not steps:
         return None
     paused = {b.get("paused_at") for b in bodies}
@@ -205,7 +205,8 @@ def _finish(r: RankResult, target: int | None) -> RankResult:
 
 def _why(action: dict[str, Any], current: Any, target: int | None) -> str:
     state = action.get("state")
-    if state == "cancelled" and action.get("started_at") is None and action.get("waited_ms") is None:
+    never_arrived = action.get("started_at") is None and action.get("waited_ms") is None
+    if state == "cancelled" and never_arrived:
         return f"never reached step {target} (at step {current}); cancelled"
     if state in ("cancelled", "skipped"):
         return str(action.get("error") or state)

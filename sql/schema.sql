@@ -89,3 +89,124 @@ ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS kind VARCHAR DEFAULT 'eval';
 ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS action_id VARCHAR;
 ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS at_step BIGINT;
 ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS requested_by VARCHAR;
+
+-- ---------------------------------------------------------------------------------------------
+-- issue 3: torch tracing (probe_agent/collectors/modules.py, trace_rows.py, steps.py)
+-- ---------------------------------------------------------------------------------------------
+-- Steps: rows of the work leading up to optimizer step N (forward, backward, the step itself)
+-- carry step = N, where N is the agent's StepClock count (one global optimizer step hook; the
+-- first optimizer to step is the one counted). Jobs without a torch.optim optimizer (and any
+-- job before its first optimizer step): each call of the first root module seen counts as one
+-- step, so inference loops get one step per model call. python.steps is empty then.
+-- Sampling: PROBE_TRACE=every:N (default every:10) traces steps whose number is a multiple of N,
+-- all modules of those steps; `probe trace on|off|every N` changes it at run time.
+
+-- python.torch_trace: one row per module call per stage.
+--   stage: 'forward' | 'backward' | 'step' (optimizer.step(); module = the optimizer's class,
+--     root = 'optimizer').
+--   module: qualified name in the root model ('h.3.attn.c_proj'); the root itself is named by
+--     its class ('GPT'). torch.compile/DDP/FSDP wrapper names (_orig_mod., module.) are dropped.
+--   seq: 0, 1, ... for the calls of one module within one step and stage (shared modules,
+--     gradient accumulation); a backward row has the seq of the forward call it belongs to.
+--   duration: seconds; GPU time from CUDA events on CUDA, wall time on CPU.
+--   cpu_duration: seconds of host wall time. Backward spans run from autograd reaching the
+--     module's output to autograd reaching the next module call outside it (approximate for
+--     parallel branches; ops between modules count towards the module before them).
+--   allocated, max_allocated, cached, max_cached: MiB from the CUDA caching allocator of the
+--     current device, read when the row ends (forward) or starts (backward); 0 on CPU.
+--   recompute: true for forward calls made during backward (activation checkpointing). They
+--     are kept and flagged, not dropped; the canned queries exclude them.
+--   A torch.compile'd model records one row per call of the compiled model (module = its class)
+--     plus its backward and the optimizer step; code inside compiled graphs is not traced.
+CREATE TABLE IF NOT EXISTS python.torch_trace (
+    timestamp     DOUBLE  NOT NULL,   -- start, seconds since the epoch
+    rank          INTEGER NOT NULL,
+    step          BIGINT  NOT NULL,
+    seq           INTEGER NOT NULL,
+    module        VARCHAR NOT NULL,
+    stage         VARCHAR NOT NULL,
+    duration      DOUBLE,
+    cpu_duration  DOUBLE,
+    allocated     DOUBLE,
+    max_allocated DOUBLE,
+    cached        DOUBLE,
+    max_cached    DOUBLE,
+    root          VARCHAR,            -- the root model's label: its class, 'GPT#2' for a second
+    recompute     BOOLEAN,
+    device        VARCHAR,            -- 'cuda' (CUDA-event timing) | 'cpu'
+    depth         INTEGER             -- nesting depth of the call (0 = root call); a backward
+                                      -- row has its forward call's depth. A row's children are
+                                      -- the rows of depth+1 that start within its cpu span
+                                      -- (queries/slow_modules.sql uses this for self time).
+);
+
+-- python.steps: one row per optimizer step (traced or not). start_time is the end of the
+-- previous step (so data loading counts), NULL for the first step the agent saw.
+-- samples: from probe_agent.log(samples=N), else the first dimension of the root model's first
+-- input in traced steps; NULL when unknown. duration in seconds.
+CREATE TABLE IF NOT EXISTS python.steps (
+    rank          INTEGER NOT NULL,
+    step          BIGINT  NOT NULL,
+    start_time    DOUBLE,
+    end_time      DOUBLE  NOT NULL,
+    duration      DOUBLE,
+    samples       BIGINT,
+    samples_per_s DOUBLE,
+    traced        BOOLEAN             -- python.torch_trace has rows for this step
+);
+
+-- python.memory: one row per optimizer step per device, taken right after the step.
+-- device 'cuda:N' (torch.cuda.memory_stats of the current device, only once the job has
+-- initialised CUDA): allocated, reserved, active, peak (allocated high-water mark) in MiB,
+-- alloc_retries and ooms (counts since start). device 'cpu': those are NULL. rss: the process
+-- resident set in MiB, on every row.
+CREATE TABLE IF NOT EXISTS python.memory (
+    timestamp     DOUBLE  NOT NULL,
+    rank          INTEGER NOT NULL,
+    step          BIGINT  NOT NULL,
+    device        VARCHAR NOT NULL,
+    allocated     DOUBLE,
+    reserved      DOUBLE,
+    active        DOUBLE,
+    peak          DOUBLE,
+    alloc_retries BIGINT,
+    ooms          BIGINT,
+    rss           DOUBLE
+);
+
+-- python.metrics: scalars from probe_agent.log(step=None, **scalars), one row per scalar.
+-- step defaults to the last finished optimizer step (log usually follows optimizer.step());
+-- pass step= to be exact. value is DOUBLE (tensors are converted off the training thread; a
+-- value that is not a number is stored as NaN).
+CREATE TABLE IF NOT EXISTS python.metrics (
+    timestamp     DOUBLE  NOT NULL,
+    rank          INTEGER NOT NULL,
+    step          BIGINT  NOT NULL,
+    name          VARCHAR NOT NULL,
+    value         DOUBLE
+);
+
+-- ---------------------------------------------------------------------------------------------
+-- issue 7: the training loop around the model (probe_agent/collectors/trainloop.py), for
+-- `probe doctor`. Recorded on every optimizer step, traced or not.
+-- ---------------------------------------------------------------------------------------------
+
+-- python.step_stats: one row per optimizer step (the StepClock's count, as python.steps).
+-- data_wait: seconds spent inside DataLoader iterators' __next__ since the previous step ended
+--   (data_wait / python.steps.duration is the share of the step spent waiting for data);
+--   batches: how many batches were drawn in that time.
+-- lr: the primary optimizer's first param group's learning rate after the step.
+-- grad_norm / clip_max_norm: the total gradient norm clip_grad_norm_ computed (before clipping;
+--   NaN or Infinity when a gradient is) and its max_norm, for the last call in that step; NULL
+--   when clip_grad_norm_ was not called. clip_calls: calls in that step.
+CREATE TABLE IF NOT EXISTS python.step_stats (
+    timestamp     DOUBLE  NOT NULL,
+    rank          INTEGER NOT NULL,
+    step          BIGINT  NOT NULL,
+    data_wait     DOUBLE,
+    batches       BIGINT,
+    lr            DOUBLE,
+    grad_norm     DOUBLE,
+    clip_max_norm DOUBLE,
+    clip_calls    BIGINT
+);

@@ -104,6 +104,11 @@ class Watchdog:
         if not self.rank.alive:  # the agent cannot clean up after a dead rank: we do
             paths += [self.files.sock, self.files.json, self.files.inner,
                       *self.files.forensic_files()]
+        try:
+            if os.path.getsize(self.files.log) == 0:
+                paths.append(self.files.log)
+        except OSError:
+            pass
         for path in paths:
             try:
                 os.unlink(path)

@@ -62,6 +62,9 @@ class Proxy:
         self.rank = rank
         self.reader = reader
         self.connections = 0
+        #: The agent's last /v1/ranks answer: served while it is frozen or dead, so that
+        #: `probe -t this-rank ...` still reaches every other rank.
+        self.ranks_cache: dict[str, Any] | None = None
 
     # -- connections ------------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -128,7 +131,10 @@ class Proxy:
             return True
         is_backtrace = req.method == "GET" and req.path == "/v1/backtrace"
         if not self.rank.alive:
-            writer.write(self._dead(req, is_backtrace))
+            if req.method == "GET" and req.path == "/v1/ranks" and self.ranks_cache:
+                writer.write(json_response(200, {**self.ranks_cache, "cached": True}))
+            else:
+                writer.write(self._dead(req, is_backtrace))
             return True
         if is_backtrace:
             return await self.backtrace(req, writer, client)
@@ -176,17 +182,24 @@ class Proxy:
     async def forward(self, req: Request, writer: asyncio.StreamWriter, client: str) -> bool:
         task = asyncio.ensure_future(self._ask_agent(req, client))
         started = time.monotonic()
+        # Already stale on arrival: the agent's Python has not run for a whole deadline, so do
+        # not make the client wait another one.
+        patience = 0.0 if self._stale() is not None else self.deadline_s
         while True:
-            done, _ = await asyncio.wait({task}, timeout=0.05)
+            done, _ = await asyncio.wait({task}, timeout=0.05 if patience else 0.01)
             if done:
                 break
             waited = time.monotonic() - started
             stale = self._stale()
-            if not self.rank.alive or (stale is not None and waited >= self.deadline_s) or \
+            if not self.rank.alive or (stale is not None and waited >= patience) or \
                     waited > MAX_WAIT_S:
                 task.cancel()
                 if not self.rank.alive:
                     writer.write(self._dead(req, False))
+                    return True
+                if req.method == "GET" and req.path == "/v1/ranks" and self.ranks_cache:
+                    # Discovery must still fan out to the other ranks while this one is stuck.
+                    writer.write(json_response(200, {**self.ranks_cache, "cached": True}))
                     return True
                 what = (f"has not run for {stale:.1f} s (its GIL is held, probably by a C call)"
                         if stale is not None else f"did not answer within {MAX_WAIT_S:g} s")
@@ -229,8 +242,15 @@ class Proxy:
         return True
 
     async def fetch_in_process(self) -> dict[str, Any] | None:
-        """The in-process backtrace (for snapshots), or None if the agent does not answer."""
-        req = Request("GET", "/v1/backtrace?all=1", "HTTP/1.1", [])
+        """The in-process backtrace (for snapshots), or None if the agent does not answer.
+        Refreshes the /v1/ranks cache on the way."""
+        ranks = await self.fetch("/v1/ranks")
+        if ranks and ranks.get("ok"):
+            self.ranks_cache = ranks
+        return await self.fetch("/v1/backtrace?all=1")
+
+    async def fetch(self, target: str) -> dict[str, Any] | None:
+        req = Request("GET", target, "HTTP/1.1", [])
         if self.token:
             req.headers.append(("Authorization", f"Bearer {self.token}"))
         try:

@@ -18,6 +18,7 @@ def actions(ctx: click.Context) -> Outcome | None:
     if ctx.invoked_subcommand is not None:
         return None
     session = ctx.find_object(Session)
+    assert session is not None  # main.py's group always sets it
     results = run_on_ranks(session, "GET", "/v1/actions")
     return finish(session, results, lambda ok: render_action_list(ok, session.colour))
 

@@ -40,6 +40,13 @@ def rank_state(r: RankResult) -> RankState:
         err = r.error
         reason = getattr(err, "reason", None) or str(err)
         dead = isinstance(err, AgentUnreachableError) and reason == "connection refused"
+        body = getattr(err, "body", None) or {}
+        if body.get("state") == "dead":  # its watchdog reports the death (issue 5)
+            cause = (body.get("exit") or {}).get("description") or "exited"
+            step = body.get("last_step")
+            at = f" at step {step}" if step is not None else ""
+            return RankState(rank, error=f"is dead: {cause}{at} (its watchdog reports it)",
+                             dead=True)
         return RankState(rank, error=reason, dead=dead)
     threads = r.data["backtrace"].get("threads", ())
     main = next((t for t in threads if t.get("is_main")), None)

@@ -137,7 +137,10 @@ class Tracee:
             sig, event = self._wait(timeout)
             if event == PTRACE_EVENT_STOP:
                 return
-            self.pending.append(sig)  # a signal-delivery stop: deliver it when we detach
+            # A signal-delivery stop came first: keep the signal for detach, and let the
+            # thread run on to the interrupt's own stop.
+            self.pending.append(sig)
+            self.cont()
 
     def cont(self, sig: int = 0) -> None:
         _call(PTRACE_CONT, self.tid, 0, sig, what="PTRACE_CONT")

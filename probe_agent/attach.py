@@ -1,0 +1,29 @@
+"""What `probe inject` runs inside its target (issue 5): start the agent as PROBE=1 would have.
+
+The CLI's bootstrap file calls ``attach(overrides)`` from a ``probe-agent.attach`` thread once
+the injected native thread holds the GIL. The agent then starts exactly as at launch, from the
+target's environment plus the CLI's overrides (``PROBE_PORT``, ``PROBE_RUN_DIR``...); torch
+tracing applies from the next step on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def attach(overrides: dict[str, str]) -> dict[str, Any]:
+    """Start the agent; the returned dict becomes the status `probe inject` prints."""
+    from .agent import current, start
+    from .config import AgentConfig
+
+    base = {"pid": os.getpid(), "python": sys.version.split()[0]}
+    agent = current()
+    if agent is not None and agent.running:
+        return {**base, "state": "already", "url": agent.url, "unix_socket": agent.unix_path,
+                "rank": agent.rank}
+    environ = {**os.environ, **overrides}
+    agent = start(AgentConfig.from_env(environ), environ)
+    return {**base, "state": "started", "url": agent.url, "unix_socket": agent.unix_path,
+            "rank": agent.rank}

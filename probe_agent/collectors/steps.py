@@ -1,0 +1,198 @@
+"""StepRecorder: ``python.steps``, ``python.memory`` and ``python.metrics`` (issue 3).
+
+What gets captured
+------------------
+- **steps**: one row per optimizer step counted by the agent's StepClock (every step, traced or
+  not): when it ended, how long since the previous one ended (so data loading counts), and
+  samples/s when the number of samples is known (``probe_agent.log(samples=N)``, or the first
+  dimension of the root model's first input in traced steps).
+- **memory**: one row per step per device. On CUDA (only once the job has initialised CUDA;
+  nothing here creates a context): allocated, reserved, active, peak, alloc retries and OOMs
+  from ``torch.cuda.memory_stats()`` of the current device. Always: the process RSS.
+- **metrics**: the user's own scalars from ``probe_agent.log(step=…, loss=…, **scalars)``, so
+  that "loss became NaN at step N" is a query.
+
+Cost
+----
+Per step on the training thread: one ``pread`` of ``/proc/self/statm`` (~2 µs), two small tuple
+appends, and on CUDA one ``memory_stats`` call. ``log()`` appends one tuple per scalar; tensor
+values are converted (``.item()``) on the writer thread, never on the training thread.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from . import Guard
+
+_MIB = 1.0 / (1 << 20)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+BUFFER = 100_000
+
+STEPS = pa.schema([
+    ("rank", pa.int32()), ("step", pa.int64()), ("start_time", pa.float64()),
+    ("end_time", pa.float64()), ("duration", pa.float64()), ("samples", pa.int64()),
+    ("samples_per_s", pa.float64()), ("traced", pa.bool_()),
+])
+MEMORY = pa.schema([
+    ("timestamp", pa.float64()), ("rank", pa.int32()), ("step", pa.int64()),
+    ("device", pa.string()), ("allocated", pa.float64()), ("reserved", pa.float64()),
+    ("active", pa.float64()), ("peak", pa.float64()), ("alloc_retries", pa.int64()),
+    ("ooms", pa.int64()), ("rss", pa.float64()),
+])
+METRICS = pa.schema([
+    ("timestamp", pa.float64()), ("rank", pa.int32()), ("step", pa.int64()),
+    ("name", pa.string()), ("value", pa.float64()),
+])
+
+
+class StepRecorder:
+    """Collector for python.steps / python.memory / python.metrics.
+
+    Args:
+        agent: its StepClock drives the rows; its ``collectors["modules"]`` (the tracer), when
+            present, says which steps were traced and how many samples they saw.
+    """
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.rank = agent.rank
+        self.guard = Guard("step recorder")
+        self.steps: list[tuple[Any, ...]] = []
+        self.memory: list[tuple[Any, ...]] = []
+        self.metrics: list[tuple[Any, ...]] = []
+        self.logged_samples: dict[int, int] = {}
+        self._last_end: float | None = None
+        self._statm: int | None = None
+        self._unsubscribe: Any = None
+        self.sink: Any = None
+
+    # -- collector protocol ------------------------------------------------------------------
+    def start(self, sink: Any) -> None:
+        self.sink = sink
+        try:
+            self._statm = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._statm = None
+        self._unsubscribe = self.agent.stepclock.subscribe(self._on_step, "step recorder")
+        sink.add_flusher(self.flush)
+
+    def stop(self) -> None:
+        try:
+            if self._unsubscribe is not None:
+                self._unsubscribe()
+            self.flush()
+        finally:
+            if self._statm is not None:
+                os.close(self._statm)
+                self._statm = None
+
+    # -- training thread ---------------------------------------------------------------------
+    def rss_mib(self) -> float | None:
+        fd = self._statm
+        if fd is None:
+            return None
+        fields = os.pread(fd, 128, 0).split()
+        return int(fields[1]) * _PAGE * _MIB
+
+    def _on_step(self, step: int, optimizer: Any) -> None:
+        now = time.time()
+        start, self._last_end = self._last_end, now
+        tracer = self.agent.collectors.get("modules")
+        samples = self.logged_samples.pop(step, None)
+        traced = False
+        if tracer is not None:
+            traced = bool(tracer.recording)
+            seen = tracer.pop_samples(step)
+            samples = samples if samples is not None else seen
+        duration = now - start if start is not None else None
+        rate = samples / duration if samples and duration else None
+        if len(self.steps) < BUFFER:
+            self.steps.append((step, start, now, duration, samples, rate, traced))
+        rss = self.rss_mib()
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and cuda.is_initialized():
+            dev = cuda.current_device()
+            s = cuda.memory_stats(dev)
+            row = (now, step, f"cuda:{dev}",
+                   s.get("allocated_bytes.all.current", 0) * _MIB,
+                   s.get("reserved_bytes.all.current", 0) * _MIB,
+                   s.get("active_bytes.all.current", 0) * _MIB,
+                   s.get("allocated_bytes.all.peak", 0) * _MIB,
+                   s.get("num_alloc_retries", 0), s.get("num_ooms", 0), rss)
+        else:
+            row = (now, step, "cpu", None, None, None, None, None, None, rss)
+        if len(self.memory) < BUFFER:
+            self.memory.append(row)
+
+    def log(self, step: int | None, scalars: dict[str, Any]) -> None:
+        """``probe_agent.log``: called on the user's thread; never raises into it."""
+        if not self.guard.enabled:
+            return
+        try:
+            if step is None:
+                step = self.default_step()
+            now = time.time()
+            for name, value in scalars.items():
+                if name == "samples" and isinstance(value, int):
+                    self.logged_samples[step] = self.logged_samples.get(step, 0) + value
+                if hasattr(value, "detach"):
+                    value = value.detach()  # .item() waits for the GPU: the writer does it
+                if len(self.metrics) < BUFFER:
+                    self.metrics.append((now, step, str(name), value))
+        except Exception as e:  # noqa: BLE001 - user thread; counted, never raised
+            self.guard.failed(e)
+
+    def default_step(self) -> int:
+        """The last finished optimizer step (``log`` usually follows ``optimizer.step()``);
+        without an optimizer, the tracer's count of root-model calls."""
+        clock = self.agent.stepclock
+        if clock.seen_step:
+            return int(clock.current_step)
+        tracer = self.agent.collectors.get("modules")
+        return int(getattr(tracer, "step", 0))
+
+    # -- writer thread -----------------------------------------------------------------------
+    def flush(self) -> None:
+        steps, memory, metrics = _drain(self.steps), _drain(self.memory), _drain(self.metrics)
+        rank = self.rank
+        if steps:
+            cols = list(zip(*steps))
+            self.sink.append("python.steps", pa.table(
+                [[rank] * len(steps), *cols], schema=STEPS))
+        if memory:
+            cols = list(zip(*memory))
+            self.sink.append("python.memory", pa.table(
+                [cols[0], [rank] * len(memory), *cols[1:]], schema=MEMORY))
+        if metrics:
+            values = [_number(v) for _, _, _, v in metrics]
+            self.sink.append("python.metrics", pa.table(
+                [[m[0] for m in metrics], [rank] * len(metrics), [m[1] for m in metrics],
+                 [m[2] for m in metrics], values], schema=METRICS))
+
+
+def _drain(buf: list[Any]) -> list[Any]:
+    n = len(buf)
+    out = buf[:n]
+    del buf[:n]
+    return out
+
+
+def _number(value: Any) -> float | None:
+    try:
+        if hasattr(value, "item"):
+            value = value.item()
+        return float(value)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return math.nan
+
+
+def build_recorder(agent: Any) -> StepRecorder:
+    return StepRecorder(agent)

@@ -1,0 +1,259 @@
+"""LoopMonitor: what the training loop does around the model -> ``python.step_stats`` (issue 7).
+
+What gets captured
+------------------
+- **DataLoader wait**: ``torch.utils.data.dataloader._BaseDataLoaderIter.__next__`` is wrapped
+  (a class attribute, so iterators created before the agent armed are covered, whatever name the
+  script imported ``DataLoader`` under). The time spent inside it between two optimizer steps is
+  that step's ``data_wait``; a call that has not returned yet is the live "waiting for a batch
+  since" that ``GET /v1/doctor`` reports (a stuck DataLoader).
+- **Gradient clipping**: ``torch.nn.utils.clip_grad._clip_grads_with_norm_`` is wrapped. It is
+  looked up as a module global by ``clip_grad_norm_`` at every call, so the wrapper sees every
+  ``clip_grad_norm_`` call even when the script bound the function before the agent armed
+  (``from torch.nn.utils import clip_grad_norm_``). It records ``max_norm`` and the total norm
+  that ``clip_grad_norm_`` computed (the norm before clipping; NaN/Inf when a gradient is).
+  Scripts that call ``get_total_norm``/``clip_grads_with_norm_`` themselves are not seen.
+- **Learning rate**: the primary optimizer's first param group's ``lr`` after each step.
+- **Gradient check on request**: ``request_grad_check()`` arms a one-shot check that runs right
+  after the next optimizer step (gradients are complete and clipped then): one
+  ``torch._foreach_norm`` over every gradient of every optimizer seen stepping. The norms are
+  read on the requesting (HTTP) thread, so on CUDA the training thread never waits for them.
+
+Cost
+----
+Per ``__next__``: two ``perf_counter`` calls and two float additions. Per step (StepClock
+subscriber): one tuple append. Per ``clip_grad_norm_``: one attribute store (the norm tensor is
+kept, not read; the writer thread converts it). The grad check costs one pass over the gradients,
+once per request. Nothing here imports torch: wrappers are installed from the writer tick once
+the program has imported the modules.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from . import Guard
+
+BUFFER = 100_000
+
+STEP_STATS = pa.schema([
+    ("timestamp", pa.float64()), ("rank", pa.int32()), ("step", pa.int64()),
+    ("data_wait", pa.float64()), ("batches", pa.int64()), ("lr", pa.float64()),
+    ("grad_norm", pa.float64()), ("clip_max_norm", pa.float64()), ("clip_calls", pa.int64()),
+])
+
+_DL_MODULE = "torch.utils.data.dataloader"
+_CLIP_MODULE = "torch.nn.utils.clip_grad"
+
+
+def _ready(name: str) -> Any:
+    """The module once the program has fully imported it (never imports it ourselves)."""
+    mod = sys.modules.get(name)
+    spec = getattr(mod, "__spec__", None)
+    return None if mod is None or getattr(spec, "_initializing", False) else mod
+
+
+class GradCheck:
+    """One armed gradient check: ``done`` is set after the step that ran it."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.step: int | None = None
+        self.norms: Any = None  # a 1-D tensor of per-parameter grad norms, read by the asker
+        self.params = 0
+        self.without_grad = 0
+        self.error: str | None = None
+
+
+class LoopMonitor:
+    """Collector for python.step_stats and the live loop state of ``GET /v1/doctor``."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.rank = agent.rank
+        self.guard = Guard("training-loop monitor")
+        self.rows: list[tuple[Any, ...]] = []
+        self.sink: Any = None
+        # Accumulated on the training thread since the last step (plain floats: no lock needed,
+        # a torn read only shifts a few µs between two steps).
+        self.data_wait = 0.0
+        self.batches = 0
+        self.waiting_since: float | None = None  # wall clock; a __next__ in progress
+        self.clip_norm: Any = None
+        self.clip_max: float | None = None
+        self.clip_calls = 0
+        self.clip_total = 0
+        self._pending: GradCheck | None = None
+        self._dl_cls: Any = None
+        self._dl_orig: Any = None
+        self._clip_mod: Any = None
+        self._clip_orig: Any = None
+        self._unsubscribe: Any = None
+
+    # -- collector protocol ------------------------------------------------------------------
+    def start(self, sink: Any) -> None:
+        self.sink = sink
+        self._unsubscribe = self.agent.stepclock.subscribe(self._on_step, "loop monitor")
+        self.install()
+        sink.add_flusher(self.flush)
+
+    def stop(self) -> None:
+        try:
+            if self._unsubscribe is not None:
+                self._unsubscribe()
+        finally:
+            if self._dl_cls is not None:
+                self._dl_cls.__next__ = self._dl_orig
+                self._dl_cls = None
+            if self._clip_mod is not None:
+                self._clip_mod._clip_grads_with_norm_ = self._clip_orig
+                self._clip_mod = None
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                pending.error = "the agent stopped"
+                pending.done.set()
+
+    def install(self) -> None:
+        """Wrap what the program has imported so far; cheap once both are wrapped."""
+        if self._dl_cls is None and (dl := _ready(_DL_MODULE)) is not None:
+            cls = dl._BaseDataLoaderIter
+            orig = cls.__dict__["__next__"]
+            monitor = self
+
+            def __next__(it: Any) -> Any:
+                t0 = time.perf_counter()
+                monitor.waiting_since = time.time()
+                try:
+                    return orig(it)
+                finally:
+                    monitor.waiting_since = None
+                    monitor.data_wait += time.perf_counter() - t0
+                    monitor.batches += 1
+
+            __next__.__wrapped__ = orig  # type: ignore[attr-defined]
+            self._dl_orig, self._dl_cls = orig, cls
+            cls.__next__ = __next__
+        if self._clip_mod is None and (cg := _ready(_CLIP_MODULE)) is not None:
+            orig_clip = getattr(cg, "_clip_grads_with_norm_", None)
+            if orig_clip is not None:
+                monitor = self
+
+                def _clip_grads_with_norm_(parameters: Any, max_norm: Any, total_norm: Any,
+                                           *args: Any, **kwargs: Any) -> Any:
+                    monitor.clip_norm, monitor.clip_max = total_norm, max_norm
+                    monitor.clip_calls += 1
+                    return orig_clip(parameters, max_norm, total_norm, *args, **kwargs)
+
+                _clip_grads_with_norm_.__wrapped__ = orig_clip  # type: ignore[attr-defined]
+                self._clip_orig, self._clip_mod = orig_clip, cg
+                cg._clip_grads_with_norm_ = _clip_grads_with_norm_
+
+    # -- training thread ---------------------------------------------------------------------
+    def _on_step(self, step: int, optimizer: Any) -> None:
+        groups = getattr(optimizer, "param_groups", None) or [{}]
+        row = (time.time(), step, self.data_wait, self.batches, groups[0].get("lr"),
+               self.clip_norm, self.clip_max, self.clip_calls)
+        self.data_wait, self.batches = 0.0, 0
+        self.clip_total += self.clip_calls
+        self.clip_norm, self.clip_max, self.clip_calls = None, None, 0
+        if len(self.rows) < BUFFER:
+            self.rows.append(row)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._check_grads(step, pending)
+
+    def _check_grads(self, step: int, check: GradCheck) -> None:
+        torch = sys.modules["torch"]
+        try:
+            params = [p for o in self.agent.stepclock.optimizers()
+                      for g in o.param_groups for p in g["params"]]
+            grads = [p.grad for p in params if p.grad is not None]
+            check.params, check.without_grad = len(params), len(params) - len(grads)
+            if grads:
+                with torch.no_grad():
+                    check.norms = torch.stack(
+                        [n.float() for n in torch._foreach_norm(grads)]).detach()
+        except Exception as e:  # noqa: BLE001 - reported to the asker, never to training
+            check.error = f"{type(e).__name__}: {e}"
+        finally:
+            check.step = step
+            check.done.set()
+
+    # -- HTTP threads ------------------------------------------------------------------------
+    def request_grad_check(self, wait_s: float) -> dict[str, Any]:
+        """Arm a gradient check for the next step and wait up to ``wait_s`` for it."""
+        check = self._pending or GradCheck()
+        self._pending = check
+        if not check.done.wait(wait_s):
+            return {"checked": False,
+                    "reason": f"no optimizer step within {wait_s:g} s (is the rank stuck?)"}
+        if check.error:
+            return {"checked": False, "step": check.step, "reason": check.error}
+        norms = [] if check.norms is None else [float(x) for x in check.norms.cpu().tolist()]
+        bad = sum(1 for x in norms if not math.isfinite(x))
+        finite = [x for x in norms if math.isfinite(x)]
+        return {"checked": True, "step": check.step, "params": check.params,
+                "without_grad": check.without_grad, "nonfinite": bad,
+                "norm": math.sqrt(sum(x * x for x in finite)) if finite else None}
+
+    def state(self) -> dict[str, Any]:
+        since = self.waiting_since
+        return {
+            "dataloader_wrapped": self._dl_cls is not None,
+            "clip_wrapped": self._clip_mod is not None,
+            "data_waiting_s": round(time.time() - since, 3) if since is not None else None,
+            "clip_calls_total": self.clip_total + self.clip_calls,
+        }
+
+    # -- writer thread -----------------------------------------------------------------------
+    def flush(self) -> None:
+        self.install()
+        n = len(self.rows)
+        if not n:
+            return
+        rows, self.rows[:n] = self.rows[:n], []
+        cols = list(zip(*rows))
+        self.sink.append("python.step_stats", pa.table([
+            cols[0], [self.rank] * n, cols[1], cols[2], cols[3], [_number(v) for v in cols[4]],
+            [_number(v) for v in cols[5]], [_number(v) for v in cols[6]], cols[7],
+        ], schema=STEP_STATS))
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return math.nan
+
+
+def optimizer_state(optimizers: list[Any]) -> list[dict[str, Any]]:
+    """Every optimizer's class and its param groups' scalar settings (lr, momentum, ...)."""
+    out = []
+    for i, opt in enumerate(optimizers):
+        groups = []
+        for g in getattr(opt, "param_groups", ()):
+            settings: dict[str, Any] = {"params": len(g.get("params", ()))}
+            for k, v in g.items():
+                if k == "params":
+                    continue
+                v = v.item() if hasattr(v, "item") and getattr(v, "numel", lambda: 2)() == 1 \
+                    else v
+                if isinstance(v, (bool, int, float, str)) or v is None:
+                    settings[k] = v
+                elif isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v):
+                    settings[k] = list(v)
+            groups.append(settings)
+        out.append({"index": i, "class": type(opt).__name__, "groups": groups})
+    return out
+
+
+def build_monitor(agent: Any) -> LoopMonitor:
+    return LoopMonitor(agent)

@@ -1,0 +1,75 @@
+"""Doctor routes (issue 7): the live training-loop state `probe doctor` needs, eval-free.
+
+``GET /v1/doctor`` answers without touching the training thread: the step clock, a DataLoader
+wait in progress, the optimizers' param-group settings (lr, momentum, weight decay, ...) and, on
+CUDA, the total memory of the devices in use. ``POST /v1/doctor/grads`` arms a one-shot
+gradient check at the next optimizer step (see ``collectors/trainloop.py``) and waits for it.
+Neither runs user code, so both work where eval is refused (off loopback without a token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+
+from ..collectors.trainloop import optimizer_state
+from ..store import jsonable
+
+router = APIRouter(prefix="/v1")
+
+
+def _cuda_totals() -> dict[str, float]:
+    """MiB of each device this process has touched; never creates a CUDA context."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return {}
+    out = {}
+    for i in range(cuda.device_count()):
+        # get_device_properties reads cached properties: no context, no synchronisation.
+        out[f"cuda:{i}"] = round(cuda.get_device_properties(i).total_memory / 2**20, 1)
+    return out
+
+
+def _state(agent: Any) -> dict[str, Any]:
+    monitor = agent.collectors.get("trainloop")
+    clock = agent.stepclock
+    clock.poll()
+    return jsonable({
+        "ok": True,
+        "rank": agent.rank,
+        "now": time.time(),
+        "clock": clock.state(),
+        "loop": monitor.state() if monitor is not None else None,
+        "optimizers": optimizer_state(clock.optimizers()),
+        "cuda_total_mib": _cuda_totals(),
+    })
+
+
+@router.get("/doctor")
+async def doctor(request: Request) -> dict[str, Any]:
+    """This rank's training-loop state for `probe doctor` (no user code runs)."""
+    agent = request.app.state.agent
+    return await asyncio.get_running_loop().run_in_executor(agent.query_pool, _state, agent)
+
+
+@router.post("/doctor/grads")
+async def grads(
+    request: Request,
+    wait: float = Query(2.0, ge=0, le=30, description="seconds to wait for the next step"),
+) -> dict[str, Any]:
+    """Check every gradient for NaN/Inf right after the next optimizer step: ``checked``,
+    ``step``, ``params``, ``without_grad``, ``nonfinite`` (parameters whose gradient has a NaN
+    or Inf), ``norm`` (total norm of the finite ones); or ``checked: false`` and ``reason``."""
+    agent = request.app.state.agent
+    monitor = agent.collectors.get("trainloop")
+    if monitor is None:
+        body: dict[str, Any] = {"checked": False, "reason": "the loop monitor is not running"}
+    else:
+        body = await asyncio.get_running_loop().run_in_executor(
+            agent.query_pool, monitor.request_grad_check, wait)
+    return jsonable({"ok": True, "rank": agent.rank, **body})

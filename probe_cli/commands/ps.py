@@ -1,0 +1,131 @@
+"""`probe ps`: local Python processes with an agent, dead ranks still reported by their
+watchdog, and the Python processes `probe inject` could attach to."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import click
+
+from ..outcome import Outcome
+from ..render import format_table
+from ..session import Session
+from ..targets import default_run_dir
+from . import pass_session
+from ._local import ask_socket, run_dir_of
+
+_PY = re.compile(r"(?:^|/)(?:lib)?python(3\.\d+)(t?)(?:\.so|$)")
+COLUMNS = ("PID", "AGENT", "RANK", "PYTHON", "ADDRESS", "COMMAND")
+
+
+def python_version(pid: int) -> str | None:
+    """``3.11`` from the executable or libpython mapping; None when not a Python process."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    m = _PY.search(exe)
+    if m:
+        return m.group(1) + m.group(2)
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                if "libpython3" in line:
+                    m = _PY.search(line.split()[-1])
+                    if m:
+                        return m.group(1) + m.group(2)
+    except OSError:
+        return None
+    return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return " ".join(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
+    except OSError:
+        return "?"
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            value = json.load(f)
+        return value if isinstance(value, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _injectable(version: str | None) -> bool:
+    if not version or version.endswith("t"):
+        return False
+    major, minor = (int(x) for x in version.split("."))
+    return (major, minor) >= (3, 11)
+
+
+def list_processes(run_dir: str) -> list[dict]:
+    """One dict per process: pid, agent (answering | dead: ... | stale | injectable | no),
+    rank, python, address, command."""
+    me, uid = os.getpid(), os.geteuid()
+    rows: dict[int, dict] = {}
+    names = os.listdir(run_dir) if os.path.isdir(run_dir) else []
+    for name in names:
+        if name.endswith(".watchdog.json"):
+            rec = _read_json(os.path.join(run_dir, name))
+            if rec.get("state") == "dead" and isinstance(rec.get("pid"), int):
+                e = rec.get("exit") or {}
+                sock = os.path.join(run_dir, f"{rec['pid']}.sock")
+                rows[rec["pid"]] = {"pid": rec["pid"], "agent": f"dead: {e.get('description')}",
+                                    "rank": rec.get("rank"), "python": None,
+                                    "address": f"unix:{sock}",
+                                    "command": "(exited; its watchdog reports it)"}
+    for name in names:
+        stem = name.removesuffix(".sock")
+        if not name.endswith(".sock") or not stem.isdigit() or int(stem) in rows:
+            continue
+        pid = int(stem)
+        info = _read_json(os.path.join(run_dir, f"{pid}.json"))
+        body = ask_socket(os.path.join(run_dir, name))
+        alive = isinstance(body, dict) and body.get("ok") is True
+        rows[pid] = {"pid": pid, "agent": "answering" if alive else "stale socket",
+                     "rank": info.get("rank"), "python": info.get("python"),
+                     "address": info.get("url") or f"unix:{os.path.join(run_dir, name)}",
+                     "command": _cmdline(pid)}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in rows or int(entry) == me:
+            continue
+        pid = int(entry)
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid and uid != 0:
+                continue
+        except OSError:
+            continue
+        version = python_version(pid)
+        if version is None or "probe_agent.watchdog" in _cmdline(pid):
+            continue  # not Python, or a watchdog (it is listed under its rank)
+        rows[pid] = {"pid": pid, "agent": "injectable" if _injectable(version) else "no",
+                     "rank": None, "python": version, "address": None, "command": _cmdline(pid)}
+    order = {"answering": 0, "stale socket": 2, "injectable": 3, "no": 4}
+    return sorted(rows.values(), key=lambda r: (order.get(r["agent"], 1), r["pid"]))
+
+
+@click.command("ps")
+@pass_session
+def command(session: Session) -> Outcome:
+    """Local Python processes: with an agent (answering, or dead and reported by its watchdog),
+    and those `probe inject PID` can attach to (yours, Python 3.11+)."""
+    run_dir = run_dir_of(click.get_current_context()) or default_run_dir()
+    rows = list_processes(run_dir)
+    out = Outcome()
+    if session.output == "json":
+        out.stdout.append(json.dumps(rows))
+        return out
+    table = [[r["pid"], r["agent"], "-" if r["rank"] is None else r["rank"], r["python"] or "-",
+              r["address"] or "",
+              r["command"][:60]] for r in rows]
+    out.stdout.extend(format_table(COLUMNS, table, colour=session.colour))
+    if not rows:
+        out.stderr.append("probe: no Python processes of yours found")
+    return out

@@ -1,0 +1,125 @@
+"""Backtrace that always answers: a rank whose GIL is held by a C call (issue 5).
+
+Real processes: ``tests/programs/gil_holder.py`` with its agent and watchdog; a C library
+compiled here; py-spy (or faulthandler) reading the stacks from outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.procs import kill_all, require_pyspy, spawn, spin_library, wait_json
+from tests.support import wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def gil_rank(tmp_path: Path):
+    """``start(reader)`` -> (info, go_file, done_file); killed (with its watchdog) at teardown."""
+    procs = []
+
+    def start(reader: str = "auto", spin_s: float = 4.0):
+        lib = spin_library(tmp_path)
+        ready, go, done = tmp_path / "ready.json", tmp_path / "go", tmp_path / "done"
+        proc = spawn("gil_holder.py", ["--lib", lib, "--ready-file", str(ready), "--go-file",
+                                       str(go), "--done-file", str(done), "--spin-s", str(spin_s)],
+                     tmp_path / "run", PROBE_WATCHDOG="1", PROBE_WATCHDOG_READER=reader,
+                     PROBE_WATCHDOG_GRACE_S="5")
+        procs.append(proc)
+        return wait_json(ready, proc), go, done
+
+    yield start
+    for proc in procs:
+        kill_all(proc, tmp_path / "run")
+
+
+def _timed_get(client: httpx.Client, path: str, **params: int) -> tuple[dict, float]:
+    t0 = time.monotonic()
+    body = client.get(path, params=params).json()
+    return body, time.monotonic() - t0
+
+
+def _main(body: dict) -> dict:
+    return next(t for t in body["threads"] if t["is_main"])
+
+
+def test_gil_held_backtrace_answers_out_of_process_then_in_process_again(gil_rank, capsys):
+    require_pyspy()
+    info, go, done = gil_rank(spin_s=5.0)
+    with httpx.Client(base_url=info["url"], timeout=10) as client:
+        # GIVEN the main thread waits in time.sleep: the in-process route answers, with locals
+        body, _ = _timed_get(client, "/v1/backtrace", locals=1)
+        assert body["source"] == "in-process", body
+        waiting = _main(body)["frames"]
+        assert waiting[0]["func"] == "waiting_room"  # time.sleep is C: no frame of its own
+        assert "waiting-for-go" in waiting[0]["locals"]["marker"]
+
+        # WHEN the main thread enters a C call that holds the GIL
+        go.touch()
+        wait_until(lambda: not go.exists(), 10, "the program did not take the go file")
+
+        # THEN backtrace answers within 2 s, from outside, naming the GIL holder
+        def out_of_process() -> dict | None:
+            b, took = _timed_get(client, "/v1/backtrace")
+            assert took <= 2.0, f"backtrace took {took:.2f} s"
+            return b if b["source"] == "out-of-process" else None
+
+        body = wait_until(out_of_process, 4, "backtrace never came from the watchdog")
+        main = _main(body)
+        assert body["route"] == "py-spy"
+        assert body["gil_holder"] == main["thread_id"] and body["gil_held"] is True
+        assert [f["func"] for f in main["frames"][:3]] == ["spin_in_c", "hold_gil", "main"]
+        assert "GIL" in body["reason"]
+
+        # AND other routes say the rank's Python is not answering, at once
+        q, took = _timed_get(client, "/v1/info")
+        assert q["status"] == 504 and "GIL" in q["error"] and took <= 2.0, q
+
+        # AND stuck requests do not exhaust anything: 16 evals in flight, backtrace still quick
+        async def flood() -> list[int]:
+            async with httpx.AsyncClient(base_url=info["url"], timeout=10) as ac:
+                rs = await asyncio.gather(*(ac.post("/v1/eval", json={"code": "1"})
+                                            for _ in range(16)))
+                return [r.status_code for r in rs]
+
+        assert set(asyncio.run(flood())) <= {200, 504}
+        body, took = _timed_get(client, "/v1/backtrace")
+        assert took <= 2.0 and body["ok"], body
+
+        # AND the CLI shows it, saying where the answer came from
+        from probe_cli.main import main as probe_main
+
+        host_port = info["url"].removeprefix("http://")
+        capsys.readouterr()
+        assert probe_main(["-t", host_port, "backtrace"]) == 0
+        out = capsys.readouterr().out
+        if "out-of-process" in out:  # the C call may just have ended
+            assert "via py-spy; GIL held by thread" in out and "spin_in_c" in out
+
+        # WHEN the C call returns, THEN the in-process route answers again
+        wait_until(done.exists, 15, "the C call never returned")
+        body = wait_until(
+            lambda: (b := client.get("/v1/backtrace").json())["source"] == "in-process" and b,
+            5, "the in-process route did not come back")
+        assert body["route"] == "sys._current_frames"
+
+
+def test_without_ptrace_the_faulthandler_route_answers(gil_rank):
+    """PROBE_WATCHDOG_READER=faulthandler is what a container without SYS_PTRACE gets."""
+    info, go, _ = gil_rank(reader="faulthandler", spin_s=3.0)
+    with httpx.Client(base_url=info["url"], timeout=10) as client:
+        go.touch()
+        wait_until(lambda: not go.exists(), 10, "the program did not take the go file")
+        body = wait_until(
+            lambda: (b := client.get("/v1/backtrace").json())["source"] == "out-of-process" and b,
+            4, "backtrace never came from the watchdog")
+    assert body["route"] == "faulthandler" and body["gil_holder"] is None
+    assert "PROBE_WATCHDOG_READER=faulthandler" in body["reason"]
+    funcs = [f["func"] for f in _main(body)["frames"]]
+    assert funcs[:2] == ["spin_in_c", "hold_gil"], funcs

@@ -1,0 +1,59 @@
+"""A rank whose main thread, on cue, spins inside a C function that holds the GIL.
+
+It waits in ``waiting_room`` (time.sleep, with a recognisable local) until ``--go-file``
+exists, then calls ``hold_gil`` -> ``spin_in_c`` -> the C ``spin(seconds)`` loaded with
+``ctypes.PyDLL`` (PyDLL keeps the GIL during the call), then waits again. Each return from the
+C call appends a line to ``--done-file``. The agent is started with ``probe_agent.start()``
+(configured from PROBE_* variables); readiness is ``--ready-file`` ({pid, url, unix_socket}).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import time
+
+
+def spin_in_c(lib: ctypes.PyDLL, seconds: float) -> float:
+    return lib.spin(seconds)
+
+
+def hold_gil(lib: ctypes.PyDLL, seconds: float) -> float:
+    return spin_in_c(lib, seconds)
+
+
+def waiting_room(go_file: str) -> None:
+    marker = "waiting-for-go"  # noqa: F841 - the test reads it back from the locals
+    while not os.path.exists(go_file):
+        time.sleep(0.02)
+    os.unlink(go_file)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--lib", required=True)
+    p.add_argument("--ready-file", required=True)
+    p.add_argument("--go-file", required=True)
+    p.add_argument("--done-file", required=True)
+    p.add_argument("--spin-s", type=float, default=4.0)
+    args = p.parse_args()
+    lib = ctypes.PyDLL(args.lib)
+    lib.spin.restype, lib.spin.argtypes = ctypes.c_double, [ctypes.c_double]
+    import probe_agent
+
+    agent = probe_agent.start()
+    tmp = args.ready_file + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"pid": os.getpid(), "url": agent.url, "unix_socket": agent.unix_path}, f)
+    os.replace(tmp, args.ready_file)
+    while True:
+        waiting_room(args.go_file)
+        hold_gil(lib, args.spin_s)
+        with open(args.done_file, "a") as f:
+            f.write(f"{time.time()}\n")
+
+
+if __name__ == "__main__":
+    main()
