@@ -13,6 +13,7 @@ Exit codes (``probe``'s whole contract with shell scripts)::
     1  EXIT_FAILURE  nothing usable: no rank answered ok (bad SQL everywhere, none reachable)
     2  EXIT_USAGE    usage error: bad option, bad target, a --rank not in the job (click's own 2)
     3  EXIT_PARTIAL  some ranks failed or stayed silent, others answered; results still printed
+    4  EXIT_FINDING  a diagnosis (hang, straggler, doctor) found a problem; the verdict names it
 
 Hierarchy::
 
@@ -37,6 +38,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_PARTIAL = 3
+EXIT_FINDING = 4
 
 
 class ProbeCLIError(Exception):

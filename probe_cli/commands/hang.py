@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from ..client import ProbeClient
-from ..errors import AgentUnreachableError
+from ..errors import EXIT_FINDING, AgentUnreachableError
 from ..fanout import RankTarget, fan_out, resolve_ranks
 from ..hang import RankState, Verdict, diagnose, render_verdict
 from ..outcome import Outcome
@@ -21,7 +21,7 @@ from ..session import Session
 from . import pass_session
 
 #: Exit code when the diagnosis found a problem: a hang, a failed collective, a silent rank.
-EXIT_PROBLEM = 4
+EXIT_PROBLEM = EXIT_FINDING
 
 #: Recent collectives asked of each rank: enough to see the last done and every pending one.
 RECENT = 64

@@ -1,6 +1,6 @@
 -- name: memory_by_module
 -- description: CUDA memory per module over the last $steps traced steps (MiB): the most allocated when a forward call ended and when its backward started, the allocator peak, and the most reserved (cached). All zero on CPU; use memory_growth there.
--- params: steps=5, limit=15
+-- params: steps, limit
 WITH recent AS (
     SELECT rank, step FROM (SELECT DISTINCT rank, step FROM python.torch_trace)
     QUALIFY row_number() OVER (PARTITION BY rank ORDER BY step DESC) <= $steps

@@ -1,6 +1,6 @@
 -- name: memory_growth
 -- description: Memory growth per step over the last $steps steps of each rank and device: RSS (always) and CUDA allocated/reserved (MiB), first and last value, growth per step, peak, alloc retries and OOMs. A steady positive growth per step is a leak.
--- params: steps=50
+-- params: steps
 WITH m AS (
     SELECT * FROM python.memory
     QUALIFY row_number() OVER (PARTITION BY rank, device ORDER BY step DESC) <= $steps

@@ -1,6 +1,6 @@
 -- name: slow_modules
 -- description: Slowest modules over the last $steps traced steps of each rank, by self time (a module's time minus the time of the calls nested in it), forward against backward, per step. The optimizer step appears as its class (stage 'step'). Activation-checkpoint recompute calls are left out.
--- params: steps=20, limit=15
+-- params: steps, limit
 WITH recent AS (
     SELECT rank, step FROM (SELECT DISTINCT rank, step FROM python.torch_trace)
     QUALIFY row_number() OVER (PARTITION BY rank ORDER BY step DESC) <= $steps

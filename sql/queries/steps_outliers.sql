@@ -1,6 +1,6 @@
 -- name: steps_outliers
 -- description: Steps among the last $steps of each rank that took more than $factor times that rank's median step time, slowest first, with whether they were traced (then `probe slow` or the timeline shows where the time went).
--- params: steps=100, factor=2.0, limit=20
+-- params: steps, factor, limit
 WITH s AS (
     SELECT * FROM python.steps WHERE duration IS NOT NULL
     QUALIFY row_number() OVER (PARTITION BY rank ORDER BY step DESC) <= $steps

@@ -1,6 +1,6 @@
 -- name: steps_trend
 -- description: Step time over the last $steps steps of each rank: median, p90 and max (ms), the median of the older half against the newer half (trend_pct > 0: getting slower), samples/s, and how many steps took more than 2x the median.
--- params: steps=100
+-- params: steps
 WITH s AS (
     SELECT *, row_number() OVER (PARTITION BY rank ORDER BY step DESC) AS age
     FROM python.steps WHERE duration IS NOT NULL

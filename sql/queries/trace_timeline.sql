@@ -1,6 +1,6 @@
 -- name: trace_timeline
 -- description: Every row of the last $steps traced steps of each rank, in time order (what `probe trace --perfetto` draws). Recompute calls are included and flagged.
--- params: steps=3
+-- params: steps
 WITH recent AS (
     SELECT rank, step FROM (SELECT DISTINCT rank, step FROM python.torch_trace)
     QUALIFY row_number() OVER (PARTITION BY rank ORDER BY step DESC) <= $steps

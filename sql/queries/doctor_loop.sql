@@ -1,0 +1,25 @@
+-- name: doctor_loop
+-- description: This rank's training loop over its last $last_steps steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window, how often clip_grad_norm_ ran and clipped, the median gradient norm before clipping, and non-finite gradient norms (first and last step). `probe doctor` reads it.
+-- params: last_steps
+WITH s AS (
+    SELECT step, timestamp, data_wait, lr, grad_norm, clip_max_norm, clip_calls,
+           timestamp - lag(timestamp) OVER (ORDER BY step) AS step_s
+    FROM python.step_stats
+    WHERE step > (SELECT max(step) FROM python.step_stats) - $last_steps - 1
+)
+SELECT count(step_s)                                                   AS steps,
+       max(step)                                                       AS last_step,
+       round(median(step_s) * 1e3, 3)                                  AS step_ms,
+       round(sum(data_wait) FILTER (WHERE step_s IS NOT NULL)
+             / nullif(sum(step_s), 0), 4)                              AS data_wait_share,
+       round(median(data_wait) FILTER (WHERE step_s IS NOT NULL) * 1e3, 3) AS data_wait_ms,
+       arg_min(lr, step)                                               AS lr_first,
+       arg_max(lr, step)                                               AS lr_last,
+       count(*) FILTER (WHERE clip_calls > 0 AND step_s IS NOT NULL)   AS clip_steps,
+       count(*) FILTER (WHERE grad_norm > clip_max_norm AND step_s IS NOT NULL) AS clipped_steps,
+       max(clip_max_norm)                                              AS clip_max_norm,
+       median(grad_norm) FILTER (WHERE isfinite(grad_norm))            AS grad_norm_median,
+       count(*) FILTER (WHERE NOT isfinite(grad_norm))                 AS nonfinite_grad_steps,
+       min(step) FILTER (WHERE NOT isfinite(grad_norm))                AS first_nonfinite_step,
+       max(step) FILTER (WHERE NOT isfinite(grad_norm))                AS last_nonfinite_step
+FROM s;
