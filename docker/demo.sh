@@ -24,7 +24,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "==> starting: probe launch --port $PORT -- torchrun --nproc-per-node=2 docker/demo_train.py"
-setsid probe launch --port "$PORT" --run-dir "$WORK/run" -- \
+PROBE_RUN_DIR="$WORK/run" setsid probe launch --port "$PORT" -- \
     python -m torch.distributed.run --nproc-per-node=2 --rdzv-backend=c10d \
     --rdzv-endpoint=localhost:0 docker/demo_train.py --stop-file "$STOP" \
     >"$WORK/job.log" 2>&1 &
@@ -32,8 +32,8 @@ JOB=$!
 
 echo "==> waiting for both ranks to answer"
 for _ in $(seq 300); do
-    if probe -t "127.0.0.1:$PORT" --timeout 2 query "SELECT max(step) AS s FROM python.steps" \
-        --json 2>/dev/null | python -c 'import json,sys; b=json.load(sys.stdin); sys.exit(0 if len(b)==2 and all(r["ok"] and (r["rows"][0][0] or 0) >= 20 for r in b) else 1)'; then
+    if probe -t "127.0.0.1:$PORT" --timeout 2 --json eval "trainer.current_step" 2>/dev/null \
+        | python -c 'import json,sys; b=json.load(sys.stdin); sys.exit(0 if len(b)==2 and all(r["ok"] and int(r["result"]) >= 30 for r in b) else 1)'; then
         break
     fi
     sleep 0.2

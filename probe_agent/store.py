@@ -346,8 +346,13 @@ class Store:
 
 
 def one_line(e: Exception) -> str:
-    """DuckDB's message without the multi-line caret excerpt of the query."""
-    return str(e).split("\n\nLINE")[0].split("\nLINE ")[0].strip()
+    """DuckDB's message up to the query excerpt or an embedded traceback, on one line."""
+    kept = []
+    for line in str(e).splitlines():
+        if not line.strip() or line.startswith(("LINE ", "Traceback")):
+            break
+        kept.append(line.strip())
+    return " ".join(kept) or type(e).__name__
 
 
 def jsonable(value: Any) -> Any:

@@ -85,7 +85,7 @@ def cli(
     where ENDPOINT is HOST:PORT, a URL or a local PID.
 
     Exit codes: 0 every rank answered, 1 nothing usable, 2 usage error, 3 partial (the
-    failed or silent ranks are listed on stderr).
+    failed or silent ranks are listed on stderr), 4 a diagnosis found a problem.
     """
     if no_color:
         os.environ["NO_COLOR"] = "1"

@@ -281,6 +281,10 @@ class Proxy:
         for t in threads:
             if isinstance(t.get("thread_id"), int) and t.get("thread_name"):
                 self.reader.names.setdefault(t["thread_id"], t["thread_name"])
+        holder = next((t for t in threads if t.get("thread_id") == res.get("gil_holder")), None)
+        if res.get("gil_holder") is not None and "GIL" not in reason:
+            name = f" ({holder['thread_name']})" if holder else ""
+            reason = f"{reason}; the GIL is held by thread {res['gil_holder']}{name}"
         if res.get("note"):
             reason = f"{reason}; route faulthandler because {res['note']}"
         hb = self.rank.heartbeat()

@@ -20,12 +20,16 @@ import asyncio
 import json
 import os
 import re
+import sys
 import time
 from typing import Any
 
 PYSPY_TIMEOUT_S = 5.0
 PYSPY_NATIVE_TIMEOUT_S = 20.0
 DUMP_WAIT_S = 1.0
+#: After ptrace was refused, py-spy is tried again this much later (another tracer may have
+#: been attached at that moment: gdb, a user's py-spy).
+RETRY_PTRACE_S = 30.0
 AGENT_PREFIX = "probe-agent"
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
@@ -130,7 +134,11 @@ class StackReader:
         self.dump_signal = dump_signal
         self.names: dict[int, str] = {}
         self.ptrace_refused: str | None = None
-        self._pyspy_slots = asyncio.Semaphore(2)
+        self._refused_at = 0.0
+        # One py-spy at a time: two tracers on one process refuse each other (EPERM), and a
+        # second dump taken at the same moment tells nothing new.
+        self._pyspy_slots = asyncio.Semaphore(1)
+        self._recent: tuple[float, tuple[bool, bool], dict[str, Any]] | None = None
         self._dump_lock = asyncio.Lock()
 
     def pyspy_unusable(self) -> str | None:
@@ -139,6 +147,8 @@ class StackReader:
             return "PROBE_WATCHDOG_READER=faulthandler"
         if not self.pyspy:
             return "py-spy is not installed (pip install 'probe[watchdog]')"
+        if self.ptrace_refused and time.monotonic() - self._refused_at > RETRY_PTRACE_S:
+            self.ptrace_refused = None  # capabilities rarely change, but another tracer leaves
         return self.ptrace_refused
 
     async def read(self, *, locals: bool = False, native: bool = False) -> dict[str, Any]:
@@ -148,14 +158,15 @@ class StackReader:
             try:
                 return await self.read_pyspy(locals=locals, native=native)
             except PermissionError as e:
-                self.ptrace_refused = str(e)
+                self.ptrace_refused, self._refused_at = str(e), time.monotonic()
                 why_not = str(e)
                 if self.mode == "py-spy":
                     raise ReadError(why_not) from None
-            except ReadError:
+            except ReadError as e:
                 if self.mode == "py-spy" or self.dump_signal is None:
                     raise
-                why_not = "py-spy failed"
+                why_not = str(e)
+            print(f"probe watchdog: py-spy not used: {why_not}", file=sys.stderr, flush=True)
         if self.dump_signal is None:
             raise ReadError(f"{why_not}, and the rank has no faulthandler dump signal")
         out = await self.read_faulthandler()
@@ -171,6 +182,9 @@ class StackReader:
             cmd.append("--native")
         limit = PYSPY_NATIVE_TIMEOUT_S if native else PYSPY_TIMEOUT_S
         async with self._pyspy_slots:
+            recent = self._recent
+            if recent and recent[1] == (locals, native) and time.monotonic() - recent[0] < 0.1:
+                return recent[2]  # requests queued behind one dump share it
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
@@ -194,7 +208,9 @@ class StackReader:
             raise ReadError("py-spy printed no JSON") from None
         threads = [thread_from_pyspy(t, self.pid) for t in raw if isinstance(t, dict)]
         gil = next((t["thread_id"] for t in threads if t["owns_gil"]), None)
-        return {"route": "py-spy", "threads": threads, "gil_holder": gil}
+        result = {"route": "py-spy", "threads": threads, "gil_holder": gil}
+        self._recent = (time.monotonic(), (locals, native), result)
+        return result
 
     async def read_faulthandler(self) -> dict[str, Any]:
         assert self.dump_signal is not None

@@ -1,0 +1,55 @@
+"""Trace routes (issue 3): read and change the torch tracing mode at run time.
+
+``GET /v1/trace`` -> the tracer's state; ``POST /v1/trace {"mode": "on"|"off"|"every:N"}`` sets
+the mode. With an optimizer the new mode takes effect at the next step boundary (a step is never
+half traced); before the first optimizer step it takes effect at once. The timeline export
+(`probe trace --perfetto`) is built by the CLI from the ``trace_timeline`` canned query.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+
+from ..errors import ConflictError, QueryError
+
+router = APIRouter(prefix="/v1")
+
+
+class TraceRequest(BaseModel):
+    mode: str = Field(
+        pattern=r"^(on|off|every:[1-9][0-9]*)$",
+        description="on (every module, every step), off, or every:N (every module on steps "
+        "whose number is a multiple of N)",
+        examples=["every:10"],
+    )
+
+
+def _tracer(request: Request) -> Any:
+    agent = request.app.state.agent
+    tracer = agent.collectors.get("modules")
+    if tracer is None:
+        raise ConflictError(
+            "torch tracing is not running in this agent (see the agent's log for why)"
+        )
+    return agent, tracer
+
+
+@router.get("/trace")
+async def get_trace(request: Request) -> dict[str, Any]:
+    """The tracing mode, whether the current step is traced, and failure counts."""
+    agent, tracer = _tracer(request)
+    return {"ok": True, "rank": agent.rank, **tracer.state()}
+
+
+@router.post("/trace")
+async def set_trace(request: Request, body: TraceRequest) -> dict[str, Any]:
+    """Change the tracing mode (takes effect at the next optimizer step boundary)."""
+    agent, tracer = _tracer(request)
+    try:
+        state = tracer.set_mode(body.mode)
+    except ValueError as e:
+        raise QueryError(str(e)) from None
+    return {"ok": True, "rank": agent.rank, **state}

@@ -1,0 +1,28 @@
+"""`probe slow`: the slowest modules over the last K traced steps, forward against backward."""
+
+from __future__ import annotations
+
+import click
+
+from ..outcome import Outcome
+from ..session import Session
+from . import pass_session
+from ._canned import canned_outcome
+
+
+@click.command("slow")
+@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Look at the last K traced steps of each rank.")
+@click.option("--limit", type=click.IntRange(min=1), default=15, show_default=True,
+              help="Modules shown per rank.")
+@pass_session
+def command(session: Session, steps: int, limit: int) -> Outcome:
+    """Slowest modules of every rank, by self time per step (time not spent in nested modules),
+    split into forward and backward; the optimizer step shows as its class. pct is the share
+    of all traced self time. From python.torch_trace (canned query slow_modules)."""
+    return canned_outcome(
+        session, "slow_modules",
+        "no traced steps (the agent traces every 10th step by default; `probe trace on` traces "
+        "every step from the next one)",
+        steps=steps, limit=limit,
+    )

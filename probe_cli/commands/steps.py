@@ -1,0 +1,52 @@
+"""`probe steps`: step-time trend per rank, then the outlier steps."""
+
+from __future__ import annotations
+
+import click
+
+from ..fanout import fan_out, resolve_ranks
+from ..outcome import Outcome, finish
+from ..render import render_query_table
+from ..result import RankResult
+from ..session import Session
+from . import pass_session
+
+TREND, OUTLIERS = "steps_trend", "steps_outliers"
+
+
+@click.command("steps")
+@click.option("--steps", type=click.IntRange(min=2), default=100, show_default=True,
+              help="Look at the last K steps of each rank.")
+@click.option("--factor", type=click.FloatRange(min=1.0), default=2.0, show_default=True,
+              help="A step slower than FACTOR x its rank's median step time is an outlier.")
+@click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Outlier steps shown per rank.")
+@pass_session
+def command(session: Session, steps: int, factor: float, limit: int) -> Outcome:
+    """Step time of every rank over the last K steps: median, p90, max, whether it is getting
+    slower (trend_pct: newer half against older half) and samples/s; then the outlier steps,
+    slowest first, and whether they were traced. From python.steps."""
+
+    def both(client, _target):  # type: ignore[no-untyped-def]
+        trend = client.request("POST", f"/v1/queries/{TREND}", json={"params": {"steps": steps}})
+        outliers = client.request("POST", f"/v1/queries/{OUTLIERS}", json={
+            "params": {"steps": steps, "factor": factor, "limit": limit}})
+        return {"ok": True, "rank": trend.get("rank"), "trend": trend, "outliers": outliers}
+
+    results = fan_out(session, resolve_ranks(session), both)
+
+    def render(ok: list[RankResult]) -> list[str]:
+        lines = render_query_table([_part(r, "trend") for r in ok], session.colour)
+        out = [_part(r, "outliers") for r in ok]
+        if any((r.data or {}).get("rows") for r in out):
+            lines += ["", f"Outlier steps (> {factor:g}x the rank's median):"]
+            lines += render_query_table(out, session.colour)
+        else:
+            lines += ["", f"No outlier steps (> {factor:g}x the rank's median)."]
+        return lines
+
+    return finish(session, results, render)
+
+
+def _part(r: RankResult, key: str) -> RankResult:
+    return RankResult(r.rank, r.url, r.ok, (r.data or {}).get(key), r.error, r.host, r.pid)
