@@ -235,6 +235,8 @@ class ModuleTracer:
         self._watcher: _TorchImportWatcher | None = None
         self._events: list[Any] = []
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._stopped = False
         self._torch: Any = None
         self._queue_callback: Any = None
 
@@ -250,6 +252,7 @@ class ModuleTracer:
 
     def stop(self) -> None:
         global _tracer
+        self._stopped = True
         try:
             if self._watcher is not None:
                 self._watcher.remove()
@@ -471,8 +474,12 @@ class ModuleTracer:
     # -- writer thread -----------------------------------------------------------------------
     def flush(self) -> None:
         """Move buffered rows into the store as Arrow (writer thread, every PROBE_FLUSH_MS)."""
-        if not self.armed and _torch_ready() and self._watcher is not None:
+        if not self.armed and not self._stopped and self._watcher is not None and _torch_ready():
             self._on_torch_imported()  # imported by a route the watcher did not see
+        with self._flush_lock:  # the resolver's state is not shared between two flushers
+            self._flush()
+
+    def _flush(self) -> None:
         rows = _take(self.rows, len(self.rows))
         events = self.bw_events
         # Backward spans end at the next event: only take events up to the last pass end.

@@ -358,3 +358,9 @@ def test_other_uid_cannot_use_unix_socket(agent, run_dir):
     answer = _as_nobody(connect)
     assert answer.startswith(b"HTTP/1.1 403"), answer
     assert b"uid 65534 may not use this agent" in answer
+
+
+def test_timestamps_with_time_zone_come_back_as_iso_text(client):
+    body = client.post("/v1/query", json={"sql": "SELECT to_timestamp(0) AS t"}).json()
+    assert body["ok"], body
+    assert body["rows"][0][0].startswith("1970-01-01")

@@ -1,0 +1,280 @@
+"""`probe doctor`'s checks of the numbers (memory, NaN/Inf, learning rate and clipping, module
+time), ``diagnose`` (every check, in order) and the text rendering. Pure; see doctor.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from typing import Any
+
+from .doctor import (
+    CLIP_SHARE,
+    CRITICAL,
+    GROWTH_FRACTION,
+    GROWTH_MIB,
+    INFO,
+    MODULE_SHARE,
+    OOM_STEPS,
+    WARNING,
+    Finding,
+    RankDoc,
+    Report,
+    _first,
+    check_collective_wait,
+    check_data_wait,
+    check_hang,
+    check_stalls,
+    check_straggler,
+    num,
+)
+from .group import rank_label
+from .hang import Verdict
+
+
+def _unrecorded(docs: list[RankDoc], key: str) -> str:
+    errs = sorted({d.errors.get(key, "") for d in docs} - {""})
+    return errs[0] if errs else "no rank answered"
+
+
+def check_memory(report: Report, docs: list[RankDoc]) -> None:
+    have = [d for d in docs if d.memory]
+    if not have:
+        report.unchecked.append(f"memory: python.memory has no rows ({_unrecorded(docs, 'memory')})"
+                                if any(d.memory is None for d in docs) else
+                                "memory: python.memory has no rows yet")
+        return
+    grows, fine, ooms = [], [], []
+    for d in have:
+        for row in d.memory or []:
+            dev = row.get("device") or "?"
+            cuda = dev.startswith("cuda")
+            col, label = ("allocated", "CUDA allocated") if cuda else ("rss", "RSS")
+            first, last = num(row.get(f"{col}_first")), num(row.get(f"{col}_last"))
+            slope = num(row.get(f"{col}_per_step")) or 0.0
+            steps = int(num(row.get("steps")) or 0)
+            if int(num(row.get("ooms")) or 0) > 0:
+                ooms.append(f"rank {d.rank} {dev}: {int(num(row['ooms']) or 0)} CUDA OOMs, "
+                            f"{int(num(row.get('alloc_retries')) or 0)} allocator retries")
+            if first is None or last is None or steps < 3:
+                continue
+            grown = last - first
+            line = (f"rank {d.rank} {dev}: {label} {first:.1f} -> {last:.1f} MiB over steps "
+                    f"{row.get('first_step')}-{row.get('last_step')} ({slope:+.2f} MiB/step)")
+            total = num(((d.state or {}).get("cuda_total_mib") or {}).get(dev))
+            reserved = num(row.get("reserved_last"))
+            if cuda and total and reserved is not None:
+                left = total - reserved
+                line += f"; headroom {left:.0f} of {total:.0f} MiB"
+                if slope > 0:
+                    line += f", full in ~{left / slope:.0f} steps at this rate"
+                    if left / slope < OOM_STEPS:
+                        grown = max(grown, GROWTH_MIB)  # close to OOM: report whatever the size
+            if slope > 0 and grown >= GROWTH_MIB and grown >= GROWTH_FRACTION * max(first, 1.0):
+                grows.append((d.rank, slope, line))
+            else:
+                fine.append(line)
+    if ooms:
+        report.findings.append(Finding(
+            CRITICAL, "oom", "CUDA OOM: the allocator ran out of memory", ooms,
+            'probe query "SELECT step, device, allocated, reserved, peak, ooms FROM '
+            'python.memory ORDER BY step DESC LIMIT 10"', score=1e7))
+    if grows:
+        ranks = sorted({r for r, _, _ in grows})
+        top = max(s for _, s, _ in grows)
+        report.findings.append(Finding(
+            WARNING, "memory",
+            f"MEMORY GROWTH: {rank_label(ranks)} grow {top:.1f} MiB every step",
+            [line for _, _, line in grows] + [
+                "something keeps tensors alive across steps: a list of losses or outputs "
+                "(append loss.item(), not loss), a cache, or a growing batch"],
+            'probe query "SELECT step, device, round(rss) AS rss, round(allocated) AS allocated,'
+            ' round(reserved) AS reserved FROM python.memory ORDER BY step DESC LIMIT 10"',
+            ranks, score=top))
+    elif fine:
+        report.fine.append("memory: flat; " + fine[0])
+
+
+def check_nonfinite(report: Report, docs: list[RankDoc]) -> None:
+    evidence: list[str] = []
+    ranks: set[int] = set()
+    first: list[int] = []
+    for d in docs:
+        for m in d.metrics or []:
+            last_ok = num(m.get("last_finite"))
+            before = f" (last finite value {last_ok:.4g})" if last_ok is not None else ""
+            evidence.append(f"rank {d.rank}: logged {m.get('name')} is NaN/Inf at "
+                            f"{m.get('nonfinite')} of {m.get('logged')} steps, first at step "
+                            f"{m.get('first_step')}{before}")
+            ranks.add(d.rank)
+            first.append(int(num(m.get("first_step")) or 0))
+        loop = _first(d)
+        if int(num(loop.get("nonfinite_grad_steps")) or 0):
+            evidence.append(f"rank {d.rank}: clip_grad_norm_ saw a NaN/Inf gradient norm on "
+                            f"{loop['nonfinite_grad_steps']} of the last {loop.get('steps')} "
+                            f"steps (steps {loop.get('first_nonfinite_step')}-"
+                            f"{loop.get('last_nonfinite_step')})")
+            ranks.add(d.rank)
+            first.append(int(num(loop.get("first_nonfinite_step")) or 0))
+        g = d.grads or {}
+        if g.get("checked") and g.get("nonfinite"):
+            evidence.append(f"rank {d.rank}: {g['nonfinite']} of {g.get('params')} parameters "
+                            f"have NaN/Inf gradients at step {g.get('step')}")
+            ranks.add(d.rank)
+    if evidence:
+        since = f" since step {min(first)}" if first else ""
+        report.findings.append(Finding(
+            CRITICAL, "nonfinite", f"NaN/Inf: {rank_label(sorted(ranks))} train on NaN/Inf "
+            f"values{since}", evidence,
+            'probe query "SELECT step, name, value FROM python.metrics WHERE NOT isfinite(value)'
+            ' ORDER BY step LIMIT 10"', sorted(ranks), score=1e6))
+        return
+    checked = [d for d in docs if (d.grads or {}).get("checked")]
+    sources = []
+    if checked:
+        sources.append(f"gradients finite at step {checked[0].grads['step']}")  # type: ignore
+    if any(d.metrics is not None for d in docs):
+        sources.append("no NaN/Inf in logged metrics")
+    if sources:
+        report.fine.append("NaN/Inf: " + "; ".join(sources))
+    else:
+        why = next(((d.grads or {}).get("reason") for d in docs if d.grads), None)
+        report.unchecked.append(f"NaN/Inf: {why or 'no gradients or metrics to check'}")
+
+
+def _optimizer_line(state: dict[str, Any]) -> str:
+    parts = []
+    for o in state.get("optimizers") or []:
+        groups = o.get("groups") or []
+        lrs = sorted({g.get("lr") for g in groups if g.get("lr") is not None}, key=str)
+        extra = [f"{k} {groups[0][k]}" for k in ("momentum", "weight_decay", "betas")
+                 if groups and k in groups[0]]
+        parts.append(f"{o.get('class')} lr {', '.join(str(x) for x in lrs) or '?'} "
+                     f"({len(groups)} group{'s' if len(groups) != 1 else ''}"
+                     f"{', ' if extra else ''}{', '.join(extra)})")
+    return "; ".join(parts)
+
+
+def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
+    lines = {d.rank: _optimizer_line(d.state) for d in docs if d.state}
+    lines = {r: x for r, x in lines.items() if x}
+    if not lines:
+        report.unchecked.append("learning rate: no optimizer has stepped yet (or torch.optim "
+                                "is not used)")
+        return
+    evidence = [f"{rank_label(rs)}: {x}" for x, rs in _by_value(lines)]
+    problems, ranks = [], set()
+    for d in docs:
+        loop = _first(d)
+        clip_steps = int(num(loop.get("clip_steps")) or 0)
+        if clip_steps:
+            clipped = int(num(loop.get("clipped_steps")) or 0)
+            med = num(loop.get("grad_norm_median"))
+            evidence.append(f"rank {d.rank}: clip_grad_norm_(max_norm={loop.get('clip_max_norm')}"
+                            f") ran on {clip_steps} of the last {loop.get('steps')} steps and "
+                            f"clipped {clipped}" + (f"; median norm before clipping {med:.3g}"
+                                                    if med is not None else ""))
+            if clipped >= CLIP_SHARE * clip_steps and clip_steps >= 5:
+                problems.append(f"rank {d.rank} clips on {clipped / clip_steps:.0%} of steps")
+                ranks.add(d.rank)
+        elif loop:
+            evidence.append(f"rank {d.rank}: clip_grad_norm_ not called")
+        for o in (d.state or {}).get("optimizers") or []:
+            for g in o.get("groups") or []:
+                lr = num(g.get("lr"))
+                if lr is not None and (lr == 0 or not math.isfinite(lr)):
+                    problems.append(f"rank {d.rank}: {o.get('class')} lr is {g.get('lr')}")
+                    ranks.add(d.rank)
+    if len({x for x in lines.values()}) > 1:
+        problems.append("ranks disagree on optimizer settings")
+        ranks.update(lines)
+    if problems:
+        report.findings.append(Finding(
+            WARNING, "lr", "LEARNING RATE: " + "; ".join(dict.fromkeys(problems)) +
+            " (the LR may be too high)", evidence, "probe lr --scale 0.1", sorted(ranks),
+            score=0.5))
+    else:
+        report.findings.append(Finding(INFO, "lr", "learning rate and clipping", evidence,
+                                       "probe lr --scale 0.5   # to lower it mid-run"))
+
+
+def _by_value(values: dict[int, str]) -> list[tuple[str, list[int]]]:
+    out: dict[str, list[int]] = {}
+    for r, v in sorted(values.items()):
+        out.setdefault(v, []).append(r)
+    return list(out.items())
+
+
+def check_modules(report: Report, docs: list[RankDoc]) -> None:
+    per: dict[str, list[dict[str, Any]]] = {}
+    for d in docs:
+        for row in d.slow or []:
+            per.setdefault(str(row.get("module")), []).append(row)
+    if not per:
+        why = ("no traced steps yet (PROBE_TRACE=every:N; `probe trace on`)"
+               if any(d.slow is not None for d in docs) else _unrecorded(docs, "slow"))
+        report.unchecked.append(f"slowest modules: {why}")
+        return
+
+    def avg(rows: list[dict[str, Any]], key: str) -> float:
+        vals = [num(r.get(key)) or 0.0 for r in rows]
+        return sum(vals) / len(vals)
+
+    top = sorted(per.items(), key=lambda kv: -avg(kv[1], "self_ms"))[:3]
+    evidence = [f"{name}: {avg(rows, 'self_ms'):.1f} ms per step of its own "
+                f"(forward {avg(rows, 'forward_ms'):.1f}, backward "
+                f"{avg(rows, 'backward_ms'):.1f}), {avg(rows, 'share'):.0%} of the model's time"
+                for name, rows in top]
+    name, rows = top[0]
+    share = avg(rows, "share")
+    nxt = "probe slow" if importlib.util.find_spec("probe_cli.commands.slow") else \
+        'probe query "SELECT module, stage, median(duration) FROM python.torch_trace GROUP BY ALL' \
+        ' ORDER BY 3 DESC LIMIT 10"'
+    if share >= MODULE_SHARE:
+        report.findings.append(Finding(
+            WARNING, "modules", f"SLOW MODULE: {name} takes {share:.0%} of forward+backward "
+            "time", evidence, nxt, score=share))
+    else:
+        report.findings.append(Finding(INFO, "modules", "slowest modules", evidence, nxt))
+
+
+def diagnose(verdict: Verdict, docs: list[RankDoc], min_wait: float) -> Report:
+    report = Report()
+    check_hang(report, verdict)
+    if not verdict.problem:
+        check_stalls(report, docs, min_wait)
+    check_nonfinite(report, docs)
+    check_memory(report, docs)
+    check_straggler(report, docs)
+    check_collective_wait(report, docs)
+    check_data_wait(report, docs)
+    check_lr_clip(report, docs)
+    check_modules(report, docs)
+    return report
+
+
+def render(report: Report, header: str) -> list[str]:
+    ranked = report.ranked()
+    n = sum(f.severity != INFO for f in ranked)
+    lines = [f"{header}; {n} problem{'s' if n != 1 else ''} found" if n else
+             f"{header}; no problem found", ""]
+    for i, f in enumerate(ranked, 1):
+        lines.append(f"{i}. [{f.severity}] {f.title}")
+        lines.extend(f"     {e}" for e in f.evidence)
+        if f.next:
+            lines.append(f"     next: {f.next}")
+    if report.fine:
+        lines += ["", "fine:", *(f"  {x}" for x in report.fine)]
+    if report.unchecked:
+        lines += ["", "not checked:", *(f"  {x}" for x in report.unchecked)]
+    return lines
+
+
+def render_json(report: Report, ranks: list[dict[str, Any]]) -> str:
+    return json.dumps({"problem": report.problem,
+                       "findings": [f.to_json() for f in report.ranked()],
+                       "fine": report.fine, "unchecked": report.unchecked, "ranks": ranks},
+                      indent=2)
+
+
+__all__ = ["diagnose", "render", "render_json", "WARNING"]
