@@ -17,7 +17,6 @@ Thresholds are module constants, chosen so a healthy toy job on 2 busy cores sta
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,7 +157,9 @@ def check_stalls(report: Report, docs: list[RankDoc], min_wait: float) -> None:
     ranks = [d.rank for d, _, _ in stalled]
     in_dl = all(num(((d.state or {}).get("loop") or {}).get("data_waiting_s")) is not None
                 for d, _, _ in stalled)
-    what = "waits for the DataLoader" if in_dl else "makes no progress"
+    one = len(ranks) == 1
+    what = ("waits" if one else "wait") + " for the DataLoader" if in_dl else \
+        ("makes" if one else "make") + " no progress"
     report.findings.append(Finding(
         CRITICAL, "stall",
         f"STALLED: {rank_label(ranks)} {what}: no optimizer step for "
@@ -207,7 +208,8 @@ def check_collective_wait(report: Report, docs: list[RankDoc]) -> None:
                 "collectives" for r, s in sorted(shares.items())]
     report.findings.append(Finding(
         WARNING, "collectives",
-        f"COLLECTIVE WAIT: {rank_label(sorted(high))} spend "
+        f"COLLECTIVE WAIT: {rank_label(sorted(high))} "
+        f"{'spends' if len(high) == 1 else 'spend'} "
         f"{max(s[0] for s in high.values()):.0%} of their time waiting in collectives",
         evidence, "probe straggler", sorted(high), score=max(s[0] for s in high.values())))
 
@@ -231,7 +233,8 @@ def check_data_wait(report: Report, docs: list[RankDoc]) -> None:
     top = max(s[0] for s in high.values())
     report.findings.append(Finding(
         WARNING, "dataloader",
-        f"DATA-BOUND: {rank_label(sorted(high))} wait for the DataLoader {top:.0%} of each step",
+        f"DATA-BOUND: {rank_label(sorted(high))} {'waits' if len(high) == 1 else 'wait'} for "
+        f"the DataLoader {top:.0%} of each step",
         evidence,
         'probe query "SELECT step, round(data_wait * 1e3, 1) AS data_wait_ms, batches '
         'FROM python.step_stats ORDER BY step DESC LIMIT 10"', sorted(high), score=top))

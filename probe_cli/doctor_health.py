@@ -84,7 +84,8 @@ def check_memory(report: Report, docs: list[RankDoc]) -> None:
         top = max(s for _, s, _ in grows)
         report.findings.append(Finding(
             WARNING, "memory",
-            f"MEMORY GROWTH: {rank_label(ranks)} grow {top:.1f} MiB every step",
+            f"MEMORY GROWTH: {rank_label(ranks)} {_verb(ranks, 'grows', 'grow')} {top:.1f} MiB "
+            "every step",
             [line for _, _, line in grows] + [
                 "something keeps tensors alive across steps: a list of losses or outputs "
                 "(append loss.item(), not loss), a cache, or a growing batch"],
@@ -124,8 +125,8 @@ def check_nonfinite(report: Report, docs: list[RankDoc]) -> None:
     if evidence:
         since = f" since step {min(first)}" if first else ""
         report.findings.append(Finding(
-            CRITICAL, "nonfinite", f"NaN/Inf: {rank_label(sorted(ranks))} train on NaN/Inf "
-            f"values{since}", evidence,
+            CRITICAL, "nonfinite", f"NaN/Inf: {rank_label(sorted(ranks))} "
+            f"{_verb(ranks, 'trains', 'train')} on NaN/Inf values{since}", evidence,
             'probe query "SELECT step, name, value FROM python.metrics WHERE NOT isfinite(value)'
             ' ORDER BY step LIMIT 10"', sorted(ranks), score=1e6))
         return
@@ -198,6 +199,10 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
                                        "probe lr --scale 0.5   # to lower it mid-run"))
 
 
+def _verb(ranks: Any, one: str, many: str) -> str:
+    return one if len(set(ranks)) == 1 else many
+
+
 def _by_value(values: dict[int, str]) -> list[tuple[str, list[int]]]:
     out: dict[str, list[int]] = {}
     for r, v in sorted(values.items()):
@@ -227,10 +232,12 @@ def check_modules(report: Report, docs: list[RankDoc]) -> None:
                 for name, rows in top]
     name, rows = top[0]
     share = avg(rows, "share")
+    second = avg(top[1][1], "self_ms") if len(top) > 1 else 0.0
     nxt = "probe slow" if importlib.util.find_spec("probe_cli.commands.slow") else \
         'probe query "SELECT module, stage, median(duration) FROM python.torch_trace GROUP BY ALL' \
         ' ORDER BY 3 DESC LIMIT 10"'
-    if share >= MODULE_SHARE:
+    # A small model always has a biggest layer: only a module far ahead of the next counts.
+    if share >= MODULE_SHARE and avg(rows, "self_ms") >= 3 * second:
         report.findings.append(Finding(
             WARNING, "modules", f"SLOW MODULE: {name} takes {share:.0%} of forward+backward "
             "time", evidence, nxt, score=share))

@@ -95,9 +95,10 @@ ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS requested_by VARCHAR;
 -- ---------------------------------------------------------------------------------------------
 -- Steps: rows of the work leading up to optimizer step N (forward, backward, the step itself)
 -- carry step = N, where N is the agent's StepClock count (one global optimizer step hook; the
--- first optimizer to step is the one counted). Jobs without a torch.optim optimizer (and any
--- job before its first optimizer step): each call of the first root module seen counts as one
--- step, so inference loops get one step per model call. python.steps is empty then.
+-- first optimizer to step is the one counted). Jobs without a torch.optim optimizer: the first
+-- 16 calls of the first root module seen are step 1 (so gradient accumulation before the first
+-- optimizer step stays in step 1), then each call of it counts as one step, so inference loops
+-- still get steps (and retention can drop old ones). python.steps is empty then.
 -- Sampling: PROBE_TRACE=every:N (default every:10) traces steps whose number is a multiple of N,
 -- all modules of those steps; `probe trace on|off|every N` changes it at run time.
 

@@ -29,8 +29,8 @@ and break in-place ops (issue 3), so backward uses ``grad_fn.register_prehook`` 
 No sys.settrace/setprofile.
 
 Step numbers come from the agent's StepClock (one global optimizer post-hook): rows of the
-work leading up to optimizer step N carry step N. Before the first optimizer step is seen (and
-in jobs with no ``torch.optim`` optimizer) each call of a root module counts as one step.
+work leading up to optimizer step N carry step N. Jobs with no ``torch.optim`` optimizer: the
+first ``FALLBACK_AFTER`` calls of the root model are step 1, then each call counts as a step.
 
 Cost
 ----
@@ -59,6 +59,10 @@ log = logging.getLogger(__name__)
 #: Rows (and backward events) buffered between two writer ticks; beyond it rows are dropped and
 #: counted (``dropped``). 200k rows ≈ 40 MB; at 100 modules that is 600 traced steps per tick.
 BUFFER_ROWS = 200_000
+#: Without an optimizer step, the first FALLBACK_AFTER calls of the root model are step 1 (so
+#: gradient accumulation in the first step is not split), then every call is one step (so an
+#: inference loop still gets steps, which retention needs).
+FALLBACK_AFTER = 16
 _MODE_RE = re.compile(r"^(on|off|every:([1-9][0-9]*))$")
 
 # Row slots (lists, not objects: cheaper to build on the training thread).
@@ -229,6 +233,10 @@ class ModuleTracer:
         self.fallback = True  # no optimizer step seen yet: root calls count steps
         self._samples: dict[int, int] = {}
         self._first_root: Any = None
+        self._root_calls = 0
+        self._after_step = False
+        self._prev_recording = False
+        self._prev_cuda = False
         self._opt_t0: dict[int, tuple[int, Any, int]] = {}
         self._handles: list[Any] = []
         self._unsubscribe: Any = None
@@ -366,14 +374,17 @@ class ModuleTracer:
         try:
             if self.in_backward:
                 return  # activation-checkpoint recompute, not a new step
+            self._after_step = False
             if self.fallback:
                 # Only calls of the first root seen count (a criterion module called at top
                 # level is not a new step).
                 if self._first_root is None:
                     self._first_root = module
-                elif module is self._first_root:
-                    self.step += 1
-                    self.recording = self.traced(self.step) and self.guard.enabled
+                if module is self._first_root:
+                    self._root_calls += 1
+                    if self._root_calls > FALLBACK_AFTER:
+                        self.step += 1
+                        self.recording = self.traced(self.step) and self.guard.enabled
             self.root = module
             if self.recording and args:
                 a = args[0]
@@ -404,9 +415,15 @@ class ModuleTracer:
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
-            if self.recording:
-                ev = self.record_event() if self.cuda else None
-                self._opt_t0[id(optimizer)] = (self.clock(), ev, self.step)
+            # A second optimizer stepping right after the counted one (no root call between)
+            # belongs to the step that just finished, not to the next one.
+            if self._after_step:
+                step, record = self.step - 1, self._prev_recording
+            else:
+                step, record = self.step, self.recording
+            if record:
+                ev = self.record_event() if self.cuda or self._prev_cuda else None
+                self._opt_t0[id(optimizer)] = (self.clock(), ev, step)
         except Exception as e:  # noqa: BLE001 - inside optimizer.step()
             self.failed(e)
 
@@ -429,6 +446,8 @@ class ModuleTracer:
         self.fallback = False
         self.step = step + 1
         self.in_backward = False
+        self._prev_recording, self._prev_cuda = self.recording, self.cuda
+        self._after_step = True
         self._apply(self.mode, boundary=True)
 
     def pop_samples(self, step: int) -> int | None:

@@ -129,7 +129,9 @@ class RowResolver:
             name, label = type(row[OBJ]).__name__, "optimizer"
         else:
             name, label = self.name(row[OBJ], row[ROOT])
-        key = (row[STEP], id(row[OBJ]), 1 if row[KIND] == OPT_STEP else 0)
+        # Recompute calls count on their own, so a reentrant checkpoint's backward (which hangs
+        # off the recompute call) gets the seq of the original forward call.
+        key = (row[STEP], id(row[OBJ]), int(row[KIND]))
         seq = self._seq.get(key, 0)
         self._seq[key] = seq + 1
         self._seq_steps.add(row[STEP])
@@ -212,7 +214,8 @@ class RowResolver:
         for k, v in zip(("allocated", "max_allocated", "cached", "max_cached"), mem or (0.0,) * 4):
             cols[k].append(v)
         cols["root"].append(label)
-        cols["recompute"].append(bool(row[KIND] == 1))
+        # Only the recomputed forward is extra work; the backward happens once either way.
+        cols["recompute"].append(stage == "forward" and row[KIND] == 1)
         cols["device"].append("cuda" if row[EV0] is not None else "cpu")
         cols["depth"].append(row[DEPTH])
 

@@ -104,6 +104,8 @@ def forward_head(req: Request, client: str) -> bytes:
     """The request as sent to the agent: one request per connection, client identity added."""
     lines = [f"{req.method} {req.target} HTTP/1.1"]
     lines += [f"{k}: {v}" for k, v in req.headers if k.lower() not in HOP_BY_HOP]
+    if req.header("host") is None:  # HTTP/1.1 requires it (h11 refuses requests without)
+        lines.append("host: localhost")
     lines += [f"x-probe-client: {client}", "connection: close", "", ""]
     return "\r\n".join(lines).encode("latin-1")
 

@@ -118,6 +118,7 @@ class RankWatch:
         self.last_snapshot: dict[str, Any] | None = None
         self.last_backtrace: dict[str, Any] | None = None
         self._pidfd: int | None = None
+        reader.exiting = lambda: os.path.exists(files.exit_record)
 
     # -- liveness ---------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -249,9 +250,10 @@ class RankWatch:
         route = "in-process snapshot"
         if body is None or not body.get("threads"):
             hb = self.heartbeat()
-            if not self.alive or hb is None or hb[0] < stale_s or self.reader.pyspy_unusable():
-                return
-            res = await self.reader.read()
+            if not self.alive or hb is None or hb[0] < stale_s or self.reader.pyspy_unusable() \
+                    or self.reader.exiting():
+                return  # out-of-process snapshots only of a live, frozen rank, and by py-spy
+            res = await self.reader.read_pyspy()
             body, route = res, f"{res['route']} snapshot"
         threads = body.get("threads") or []
         for t in threads:

@@ -133,6 +133,8 @@ class StackReader:
         self.dump_path = dump_path
         self.dump_signal = dump_signal
         self.names: dict[int, str] = {}
+        #: Set by the watchdog: True once the rank has begun to exit (no signals then).
+        self.exiting = lambda: False
         self.ptrace_refused: str | None = None
         self._refused_at = 0.0
         # One py-spy at a time: two tracers on one process refuse each other (EPERM), and a
@@ -212,9 +214,26 @@ class StackReader:
         self._recent = (time.monotonic(), (locals, native), result)
         return result
 
+    def _handler_installed(self) -> bool:
+        """Whether the rank catches the dump signal right now (``SigCgt``). Its default action
+        kills, and faulthandler unregisters at interpreter exit: never send it blind."""
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                for line in f:
+                    if line.startswith("SigCgt:"):
+                        return bool(int(line.split()[1], 16) >> (self.dump_signal - 1) & 1)
+        except (OSError, ValueError, TypeError):
+            return False
+        return False
+
     async def read_faulthandler(self) -> dict[str, Any]:
         assert self.dump_signal is not None
+        if self.exiting():
+            raise ReadError("the rank is exiting (its faulthandler dump is gone)")
         async with self._dump_lock:
+            if not self._handler_installed():
+                raise ReadError(f"the rank does not catch signal {self.dump_signal} now (its "
+                                "faulthandler dump handler was replaced or removed)")
             try:
                 start = os.stat(self.dump_path).st_size
             except OSError as e:

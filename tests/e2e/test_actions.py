@@ -11,10 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from probe_cli.main import main
 from tests.e2e.training import probe, training_job
 from tests.support import PROGRAMS, python_env, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 PROGRAM = "actions_train.py"
 
@@ -30,6 +31,14 @@ def logged(log_dir: Path, rank: int) -> list[dict]:
 def last_step(log_dir: Path, rank: int) -> int:
     rows = logged(log_dir, rank)
     return rows[-1]["step"] if rows else 0
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in-process (python start-up costs seconds on a loaded 2-core box); one call per
+    test goes through ``python -m probe_cli`` to pin the real exit code."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(argv), code, out, err)
 
 
 def targets(infos: list[dict]) -> str:
@@ -50,7 +59,9 @@ def reference_lrs(make_sched, base_lr: float, steps: int) -> list[float]:
     return out
 
 
-def test_lr_scale_changes_both_ranks_at_one_step_and_survives_schedulers(tmp_path: Path) -> None:
+def test_lr_scale_changes_both_ranks_at_one_step_and_survives_schedulers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Two optimizers, one under StepLR and one under CosineAnnealingLR (eta_min > 0): after
     `probe lr --scale 0.1` at step N every later LR is exactly 0.1 x the unmodified schedule, on
     both ranks from the same step. The same job also checks a queued action that raises, the
@@ -62,15 +73,16 @@ def test_lr_scale_changes_both_ranks_at_one_step_and_survives_schedulers(tmp_pat
     with training_job(tmp_path, PROGRAM, args, nproc=2, timeout=150) as (proc, infos):
         t = targets(infos)
         # GIVEN a queued action whose code raises
-        boom = probe("-t", t, "eval", "--next-step", "raise ValueError('boom at %d' % probe_step)")
+        boom = probe("-t", t, "eval", "--next-step", "raise ValueError('boom at %d' % probe_step)",
+                     timeout=120)
         # THEN both ranks report it, with the traceback, and training goes on
         assert boom.returncode == 1, boom.stdout + boom.stderr
         assert "ValueError: boom at" in boom.stderr and "ranks 0,1" in boom.stderr, boom.stderr
         before = last_step(log_dir, 0)
-        wait_until(lambda: last_step(log_dir, 0) > before + 2, 30, "training stopped after raise")
+        wait_until(lambda: last_step(log_dir, 0) > before + 2, 120, "training stopped after raise")
 
         # WHEN the LR is scaled mid-run
-        res = probe("-t", t, "--json", "lr", "--scale", "0.1")
+        res = cli(capsys, "-t", t, "--json", "lr", "--scale", "0.1")
         assert res.returncode == 0, res.stdout + res.stderr
         bodies = json.loads(res.stdout)
         steps = {b["data"]["step"] for b in bodies}
@@ -81,7 +93,7 @@ def test_lr_scale_changes_both_ranks_at_one_step_and_survives_schedulers(tmp_pat
             assert all(g["after"] == pytest.approx(g["before"] * 0.1) for g in groups), b
             assert {s["class"] for s in b["data"]["schedulers"]} == {"StepLR", "CosineAnnealingLR"}
         # ... and training runs past a StepLR boundary and several cosine steps
-        wait_until(lambda: min(last_step(log_dir, r) for r in (0, 1)) >= n + 15, 60,
+        wait_until(lambda: min(last_step(log_dir, r) for r in (0, 1)) >= n + 15, 120,
                    "ranks did not train 15 steps past the change")
 
         # THEN every LR after step N is 0.1 x the unmodified schedule, on both ranks alike
@@ -106,14 +118,14 @@ def test_lr_scale_changes_both_ranks_at_one_step_and_survives_schedulers(tmp_pat
             r = httpx.post(info["url"] + "/v1/actions",
                            json={"code": "1", "step": 10**6, "id": "far-away"}, timeout=10)
             assert r.status_code == 200, r.text
-        listed = probe("-t", t, "actions")
+        listed = cli(capsys, "-t", t, "actions")
         assert listed.returncode == 0 and "far-away" in listed.stdout, listed.stdout
-        cancelled = probe("-t", t, "--json", "actions", "cancel", "far-away")
+        cancelled = cli(capsys, "-t", t, "--json", "actions", "cancel", "far-away")
         assert cancelled.returncode == 0, cancelled.stderr
         assert [b["action"]["state"] for b in json.loads(cancelled.stdout)] == ["cancelled"] * 2
 
         # THEN the audit table says who asked what, for which step, and how it went
-        audit = probe("-t", t, "--json", "query",
+        audit = cli(capsys, "-t", t, "--json", "query",
                       "SELECT outcome, at_step, requested_by FROM python.evals "
                       "WHERE kind = 'lr' ORDER BY timestamp")
         for b in json.loads(audit.stdout):
@@ -123,7 +135,9 @@ def test_lr_scale_changes_both_ranks_at_one_step_and_survives_schedulers(tmp_pat
             assert all(row[2] and "@" in row[2] for row in b["rows"])
 
 
-def test_pause_checkpoint_resume_round_trip_reproduces_the_next_steps(tmp_path: Path) -> None:
+def test_pause_checkpoint_resume_round_trip_reproduces_the_next_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """pause -> checkpoint (runs at the held step) -> an eval dumps the in-memory state while
     held -> resume. The checkpoint equals the in-memory state, and a fresh 2-rank job resumed
     from it reproduces the next three losses of the uninterrupted run exactly."""
@@ -135,7 +149,7 @@ def test_pause_checkpoint_resume_round_trip_reproduces_the_next_steps(tmp_path: 
     with training_job(tmp_path, PROGRAM, args, nproc=2, timeout=150) as (proc, infos):
         t = targets(infos)
         # WHEN every rank is paused
-        paused = probe("-t", t, "--json", "pause")
+        paused = cli(capsys, "-t", t, "--json", "pause")
         assert paused.returncode == 0, paused.stdout + paused.stderr
         held = {b["data"]["paused_at"] for b in json.loads(paused.stdout)}
         assert len(held) == 1, paused.stdout
@@ -144,19 +158,19 @@ def test_pause_checkpoint_resume_round_trip_reproduces_the_next_steps(tmp_path: 
         wait_until(lambda: all(last_step(log_dir, r) == p - 1 for r in (0, 1)), 10,
                    "ranks not held at the paused step")
         # WHEN a checkpoint is taken (the next step no rank has passed is the held one)
-        saved = probe("-t", t, "--json", "checkpoint", str(ckpt))
+        saved = cli(capsys, "-t", t, "--json", "checkpoint", str(ckpt))
         assert saved.returncode == 0, saved.stdout + saved.stderr
         assert {b["data"]["step"] for b in json.loads(saved.stdout)} == {p}
         # ... and a plain eval (agent thread, training held) dumps the live state
         dump = (f"torch.save({{'model': net.state_dict(), 'opt': optimizer.state_dict(), "
                 f"'sched': scheduler.state_dict(), 'rng': torch.get_rng_state()}}, "
                 f"'{ref}/rank%d.pt' % torch.distributed.get_rank())")
-        dumped = probe("-t", t, "eval", "import torch\n" + dump)
+        dumped = cli(capsys, "-t", t, "eval", "import torch\n" + dump)
         assert dumped.returncode == 0, dumped.stderr
         assert all(last_step(log_dir, r) == p - 1 for r in (0, 1)), "training moved while paused"
-        resumed = probe("-t", t, "resume")
+        resumed = cli(capsys, "-t", t, "resume")
         assert resumed.returncode == 0, resumed.stderr
-        wait_until(lambda: min(last_step(log_dir, r) for r in (0, 1)) >= p + 3, 30,
+        wait_until(lambda: min(last_step(log_dir, r) for r in (0, 1)) >= p + 3, 120,
                    "training did not resume")
 
     # THEN the checkpoint holds exactly the in-memory state of step p
@@ -183,7 +197,7 @@ def test_pause_checkpoint_resume_round_trip_reproduces_the_next_steps(tmp_path: 
          "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", str(PROGRAMS / PROGRAM),
          "--log-dir", str(tmp_path / "resumed"), "--resume", str(ckpt), "--steps", "3",
          "--sched", "cosine", "--step-sleep", "0"],
-        env=python_env(), capture_output=True, text=True, timeout=150,
+        env=python_env(), capture_output=True, text=True, timeout=240,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     # THEN its losses are exactly those of the uninterrupted run
@@ -194,7 +208,7 @@ def test_pause_checkpoint_resume_round_trip_reproduces_the_next_steps(tmp_path: 
 
 
 def test_target_step_a_hung_rank_never_reaches_is_reported_without_a_new_hang(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Rank 1 stops after step 3 (outside any collective); rank 0 trains on. An action for the
     next step reaches rank 0 only: the CLI gives up after --wait, cancels everywhere, says which
@@ -203,11 +217,11 @@ def test_target_step_a_hung_rank_never_reaches_is_reported_without_a_new_hang(
     args = ("--log-dir", str(log_dir), "--no-ddp", "--hang-rank", "1", "--hang-after-step", "3",
             "--step-sleep", "0.2")
     with training_job(tmp_path, PROGRAM, args, nproc=2, timeout=150) as (proc, infos):
-        wait_until(lambda: last_step(log_dir, 1) == 3 and last_step(log_dir, 0) > 4, 30,
+        wait_until(lambda: last_step(log_dir, 1) == 3 and last_step(log_dir, 0) > 4, 120,
                    "rank 1 did not stop at step 3 while rank 0 trained on")
         # WHEN an eval is queued for the next step with a short wait
-        res = probe("-t", targets(infos), "eval", "--next-step", "--wait", "3",
-                    "torch.distributed.all_reduce(torch.ones(1))", timeout=60)
+        res = cli(capsys, "-t", targets(infos), "eval", "--next-step", "--wait", "3",
+                    "torch.distributed.all_reduce(torch.ones(1))")
         # THEN the report names the rank that never reached the step, and nothing ran
         assert res.returncode == 1, res.stdout + res.stderr
         assert "never reached step" in res.stderr and "(at step 3)" in res.stderr, res.stderr
@@ -220,6 +234,6 @@ def test_target_step_a_hung_rank_never_reaches_is_reported_without_a_new_hang(
             assert acts and {a["state"] for a in acts} <= {"cancelled", "skipped"}, acts
         # ... and rank 0 is still training (no new hang)
         now = last_step(log_dir, 0)
-        wait_until(lambda: last_step(log_dir, 0) > now + 3, 30, "rank 0 stopped training")
+        wait_until(lambda: last_step(log_dir, 0) > now + 3, 120, "rank 0 stopped training")
         assert last_step(log_dir, 1) == 3
         assert not math.isnan(logged(log_dir, 0)[-1]["loss"])

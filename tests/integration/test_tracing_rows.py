@@ -115,7 +115,7 @@ def test_sampling_every_n_and_runtime_change(make_agent):
     model = TinyGPT(layers=1)
     train(model, 7)
     traced = rows(agent, "SELECT list(DISTINCT step ORDER BY step) FROM torch_trace")
-    assert traced == [[3, 6]]
+    assert traced == [[[3, 6]]]
     assert rows(agent, "SELECT list(traced ORDER BY step) FROM steps") == [
         [False, False, True, False, False, True, False]]
     # WHEN the mode changes at run time, it applies from the next step
@@ -128,7 +128,7 @@ def test_sampling_every_n_and_runtime_change(make_agent):
     assert client.post("/v1/trace", json={"mode": "sometimes"}).status_code == 422
     train(model, 2)
     traced = rows(agent, "SELECT list(DISTINCT step ORDER BY step) FROM torch_trace")
-    assert traced == [[3, 6, 12]]
+    assert traced == [[[3, 6, 12]]]
     state = client.get("/v1/trace").json()
     assert state["ok"] and state["rank"] == 0 and state["mode"] == "every:2"
     client.close()

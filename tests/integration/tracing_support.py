@@ -92,7 +92,7 @@ def train(model: nn.Module, steps: int, lr: float = 1e-2) -> list[float]:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(loss.item())
     return losses
 
 
