@@ -106,6 +106,9 @@ class ActionQueue:
             self._unsubscribe()
         with self._cond:  # never leave the training thread held by a stopped agent
             self._hold = False
+            for a in self._all.values():
+                if a.state == "waiting":
+                    a.cancel_requested = True  # its agreement votes abort at once
             for a in self._pending:
                 a.state, a.error = "cancelled", "the probe agent stopped"
             self._pending.clear()

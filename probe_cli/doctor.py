@@ -7,9 +7,10 @@ could not check (``unchecked``: the table is not recorded, the rank did not answ
 
 Severity: ``critical`` (the job is stuck or its numbers are garbage: a hang, a stalled rank,
 NaN/Inf, CUDA OOMs), ``warning`` (it runs, but worse than it should: a straggler, data-bound or
-collective-bound steps, memory growing step over step, clipping on almost every step, a module
-that takes most of the step), ``info`` (the state worth knowing: learning rate and clipping,
-where the time goes). ``probe doctor`` exits 4 when any finding is critical or a warning.
+collective-bound steps, memory growing step over step, clipping on almost every step, a zero
+or non-finite LR), ``info`` (the state worth knowing: learning rate and clipping, the slowest
+modules by their own time; module times are attributions, so they inform, never alarm).
+``probe doctor`` exits 4 when any finding is critical or a warning.
 
 Thresholds are module constants, chosen so a healthy toy job on 2 busy cores stays quiet.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from .group import rank_label
 from .hang import Verdict, where
-from .straggler import diagnose_stragglers
+from .straggler import arrivals, diagnose_stragglers
 
 CRITICAL, WARNING, INFO = "critical", "warning", "info"
 _ORDER = {CRITICAL: 0, WARNING: 1, INFO: 2}
@@ -38,8 +39,8 @@ GROWTH_FRACTION = 0.05
 STALL_STEPS = 20
 #: Clipping on at least this share of the steps that clipped at all: the LR may be too high.
 CLIP_SHARE = 0.9
-#: One module with this share of the models' forward+backward self time dominates the step.
-MODULE_SHARE = 0.5
+#: A straggler the others wait for at least this share of the time (`probe straggler`: 5%).
+STRAGGLER_SHARE = 0.2
 #: CUDA: warn when fewer than this many steps of growth are left before the device is full.
 OOM_STEPS = 1000
 
@@ -172,7 +173,8 @@ def check_straggler(report: Report, docs: list[RankDoc]) -> None:
     if len(rows) < 2:
         report.unchecked.append("straggler: needs collectives from 2 or more ranks")
         return
-    v = diagnose_stragglers(rows, last=len(next(iter(rows.values()))))
+    v = diagnose_stragglers(rows, last=len(next(iter(rows.values()))),
+                            min_share=STRAGGLER_SHARE)
     if v.problem:
         share = max(e.caused_s for e in v.per_rank.values()) / v.window_s if v.window_s else 0
         report.findings.append(Finding(WARNING, "straggler", v.headline, list(v.details),
@@ -182,36 +184,41 @@ def check_straggler(report: Report, docs: list[RankDoc]) -> None:
 
 
 def check_collective_wait(report: Report, docs: list[RankDoc]) -> None:
-    """Share of wall time each rank spent inside explicit collectives with known end times."""
-    shares: dict[int, tuple[float, float, int]] = {}
-    for d in docs:
-        timed = [r for r in d.collectives if r.get("state") == "done"
-                 and num(r.get("duration")) is not None and num(r.get("start_time")) is not None]
-        if len(timed) < 2:
-            continue
-        t0 = min(num(r["start_time"]) or 0.0 for r in timed)
-        t1 = max((num(r["start_time"]) or 0.0) + (num(r["duration"]) or 0.0) for r in timed)
-        inside = sum(num(r["duration"]) or 0.0 for r in timed)
-        if t1 > t0:
-            shares[d.rank] = (inside / (t1 - t0), t1 - t0, len(timed))
-    if not shares:
-        report.unchecked.append("collective wait: no timed collectives (explicit torch."
-                                "distributed calls; DDP's own all-reduces carry no end time "
-                                "on gloo)")
+    """Share of wall time each rank spent in collectives waiting for its peers to arrive.
+
+    For every collective all members answered for (same group and seq; DDP's own all-reduces
+    included, from the Flight Recorder), a rank that entered at t_r cannot leave before the last
+    member entered at t_max: it waited at least t_max - t_r. Summed over the window and divided
+    by the window's span, that is a lower bound of the time lost to waiting (gloo records no
+    end times, so the transfer itself is not counted).
+    """
+    rows = {d.rank: list(d.collectives) for d in docs if d.collectives}
+    window = arrivals(rows, max((len(r) for r in rows.values()), default=0))
+    if len(rows) < 2 or len(window) < 2:
+        report.unchecked.append("collective wait: needs collectives from 2 or more ranks")
         return
-    high = {r: s for r, s in shares.items() if s[0] >= COLLECTIVE_SHARE}
-    summary = ", ".join(f"rank {r} {s[0]:.0%}" for r, s in sorted(shares.items()))
+    span = max(max(t.values()) for t in window) - min(min(t.values()) for t in window)
+    waited = {r: 0.0 for r in rows}
+    for times in window:
+        last = max(times.values())
+        for r, t in times.items():
+            waited[r] += last - t
+    shares = {r: w / span for r, w in waited.items()} if span > 0 else {}
+    high = {r: s for r, s in shares.items() if s >= COLLECTIVE_SHARE}
+    summary = ", ".join(f"rank {r} {s:.0%}" for r, s in sorted(shares.items()))
     if not high:
-        report.fine.append(f"collective wait: {summary} of the time inside collectives")
+        report.fine.append(f"collective wait: {summary} of the last {span:.1f} s waiting for "
+                           "peers")
         return
-    evidence = [f"rank {r}: {s[0]:.0%} of the last {s[1]:.1f} s inside {s[2]} timed "
-                "collectives" for r, s in sorted(shares.items())]
+    evidence = [f"rank {r}: waited for its peers {s:.0%} of the last {span:.1f} s "
+                f"({waited[r]:.2f} s over {len(window)} collectives)"
+                for r, s in sorted(shares.items())]
+    top = max(high.values())
     report.findings.append(Finding(
         WARNING, "collectives",
         f"COLLECTIVE WAIT: {rank_label(sorted(high))} "
-        f"{'spends' if len(high) == 1 else 'spend'} "
-        f"{max(s[0] for s in high.values()):.0%} of their time waiting in collectives",
-        evidence, "probe straggler", sorted(high), score=max(s[0] for s in high.values())))
+        f"{'spends' if len(high) == 1 else 'spend'} {top:.0%} of the time waiting in "
+        "collectives for their peers", evidence, "probe straggler", sorted(high), score=top))
 
 
 def check_data_wait(report: Report, docs: list[RankDoc]) -> None:

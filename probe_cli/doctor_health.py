@@ -14,7 +14,6 @@ from .doctor import (
     GROWTH_FRACTION,
     GROWTH_MIB,
     INFO,
-    MODULE_SHARE,
     OOM_STEPS,
     WARNING,
     Finding,
@@ -230,19 +229,14 @@ def check_modules(report: Report, docs: list[RankDoc]) -> None:
                 f"(forward {avg(rows, 'forward_ms'):.1f}, backward "
                 f"{avg(rows, 'backward_ms'):.1f}), {avg(rows, 'share'):.0%} of the model's time"
                 for name, rows in top]
-    name, rows = top[0]
-    share = avg(rows, "share")
-    second = avg(top[1][1], "self_ms") if len(top) > 1 else 0.0
+    name = top[0][0]
     nxt = "probe slow" if importlib.util.find_spec("probe_cli.commands.slow") else \
         'probe query "SELECT module, stage, median(duration) FROM python.torch_trace GROUP BY ALL' \
         ' ORDER BY 3 DESC LIMIT 10"'
-    # A small model always has a biggest layer: only a module far ahead of the next counts.
-    if share >= MODULE_SHARE and avg(rows, "self_ms") >= 3 * second:
-        report.findings.append(Finding(
-            WARNING, "modules", f"SLOW MODULE: {name} takes {share:.0%} of forward+backward "
-            "time", evidence, nxt, score=share))
-    else:
-        report.findings.append(Finding(INFO, "modules", "slowest modules", evidence, nxt))
+    # Always info: per-module times are attributions (backward spans include the autograd work
+    # between modules), so "slowest" is where to look first, not a verdict.
+    report.findings.append(Finding(INFO, "modules", f"slowest modules: {name} first", evidence,
+                                   nxt))
 
 
 def diagnose(verdict: Verdict, docs: list[RankDoc], min_wait: float) -> Report:
@@ -252,8 +246,11 @@ def diagnose(verdict: Verdict, docs: list[RankDoc], min_wait: float) -> Report:
         check_stalls(report, docs, min_wait)
     check_nonfinite(report, docs)
     check_memory(report, docs)
-    check_straggler(report, docs)
-    check_collective_wait(report, docs)
+    if verdict.problem:  # timings from before a hang describe the past, and would distract
+        report.unchecked.append("straggler, collective wait: the job is hung (see above)")
+    else:
+        check_straggler(report, docs)
+        check_collective_wait(report, docs)
     check_data_wait(report, docs)
     check_lr_clip(report, docs)
     check_modules(report, docs)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -72,6 +73,8 @@ class StepRecorder:
         self._statm: int | None = None
         self._unsubscribe: Any = None
         self.sink: Any = None
+        self._pending: list[Any] | None = None
+        self._lock = threading.Lock()
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Any) -> None:
@@ -87,7 +90,7 @@ class StepRecorder:
         try:
             if self._unsubscribe is not None:
                 self._unsubscribe()
-            self.flush()
+            self.flush(final=True)
         finally:
             if self._statm is not None:
                 os.close(self._statm)
@@ -105,16 +108,17 @@ class StepRecorder:
         now = time.time()
         start, self._last_end = self._last_end, now
         tracer = self.agent.collectors.get("modules")
-        samples = self.logged_samples.pop(step, None)
+        samples = None
         traced = False
         if tracer is not None:
             traced = bool(tracer.recording)
-            seen = tracer.pop_samples(step)
-            samples = samples if samples is not None else seen
+            samples = tracer.pop_samples(step)
         duration = now - start if start is not None else None
-        rate = samples / duration if samples and duration else None
-        if len(self.steps) < BUFFER:
-            self.steps.append((step, start, now, duration, samples, rate, traced))
+        # Held until the next step (or a second): log(samples=N) usually comes right after
+        # optimizer.step(), i.e. after this hook.
+        with self._lock:
+            self._finish_pending()
+            self._pending = [step, start, now, duration, samples, traced]
         rss = self.rss_mib()
         torch = sys.modules.get("torch")
         cuda = getattr(torch, "cuda", None)
@@ -132,6 +136,18 @@ class StepRecorder:
         if len(self.memory) < BUFFER:
             self.memory.append(row)
 
+    def _finish_pending(self) -> None:
+        """Move the held step row into the buffer (caller holds ``_lock``)."""
+        p, self._pending = self._pending, None
+        if p is None:
+            return
+        step, start, end, duration, samples, traced = p
+        logged = self.logged_samples.pop(step, None)
+        samples = logged if logged is not None else samples
+        rate = samples / duration if samples and duration else None
+        if len(self.steps) < BUFFER:
+            self.steps.append((step, start, end, duration, samples, rate, traced))
+
     def log(self, step: int | None, scalars: dict[str, Any]) -> None:
         """``probe_agent.log``: called on the user's thread; never raises into it."""
         if not self.guard.enabled:
@@ -142,6 +158,8 @@ class StepRecorder:
             now = time.time()
             for name, value in scalars.items():
                 if name == "samples" and isinstance(value, int):
+                    if len(self.logged_samples) > 1000:  # steps that never finished
+                        self.logged_samples.clear()
                     self.logged_samples[step] = self.logged_samples.get(step, 0) + value
                 if hasattr(value, "detach"):
                     value = value.detach()  # .item() waits for the GPU: the writer does it
@@ -160,7 +178,11 @@ class StepRecorder:
         return int(getattr(tracer, "step", 0))
 
     # -- writer thread -----------------------------------------------------------------------
-    def flush(self) -> None:
+    def flush(self, final: bool = False) -> None:
+        with self._lock:
+            p = self._pending
+            if p is not None and (final or time.time() - p[2] > 1.0):
+                self._finish_pending()
         steps, memory, metrics = _drain(self.steps), _drain(self.memory), _drain(self.metrics)
         rank = self.rank
         if steps:

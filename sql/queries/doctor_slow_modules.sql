@@ -37,6 +37,7 @@ SELECT module,
            AS share,
        (SELECT count(*) FROM recent) AS steps
 FROM self
+WHERE module NOT IN (SELECT DISTINCT root FROM calls)  -- the roots contain everything
 GROUP BY module
 ORDER BY sum(s) DESC
 LIMIT $top;

@@ -37,7 +37,7 @@ def _dead_health(url: str) -> dict:
         r = httpx.get(f"{url}/v1/health", timeout=5)
         return r.json() if r.status_code == 410 else None
 
-    return wait_until(dead, 10, "the watchdog never reported the rank dead")
+    return wait_until(dead, 45, "the watchdog never reported the rank dead")
 
 
 def test_sigkill_is_reported_with_last_backtrace_and_step(train_rank, capsys):

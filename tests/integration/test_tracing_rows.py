@@ -117,7 +117,7 @@ def test_sampling_every_n_and_runtime_change(make_agent):
     traced = rows(agent, "SELECT list(DISTINCT step ORDER BY step) FROM torch_trace")
     assert traced == [[[3, 6]]]
     assert rows(agent, "SELECT list(traced ORDER BY step) FROM steps") == [
-        [False, False, True, False, False, True, False]]
+        [[False, False, True, False, False, True, False]]]
     # WHEN the mode changes at run time, it applies from the next step
     client = httpx.Client(base_url=agent.url, timeout=10)
     r = client.post("/v1/trace", json={"mode": "off"})

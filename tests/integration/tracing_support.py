@@ -9,6 +9,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# These models are tiny: on 2 shared cores OpenMP's spinning threads make a step ~100x slower
+# (1 s instead of 10 ms, measured under load), so one intra-op thread.
+torch.set_num_threads(1)
+
 
 class Attn(nn.Module):
     def __init__(self, d: int, heads: int) -> None:
@@ -105,6 +109,6 @@ def named_modules(model: nn.Module) -> set[str]:
 def rows(agent: Any, sql: str) -> list[list[Any]]:
     """Flush everything recorded so far into DuckDB, then query."""
     agent.collectors["modules"].flush()
-    agent.collectors["steps"].flush()
+    agent.collectors["steps"].flush(final=True)
     agent.store.flush()
     return agent.store.query(sql).rows
