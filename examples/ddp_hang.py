@@ -1,4 +1,4 @@
-"""A DDP hang: at step 20 the last rank skips the all_reduce that averages the logged loss
+"""A DDP hang: at step 10 the last rank skips the all_reduce that averages the logged loss
 (a metrics branch taken on one rank only), so every other rank waits in it forever.
 
     PROBE=1 torchrun --nproc-per-node=2 examples/ddp_hang.py
@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 p = argparse.ArgumentParser()
-p.add_argument("--hang-at", type=int, default=20)
+p.add_argument("--hang-at", type=int, default=10)
 args = p.parse_args()
 
 dist.init_process_group("gloo")

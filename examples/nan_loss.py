@@ -1,4 +1,4 @@
-"""Loss goes NaN: from step 30 one sample in every batch is corrupt (an Inf feature).
+"""Loss goes NaN: from step 15 one sample in every batch is corrupt (an Inf feature).
 
     PROBE=1 python examples/nan_loss.py
 
@@ -16,7 +16,7 @@ import probe_agent
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=0, help="stop after N steps (0: run until Ctrl-C)")
-p.add_argument("--bad-from", type=int, default=30, help="first step with a corrupt sample")
+p.add_argument("--bad-from", type=int, default=15, help="first step with a corrupt sample")
 args = p.parse_args()
 
 torch.manual_seed(0)

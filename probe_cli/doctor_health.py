@@ -41,7 +41,7 @@ def check_memory(report: Report, docs: list[RankDoc]) -> None:
     if not have:
         report.unchecked.append(f"memory: python.memory has no rows ({_unrecorded(docs, 'memory')})"
                                 if any(d.memory is None for d in docs) else
-                                "memory: python.memory has no rows yet")
+                                "memory: no steps past the first 10 yet (warm-up is left out)")
         return
     grows, fine, ooms = [], [], []
     for d in have:
@@ -146,10 +146,10 @@ def _optimizer_line(state: dict[str, Any]) -> str:
     parts = []
     for o in state.get("optimizers") or []:
         groups = o.get("groups") or []
-        lrs = sorted({g.get("lr") for g in groups if g.get("lr") is not None}, key=str)
+        lrs = sorted({_fmt(g.get("lr")) for g in groups if g.get("lr") is not None})
         extra = [f"{k} {groups[0][k]}" for k in ("momentum", "weight_decay", "betas")
                  if groups and k in groups[0]]
-        parts.append(f"{o.get('class')} lr {', '.join(str(x) for x in lrs) or '?'} "
+        parts.append(f"{o.get('class')} lr {', '.join(lrs) or '?'} "
                      f"({len(groups)} group{'s' if len(groups) != 1 else ''}"
                      f"{', ' if extra else ''}{', '.join(extra)})")
     return "; ".join(parts)
@@ -174,8 +174,9 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
                             f") ran on {clip_steps} of the last {loop.get('steps')} steps and "
                             f"clipped {clipped}" + (f"; median norm before clipping {med:.3g}"
                                                     if med is not None else ""))
-            if clipped >= CLIP_SHARE * clip_steps and clip_steps >= 5:
-                problems.append(f"rank {d.rank} clips on {clipped / clip_steps:.0%} of steps")
+            finite = int(num(loop.get("clip_finite_steps", clip_steps)) or 0)
+            if clipped >= CLIP_SHARE * finite and finite >= 5:
+                problems.append(f"rank {d.rank} clips on {clipped / finite:.0%} of steps")
                 ranks.add(d.rank)
         elif loop:
             evidence.append(f"rank {d.rank}: clip_grad_norm_ not called")
@@ -198,6 +199,10 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
                                        "probe lr --scale 0.5   # to lower it mid-run"))
 
 
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
 def _verb(ranks: Any, one: str, many: str) -> str:
     return one if len(set(ranks)) == 1 else many
 
@@ -213,6 +218,8 @@ def check_modules(report: Report, docs: list[RankDoc]) -> None:
     per: dict[str, list[dict[str, Any]]] = {}
     for d in docs:
         for row in d.slow or []:
+            if (num(row.get("share")) or 0.0) > 1.0:
+                continue  # a wrapper around the root model (DDP): it contains the whole model
             per.setdefault(str(row.get("module")), []).append(row)
     if not per:
         why = ("no traced steps yet (PROBE_TRACE=every:N; `probe trace on`)"
@@ -251,7 +258,10 @@ def diagnose(verdict: Verdict, docs: list[RankDoc], min_wait: float) -> Report:
     else:
         check_straggler(report, docs)
         check_collective_wait(report, docs)
-    check_data_wait(report, docs)
+    if any(f.check == "stall" for f in report.findings):
+        report.unchecked.append("DataLoader wait share: a rank is stalled (see above)")
+    else:
+        check_data_wait(report, docs)
     check_lr_clip(report, docs)
     check_modules(report, docs)
     return report

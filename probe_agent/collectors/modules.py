@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import importlib.abc
 import logging
+import os
 import re
 import sys
 import threading
@@ -535,6 +536,15 @@ def _take(buf: list[Any], n: int) -> list[Any]:
     out = buf[:n]
     del buf[:n]
     return out
+
+
+def _after_fork_in_child() -> None:
+    # NOTE: a forked child (DataLoader worker) has no writer thread: record nothing there.
+    global _tracer
+    _tracer = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _torch_ready() -> bool:

@@ -59,7 +59,9 @@ class Request:
         return "close" not in conn
 
 
-async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Request | None:
+async def read_request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> Request | None:
     """The next request on a connection; None when the client closed it between requests."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")

@@ -135,7 +135,7 @@ class RankWatch:
 
     def _same_process(self) -> bool:
         fields = _stat(self.pid)
-        return bool(fields) and fields[19] == self.starttime and fields[0] not in ("Z", "X")
+        return fields is not None and fields[19] == self.starttime and fields[0] not in "ZX"
 
     def _poll_proc(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.alive and self._same_process():

@@ -50,7 +50,7 @@ def _short(func: str) -> str:
 
 
 def thread_from_pyspy(t: dict[str, Any], pid: int) -> dict[str, Any]:
-    frames = []
+    frames: list[dict[str, Any]] = []
     for f in t.get("frames") or []:
         native = bool(f.get("module")) and not str(f.get("filename", "")).endswith(".py")
         loc = None
@@ -183,10 +183,12 @@ class StackReader:
         if native:
             cmd.append("--native")
         limit = PYSPY_NATIVE_TIMEOUT_S if native else PYSPY_TIMEOUT_S
+        arrived = time.monotonic()
         async with self._pyspy_slots:
             recent = self._recent
-            if recent and recent[1] == (locals, native) and time.monotonic() - recent[0] < 0.1:
-                return recent[2]  # requests queued behind one dump share it
+            if recent and recent[1] == (locals, native) and recent[0] >= arrived:
+                return recent[2]  # a dump that began after we arrived is fresh enough: share it
+            began = time.monotonic()
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
@@ -211,7 +213,7 @@ class StackReader:
         threads = [thread_from_pyspy(t, self.pid) for t in raw if isinstance(t, dict)]
         gil = next((t["thread_id"] for t in threads if t["owns_gil"]), None)
         result = {"route": "py-spy", "threads": threads, "gil_holder": gil}
-        self._recent = (time.monotonic(), (locals, native), result)
+        self._recent = (began, (locals, native), result)
         return result
 
     def _handler_installed(self) -> bool:
@@ -221,7 +223,8 @@ class StackReader:
             with open(f"/proc/{self.pid}/status") as f:
                 for line in f:
                     if line.startswith("SigCgt:"):
-                        return bool(int(line.split()[1], 16) >> (self.dump_signal - 1) & 1)
+                        bit = (self.dump_signal or 1) - 1
+                        return bool(int(line.split()[1], 16) >> bit & 1)
         except (OSError, ValueError, TypeError):
             return False
         return False

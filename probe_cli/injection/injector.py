@@ -117,6 +117,7 @@ def inject_ptrace(t: Target, boot_code: str) -> tuple[int, float]:
     missing = [n for n, a in addr.items() if a is None]
     if missing:
         raise InjectError(f"PID {t.pid}: the Python C API lacks {', '.join(missing)}")
+    fn: dict[str, int] = {n: a for n, a in addr.items() if a is not None}
     mmap = t.libc.address("mmap")
     assert mmap is not None
     code = boot_code.encode() + b"\0"
@@ -132,12 +133,12 @@ def inject_ptrace(t: Target, boot_code: str) -> tuple[int, float]:
             if page >= 2**64 - 4096:
                 raise InjectError(f"mmap in PID {t.pid} failed (errno {2**64 - page})")
             args = b"".join(int(a).to_bytes(8, "little") for a in (
-                addr["PyGILState_Ensure"], addr["run"], addr["PyGILState_Release"],
+                fn["PyGILState_Ensure"], fn["run"], fn["PyGILState_Release"],
                 page + CODE_AT))
             tracee.poke(page, ROUTINE)
             tracee.poke(page + ARGS_AT, args)
             tracee.poke(page + CODE_AT, code)
-            tid = tracee.call(saved, addr["PyThread_start_new_thread"], page, page + ARGS_AT)
+            tid = tracee.call(saved, fn["PyThread_start_new_thread"], page, page + ARGS_AT)
             if tid in (0, 2**64 - 1):
                 raise InjectError(f"PyThread_start_new_thread failed in PID {t.pid}")
         finally:

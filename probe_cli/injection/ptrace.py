@@ -211,6 +211,7 @@ class Tracee:
             if sig == signal.SIGSEGV and now.rip == 0:
                 return int(now.rax)
             if sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE):
-                raise PtraceError(errno.EFAULT, f"the injected call faulted ({signal.Signals(sig).name} "
-                                  f"at {now.rip:#x})")
+                name = signal.Signals(sig).name
+                raise PtraceError(errno.EFAULT,
+                                  f"the injected call faulted ({name} at {now.rip:#x})")
             self.cont(sig)  # someone else's signal: deliver it now, our call goes on

@@ -59,7 +59,7 @@ def _status_field(pid: int, key: str) -> str | None:
 
 def has_cap_sys_ptrace() -> bool:
     eff = _status_field(os.getpid(), "CapEff")
-    return bool(eff) and bool(int(eff, 16) >> CAP_SYS_PTRACE & 1)
+    return eff is not None and bool(int(eff, 16) >> CAP_SYS_PTRACE & 1)
 
 
 def in_container() -> bool:
@@ -98,22 +98,28 @@ def permission_help() -> str:
     return "run probe as the target's user or as root"
 
 
+def _major_minor(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
 def _python_object(pid: int, maps: list[elf.Mapping]) -> tuple[elf.LoadedObject | None,
                                                                   tuple[int, int] | None, bool]:
     lib = next((m for m in maps if _LIBPY.search(os.path.basename(m.path))), None)
     exe = os.readlink(f"/proc/{pid}/exe")
-    version, threaded = None, False
+    version: tuple[int, int] | None = None
+    threaded = False
     if lib is not None:
         m = _LIBPY.search(os.path.basename(lib.path))
         assert m
-        version = tuple(int(x) for x in m.group(1).split("."))  # type: ignore[assignment]
+        version = _major_minor(m.group(1))
         threaded = m.group(2) == "t"
         obj = elf.loaded_object(pid, maps, os.path.basename(lib.path))
     else:
         obj = elf.executable(pid, maps)
         m = _EXE.search(os.path.basename(exe))
         if m:
-            version = tuple(int(x) for x in m.group(1).split("."))  # type: ignore[assignment]
+            version = _major_minor(m.group(1))
             threaded = m.group(2) == "t"
     if obj is not None and "PyThread_start_new_thread" not in obj.elf.symbols:
         obj = None

@@ -1,5 +1,5 @@
 -- name: doctor_loop
--- description: This rank's training loop over its last $last_steps steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window, how often clip_grad_norm_ ran and clipped, the median gradient norm before clipping, and non-finite gradient norms (first and last step). `probe doctor` reads it.
+-- description: This rank's training loop over its last $last_steps steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window, how often clip_grad_norm_ ran with a finite norm and clipped, the median gradient norm before clipping, and non-finite gradient norms (first and last step). `probe doctor` reads it.
 -- params: last_steps
 WITH s AS (
     SELECT step, timestamp, data_wait, lr, grad_norm, clip_max_norm, clip_calls,
@@ -16,10 +16,15 @@ SELECT count(step_s)                                                   AS steps,
        arg_min(lr, step)                                               AS lr_first,
        arg_max(lr, step)                                               AS lr_last,
        count(*) FILTER (WHERE clip_calls > 0 AND step_s IS NOT NULL)   AS clip_steps,
-       count(*) FILTER (WHERE grad_norm > clip_max_norm AND step_s IS NOT NULL) AS clipped_steps,
+       count(*) FILTER (WHERE clip_calls > 0 AND isfinite(grad_norm) AND step_s IS NOT NULL)
+                                                                       AS clip_finite_steps,
+       count(*) FILTER (WHERE grad_norm > clip_max_norm AND isfinite(grad_norm)
+                        AND step_s IS NOT NULL)                        AS clipped_steps,
        max(clip_max_norm)                                              AS clip_max_norm,
        median(grad_norm) FILTER (WHERE isfinite(grad_norm))            AS grad_norm_median,
-       count(*) FILTER (WHERE NOT isfinite(grad_norm))                 AS nonfinite_grad_steps,
-       min(step) FILTER (WHERE NOT isfinite(grad_norm))                AS first_nonfinite_step,
+       count(*) FILTER (WHERE NOT isfinite(grad_norm) AND step_s IS NOT NULL)
+                                                                       AS nonfinite_grad_steps,
+       min(step) FILTER (WHERE NOT isfinite(grad_norm) AND step_s IS NOT NULL)
+                                                                       AS first_nonfinite_step,
        max(step) FILTER (WHERE NOT isfinite(grad_norm))                AS last_nonfinite_step
 FROM s;

@@ -1,5 +1,5 @@
 -- name: doctor_memory
--- description: Memory over this rank's last $last_steps steps, per device (python.memory): growth per step (least-squares slope) of the process RSS and, on CUDA, of allocated and reserved memory, with the first and last values, the peak, and the allocator's OOM and retry counts. `probe doctor` reads it.
+-- description: Memory over this rank's last $last_steps steps (leaving out the first 10 it recorded: warm-up), per device (python.memory): growth per step (least-squares slope) of the process RSS and, on CUDA, of allocated and reserved memory, with the first and last values, the peak, and the allocator's OOM and retry counts. `probe doctor` reads it.
 -- params: last_steps
 SELECT device,
        count(*)                                  AS steps,
@@ -18,5 +18,6 @@ SELECT device,
        max(alloc_retries)                        AS alloc_retries
 FROM python.memory
 WHERE step > (SELECT max(step) FROM python.memory) - $last_steps
+  AND step > (SELECT min(step) FROM python.memory) + 10  -- warm-up: optimizer state, caches
 GROUP BY device
 ORDER BY device;

@@ -47,8 +47,10 @@ def test_doctor_names_the_straggler_and_the_time_the_others_wait(tmp_path: Path)
 
 
 def test_doctor_lists_the_slow_module_first(tmp_path: Path):
-    # GIVEN a model whose middle layer sleeps 50 ms, traced every step
-    with training_job(tmp_path, "slow_module.py", env={"PROBE_TRACE": "on"}) as (_, infos):
+    # GIVEN a model whose middle layer sleeps 300 ms (well above the noise of 2 busy cores),
+    # traced every step
+    with training_job(tmp_path, "slow_module.py", ("--sleep", "0.3", "--ready-after", "3"),
+                      env={"PROBE_TRACE": "on"}) as (_, infos):
         pid = str(infos[0]["pid"])
         env = {"PROBE_RUN_DIR": str(tmp_path / "run")}
         # WHEN doctor runs

@@ -90,7 +90,7 @@ def test_inject_into_gil_holding_target_times_out_cleanly(plain_train, tmp_path)
 
 def test_repeated_injection_keeps_numerics(plain_train, tmp_path):
     """inject -> query -> stop, 20 times, into a target that checks its own float results."""
-    from probe_cli.commands._local import agent_answers, ask_socket
+    from probe_cli.commands._local import agent_answers
     from probe_cli.main import main as probe_main
 
     pid, stats, proc = plain_train("--step-sleep", "0")
@@ -98,6 +98,7 @@ def test_repeated_injection_keeps_numerics(plain_train, tmp_path):
     sock = str(run / f"{pid}.sock")
     n = int(os.environ.get("PROBE_TEST_INJECTIONS", "20"))
     for i in range(n):
+        assert proc.poll() is None, f"target died before injection {i}:\n{proc.stdout.read()}"
         # WHEN we inject (no watchdog: this is about the injector) and use the agent
         assert probe_main(["--run-dir", str(run), "inject", str(pid), "--port", "0",
                            "--no-watchdog"]) == 0, f"injection {i}"
@@ -109,7 +110,8 @@ def test_repeated_injection_keeps_numerics(plain_train, tmp_path):
                           timeout=10) as c:
             c.post("/v1/eval", json={"code": "import threading, probe_agent; "
                                              "threading.Timer(0.05, probe_agent.stop).start()"})
-        wait_until(lambda: ask_socket(sock) is None, 20, f"agent {i} did not stop")
+        # stop() removes the socket file last: then the agent is wholly gone
+        wait_until(lambda: not os.path.exists(sock), 20, f"agent {i} did not stop")
     # THEN the target is alive and never computed a wrong number
     assert proc.poll() is None
     final = _stats(stats)

@@ -36,7 +36,7 @@ from tests.support import ROOT, python_env
 pytestmark = pytest.mark.e2e
 
 GUIDE = ROOT / "docs" / "troubleshooting.md"
-WAIT_S = 90.0
+WAIT_S = 120.0
 _EXAMPLE = re.compile(r"<!--\s*example:\s*(.+?)\s*-->")
 _EXPECT = re.compile(r"<!--\s*expect:\s*(.+?)\s*-->")
 

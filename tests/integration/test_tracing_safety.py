@@ -71,16 +71,19 @@ def test_a_compiled_model_trains_the_same_and_records_its_calls(make_agent):
     # THEN it learns the same, and the traced steps have the compiled model's own rows (named
     # like the plain model) plus the optimizer step; nothing inside the compiled graph
     assert got == pytest.approx(eager, rel=1e-4)
-    found = rows(agent, "SELECT DISTINCT step, module, stage FROM torch_trace ORDER BY ALL")
+    found = rows(agent, "SELECT DISTINCT step, module, stage FROM torch_trace "
+                        "WHERE module <> 'GraphModule' ORDER BY ALL")
     assert found == [[2, "AdamW", "step"], [2, "TinyGPT", "backward"],
                      [2, "TinyGPT", "forward"]], found
+    # (aot_eager runs the compiled FX graph as a GraphModule call, which is recorded too;
+    # inductor's compiled code is not a module)
     assert agent.collectors["modules"].state()["failures"] == 0
 
 
 def test_retention_holds_the_tables_under_the_byte_cap(make_agent):
     agent = make_agent(trace="on", retention_mb=1)
     model = TinyGPT(layers=1)
-    train(model, 300)
+    train(model, 200)
     rows(agent, "SELECT 1")
     width = agent.store._step_tables["python.torch_trace"]
 
@@ -89,7 +92,7 @@ def test_retention_holds_the_tables_under_the_byte_cap(make_agent):
         return (n, lo, hi) if lo > 1 else None
 
     n, lo, hi = wait_until(trimmed, 15, "retention never dropped the oldest steps")
-    assert hi == 300  # the newest steps stay
+    assert hi == 200  # the newest steps stay
     assert n * width <= 1 << 20
     assert agent.store.rows_dropped > 0
 

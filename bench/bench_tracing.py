@@ -1,0 +1,355 @@
+"""Torch-tracing overhead, side by side in one process (issue 3).
+
+A GPT-style transformer (>=100 modules: 8 blocks of ln/attn(c_attn, c_proj, drop)/ln/mlp(c_fc,
+act, c_proj, drop), embeddings, head), forward + backward + AdamW, at two sizes: ``small`` (~30 ms
+CPU step) and ``large`` (~200 ms). Configurations run interleaved, round after round (ABCDE
+ABCDE ...), so drift and the neighbours' load hit all of them alike:
+
+- ``baseline``: no agent;
+- ``agent-off``: the agent running with PROBE_TRACE=off;
+- ``on``: every module on every step;
+- ``default``: the default mode (PROBE_TRACE unset: every:10);
+- ``profiler``: torch.profiler (CPU activities) around the same loop, no agent.
+
+Each block is a multiple of 10 steps. Reported: per configuration the median over rounds of the
+block's mean step time, and the median over rounds of the ratio to that round's baseline (paired
+ratios: robust to drift). Times are the training thread's CPU time (``thread_time``), which
+other processes on shared cores do not inflate, and wall time. Per-module-call cost: the extra
+forward (and backward) thread time of ``on`` over ``baseline`` divided by the module calls (and
+backward rows) per step.
+
+``--rss``: the process RSS after 1k and 10k steps of the small model with the agent on (mode and
+retention from --rss-mode / --retention-mb), to show that memory stays flat.
+
+``--paired STEPS``: step-level pairs in one agent (every:2 alternates traced and untraced steps,
+so neighbours' load hits both alike), the CPU of the agent's own threads per traced step, and
+the per-step cost of the agent's optimizer hooks with tracing off.
+
+Usage: python bench/bench_tracing.py [--sizes small,large] [--rounds N] [--threads 1]
+       python bench/bench_tracing.py --paired 400 [--sizes small,large]
+       python bench/bench_tracing.py --rss [--rss-steps 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SIZES = {  # name -> (d_model, layers, batch, ctx, steps per block, rounds)
+    "small": (64, 8, 4, 64, 20, 15),
+    "large": (128, 8, 8, 128, 10, 8),
+}
+
+
+class Attn(nn.Module):
+    def __init__(self, d: int, h: int) -> None:
+        super().__init__()
+        self.h = h
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.c_proj = nn.Linear(d, d)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.drop(self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(d, 4 * d)
+        self.act = nn.GELU()
+        self.c_proj = nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.c_proj(self.act(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, h: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = Attn(d, h)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = MLP(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, d: int, layers: int, ctx: int, heads: int = 4) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(ctx, d)
+        self.drop = nn.Dropout(0.1)
+        self.h = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.shape[1])))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+class Loop:
+    def __init__(self, size: str) -> None:
+        d, layers, b, ctx, self.block, self.rounds = SIZES[size]
+        torch.manual_seed(0)
+        self.model = GPT(512, d, layers, ctx)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.idx = torch.randint(0, 512, (b, ctx))
+        self.tgt = torch.randint(0, 512, (b, ctx))
+        self.calls = sum(1 for m in self.model.modules() if not isinstance(m, nn.ModuleList))
+
+    def steps(self, n: int) -> tuple[float, float, float, float]:
+        """n steps -> mean (thread s, wall s, forward thread s, backward thread s) per step."""
+        tt, pc = time.thread_time, time.perf_counter
+        fwd = bwd = 0.0
+        t0, w0 = tt(), pc()
+        for _ in range(n):
+            a = tt()
+            loss = self.model(self.idx, self.tgt)
+            b = tt()
+            loss.backward()
+            c = tt()
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            fwd += b - a
+            bwd += c - b
+        return (tt() - t0) / n, (pc() - w0) / n, fwd / n, bwd / n
+
+
+def start_agent(mode: str | None, retention_mb: int | None = None):  # type: ignore[no-untyped-def]
+    import probe_agent
+    from probe_agent.config import AgentConfig
+
+    kw: dict[str, object] = {"port": 0, "run_dir": tempfile.mkdtemp(prefix="probe-b-"),
+                             "watchdog": False}
+    if mode is not None:
+        kw["trace"] = mode
+    if retention_mb is not None:
+        kw["retention_mb"] = retention_mb
+    return probe_agent.start(AgentConfig(**kw))
+
+
+def stop_agent() -> None:
+    import probe_agent
+
+    probe_agent.stop()
+
+
+def run_size(size: str, rounds: int | None) -> dict[str, object]:
+    loop = Loop(size)
+    n = loop.block
+    rounds = rounds or loop.rounds
+    configs = ["baseline", "agent-off", "on", "default", "profiler"]
+    res: dict[str, list[tuple[float, float, float, float]]] = {c: [] for c in configs}
+    loop.steps(5)  # warm-up
+    agent = None
+    for r in range(rounds):
+        # Alternate the order (agent configs first or last) so that neither side always runs
+        # right after an agent start or stop.
+        order = configs if r % 2 == 0 else [*configs[1:], configs[0]]
+        if r % 4 >= 2:
+            order = [order[-1], *order[:-1]]
+        for c in order:
+            if c in ("baseline", "profiler"):
+                if agent is not None:
+                    stop_agent()
+                    agent = None
+                    loop.steps(3)
+                if c == "baseline":
+                    res[c].append(loop.steps(n))
+                else:
+                    from torch.profiler import ProfilerActivity, profile
+
+                    with profile(activities=[ProfilerActivity.CPU]):
+                        res[c].append(loop.steps(n))
+                continue
+            if agent is None:
+                agent = start_agent("off")
+                time.sleep(0.5)  # let the agent's threads finish starting (not measured)
+                loop.steps(3)
+            tracer = agent.collectors["modules"]
+            mode = {"agent-off": "off", "on": "on"}.get(c, agent.config.__class__().trace)
+            tracer.set_mode(mode)
+            loop.steps(1)  # a new mode applies from the next step boundary
+            # align so that a block of n (a multiple of 10) holds n/10 sampled steps
+            while (agent.stepclock.current_step + 1) % 10 != 1:
+                loop.steps(1)
+            res[c].append(loop.steps(n))
+        print(f"  {size} round {r + 1}/{rounds}: " + ", ".join(
+            f"{c} {res[c][-1][0] * 1e3:.1f}" for c in configs), file=sys.stderr, flush=True)
+    if agent is not None:
+        stop_agent()
+    base = res["baseline"]
+    out: dict[str, object] = {"size": size, "module_calls_per_step": loop.calls,
+                              "steps_per_block": n, "rounds": rounds}
+    for c in configs:
+        rows = res[c]
+        out[c] = {
+            "cpu_ms": round(statistics.median(x[0] for x in rows) * 1e3, 2),
+            "wall_ms": round(statistics.median(x[1] for x in rows) * 1e3, 2),
+            "ratio_cpu": round(statistics.median(x[0] / b[0] for x, b in zip(rows, base)), 4),
+            "ratio_wall": round(statistics.median(x[1] / b[1] for x, b in zip(rows, base)), 4),
+        }
+    on = res["on"]
+    dfwd = statistics.median(x[2] - b[2] for x, b in zip(on, base))
+    dbwd = statistics.median(x[3] - b[3] for x, b in zip(on, base))
+    # every module call has a forward row; backward rows: modules whose output has a grad_fn
+    # (all of them here), so the same count
+    out["us_per_module_call_forward"] = round(dfwd / loop.calls * 1e6, 2)
+    out["us_per_module_call_backward"] = round(dbwd / loop.calls * 1e6, 2)
+    return out
+
+
+def thread_cpu_s(prefix: str) -> float:
+    """CPU seconds used so far by this process's threads whose name starts with ``prefix``."""
+    import threading
+
+    tids = {t.native_id for t in threading.enumerate() if t.name.startswith(prefix)}
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime, clock ticks
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def run_paired(size: str, steps: int) -> dict[str, object]:
+    """Step-level pairs, immune to slow drift and neighbours: every:2 alternates traced and
+    untraced steps in one agent; the agent's own threads are accounted separately."""
+    loop = Loop(size)
+    loop.steps(5)
+    agent = start_agent("every:2")
+    time.sleep(0.5)
+    loop.steps(4)
+    if agent.stepclock.current_step % 2 == 0:
+        loop.steps(1)  # next step (even) is traced: start pairs on an untraced step
+    agent.store.flush()
+    cpu0, wall0 = thread_cpu_s("probe-agent"), time.perf_counter()
+    times = [loop.steps(1) for _ in range(steps)]
+    agent.store.flush()
+    agent_cpu, wall = thread_cpu_s("probe-agent") - cpu0, time.perf_counter() - wall0
+    # step k (odd index here) was traced; pair it with the untraced steps around it
+    pairs = [(times[i], times[i - 1], times[i + 1]) for i in range(1, steps - 1, 2)]
+    ratio = statistics.median(t[0] / ((a[0] + b[0]) / 2) for t, a, b in pairs)
+    ratio_wall = statistics.median(t[1] / ((a[1] + b[1]) / 2) for t, a, b in pairs)
+    dfwd = statistics.median(t[2] - (a[2] + b[2]) / 2 for t, a, b in pairs)
+    dbwd = statistics.median(t[3] - (a[3] + b[3]) / 2 for t, a, b in pairs)
+    base = statistics.median((a[0] + b[0]) / 2 for _, a, b in pairs)
+    traced_steps = len(pairs)
+    writer_ms = agent_cpu / max(traced_steps, 1) * 1e3  # all agent-thread CPU, per traced step
+    stop_agent()
+    return {
+        "size": size, "pairs": traced_steps, "untraced_step_cpu_ms": round(base * 1e3, 2),
+        "traced_over_untraced_cpu": round(ratio, 4),
+        "traced_over_untraced_wall": round(ratio_wall, 4),
+        "us_per_module_call_forward": round(dfwd / loop.calls * 1e6, 2),
+        "us_per_module_call_backward": round(dbwd / loop.calls * 1e6, 2),
+        "agent_threads_cpu_ms_per_traced_step": round(writer_ms, 3),
+        "on_every_step_estimate": round(ratio + writer_ms / 1e3 / base, 4),
+        "every10_estimate": round(1 + (ratio - 1 + writer_ms / 1e3 / base) / 10, 4),
+        "agent_threads_cpu_share": round(agent_cpu / wall, 4),
+    }
+
+
+def run_hooks_cost(n: int = 20000) -> dict[str, object]:
+    """What a loaded agent with tracing off adds per step on the training thread: the global
+    optimizer hooks and the step subscribers, timed by calling optimizer.step() on an empty
+    optimizer with and without the agent (alternating blocks)."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.0)
+    tt = time.thread_time
+
+    def block() -> float:
+        t = tt()
+        for _ in range(n):
+            opt.step()
+        return (tt() - t) / n
+
+    without, with_ = [], []
+    for _ in range(5):
+        without.append(block())
+        start_agent("off")
+        time.sleep(0.3)
+        with_.append(block())
+        stop_agent()
+    d = statistics.median(with_) - statistics.median(without)
+    return {"optimizer_step_us_without": round(statistics.median(without) * 1e6, 2),
+            "optimizer_step_us_with_agent_off": round(statistics.median(with_) * 1e6, 2),
+            "added_us_per_step": round(d * 1e6, 2)}
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def run_rss(steps: int, mode: str, retention_mb: int) -> dict[str, object]:
+    loop = Loop("small")
+    agent = start_agent(mode, retention_mb)
+    marks: dict[int, float] = {}
+    t0 = time.perf_counter()
+    for i in range(1, steps + 1):
+        loop.steps(1)
+        if i % 1000 == 0:
+            marks[i] = round(rss_mib(), 1)
+            n = agent.store.query("SELECT count(*) FROM torch_trace").rows[0][0]
+            print(f"  step {i}: rss {marks[i]} MiB, torch_trace rows {n}, "
+                  f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    stop_agent()
+    first = marks.get(1000)
+    return {"mode": mode, "retention_mb": retention_mb, "rss_mib": marks,
+            "rss_10k_over_1k": round(marks[max(marks)] / first, 3) if first else None}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="small,large")
+    p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (1 leaves the 2nd core to the agent's threads)")
+    p.add_argument("--paired", type=int, default=0, metavar="STEPS",
+                   help="step-level pairs instead of blocks (every:2 in one agent), plus the "
+                        "agent's own thread CPU and its per-step hook cost")
+    p.add_argument("--rss", action="store_true")
+    p.add_argument("--rss-steps", type=int, default=10_000)
+    p.add_argument("--rss-mode", default="on")
+    p.add_argument("--retention-mb", type=int, default=32)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.paired:
+        out = [run_paired(s, args.paired) for s in args.sizes.split(",")]
+        print(json.dumps([*out, run_hooks_cost()], indent=1))
+        return
+    if args.rss:
+        print(json.dumps(run_rss(args.rss_steps, args.rss_mode, args.retention_mb), indent=1))
+        return
+    results = [run_size(s, args.rounds) for s in args.sizes.split(",")]
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""`probe doctor`'s checks on hand-made rank answers: thresholds, wording, ranking, exit rule.
+The same checks run on real programs in tests/e2e/test_doctor.py and test_troubleshooting.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from probe_cli.doctor import RankDoc
+from probe_cli.doctor_health import diagnose, render
+from probe_cli.hang import Verdict
+
+NO_HANG = Verdict(False, "no hang: none of 2 ranks has waited 5 s or more in a collective")
+NOW = 1000.0
+
+
+def doc(rank: int = 0, *, last_step_at: float = NOW - 0.1, loop: dict | None = None,
+        memory: list | None = None, metrics: list | None = None, grads: dict | None = None,
+        waiting: float | None = None, lr: object = 0.01, collectives=()) -> RankDoc:
+    state = {"now": NOW, "clock": {"step": 40, "last_step_at": last_step_at},
+             "loop": {"data_waiting_s": waiting},
+             "optimizers": [{"class": "SGD", "groups": [{"lr": lr, "momentum": 0.9}]}],
+             "cuda_total_mib": {"cuda:0": 81559.0}}
+    base_loop = {"steps": 49, "step_ms": 20.0, "data_wait_share": 0.01, "clip_steps": 0}
+    return RankDoc(rank, state=state, grads=grads or {"checked": True, "step": 41,
+                                                        "nonfinite": 0, "params": 4},
+                   loop=[{**base_loop, **(loop or {})}], memory=memory or [],
+                   metrics=metrics or [], slow=[], collectives=tuple(collectives))
+
+
+def checks(report) -> dict[str, str]:
+    return {f.check: f.severity for f in report.findings}
+
+
+def test_a_healthy_job_has_no_problem():
+    # GIVEN two ranks stepping, flat memory, finite numbers
+    flat = [{"device": "cpu", "steps": 50, "rss_first": 400.0, "rss_last": 401.0,
+             "rss_per_step": 0.02, "first_step": 1, "last_step": 50}]
+    report = diagnose(NO_HANG, [doc(0, memory=flat), doc(1, memory=flat)], 5.0)
+    # THEN nothing but the LR information, and render says so
+    assert not report.problem, report
+    assert checks(report) == {"lr": "info"}
+    assert "no problem found" in render(report, "probe doctor: ranks 0,1 answered")[0]
+
+
+def test_a_rank_waiting_in_the_dataloader_is_stalled():
+    report = diagnose(NO_HANG, [doc(0, last_step_at=NOW - 30, waiting=29.5)], 5.0)
+    stall = next(f for f in report.findings if f.check == "stall")
+    assert stall.severity == "critical" and stall.ranks == [0]
+    assert stall.title.startswith("STALLED: rank 0 waits for the DataLoader")
+    assert any("waiting for a batch in DataLoader __next__ for 29.5 s" in e
+               for e in stall.evidence)
+
+
+def test_a_slow_step_is_not_a_stall():
+    # 3 s without a step is normal when steps take 1 s (STALL_STEPS x the median step)
+    report = diagnose(NO_HANG, [doc(0, last_step_at=NOW - 6, loop={"step_ms": 1000.0})], 5.0)
+    assert "stall" not in checks(report)
+
+
+@pytest.mark.parametrize("bad", ["metrics", "grads", "clip"])
+def test_nan_anywhere_is_critical_and_ranked_first(bad):
+    kw = {
+        "metrics": {"metrics": [{"name": "loss", "nonfinite": 3, "first_step": 30,
+                                 "last_step": 32, "logged": 32, "last_finite": 0.8}]},
+        "grads": {"grads": {"checked": True, "step": 33, "nonfinite": 2, "params": 4}},
+        "clip": {"loop": {"nonfinite_grad_steps": 4, "first_nonfinite_step": 30,
+                          "last_nonfinite_step": 33, "clip_steps": 4}},
+    }[bad]
+    kw["loop"] = {"data_wait_share": 0.6, **kw.get("loop", {})}
+    report = diagnose(NO_HANG, [doc(0, **kw)], 5.0)
+    ranked = report.ranked()
+    assert ranked[0].check == "nonfinite" and ranked[0].severity == "critical"
+    assert ranked[1].check == "dataloader"  # a warning comes after
+
+
+def test_memory_growth_and_cuda_headroom():
+    rows = [{"device": "cuda:0", "steps": 50, "allocated_first": 1000.0,
+             "allocated_last": 4200.0, "allocated_per_step": 64.0, "reserved_last": 4600.0,
+             "first_step": 1, "last_step": 50, "ooms": 0}]
+    report = diagnose(NO_HANG, [doc(0, memory=rows)], 5.0)
+    mem = next(f for f in report.findings if f.check == "memory")
+    assert mem.title == "MEMORY GROWTH: rank 0 grows 64.0 MiB every step"
+    assert "headroom 76959 of 81559 MiB, full in ~1202 steps" in mem.evidence[0]
+
+
+def test_oom_already_hit_is_critical():
+    rows = [{"device": "cuda:0", "steps": 50, "allocated_first": 1000.0, "allocated_last": 1000.0,
+             "allocated_per_step": 0.0, "first_step": 1, "last_step": 50, "ooms": 2,
+             "alloc_retries": 7}]
+    report = diagnose(NO_HANG, [doc(0, memory=rows)], 5.0)
+    assert checks(report)["oom"] == "critical"
+
+
+def test_clipping_every_step_and_a_zero_lr_are_warnings():
+    clipping = doc(0, loop={"clip_steps": 49, "clipped_steps": 49, "clip_max_norm": 1.0,
+                            "grad_norm_median": 112.0})
+    report = diagnose(NO_HANG, [clipping, doc(1, lr=0.0)], 5.0)
+    lr = next(f for f in report.findings if f.check == "lr")
+    assert lr.severity == "warning" and lr.next == "probe lr --scale 0.1"
+    assert "rank 0 clips on 100% of steps" in lr.title and "lr is 0.0" in lr.title
+
+
+def test_waiting_for_peers_in_collectives():
+    # rank 1 arrives 80 ms after rank 0 at every collective of a 100 ms step
+    def coll(rank, seq, t):
+        return {"pg": "0", "seq": seq, "op": "allreduce", "state": "done", "start_time": t,
+                "group_ranks": [0, 1]}
+    r0 = [coll(0, s, s * 0.1) for s in range(1, 40)]
+    r1 = [coll(1, s, s * 0.1 + 0.08) for s in range(1, 40)]
+    report = diagnose(NO_HANG, [doc(0, collectives=r0), doc(1, collectives=r1)], 5.0)
+    found = {f.check: f for f in report.findings}
+    assert found["collectives"].ranks == [0]
+    assert found["straggler"].ranks == [1]
+
+
+def test_a_hang_hides_the_timing_checks():
+    hang = Verdict(True, "HANG: rank 0 waits in all_reduce #5 (group 0) for 9.0 s; rank 1 is "
+                   "not in it", ["rank 1 has not reached all_reduce #5"], [1])
+    report = diagnose(hang, [doc(0, last_step_at=NOW - 60), doc(1)], 5.0)
+    assert [f.check for f in report.ranked()][0] == "hang"
+    assert "stall" not in checks(report) and "straggler" not in checks(report)
