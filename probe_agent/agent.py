@@ -51,6 +51,7 @@ class Agent:
         self.unix_path: str | None = None
         self._server: Any = None
         self._info_path: str | None = None
+        self._owned_inodes: dict[str, int] = {}
         self.peers: dict[int, dict[str, Any]] = {}
         self.running = False
         #: issue 5: the out-of-process companion that owns the public sockets (watchdog/link.py).
@@ -80,6 +81,7 @@ class Agent:
                 self.url = f"http://{shown}:{port}"
             if self.config.unix_socket:
                 uds, self.unix_path = bind_unix(self.config.run_dir, self.identity.pid, self.rank)
+                self._owned_inodes[self.unix_path] = os.stat(self.unix_path).st_ino
                 sockets.append(uds)
         except BaseException:
             for s in sockets:
@@ -153,7 +155,10 @@ class Agent:
         for path in () if handover else (self.unix_path, self._info_path):
             if path:
                 try:
-                    os.unlink(path)
+                    # Only our own file: a newer agent in this pid (re-injection, stop/start)
+                    # may have bound the same path since.
+                    if os.stat(path).st_ino == self._owned_inodes.get(path):
+                        os.unlink(path)
                 except OSError:
                     pass
 
@@ -168,6 +173,7 @@ class Agent:
                 json.dump(self.info(), f)
             os.replace(tmp, path)
             self._info_path = path
+            self._owned_inodes[path] = os.stat(path).st_ino
         except OSError as e:
             log.warning("probe agent: could not write %s: %s", path, e)
 
