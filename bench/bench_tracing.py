@@ -13,8 +13,9 @@ ABCDE ...), so drift and the neighbours' load hit all of them alike:
 
 Each block is a multiple of 10 steps. Reported: per configuration the median over rounds of the
 block's mean step time, and the median over rounds of the ratio to that round's baseline (paired
-ratios: robust to drift). Times are the training thread's CPU time (``thread_time``), which
-other processes on shared cores do not inflate, and wall time. Per-module-call cost: the extra
+ratios: robust to drift), in three clocks: the training thread's CPU time (``thread_time``, which
+other processes on shared cores inflate least), the whole process's CPU time (``process_time``:
+includes the agent's writer thread, the honest total cost) and wall time. Per-module-call cost: the extra
 forward (and backward) thread time of ``on`` over ``baseline`` divided by the module calls (and
 backward rows) per step.
 
@@ -119,11 +120,12 @@ class Loop:
         self.tgt = torch.randint(0, 512, (b, ctx))
         self.calls = sum(1 for m in self.model.modules() if not isinstance(m, nn.ModuleList))
 
-    def steps(self, n: int) -> tuple[float, float, float, float]:
-        """n steps -> mean (thread s, wall s, forward thread s, backward thread s) per step."""
+    def steps(self, n: int) -> tuple[float, float, float, float, float]:
+        """n steps -> mean (thread s, wall s, forward thread s, backward thread s, process CPU s
+        incl. the agent's threads) per step."""
         tt, pc = time.thread_time, time.perf_counter
         fwd = bwd = 0.0
-        t0, w0 = tt(), pc()
+        t0, w0, p0 = tt(), pc(), time.process_time()
         for _ in range(n):
             a = tt()
             loss = self.model(self.idx, self.tgt)
@@ -134,7 +136,8 @@ class Loop:
             self.opt.zero_grad(set_to_none=True)
             fwd += b - a
             bwd += c - b
-        return (tt() - t0) / n, (pc() - w0) / n, fwd / n, bwd / n
+        return ((tt() - t0) / n, (pc() - w0) / n, fwd / n, bwd / n,
+                (time.process_time() - p0) / n)
 
 
 def start_agent(mode: str | None, retention_mb: int | None = None):  # type: ignore[no-untyped-def]
@@ -210,6 +213,9 @@ def run_size(size: str, rounds: int | None) -> dict[str, object]:
             "wall_ms": round(statistics.median(x[1] for x in rows) * 1e3, 2),
             "ratio_cpu": round(statistics.median(x[0] / b[0] for x, b in zip(rows, base)), 4),
             "ratio_wall": round(statistics.median(x[1] / b[1] for x, b in zip(rows, base)), 4),
+            "process_cpu_ms": round(statistics.median(x[4] for x in rows) * 1e3, 2),
+            "ratio_process_cpu": round(
+                statistics.median(x[4] / b[4] for x, b in zip(rows, base)), 4),
         }
     on = res["on"]
     dfwd = statistics.median(x[2] - b[2] for x, b in zip(on, base))

@@ -60,7 +60,7 @@ async def doctor(request: Request) -> dict[str, Any]:
 @router.post("/doctor/grads")
 async def grads(
     request: Request,
-    wait: float = Query(2.0, ge=0, le=30, description="seconds to wait for the next step"),
+    wait: float = Query(2.0, ge=0, le=10, description="seconds to wait for the next step"),
 ) -> dict[str, Any]:
     """Check every gradient for NaN/Inf right after the next optimizer step: ``checked``,
     ``step``, ``params``, ``without_grad``, ``nonfinite`` (parameters whose gradient has a NaN
