@@ -12,12 +12,13 @@ ABCDE ...), so drift and the neighbours' load hit all of them alike:
 - ``profiler``: torch.profiler (CPU activities) around the same loop, no agent.
 
 Each block is a multiple of 10 steps. Reported: per configuration the median over rounds of the
-block's mean step time, and the median over rounds of the ratio to that round's baseline (paired
-ratios: robust to drift), in three clocks: the training thread's CPU time (``thread_time``, which
-other processes on shared cores inflate least), the whole process's CPU time (``process_time``:
-includes the agent's writer thread, the honest total cost) and wall time. Per-module-call cost: the extra
-forward (and backward) thread time of ``on`` over ``baseline`` divided by the module calls (and
-backward rows) per step.
+block's mean step time, and the median over rounds of the ratio to that round's baseline
+(paired ratios: robust to drift), in three clocks: the training thread's CPU time
+(``thread_time``, which other processes on shared cores inflate least), the whole process's CPU
+time (``process_time``: includes the agent's writer thread, the honest total cost) and wall.
+Per-module-call cost: the extra forward (and backward) thread time of ``on`` over ``baseline``
+divided by the module calls (and backward rows) per step; ``--per-call`` measures it more
+precisely on 100 tiny layers.
 
 ``--rss``: the process RSS after 1k and 10k steps of the small model with the agent on (mode and
 retention from --rss-mode / --retention-mb), to show that memory stays flat.
@@ -28,6 +29,7 @@ the per-step cost of the agent's optimizer hooks with tracing off.
 
 Usage: python bench/bench_tracing.py [--sizes small,large] [--rounds N] [--threads 1]
        python bench/bench_tracing.py --paired 400 [--sizes small,large]
+       python bench/bench_tracing.py --per-call
        python bench/bench_tracing.py --rss [--rss-steps 10000]
 """
 
@@ -308,6 +310,41 @@ def run_hooks_cost(n: int = 20000) -> dict[str, object]:
             "added_us_per_step": round(d * 1e6, 2)}
 
 
+def run_per_call(reps: int = 30) -> dict[str, object]:
+    """Cost per module call: 100 tiny Linear layers in a Sequential (the model's own work is
+    small, so the tracer's share is visible), trace on vs off in one agent, alternating blocks;
+    forward alone, then forward + backward."""
+    seq = nn.Sequential(*[nn.Linear(8, 8) for _ in range(100)])
+    x = torch.zeros(2, 8, requires_grad=True)
+    opt = torch.optim.SGD(seq.parameters(), lr=0.0)
+    agent = start_agent("off")
+    time.sleep(0.5)
+    tracer = agent.collectors["modules"]
+    tt = time.thread_time
+    fw: dict[str, list[float]] = {"off": [], "on": []}
+    bw: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(reps):
+        for mode in ("off", "on"):
+            tracer.set_mode(mode)
+            opt.step()  # the step boundary applies the mode
+            t = tt()
+            for _ in range(10):
+                seq(x)
+            fw[mode].append((tt() - t) / 10 / 101)
+            t = tt()
+            for _ in range(10):
+                seq(x).sum().backward()
+            bw[mode].append((tt() - t) / 10 / 101 - fw[mode][-1])
+            opt.step()
+    stop_agent()
+    med = statistics.median
+    return {"module_calls": 101,
+            "forward_us_per_call_off": round(med(fw["off"]) * 1e6, 2),
+            "forward_us_added_per_call": round((med(fw["on"]) - med(fw["off"])) * 1e6, 2),
+            "backward_us_per_call_off": round(med(bw["off"]) * 1e6, 2),
+            "backward_us_added_per_call": round((med(bw["on"]) - med(bw["off"])) * 1e6, 2)}
+
+
 def rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
@@ -340,12 +377,17 @@ def main() -> None:
     p.add_argument("--paired", type=int, default=0, metavar="STEPS",
                    help="step-level pairs instead of blocks (every:2 in one agent), plus the "
                         "agent's own thread CPU and its per-step hook cost")
+    p.add_argument("--per-call", action="store_true",
+                   help="only the per-module-call cost (100 tiny Linear layers)")
     p.add_argument("--rss", action="store_true")
     p.add_argument("--rss-steps", type=int, default=10_000)
     p.add_argument("--rss-mode", default="on")
     p.add_argument("--retention-mb", type=int, default=32)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.per_call:
+        print(json.dumps(run_per_call(), indent=1))
+        return
     if args.paired:
         out = [run_paired(s, args.paired) for s in args.sizes.split(",")]
         print(json.dumps([*out, run_hooks_cost()], indent=1))
