@@ -124,6 +124,10 @@ class Evaluator:
                 f"SyntaxError: {e.msg} (line {e.lineno}); check quoting and real newlines",
                 traceback="".join(traceback.format_exception_only(SyntaxError, e)),
             ) from None
+        except (ValueError, RecursionError, MemoryError, SystemError) as e:
+            # Null bytes (ValueError) or absurd nesting: CPython 3.11's parser can raise
+            # RecursionError or even SystemError ("AST constructor recursion depth mismatch").
+            raise EvalError(f"cannot compile this code: {type(e).__name__}: {e}") from None
         tail = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             tail = ast.Expression(tree.body.pop().value)

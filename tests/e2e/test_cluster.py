@@ -182,15 +182,20 @@ def test_hang_verdict_names_a_sigkilled_rank(tmp_path):
     with torchrun_job(tmp_path, "rank_killed.py", 2) as (proc, infos):
         os.kill(proc.pid, signal.SIGSTOP)
         os.kill(infos[1]["pid"], signal.SIGKILL)
-        wait_for_verdict(infos[0]["url"], "failed")
+        wait_for_verdict(infos[0]["url"], "did not answer")
         out = hang_cli(infos[0]["url"])
     assert out.returncode == 4, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "PROBLEM: rank 1 did not answer; a collective failed on rank 0", out.stdout
+    # Where rank 0 notices the loss depends on timing: in DDP's gradient all-reduce inside
+    # backward (only the Flight Recorder sees it, with no error) or in the explicit all_reduce
+    # (wrapped, so the failure and the rank's new place are reported too).
+    assert lines[0] in ("PROBLEM: rank 1 did not answer",
+                        "PROBLEM: rank 1 did not answer; a collective failed on rank 0"), out.stdout
     assert lines[1] == "  rank 1 did not answer (connection refused): the process is gone"
-    assert re.fullmatch(r"  rank 0: all_reduce #\d+ failed: RuntimeError: .*(Connection|peer).*; "
-                        r"it is now in wait_for_restart \(rank_killed.py:\d+\)", lines[2]), \
-        out.stdout
+    if lines[0].endswith("failed on rank 0"):
+        assert re.fullmatch(r"  rank 0: all_reduce #\d+ failed: RuntimeError: .*(Connection|peer).*; "
+                            r"it is now in wait_for_restart \(rank_killed.py:\d+\)", lines[2]), \
+            out.stdout
 
 
 @pytest.mark.timeout(240)
