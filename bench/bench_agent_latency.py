@@ -32,7 +32,7 @@ def start(ready: Path, probe: bool) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE")}
     env["PYTHONPATH"] = str(ROOT)
     if probe:
-        env.update(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(ready / "run"), PROBE_WATCHDOG="0")
+        env.update(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(ready / "run"))
     return subprocess.Popen(
         [sys.executable, str(PROGRAM), "--ready-dir", str(ready), "--stop-file", str(ready / "stop")],
         env=env, start_new_session=True,
