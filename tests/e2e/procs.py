@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import PROGRAMS, ROOT, python_env, wait_until
+from tests.support import PROGRAMS, ROOT, kill_tree, python_env, wait_until
 
 SPIN_C = r"""
 #include <time.h>
@@ -91,7 +91,7 @@ def wait_json(path: Path, proc: subprocess.Popen[str], timeout: float = 60) -> d
 def kill_all(proc: subprocess.Popen[str], run_dir: Path) -> None:
     """Kill the program's process group, then every watchdog recorded in ``run_dir``."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
     except ProcessLookupError:
         pass
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.training import probe
-from tests.support import PROGRAMS, python_env, wait_until
+from tests.support import PROGRAMS, kill_tree, python_env, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +59,7 @@ def torchrun_job(tmp: Path, program: str, nproc: int, *args: str,
         yield proc, [json.loads((ready / f"rank{r}.json").read_text()) for r in range(nproc)]
     finally:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
         except ProcessLookupError:
             pass
         proc.wait(30)

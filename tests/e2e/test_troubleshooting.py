@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, python_env
+from tests.support import ROOT, kill_tree, python_env
 
 pytestmark = pytest.mark.e2e
 
@@ -181,6 +181,6 @@ def test_documented_commands_find_the_problem(entry: Entry, tmp_path: Path):
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait(10)
         log.close()

@@ -5,8 +5,6 @@ from one address with a token."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +13,7 @@ import pytest
 
 from tests.e2e.test_cluster import free_base_port
 from tests.e2e.training import probe
-from tests.support import ROOT, python_env, wait_until
+from tests.support import ROOT, kill_tree, python_env, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -67,6 +65,6 @@ def test_two_nodes_from_the_compose_entrypoint(tmp_path: Path):
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+                kill_tree(p.pid)
                 p.wait(10)
             p.stdout.close()

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support import PROGRAMS, python_env, wait_until
+from tests.support import PROGRAMS, kill_tree, python_env, wait_until
 
 
 @contextmanager
@@ -59,7 +57,7 @@ def training_job(
         try:
             proc.wait(15)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait(10)
         finally:
             if proc.stdout is not None:
