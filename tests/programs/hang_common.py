@@ -62,3 +62,14 @@ def announce(ready_dir: str, **extra: object) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(info, f)
     os.replace(path + ".tmp", path)
+
+
+def start_healthy(args: argparse.Namespace) -> tuple[int, nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+    """Set up the job, run ``--healthy-steps`` good steps, then announce readiness."""
+    rank, _, model, optimizer = setup(args)
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    for _ in range(args.healthy_steps):
+        train_step(model, optimizer, x, y)
+    announce(args.ready_dir)
+    return rank, model, optimizer, x, y
+

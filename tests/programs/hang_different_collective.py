@@ -6,7 +6,7 @@ import threading
 
 import torch
 import torch.distributed as dist
-from hang_common import announce, parse_args, setup, train_step
+from hang_common import parse_args, start_healthy
 
 
 def sync_metrics(t: torch.Tensor) -> None:
@@ -19,11 +19,7 @@ def maybe_resync_weights(t: torch.Tensor) -> None:
 
 def main() -> None:
     args = parse_args()
-    rank, _, model, optimizer = setup(args)
-    x, y = torch.randn(8, 16), torch.randn(8, 1)
-    for _ in range(args.healthy_steps):
-        train_step(model, optimizer, x, y)
-    announce(args.ready_dir)
+    rank, model, optimizer, x, y = start_healthy(args)
     t = torch.ones(4)
     if rank == args.odd_rank:
         maybe_resync_weights(t)

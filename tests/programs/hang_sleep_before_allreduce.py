@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-import torch
-from hang_common import announce, parse_args, setup, train_step
+from hang_common import parse_args, start_healthy, train_step
 
 
 def slow_host_work() -> None:
@@ -14,11 +13,7 @@ def slow_host_work() -> None:
 
 def main() -> None:
     args = parse_args()
-    rank, _, model, optimizer = setup(args)
-    x, y = torch.randn(8, 16), torch.randn(8, 1)
-    for _ in range(args.healthy_steps):
-        train_step(model, optimizer, x, y)
-    announce(args.ready_dir)
+    rank, model, optimizer, x, y = start_healthy(args)
     if rank == args.odd_rank:
         slow_host_work()
     train_step(model, optimizer, x, y)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 import threading
 
-import torch
-from hang_common import announce, parse_args, setup, train_step
+from hang_common import parse_args, start_healthy, train_step
 
 
 def wait_for_restart(error: BaseException) -> None:
@@ -21,11 +20,7 @@ def wait_for_restart(error: BaseException) -> None:
 
 def main() -> None:
     args = parse_args()
-    rank, _, model, optimizer = setup(args)
-    x, y = torch.randn(8, 16), torch.randn(8, 1)
-    for _ in range(args.healthy_steps):
-        train_step(model, optimizer, x, y)
-    announce(args.ready_dir)
+    rank, model, optimizer, x, y = start_healthy(args)
     try:
         while not (args.stop_file and os.path.exists(args.stop_file)):
             train_step(model, optimizer, x, y)
