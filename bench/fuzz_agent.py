@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "tests" / "programs" / "toy_train.py"
 
 
-def run_once(token: str | None, max_examples: int) -> tuple[bool, str]:
+def run_once(token: str | None, max_examples: int, seed: int = 1) -> tuple[bool, str]:
     with tempfile.TemporaryDirectory(prefix="probe-fuzz-") as d:
         tmp = Path(d)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE")}
@@ -59,12 +59,17 @@ def run_once(token: str | None, max_examples: int) -> tuple[bool, str]:
             exe = str(local) if local.exists() else shutil.which("schemathesis") or "schemathesis"
             cmd = [exe, "run", f"{url}/openapi.json",
                    "--checks", "not_a_server_error", "--max-examples", str(max_examples),
-                   "--workers", "2", "--request-timeout", "30", "--seed", "1"]
+                   "--workers", "1", "--request-timeout", "30", "--seed", str(seed)]
             if token:
                 cmd += ["-H", f"Authorization: Bearer {token}"]
             fz = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-            after = step()
             alive = proc.poll() is None
+            if not alive:
+                # Report why the training process ended: that is the finding, not the ConnectError.
+                return False, (f"token={'yes' if token else 'no'}: training process exited "
+                               f"{proc.returncode} during fuzzing:\n{proc.stdout.read()[-4000:]}\n"
+                               f"schemathesis said:\n{fz.stdout[-3000:]}")
+            after = step()
             summary = [ln for ln in fz.stdout.splitlines() if "generated" in ln or "passed" in ln]
             ok = fz.returncode == 0 and alive and after > before
             return ok, (
@@ -83,8 +88,9 @@ def run_once(token: str | None, max_examples: int) -> tuple[bool, str]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-examples", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    results = [run_once(None, args.max_examples), run_once("fuzz-token", args.max_examples)]
+    results = [run_once(tok, args.max_examples, args.seed) for tok in (None, "fuzz-token")]
     for _, line in results:
         print(line)
     return 0 if all(ok for ok, _ in results) else 1

@@ -74,8 +74,9 @@ class AgentConfig:
     retention_mb: int = 128
     """PROBE_RETENTION_MB: bytes kept in step-indexed tables; the oldest steps go first."""
 
-    flush_ms: int = 200
-    """PROBE_FLUSH_MS: how often the writer thread moves collector buffers into DuckDB."""
+    flush_ms: int = 2000
+    """PROBE_FLUSH_MS: how often the writer thread moves collector buffers into DuckDB when
+    nobody reads (a read flushes first, so this bounds cost, not freshness)."""
 
     trace: str = "every:10"
     """PROBE_TRACE: on | off | every:N. Module tracing mode at start (`probe trace` changes it)."""

@@ -81,7 +81,7 @@ class RankRegistry:
         self._next = 0.0
 
     def start(self, sink: Any) -> None:
-        sink.add_flusher(self.tick)
+        sink.add_ticker(self.tick)
 
     def stop(self) -> None:
         self._next = float("inf")  # the writer may tick once more before it stops

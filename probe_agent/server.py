@@ -15,6 +15,7 @@ socket peers are checked with SO_PEERCRED: only our own uid or root may talk to 
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import logging
@@ -29,7 +30,6 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .config import AgentConfig
 from .errors import BindError
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,40 @@ def _make_protocol(rank: int) -> type[H11Protocol]:
     return _GuardedProtocol
 
 
+class _GuestServer(uvicorn.Server):
+    """uvicorn's Server with a quieter housekeeping loop.
+
+    uvicorn wakes its event loop 10 times a second to refresh the Date header and check
+    ``should_exit``; each wake-up takes the GIL from the training thread. Here the loop wakes
+    once a second (the Date header has one-second resolution anyway), and ``stop()`` wakes it
+    at once through ``call_soon_threadsafe``.
+    """
+
+    _wake: asyncio.Event | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def main_loop(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+            counter = (counter + 10) % 864000  # on_tick refreshes the Date header every 10th
+            should_exit = await self.on_tick(counter)
+
+    def wake(self) -> None:
+        loop, ev = self._loop, self._wake
+        if loop is not None and ev is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(ev.set)
+            except RuntimeError:  # the loop closed in between
+                pass
+
+
 class AgentServer:
     """Serves ``app`` on already-bound sockets from a ``probe-agent.http`` daemon thread."""
 
@@ -151,7 +185,7 @@ class AgentServer:
             timeout_keep_alive=30,
             timeout_graceful_shutdown=1,
         )
-        self._server = uvicorn.Server(config)
+        self._server = _GuestServer(config)
         self._thread: threading.Thread | None = None
 
     def start(self, timeout: float = 10.0) -> None:
@@ -170,6 +204,7 @@ class AgentServer:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._server.should_exit = True
+        self._server.wake()
         if self._thread is not None:
             self._thread.join(timeout)
         for s in self.sockets:

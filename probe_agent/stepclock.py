@@ -76,7 +76,7 @@ class StepClock:
     def start(self, sink: Any) -> None:
         self.poll()
         if not self.armed:
-            sink.add_flusher(self.poll)
+            sink.add_ticker(self.poll)
 
     def stop(self) -> None:
         handle, self._handle = self._handle, None

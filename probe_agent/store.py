@@ -8,6 +8,13 @@ Threads and ownership
   registered flushers (collectors turn their in-memory buffers into Arrow there), inserts the
   queued Arrow batches, re-materialises on-demand tables and enforces byte retention. Rows are
   never inserted one at a time (≈1k rows/s); Arrow batches reach 0.5–0.9 M rows/s.
+- Flush on read: every DuckDB insert costs ~1–2 ms of CPU whatever its size, and part of it
+  holds the GIL the training thread needs. So the writer flushes only every PROBE_FLUSH_MS
+  (default 2 s) and whenever a read arrives: a query first asks the writer to collect and
+  insert everything buffered so far (``sync``), so answers are as fresh as an eager writer's
+  while an idle agent inserts a few times per interval at most. Housekeeping that must stay
+  prompt (rank discovery, arming hooks) runs on ``add_ticker`` every ``_TICK_S`` and inserts
+  nothing.
 - Each *read* gets its own cursor on the caller's thread. DuckDB releases the GIL while a query
   executes, so a query costs the training thread only the time to convert its result. A
   ``threading.Timer`` calls ``cursor.interrupt()`` at ``PROBE_QUERY_TIMEOUT_MS``.
@@ -52,6 +59,10 @@ READ_STATEMENT_TYPES = ("SELECT", "EXPLAIN")
 _WIDTH = {"VARCHAR": 48, "BOOLEAN": 1, "INTEGER": 4, "DATE": 4, "FLOAT": 4}
 _RETENTION_EVERY_S = 2.0
 _SNAPSHOT_REUSE_S = 0.02
+#: Housekeeping cadence (tickers): cheap Python only, no inserts.
+_TICK_S = 0.5
+#: Longest a read waits for the writer to flush before it reads what is there.
+_SYNC_WAIT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +99,14 @@ class Store:
         self._root.execute(load_schema())
         self._root.execute("SET lock_configuration = true")
         self._root_lock = threading.Lock()
+        self._writer_lock = threading.Lock()  # the writer cursor's SQL vs a stopped writer's
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._flushers: list[Callable[[], None]] = []
+        self._tickers: list[Callable[[], None]] = []
+        self._wake = threading.Event()
+        # Estimated rows per step-indexed table (inserts add, retention subtracts), so the
+        # retention pass runs SQL only when the budget may be exceeded.
+        self._rows_est: dict[str, int] = {}
         self._materializers: dict[str, Callable[[], pa.Table]] = {}
         self._materialize_lock = threading.Lock()
         self._snapshot_at: dict[str, float] = {}
@@ -108,7 +125,7 @@ class Store:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        self._queue.put(("", None))  # wake the writer
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
         with self._root_lock:
@@ -120,20 +137,28 @@ class Store:
         self._queue.put((table, data))
 
     def add_flusher(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` on the writer thread every PROBE_FLUSH_MS; it should call ``append``."""
+        """Call ``fn`` on the writer thread every PROBE_FLUSH_MS and before every read; it
+        should move everything it has buffered into ``append``."""
         self._flushers.append(fn)
+
+    def add_ticker(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the writer thread every ``_TICK_S`` (housekeeping; no appends)."""
+        self._tickers.append(fn)
 
     def add_materializer(self, table: str, fn: Callable[[], pa.Table]) -> None:
         """Replace ``table``'s rows with ``fn()`` before any query that names it."""
         self._materializers[table] = fn
 
     def flush(self, timeout: float = 5.0) -> None:
-        """Block until everything queued so far is in DuckDB (for tests and shutdown)."""
+        """Collect every collector's buffers and block until they are in DuckDB (reads, tests,
+        shutdown). Gives up after ``timeout`` s: a read then sees what is already there."""
         done = threading.Event()
         self._queue.put(("", done))
         if self._thread is None or not self._thread.is_alive():
-            self._drain(self._cursor())
+            with self._writer_lock:
+                self._collect(self._cursor())
         else:
+            self._wake.set()
             done.wait(timeout)
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
@@ -145,37 +170,61 @@ class Store:
     def _run(self) -> None:
         cur = self._cursor()
         interval = self.config.flush_ms / 1000.0
+        next_flush = time.monotonic() + interval
         while not self._stop.is_set():
-            for fn in list(self._flushers):
-                try:
-                    fn()
-                except Exception:  # a collector bug must not stop the writer; it logs itself
-                    log.exception("probe agent: flusher %r failed", fn)
-            self._drain(cur, wait=interval)
-            if time.monotonic() - self._last_retention > _RETENTION_EVERY_S:
-                self._last_retention = time.monotonic()
-                self._enforce_retention(cur)
-        self._drain(cur)
+            now = time.monotonic()
+            woken = self._wake.wait(max(0.0, min(_TICK_S, next_flush - now)))
+            self._wake.clear()
+            self._call(self._tickers)
+            if woken or time.monotonic() >= next_flush or self._queue.qsize() > 64:
+                with self._writer_lock:
+                    self._collect(cur)
+                next_flush = time.monotonic() + interval
+        with self._writer_lock:
+            self._collect(cur)
         cur.close()
 
-    def _drain(self, cur: duckdb.DuckDBPyConnection, wait: float = 0.0) -> None:
+    def _call(self, fns: list[Callable[[], None]]) -> None:
+        for fn in list(fns):
+            try:
+                fn()
+            except Exception:  # a collector bug must not stop the writer; it logs itself
+                log.exception("probe agent: %r failed on the writer thread", fn)
+
+    def _collect(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """Run the flushers, insert what is queued, then release the readers waiting on it.
+
+        A read's marker may arrive while the flushers run; it is released only after a
+        flusher pass that started after it was seen, so the read sees every row buffered
+        before it asked.
+        """
+        self._call(self._flushers)
+        events = self._drain(cur)
+        if events:
+            self._call(self._flushers)
+            events += self._drain(cur)
+        if time.monotonic() - self._last_retention > _RETENTION_EVERY_S:
+            self._last_retention = time.monotonic()
+            self._enforce_retention(cur)
+        for ev in events:
+            ev.set()
+
+    def _drain(self, cur: duckdb.DuckDBPyConnection) -> list[threading.Event]:
+        """Insert every queued batch (one INSERT per table); return the readers' markers."""
         pending: dict[str, list[Any]] = {}
         events: list[threading.Event] = []
         try:
-            item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             while True:
-                table, data = item
+                table, data = self._queue.get_nowait()
                 if isinstance(data, threading.Event):
                     events.append(data)
                 elif table:
                     pending.setdefault(table, []).append(data)
-                item = self._queue.get_nowait()
         except queue.Empty:
             pass
         for table, batches in pending.items():
             self._insert(cur, table, batches)
-        for ev in events:
-            ev.set()
+        return events
 
     def _insert(self, cur: duckdb.DuckDBPyConnection, table: str, batches: list[Any]) -> None:
         try:
@@ -190,6 +239,8 @@ class Store:
             finally:
                 cur.unregister("_probe_batch")
             self.rows_written += tbl.num_rows
+            if table in self._step_tables:
+                self._rows_est[table] = self._rows_est.get(table, 0) + tbl.num_rows
         except Exception:  # a malformed batch is a collector bug; drop it, keep the writer
             log.exception("probe agent: could not insert a batch into %s", table)
 
@@ -209,6 +260,8 @@ class Store:
     def _enforce_retention(self, cur: duckdb.DuckDBPyConnection) -> None:
         """Drop the oldest steps until the step-indexed tables fit PROBE_RETENTION_MB."""
         budget = self.config.retention_mb * 1024 * 1024
+        if sum(n * self._step_tables[t] for t, n in self._rows_est.items()) <= budget:
+            return  # cannot be over budget: skip the count(*) queries
         try:
             counts = {
                 # fetchall, not fetchone: DuckDB ≥ 2 refuses register() on a cursor that still
@@ -216,6 +269,7 @@ class Store:
                 t: cur.execute(f"SELECT count(*), min(step), max(step) FROM {t}").fetchall()[0]
                 for t in self._step_tables
             }
+            self._rows_est = {t: int(c[0]) for t, c in counts.items() if c}
             used = sum(c[0] * self._step_tables[t] for t, c in counts.items() if c)
             if used <= budget:
                 return
@@ -230,6 +284,7 @@ class Store:
             for t in self._step_tables:
                 n = cur.execute(f"DELETE FROM {t} WHERE step < ?", [cutoff]).fetchall()[0]
                 self.rows_dropped += int(n[0]) if n else 0
+                self._rows_est[t] = max(0, self._rows_est.get(t, 0) - (int(n[0]) if n else 0))
         except Exception:  # retention must never kill the writer
             log.exception("probe agent: retention pass failed")
 
@@ -280,6 +335,7 @@ class Store:
 
     def _run_read(self, sql: str, params: list[Any] | None, max_rows: int, consume: Callable):
         self.check_read_only(sql)
+        self.flush(_SYNC_WAIT_S)  # flush on read: see the module docstring
         cur = self._cursor()
         timer = threading.Timer(self.config.query_timeout_ms / 1000.0, cur.interrupt)
         timer.daemon = True

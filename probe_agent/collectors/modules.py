@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 #: Rows (and backward events) buffered between two writer ticks; beyond it rows are dropped and
 #: counted (``dropped``). 200k rows ≈ 40 MB; at 100 modules that is 600 traced steps per tick.
 BUFFER_ROWS = 200_000
-FLUSH_EVERY_S = 1.0
 #: Without an optimizer step, the first FALLBACK_AFTER calls of the root model are step 1 (so
 #: gradient accumulation in the first step is not split), then every call is one step (so an
 #: inference loop still gets steps, which retention needs).
@@ -247,7 +246,6 @@ class ModuleTracer:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._stopped = False
-        self._last_flush = 0.0
         self._torch: Any = None
         self._queue_callback: Any = None
 
@@ -494,22 +492,17 @@ class ModuleTracer:
                 _tracer = None  # the wrapper becomes a pass-through at once
 
     # -- writer thread -----------------------------------------------------------------------
-    def flush(self, force: bool = True) -> None:
+    def flush(self) -> None:
         """Move buffered rows into the store as Arrow. The writer thread calls ``tick`` every
         PROBE_FLUSH_MS; tests and ``stop()`` call this directly to get everything now."""
         if not self.armed and not self._stopped and self._watcher is not None and _torch_ready():
             self._on_torch_imported()  # imported by a route the watcher did not see
-        # DuckDB inserts cost ~3-5 ms each whatever their size (measured here): batch rows for
-        # FLUSH_EVERY_S unless many are waiting (or stop() asks for everything).
-        now = time.monotonic()
-        if not force and now - self._last_flush < FLUSH_EVERY_S and len(self.rows) < 20_000:
-            return
-        self._last_flush = now
+        # The Store calls this every PROBE_FLUSH_MS and before every read.
         with self._flush_lock:  # the resolver's state is not shared between two flushers
             self._flush()
 
     def tick(self) -> None:
-        self.flush(force=False)
+        self.flush()
 
     def _flush(self) -> None:
         rows = _take(self.rows, len(self.rows))

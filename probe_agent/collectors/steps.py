@@ -35,7 +35,6 @@ from . import Guard
 _MIB = 1.0 / (1 << 20)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 BUFFER = 100_000
-FLUSH_EVERY_S = 1.0
 
 STEPS = pa.schema([
     ("rank", pa.int32()), ("step", pa.int64()), ("start_time", pa.float64()),
@@ -75,7 +74,6 @@ class StepRecorder:
         self._unsubscribe: Any = None
         self.sink: Any = None
         self._pending: list[Any] | None = None
-        self._last_flush = 0.0
         self._lock = threading.Lock()
 
     # -- collector protocol ------------------------------------------------------------------
@@ -181,12 +179,7 @@ class StepRecorder:
 
     # -- writer thread -----------------------------------------------------------------------
     def flush(self, final: bool = False) -> None:
-        # A DuckDB insert costs ~1 ms of writer CPU whatever its size: with tracing off these
-        # few rows per step are the agent's main work, so they go in at most once a second.
-        now = time.monotonic()
-        if not final and now - self._last_flush < FLUSH_EVERY_S and len(self.steps) < 1000:
-            return
-        self._last_flush = now
+        # Called every PROBE_FLUSH_MS and before every read (the Store decides when).
         with self._lock:
             p = self._pending
             if p is not None and (final or time.time() - p[2] > 1.0):
