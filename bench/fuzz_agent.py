@@ -35,23 +35,38 @@ def run_once(token: str | None, max_examples: int, seed: int = 1) -> tuple[bool,
                    PROBE_RUN_DIR=str(tmp / "run"), PROBE_EVAL_TIMEOUT_S="2")
         if token:
             env["PROBE_TOKEN"] = token
+        # The output goes to a file, not a pipe nobody reads (a full pipe would stall the
+        # process at its next log line), and cwd is the temp dir: fuzzed checkpoint actions
+        # write to whatever relative path the fuzzer made up.
+        log_path = tmp / "train.log"
+        log_file = open(log_path, "w")  # noqa: SIM115 - closed in finally
         proc = subprocess.Popen(
             [sys.executable, str(PROGRAM), "--ready-dir", str(tmp), "--stop-file", str(tmp / "stop")],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=tmp,
             start_new_session=True,
         )
+
+        def output() -> str:
+            log_file.flush()
+            return log_path.read_text(errors="replace")[-4000:]
+
         try:
             deadline = time.monotonic() + 60
             while not (tmp / "rank0.json").exists():
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    return False, f"training did not start: {proc.stdout.read() if proc.stdout else ''}"
+                    return False, f"training did not start: {output()}"
                 time.sleep(0.05)
             url = json.loads((tmp / "rank0.json").read_text())["url"]
             headers = {"Authorization": f"Bearer {token}"} if token else {}
 
             def step() -> int:
-                r = httpx.post(f"{url}/v1/eval", json={"code": "trainer.current_step"},
-                               headers=headers, timeout=30)
+                try:
+                    r = httpx.post(f"{url}/v1/eval", json={"code": "trainer.current_step"},
+                                   headers=headers, timeout=30)
+                except httpx.HTTPError as e:
+                    raise RuntimeError(
+                        f"agent unreachable ({e}); training alive={proc.poll() is None} "
+                        f"exit={proc.returncode}; its output:\n{output()}") from None
                 return int(r.json()["result"])
 
             before = step()
@@ -67,7 +82,7 @@ def run_once(token: str | None, max_examples: int, seed: int = 1) -> tuple[bool,
             if not alive:
                 # Report why the training process ended: that is the finding, not the ConnectError.
                 return False, (f"token={'yes' if token else 'no'}: training process exited "
-                               f"{proc.returncode} during fuzzing:\n{proc.stdout.read()[-4000:]}\n"
+                               f"{proc.returncode} during fuzzing:\n{output()}\n"
                                f"schemathesis said:\n{fz.stdout[-3000:]}")
             after = step()
             summary = [ln for ln in fz.stdout.splitlines() if "generated" in ln or "passed" in ln]
@@ -83,6 +98,8 @@ def run_once(token: str | None, max_examples: int, seed: int = 1) -> tuple[bool,
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
+                proc.wait(5)
+            log_file.close()
 
 
 def main() -> int:
@@ -90,7 +107,12 @@ def main() -> int:
     ap.add_argument("--max-examples", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    results = [run_once(tok, args.max_examples, args.seed) for tok in (None, "fuzz-token")]
+    results = []
+    for tok in (None, "fuzz-token"):
+        try:
+            results.append(run_once(tok, args.max_examples, args.seed))
+        except RuntimeError as e:  # the agent became unreachable: report, do not traceback
+            results.append((False, f"token={'yes' if tok else 'no'}: {e}"))
     for _, line in results:
         print(line)
     return 0 if all(ok for ok, _ in results) else 1
