@@ -13,9 +13,13 @@ ABCDE ...), so drift and the neighbours' load hit all of them alike:
 
 Each block is a multiple of 10 steps. Reported: per configuration the median over rounds of the
 block's mean step time, and the median over rounds of the ratio to that round's baseline
-(paired ratios: robust to drift), in three clocks: the training thread's CPU time
+(paired ratios: robust to drift) with its 95% bootstrap interval, the ratio of the lower
+quartiles (noise on a shared VM only adds time), in three clocks: the training thread's CPU time
 (``thread_time``, which other processes on shared cores inflate least), the whole process's CPU
-time (``process_time``: includes the agent's writer thread, the honest total cost) and wall.
+time (``process_time``: includes the agent's writer thread, the honest total cost) and wall;
+plus the full GC collections and the GC time per step in each configuration's blocks (a full
+collection of a big process is a pause every step pays), and ``baseline_block_spread``, the
+(p90 - p10) / median of the baseline blocks: how noisy the machine was during the run.
 Per-module-call cost: the extra forward (and backward) thread time of ``on`` over ``baseline``
 divided by the module calls (and backward rows) per step; ``--per-call`` measures it more
 precisely on 100 tiny layers.
@@ -48,9 +52,45 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 SIZES = {  # name -> (d_model, layers, batch, ctx, steps per block, rounds)
-    "small": (64, 8, 4, 64, 20, 15),
-    "large": (128, 8, 8, 128, 10, 8),
+    "small": (64, 8, 4, 64, 10, 40),
+    "large": (128, 8, 8, 128, 10, 12),
 }
+
+
+class GcCounter:
+    """Counts the collector's runs and their time per generation (gc.callbacks): a full
+    collection of a big process is a pause the step pays, whoever allocated."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.n = [0, 0, 0]
+        self.ms = [0.0, 0.0, 0.0]
+        self._t = 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            g = info["generation"]
+            self.n[g] += 1
+            self.ms[g] += (time.perf_counter() - self._t) * 1e3
+
+    def snapshot(self) -> tuple[int, float]:
+        return self.n[2], sum(self.ms)
+
+
+GC = GcCounter()
+
+
+def bootstrap_median_ci(xs: list[float], n: int = 2000) -> tuple[float, float]:
+    """95% bootstrap interval of the median (seeded: the report is reproducible)."""
+    import random
+
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n)]
 
 
 class Attn(nn.Module):
@@ -122,11 +162,12 @@ class Loop:
         self.tgt = torch.randint(0, 512, (b, ctx))
         self.calls = sum(1 for m in self.model.modules() if not isinstance(m, nn.ModuleList))
 
-    def steps(self, n: int) -> tuple[float, float, float, float, float]:
+    def steps(self, n: int) -> tuple[float, ...]:
         """n steps -> mean (thread s, wall s, forward thread s, backward thread s, process CPU s
-        incl. the agent's threads) per step."""
+        incl. the agent's threads) per step, then full GC collections and GC ms in the block."""
         tt, pc = time.thread_time, time.perf_counter
         fwd = bwd = 0.0
+        g0 = GC.snapshot()
         t0, w0, p0 = tt(), pc(), time.process_time()
         for _ in range(n):
             a = tt()
@@ -138,8 +179,9 @@ class Loop:
             self.opt.zero_grad(set_to_none=True)
             fwd += b - a
             bwd += c - b
+        g1 = GC.snapshot()
         return ((tt() - t0) / n, (pc() - w0) / n, fwd / n, bwd / n,
-                (time.process_time() - p0) / n)
+                (time.process_time() - p0) / n, g1[0] - g0[0], g1[1] - g0[1])
 
 
 def start_agent(mode: str | None, retention_mb: int | None = None):  # type: ignore[no-untyped-def]
@@ -166,9 +208,10 @@ def run_size(size: str, rounds: int | None) -> dict[str, object]:
     n = loop.block
     rounds = rounds or loop.rounds
     configs = ["baseline", "agent-off", "on", "default", "profiler"]
-    res: dict[str, list[tuple[float, float, float, float]]] = {c: [] for c in configs}
+    res: dict[str, list[tuple[float, ...]]] = {c: [] for c in configs}
     loop.steps(5)  # warm-up
     agent = None
+    began = time.perf_counter()
     for r in range(rounds):
         # Alternate the order (agent configs first or last) so that neither side always runs
         # right after an agent start or stop.
@@ -201,23 +244,36 @@ def run_size(size: str, rounds: int | None) -> dict[str, object]:
             while (agent.stepclock.current_step + 1) % 10 != 1:
                 loop.steps(1)
             res[c].append(loop.steps(n))
-        print(f"  {size} round {r + 1}/{rounds}: " + ", ".join(
+        print(f"  {size} round {r + 1}/{rounds} (t={time.perf_counter() - began:.0f} s): " + ", ".join(
             f"{c} {res[c][-1][0] * 1e3:.1f}" for c in configs), file=sys.stderr, flush=True)
     if agent is not None:
         stop_agent()
     base = res["baseline"]
     out: dict[str, object] = {"size": size, "module_calls_per_step": loop.calls,
                               "steps_per_block": n, "rounds": rounds}
+    q = statistics.quantiles
+    out["baseline_block_spread"] = round(  # how noisy this machine was: (p90 - p10) / median
+        (q([x[0] for x in base], n=10)[-1] - q([x[0] for x in base], n=10)[0])
+        / statistics.median(x[0] for x in base), 3)
     for c in configs:
         rows = res[c]
+        paired = [x[0] / b[0] for x, b in zip(rows, base)]
+        lo, hi = bootstrap_median_ci(paired)
         out[c] = {
             "cpu_ms": round(statistics.median(x[0] for x in rows) * 1e3, 2),
             "wall_ms": round(statistics.median(x[1] for x in rows) * 1e3, 2),
-            "ratio_cpu": round(statistics.median(x[0] / b[0] for x, b in zip(rows, base)), 4),
+            # median of the rounds' paired ratios, and its 95% bootstrap interval
+            "ratio_cpu": round(statistics.median(paired), 4),
+            "ratio_cpu_ci95": [round(lo, 4), round(hi, 4)],
+            # ratio of the lower quartiles: noise on a shared VM only ever adds time
+            "ratio_cpu_p25": round(q([x[0] for x in rows], n=4)[0]
+                                   / q([x[0] for x in base], n=4)[0], 4),
             "ratio_wall": round(statistics.median(x[1] / b[1] for x, b in zip(rows, base)), 4),
             "process_cpu_ms": round(statistics.median(x[4] for x in rows) * 1e3, 2),
             "ratio_process_cpu": round(
                 statistics.median(x[4] / b[4] for x, b in zip(rows, base)), 4),
+            "full_gc_runs": sum(x[5] for x in rows),
+            "gc_ms_per_step": round(sum(x[6] for x in rows) / (len(rows) * n), 3),
         }
     on = res["on"]
     dfwd = statistics.median(x[2] - b[2] for x, b in zip(on, base))

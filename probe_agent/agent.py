@@ -78,7 +78,7 @@ class Agent:
                 elif host in ("0.0.0.0", "::"):
                     host = self.identity.host  # a wildcard is not an address clients can use
                 shown = f"[{host}]" if ":" in host else host
-                self.url = f"http://{shown}:{port}"
+                self.url = f"{'https' if self.config.tls else 'http'}://{shown}:{port}"
             if self.config.unix_socket:
                 uds, self.unix_path = bind_unix(self.config.run_dir, self.identity.pid, self.rank)
                 self._owned_inodes[self.unix_path] = os.stat(self.unix_path).st_ino
@@ -101,15 +101,19 @@ class Agent:
             lambda: pa.table(stacks.to_columns(stacks.snapshot(), self.rank)),
         )
         self.store.start()
-        serve = sockets
+        serve, tls = sockets, []
         if self.config.watchdog:
             from .watchdog.link import WatchdogLink
 
-            # The watchdog will own the public sockets; the agent serves a private one.
+            # The watchdog will own the public sockets (and their TLS); the agent serves a
+            # private one.
             self.watchdog = WatchdogLink.create(self, sockets)
             if self.watchdog is not None:
                 serve = [self.watchdog.inner_socket]
-        self._server = AgentServer(create_app(self), serve, self.rank)
+        if self.watchdog is None and self.config.tls and self.config.tcp:
+            serve, tls = sockets[1:], sockets[:1]  # the TCP socket is bound first
+        self._server = AgentServer(create_app(self), serve, self.rank, tls_sockets=tls,
+                                   tls=self.config)
         self._server.start()
         if self.watchdog is not None:
             self.watchdog.start()

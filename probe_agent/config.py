@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -49,6 +50,13 @@ class AgentConfig:
     token: str | None = None
     """PROBE_TOKEN (or the file named by PROBE_TOKEN_FILE). When set, every request needs
     ``Authorization: Bearer <token>``."""
+
+    tls_cert: str | None = None
+    """PROBE_TLS_CERT: a PEM certificate (chain) file. With PROBE_TLS_KEY the TCP port speaks
+    HTTPS (the unix socket stays plain: the kernel already vouches for its peer's uid)."""
+
+    tls_key: str | None = None
+    """PROBE_TLS_KEY: the PEM private key of PROBE_TLS_CERT."""
 
     run_dir: str = field(default_factory=default_run_dir)
     """PROBE_RUN_DIR: holds ``<pid>.sock`` and ``<pid>.json`` for local discovery (`probe PID`)."""
@@ -145,6 +153,32 @@ class AgentConfig:
             raise_config("PROBE_ACTION_TIMEOUT_S", self.action_timeout_s, "a positive number")
         if self.token is not None and not self.token.strip():
             raise_config("PROBE_TOKEN", "''", "a non-empty token, or unset it")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            missing = "PROBE_TLS_KEY" if self.tls_key is None else "PROBE_TLS_CERT"
+            raise ConfigError(f"{missing} is not set: TLS needs both PROBE_TLS_CERT and "
+                              "PROBE_TLS_KEY (PEM files), or neither")
+        if self.tls_cert is not None:
+            self.server_ssl_context()  # unreadable or mismatched files fail at start
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    def server_ssl_context(self) -> ssl.SSLContext:
+        """The TCP port's TLS context (TLS 1.2+), from PROBE_TLS_CERT and PROBE_TLS_KEY."""
+        for name, path in (("PROBE_TLS_CERT", self.tls_cert), ("PROBE_TLS_KEY", self.tls_key)):
+            if not os.path.isfile(path or ""):
+                raise ConfigError(f"{name}={path}: no such file (give a PEM file's path)")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            ctx.load_cert_chain(self.tls_cert, self.tls_key)  # type: ignore[arg-type]
+        except (ssl.SSLError, OSError) as e:
+            raise ConfigError(
+                f"PROBE_TLS_CERT={self.tls_cert} / PROBE_TLS_KEY={self.tls_key} cannot be "
+                f"loaded ({e}): expected a PEM certificate and its matching PEM private key"
+            ) from None
+        return ctx
 
     @property
     def loopback_only(self) -> bool:
@@ -173,6 +207,9 @@ class AgentConfig:
         if token is None and environ.get("PROBE_TOKEN_FILE"):
             token = _read_token_file(environ["PROBE_TOKEN_FILE"])
         kw["token"] = token
+        for key, name in (("tls_cert", "PROBE_TLS_CERT"), ("tls_key", "PROBE_TLS_KEY")):
+            if environ.get(name, "").strip():
+                kw[key] = os.path.abspath(environ[name].strip())  # the watchdog has its own cwd
         if environ.get("PROBE_RUN_DIR"):
             kw["run_dir"] = environ["PROBE_RUN_DIR"]
         for key, name in (

@@ -169,42 +169,65 @@ class _GuestServer(uvicorn.Server):
 
 
 class AgentServer:
-    """Serves ``app`` on already-bound sockets from a ``probe-agent.http`` daemon thread."""
+    """Serves ``app`` on already-bound sockets from a ``probe-agent.http`` daemon thread.
 
-    def __init__(self, app: Any, sockets: list[socket.socket], rank: int) -> None:
-        self.sockets = sockets
-        config = uvicorn.Config(
-            app,
-            log_config=None,
-            log_level="error",  # "Invalid HTTP request" warnings are noise in a training log
-            access_log=False,
-            lifespan="off",
-            loop="asyncio",
-            http=_make_protocol(rank),
-            limit_concurrency=256,
-            timeout_keep_alive=30,
-            timeout_graceful_shutdown=1,
-        )
-        self._server = _GuestServer(config)
+    Args:
+        sockets: served as plain HTTP.
+        tls_sockets: served as HTTPS with ``tls``'s PROBE_TLS_CERT/PROBE_TLS_KEY (the TCP port
+            when no watchdog owns it). uvicorn applies one SSL setting to all the sockets of a
+            server, so these get a second server on the same event loop.
+    """
+
+    def __init__(self, app: Any, sockets: list[socket.socket], rank: int, *,
+                 tls_sockets: list[socket.socket] | None = None, tls: Any = None) -> None:
+        self.sockets = [*sockets, *(tls_sockets or [])]
+
+        def config(**ssl: Any) -> uvicorn.Config:
+            return uvicorn.Config(
+                app,
+                log_config=None,
+                log_level="error",  # "Invalid HTTP request" warnings are noise in a training log
+                access_log=False,
+                lifespan="off",
+                loop="asyncio",
+                http=_make_protocol(rank),
+                limit_concurrency=256,
+                timeout_keep_alive=30,
+                timeout_graceful_shutdown=1,
+                **ssl,
+            )
+
+        self._servers: list[tuple[_GuestServer, list[socket.socket]]] = []
+        if sockets:
+            self._servers.append((_GuestServer(config()), sockets))
+        if tls_sockets:
+            srv = _GuestServer(config(ssl_certfile=tls.tls_cert, ssl_keyfile=tls.tls_key))
+            self._servers.append((srv, tls_sockets))
         self._thread: threading.Thread | None = None
 
+    @property
+    def started(self) -> bool:
+        return all(srv.started for srv, _ in self._servers)
+
+    def _run(self) -> None:
+        async def serve_all() -> None:
+            await asyncio.gather(*(srv.serve(sockets=socks) for srv, socks in self._servers))
+
+        asyncio.run(serve_all())
+
     def start(self, timeout: float = 10.0) -> None:
-        self._thread = threading.Thread(
-            target=self._server.run,
-            kwargs={"sockets": self.sockets},
-            name="probe-agent.http",
-            daemon=True,
-        )
+        self._thread = threading.Thread(target=self._run, name="probe-agent.http", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
-        while not self._server.started:
+        while not self.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise BindError("probe agent: the HTTP server did not start; see the log above")
             time.sleep(0.005)
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._server.should_exit = True
-        self._server.wake()
+        for srv, _ in self._servers:
+            srv.should_exit = True
+            srv.wake()
         if self._thread is not None:
             self._thread.join(timeout)
         for s in self.sockets:

@@ -19,6 +19,7 @@ from .errors import (
     AgentUnreachableError,
     ProtocolError,
     RankError,
+    UsageProblemError,
     http_error_class,
 )
 from .targets import Endpoint
@@ -29,16 +30,28 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 # delayed ACK: a 44-48 ms floor per request measured on these machines (DESIGN.md, "Facts").
 _TCP_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
-_ssl_context: ssl.SSLContext | None = None
+_ssl_contexts: dict[str | None, ssl.SSLContext] = {}
 
 
-def _shared_ssl_context() -> ssl.SSLContext:
-    """One verifying SSL context for every client. Building one loads the CA bundle (≈24 ms
-    here); a fresh one per rank made a 64-rank fan-out take 2 s instead of ~0.2 s (issue 4)."""
-    global _ssl_context
-    if _ssl_context is None:
-        _ssl_context = httpx.create_ssl_context()
-    return _ssl_context
+def ssl_context(cacert: str | None = None) -> ssl.SSLContext:
+    """One verifying SSL context per CA file for every client. Building one loads the CA bundle
+    (≈24 ms here); a fresh one per rank made a 64-rank fan-out take 2 s instead of ~0.2 s
+    (issue 4). ``cacert`` (a PEM bundle) replaces the system's trust store."""
+    ctx = _ssl_contexts.get(cacert)
+    if ctx is None:
+        if cacert is None:
+            ctx = httpx.create_ssl_context()
+        else:
+            try:
+                ctx = ssl.create_default_context(cafile=cacert)
+            except (OSError, ssl.SSLError) as e:
+                raise UsageProblemError(
+                    f"cannot use --cacert {cacert}: {getattr(e, 'strerror', None) or e}",
+                    help_text="give the PEM file of the CA that signed the agents' "
+                              "PROBE_TLS_CERT",
+                ) from None
+        _ssl_contexts[cacert] = ctx
+    return ctx
 
 
 class ProbeClient:
@@ -51,17 +64,19 @@ class ProbeClient:
             PROBE_TOKEN set then answers 401).
         timeout: seconds for each of connect, write and read; a rank slower than this is
             reported as silent.
+        cacert: PEM CA bundle that https agents' certificates must chain to (``--cacert``);
+            None trusts the system's store.
     """
 
-    def __init__(self, endpoint: Endpoint, *, token: str | None = None, timeout: float = 5.0):
+    def __init__(self, endpoint: Endpoint, *, token: str | None = None, timeout: float = 5.0,
+                 cacert: str | None = None):
         self.endpoint = endpoint
         self.timeout = timeout
+        verify = ssl_context(cacert)
         if endpoint.uds:
-            transport = httpx.HTTPTransport(uds=endpoint.uds, verify=_shared_ssl_context())
+            transport = httpx.HTTPTransport(uds=endpoint.uds, verify=verify)
         else:
-            transport = httpx.HTTPTransport(
-                socket_options=_TCP_OPTIONS, verify=_shared_ssl_context()
-            )
+            transport = httpx.HTTPTransport(socket_options=_TCP_OPTIONS, verify=verify)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
             base_url=endpoint.base_url,
@@ -148,7 +163,8 @@ class ProbeClient:
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
             why = _connect_reason(e)
             raise AgentUnreachableError(
-                f"cannot reach agent at {url}: {why}.", url=url, reason=why
+                f"cannot reach agent at {url}: {why}.", url=url, reason=why,
+                help_text=_tls_advice(e, self.endpoint),
             ) from e
         except httpx.TransportError as e:
             raise AgentUnreachableError(
@@ -197,10 +213,31 @@ def _decode(resp: httpx.Response) -> dict[str, Any] | None:
     return body if isinstance(body, dict) and "ok" in body else None
 
 
+def _tls_advice(e: Exception, endpoint: Endpoint) -> str | None:
+    """What to do when the failure looks like a TLS mismatch; None when it does not."""
+    cause: BaseException | None = e
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return ("the agent's certificate is not trusted: pass --cacert CA.pem (the CA that "
+                    "signed its PROBE_TLS_CERT), or fix the certificate's host names")
+        if isinstance(cause, ssl.SSLError):
+            return ("TLS failed: if the agent has no PROBE_TLS_CERT it speaks plain HTTP; "
+                    "use http://HOST:PORT and drop --cacert")
+        cause = cause.__cause__ or cause.__context__
+    if endpoint.base_url.startswith("http://") and not endpoint.uds and isinstance(
+        e, httpx.RemoteProtocolError | httpx.ReadError
+    ):
+        return ("an agent started with PROBE_TLS_CERT speaks HTTPS: use https://HOST:PORT, or "
+                "--cacert CA.pem (HOST:PORT targets then use https)")
+    return None
+
+
 def _connect_reason(e: Exception) -> str:
     """A few words for why a connection failed, from the OS error underneath httpx."""
     cause: BaseException | None = e
     while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"TLS certificate not trusted ({cause.verify_message})"
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
         if isinstance(cause, FileNotFoundError):

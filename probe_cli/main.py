@@ -20,6 +20,7 @@ from typing import IO
 import click
 from click.core import ParameterSource
 
+from .client import ssl_context
 from .commands import register_commands
 from .errors import EXIT_FAILURE, ProbeCLIError, UsageProblemError
 from .outcome import Outcome
@@ -62,6 +63,10 @@ CONTEXT_SETTINGS = {
               help="Bearer token of the job (agents started with PROBE_TOKEN need it).")
 @click.option("--token-file", envvar="PROBE_TOKEN_FILE", type=click.Path(dir_okay=False),
               default=None, show_envvar=True, help="Read the token from this file.")
+@click.option("--cacert", envvar="PROBE_CACERT", type=click.Path(dir_okay=False), default=None,
+              show_envvar=True, metavar="CA.pem",
+              help="Verify agents' TLS certificates (PROBE_TLS_CERT) against this CA bundle "
+                   "instead of the system's; HOST:PORT targets then use https.")
 @click.option("--run-dir", envvar="PROBE_RUN_DIR", default=None, show_envvar=True,
               help="Where local agents' unix sockets are. Default: /tmp/probe-<uid>.")
 @click.option("--no-color", is_flag=True, help="No colour (sets NO_COLOR for the process).")
@@ -75,6 +80,7 @@ def cli(
     timeout: float,
     token: str | None,
     token_file: str | None,
+    cacert: str | None,
     run_dir: str | None,
     no_color: bool,
 ) -> None:
@@ -91,10 +97,13 @@ def cli(
         os.environ["NO_COLOR"] = "1"
     run_dir = run_dir or default_run_dir()
     values = list(targets) + (read_hostfile(hostfile) if hostfile else [])
-    endpoints = parse_endpoints(values, run_dir)
+    if cacert:
+        ssl_context(cacert)  # an unreadable CA file fails here, once, not on every rank
+    scheme = "https" if cacert else "http"
+    endpoints = parse_endpoints(values, run_dir, scheme)
     note = None
     if not endpoints:
-        endpoint, note = default_endpoint(run_dir)
+        endpoint, note = default_endpoint(run_dir, scheme)
         endpoints = [endpoint]
     output = output or "text"
     session = Session(
@@ -102,6 +111,7 @@ def cli(
         rank_filter=parse_rank_list(ranks) if ranks else None,
         timeout=timeout,
         token=_pick_token(ctx, token, token_file),
+        cacert=cacert,
         output=output,
         colour=output == "text" and decide_colour(os.environ, sys.stdout),
         target_note=note,

@@ -33,6 +33,8 @@ class Session:
     timeout: float = 5.0
     """Seconds each rank gets for each request; slower ranks are reported as silent."""
     token: str | None = None
+    cacert: str | None = None
+    """``--cacert``: the CA bundle https agents' certificates must chain to."""
     output: str = "text"
     """``text`` (tables for people), ``json`` or ``csv``."""
     colour: bool = False
@@ -52,7 +54,7 @@ class Session:
             c = self._clients.get(endpoint)
             if c is None:
                 c = self._clients[endpoint] = ProbeClient(
-                    endpoint, token=self.token, timeout=self.timeout
+                    endpoint, token=self.token, timeout=self.timeout, cacert=self.cacert
                 )
             return c
 

@@ -2,7 +2,7 @@
 
 An endpoint is one of:
 
-- ``HOST:PORT`` (``[::1]:9700`` for IPv6) -> ``http://HOST:PORT``;
+- ``HOST:PORT`` (``[::1]:9700`` for IPv6) -> ``http://HOST:PORT`` (``https://`` with --cacert);
 - a URL, ``http://...`` or ``https://...``;
 - a local PID (all digits) -> the agent's unix socket ``$PROBE_RUN_DIR/<pid>.sock``;
 - a socket path (``unix:/path`` or a path ending in ``.sock``).
@@ -63,7 +63,9 @@ def _kind(text: str) -> str | None:
     return None
 
 
-def parse_endpoint(text: str, run_dir: str, *, check_pid: bool = True) -> Endpoint:
+def parse_endpoint(
+    text: str, run_dir: str, *, check_pid: bool = True, scheme: str = "http"
+) -> Endpoint:
     """Turn one endpoint string into an Endpoint.
 
     Args:
@@ -71,6 +73,7 @@ def parse_endpoint(text: str, run_dir: str, *, check_pid: bool = True) -> Endpoi
         run_dir: where ``<pid>.sock`` lives for a PID.
         check_pid: look for the PID's socket now, so a wrong PID fails before any request with
             "no probe agent for PID ..." instead of a connection error.
+        scheme: for HOST:PORT; ``https`` when the operator gave --cacert.
     """
     text = text.strip()
     kind = _kind(text)
@@ -85,7 +88,7 @@ def parse_endpoint(text: str, run_dir: str, *, check_pid: bool = True) -> Endpoi
     if kind == "url":
         return Endpoint(text.rstrip("/"))
     if kind == "hostport":
-        return Endpoint(f"http://{text}")
+        return Endpoint(f"{scheme}://{text}")
     raise UsageProblemError(
         f"cannot use {text!r} as a target",
         help_text="give HOST:PORT, http(s)://HOST:PORT, a local PID, or unix:/path/to/agent.sock",
@@ -102,13 +105,13 @@ def _no_agent(pid: int, path: str) -> NoAgentError:
     return NoAgentError(f"no probe agent for PID {pid} (no socket at {path})")
 
 
-def parse_endpoints(values: Iterable[str], run_dir: str) -> list[Endpoint]:
+def parse_endpoints(values: Iterable[str], run_dir: str, scheme: str = "http") -> list[Endpoint]:
     """All -t values (each possibly comma-separated), deduplicated in order."""
     out: list[Endpoint] = []
     for value in values:
         for part in value.split(","):
             if part.strip():
-                ep = parse_endpoint(part, run_dir)
+                ep = parse_endpoint(part, run_dir, scheme=scheme)
                 if ep not in out:
                     out.append(ep)
     return out
@@ -124,7 +127,7 @@ def read_hostfile(path: str) -> list[str]:
     return [s for s in (line.split("#", 1)[0].strip() for line in lines) if s]
 
 
-def default_endpoint(run_dir: str) -> tuple[Endpoint, str]:
+def default_endpoint(run_dir: str, scheme: str = "http") -> tuple[Endpoint, str]:
     """The target when none was given, and a note saying how it was chosen (for errors).
 
     Exactly one agent socket in the run dir: that agent. Otherwise ``127.0.0.1:9700``.
@@ -144,7 +147,7 @@ def default_endpoint(run_dir: str) -> tuple[Endpoint, str]:
         f"no target given, so probe used {DEFAULT_TARGET} ({found} in {run_dir}); "
         "pass -t HOST:PORT or a PID"
     )
-    return Endpoint(f"http://{DEFAULT_TARGET}"), note
+    return Endpoint(f"{scheme}://{DEFAULT_TARGET}"), note
 
 
 def parse_rank_list(text: str) -> list[int]:

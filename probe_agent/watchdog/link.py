@@ -208,6 +208,7 @@ class WatchdogLink:
             "pyspy": self.pyspy, "reader": cfg.watchdog_reader, "dump_signal": self.dump_signal,
             "deadline_ms": cfg.backtrace_deadline_ms, "grace_s": cfg.watchdog_grace_s,
             "snapshot_s": cfg.watchdog_snapshot_s,
+            "tls_cert": cfg.tls_cert, "tls_key": cfg.tls_key,
         }
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         boot = (f"import sys; sys.path.insert(0, {root!r}); "

@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
 from typing import Any
@@ -46,7 +47,8 @@ class Watchdog:
                 continue
             sock = socket.socket(fileno=fd)
             self.servers[kind] = await asyncio.start_server(
-                functools.partial(self.proxy.handle, kind=kind), sock=sock, limit=MAX_HEAD)
+                functools.partial(self.proxy.handle, kind=kind), sock=sock, limit=MAX_HEAD,
+                ssl=self._tls() if kind == "tcp" else None)
         loop.add_signal_handler(signal.SIGTERM, self.stop.set)
         loop.add_signal_handler(signal.SIGUSR1, self._release_port)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -62,6 +64,15 @@ class Watchdog:
         for srv in self.servers.values():
             srv.close()
         self._cleanup()
+
+    def _tls(self) -> ssl.SSLContext | None:
+        """PROBE_TLS_CERT/KEY (the agent validated them before starting us)."""
+        if not self.cfg.get("tls_cert"):
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.cfg["tls_cert"], self.cfg["tls_key"])
+        return ctx
 
     def _rank_died(self) -> None:
         e = self.rank.exit or {}
