@@ -61,6 +61,8 @@ _RETENTION_EVERY_S = 2.0
 _SNAPSHOT_REUSE_S = 0.02
 #: Housekeeping cadence (tickers): cheap Python only, no inserts.
 _TICK_S = 0.5
+#: Shortest time between two read-triggered flushes (readers arriving in between share one).
+_MIN_GAP_S = 0.05
 #: Longest a read waits for the writer to flush before it reads what is there.
 _SYNC_WAIT_S = 2.0
 
@@ -171,15 +173,22 @@ class Store:
         cur = self._cursor()
         interval = self.config.flush_ms / 1000.0
         next_flush = time.monotonic() + interval
+        last = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             woken = self._wake.wait(max(0.0, min(_TICK_S, next_flush - now)))
             self._wake.clear()
             self._call(self._tickers)
             if woken or time.monotonic() >= next_flush or self._queue.qsize() > 64:
+                # Many clients reading at once share passes: at most one per _MIN_GAP_S, so
+                # a busy dashboard costs the writer 20 passes a second, not one per query.
+                gap = _MIN_GAP_S - (time.monotonic() - last)
+                if woken and gap > 0:
+                    self._stop.wait(gap)
                 with self._writer_lock:
                     self._collect(cur)
-                next_flush = time.monotonic() + interval
+                last = time.monotonic()
+                next_flush = last + interval
         with self._writer_lock:
             self._collect(cur)
         cur.close()
