@@ -61,6 +61,12 @@ def safe_repr(value: Any, limit: int = 200) -> str:
 def _frames(frame: FrameType | None, with_locals: bool) -> list[Frame]:
     out: list[Frame] = []
     while frame is not None and len(out) < _MAX_FRAMES:
+        if not isinstance(frame, FrameType):
+            # Seen under load on CPython 3.11: walking f_back of another running thread's
+            # frame returned a builtin function (the frame was being torn down). Stop there
+            # rather than answer HTTP 500.
+            out.append(Frame(len(out), "<frame changed while read>", "", 0, "Python", None))
+            break
         code = frame.f_code
         loc = None
         if with_locals:
