@@ -157,8 +157,12 @@ class Store:
         done = threading.Event()
         self._queue.put(("", done))
         if self._thread is None or not self._thread.is_alive():
-            with self._writer_lock:
-                self._collect(self._cursor())
+            cur = self._cursor()
+            try:
+                with self._writer_lock:
+                    self._collect(cur)
+            finally:
+                cur.close()
         else:
             self._wake.set()
             done.wait(timeout)
