@@ -35,6 +35,7 @@ A tensor LR (``capturable``/fused optimizers) is updated in place.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -63,6 +64,7 @@ def change_lr(
     """Scale or set every LR; returns what changed (JSON-safe) for the per-rank report."""
     if (scale is None) == (set_to is None):
         raise ValueError("give exactly one of scale or set")
+    _check_applicable(optimizers, scale, set_to)
     report: dict[str, Any] = {"optimizers": [], "schedulers": []}
     factors: dict[int, list[float]] = {}  # id(optimizer) -> factor per group
     for i, opt in enumerate(optimizers):
@@ -88,6 +90,40 @@ def change_lr(
         if found is not None:
             report["schedulers"].append(_rescale_scheduler(s, found))
     return report
+
+
+def _largest_lr(group: dict[str, Any]) -> float:
+    """The largest LR the optimizer can apply to this group's parameters.
+
+    Optimizers pass the LR as a scalar of the parameter's dtype (``param.add_(g, alpha=-lr)``),
+    so an LR above that dtype's largest finite value makes the next ``optimizer.step()`` raise
+    "value cannot be converted ... without overflow" in the training loop (found by fuzzing an
+    LR of 1.8e308 into float32 parameters).
+    """
+    import torch  # only reached with optimizers, which means torch is loaded
+
+    limits = [torch.finfo(p.dtype).max for p in group.get("params", ())
+              if getattr(p, "is_floating_point", lambda: False)()]
+    return min(limits, default=math.inf)
+
+
+def _check_applicable(optimizers: list[Any], scale: float | None, set_to: float | None) -> None:
+    """Refuse, before changing anything, an LR that would crash or poison the training loop."""
+    for value, name in ((scale, "scale"), (set_to, "set")):
+        if value is not None and (not math.isfinite(value) or value < 0 or
+                                  (name == "scale" and value == 0)):
+            raise ValueError(f"lr {name}={value!r} refused: give a finite number"
+                             + (" > 0" if name == "scale" else " >= 0"))
+    for opt in optimizers:
+        for g in opt.param_groups:
+            after = set_to if set_to is not None else _num(g["lr"]) * float(scale)
+            limit = _largest_lr(g)
+            if not after <= limit:
+                raise ValueError(
+                    f"lr {after:.6g} refused for {type(opt).__name__}: above the largest value "
+                    f"its parameters' dtype holds ({limit:.6g}), so optimizer.step() would fail; "
+                    "nothing was changed"
+                )
 
 
 def _rescale_scheduler(s: Any, fs: list[float]) -> dict[str, Any]:

@@ -32,8 +32,10 @@ class ActionRequest(BaseModel):
         None, ge=0, description="Run right after optimizer step N; null = this rank's next step"
     )
     code: str = Field("", description="Python source for step-eval")
-    scale: float | None = Field(None, gt=0, description="lr: multiply every LR by this")
-    set: float | None = Field(None, ge=0, description="lr: set every LR to this")
+    scale: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                description="lr: multiply every LR by this")
+    set: float | None = Field(None, ge=0, allow_inf_nan=False,
+                              description="lr: set every LR to this")
     path: str | None = Field(None, description="checkpoint: where to write")
     model: str | None = Field(None, description="checkpoint: the model's name (dotted) to save")
     id: str | None = Field(

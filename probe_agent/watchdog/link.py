@@ -167,10 +167,15 @@ class WatchdogLink:
                         self.agent.rank, e)
             self._serve_in_process()
             return
-        self._spawn_thread("probe-agent.watchdog", self._wait_watchdog)
+        # NOTE: this thread outlives interpreter exit when the watchdog stays to report the
+        # death (handover), so it must not hold the link (neither as its target nor in its
+        # frame): through link.agent it would keep the DuckDB connection alive at finalization,
+        # and duckdb's nanobind then prints "leaked 28 instances" on every training exit.
+        self._spawn_thread("probe-agent.watchdog", _wait_watchdog,
+                           (self.proc, weakref.ref(self)))
 
-    def _spawn_thread(self, name: str, target: Any) -> None:
-        th = threading.Thread(target=target, name=name, daemon=True)
+    def _spawn_thread(self, name: str, target: Any, args: tuple[Any, ...] = ()) -> None:
+        th = threading.Thread(target=target, args=args, name=name, daemon=True)
         th.start()
         self._threads.append(th)
 
@@ -254,9 +259,7 @@ class WatchdogLink:
         if fd is not None:
             beat.write(fd, next(self._seq), step)
 
-    def _wait_watchdog(self) -> None:
-        assert self.proc is not None
-        code = self.proc.wait()
+    def _watchdog_exited(self, code: int) -> None:
         if self.stopping or self._stop.is_set():
             return
         log.warning("probe agent on rank %d: the watchdog exited (status %s); serving the "
@@ -383,3 +386,10 @@ def _after_fork_in_child() -> None:
             faulthandler.disable()
         link.proc = None
     _links.clear()
+
+
+def _wait_watchdog(proc: subprocess.Popen[bytes], link: weakref.ref[Any]) -> None:
+    code = proc.wait()
+    alive = link()
+    if alive is not None:
+        alive._watchdog_exited(code)

@@ -78,3 +78,8 @@ def test_uncaught_exception_is_reported_with_its_traceback(train_rank, tmp_path)
     # AND `probe ps` lists it as dead
     ps = probe("ps", run_dir=tmp_path / "run")
     assert f"{info['pid']}" in ps.stdout and "dead: exited with code 1" in ps.stdout, ps
+    # AND the program's own output ends with its traceback: no noise of ours at exit (the
+    # watchdog's waiter thread outlives exit, and once kept DuckDB alive: nanobind "leaked")
+    out = proc.stdout.read()
+    assert "RuntimeError: loss exploded at step 30" in out
+    assert "leaked" not in out and "nanobind" not in out, out[-2000:]

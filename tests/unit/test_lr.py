@@ -84,3 +84,32 @@ def test_tensor_lr_is_updated_in_place() -> None:
     lr = opt.param_groups[0]["lr"]
     change_lr([opt], [], scale=0.5)
     assert opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("dtype, kwargs", [
+    (torch.float32, {"set_to": 1.7976931348623157e308}),  # what the fuzzer sent
+    (torch.float16, {"set_to": 1e5}),  # above float16's 65504
+    (torch.float32, {"scale": 1e300}),
+])
+def test_an_lr_the_parameters_cannot_hold_is_refused_and_nothing_changes(dtype, kwargs) -> None:
+    # GIVEN an SGD whose parameters' dtype cannot hold the requested LR
+    p = torch.nn.Parameter(torch.zeros(2, dtype=dtype))
+    opt = torch.optim.SGD([p], lr=0.5)
+    sched = ls.StepLR(opt, step_size=3)
+    # WHEN the LR change is asked for
+    with pytest.raises(ValueError, match="refused.*nothing was changed"):
+        change_lr([opt], [sched], **kwargs)
+    # THEN the LR and the scheduler are as they were, and the next step still works
+    assert opt.param_groups[0]["lr"] == 0.5 and sched.base_lrs == [0.5]
+    p.grad = torch.ones_like(p)
+    opt.step()
+    assert torch.isfinite(p).all()
+
+
+@pytest.mark.parametrize("kwargs", [{"set_to": float("nan")}, {"scale": float("inf")},
+                                    {"scale": 0.0}, {"set_to": -1.0}])
+def test_a_non_finite_or_negative_lr_is_refused(kwargs) -> None:
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    with pytest.raises(ValueError, match="finite number"):
+        change_lr([opt], [], **kwargs)
+    assert opt.param_groups[0]["lr"] == 0.5
