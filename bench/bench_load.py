@@ -8,7 +8,13 @@ one run: quiet (no clients) / loaded (N clients) / quiet, and reports
 Each client loops: pick an endpoint (query 40%, backtrace 40%, eval 20%), send, wait for the
 answer, sleep --think seconds.
 
-    python bench/bench_load.py [--clients 50] [--seconds 60] [--think 1.0]
+On a real cluster the clients run on other machines. Here they share the training process's 2
+cores, so by default the load generator runs at nice 19 (``--client-nice``): it gets the CPU the
+training process leaves, as a remote client would cost the node nothing. Its own CPU use is
+reported, and so is the training process's CPU per step, quiet against loaded: the agent's real
+cost, whichever process the scheduler favours.
+
+    python bench/bench_load.py [--clients 50] [--seconds 60] [--think 1.0] [--client-nice 19]
 """
 
 from __future__ import annotations
@@ -78,12 +84,20 @@ def step_time(url: str, seconds: float) -> float:
     return (t1 - t0) / max(1, s1 - s0)
 
 
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of ``pid`` (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--quiet-seconds", type=float, default=20)
     ap.add_argument("--think", type=float, default=1.0)
+    ap.add_argument("--client-nice", type=int, default=19,
+                    help="niceness of the load generator (0: compete with training as equals)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="probe-load-") as d:
         tmp = Path(d)
@@ -99,12 +113,18 @@ def main() -> None:
                     raise SystemExit("agent did not start")
                 time.sleep(0.1)
             url = json.loads(next((tmp / "run").glob("*.json")).read_text())["url"]
+            os.nice(args.client_nice)  # the training process was started before: not niced
             while current_step(url) < 20:
                 time.sleep(0.2)
+            c0, q0 = proc_cpu_s(proc.pid), current_step(url)
             quiet1 = step_time(url, args.quiet_seconds)
-            s0, t0 = current_step(url), time.monotonic()
+            quiet_cpu = (proc_cpu_s(proc.pid) - c0) / max(1, current_step(url) - q0)
+            s0, t0, c0, b0 = current_step(url), time.monotonic(), proc_cpu_s(proc.pid), time.process_time()
             lat, counts = asyncio.run(loaded_phase(url, args.clients, args.seconds, args.think))
-            loaded = (time.monotonic() - t0) / max(1, current_step(url) - s0)
+            s1 = current_step(url)
+            loaded = (time.monotonic() - t0) / max(1, s1 - s0)
+            loaded_cpu = (proc_cpu_s(proc.pid) - c0) / max(1, s1 - s0)
+            client_share = (time.process_time() - b0) / (time.monotonic() - t0)
             quiet2 = step_time(url, args.quiet_seconds)
         finally:
             (tmp / "stop").touch()
@@ -113,7 +133,10 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
     quiet = (quiet1 + quiet2) / 2
-    print(f"clients={args.clients} seconds={args.seconds:g} think={args.think:g}s")
+    print(f"clients={args.clients} seconds={args.seconds:g} think={args.think:g}s "
+          f"client nice={args.client_nice} (load generator used {client_share:.0%} of a core)")
+    print(f"training process CPU per step: quiet {quiet_cpu * 1e3:.1f} ms, loaded "
+          f"{loaded_cpu * 1e3:.1f} ms (+{(loaded_cpu - quiet_cpu) * 1e3:.1f} ms: the agent serving)")
     print(f"step time quiet {quiet * 1e3:.1f} ms (before {quiet1 * 1e3:.1f}, after {quiet2 * 1e3:.1f}), "
           f"loaded {loaded * 1e3:.1f} ms, ratio {loaded / quiet:.3f}")
     for name, xs in lat.items():

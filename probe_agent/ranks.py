@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -48,13 +49,15 @@ class Identity:
 
 #: Keys live under this prefix in the job's c10d store: ``probe_agent/rank{N}`` -> JSON.
 STORE_PREFIX = "probe_agent"
+#: How often the registry looks for the process group, and retries while ranks are missing.
+_TICK_S = 0.5
 
 
 class RankRegistry:
     """Collector that publishes this rank's address in the job's c10d store and reads the others.
 
-    The agent starts before ``init_process_group``, so the registry arms itself lazily: on every
-    writer tick (PROBE_FLUSH_MS) it checks, without importing torch, whether
+    The agent starts before ``init_process_group``, so the registry arms itself lazily: every
+    0.5 s, on a thread of its own, it checks, without importing torch, whether
     ``torch.distributed`` is imported and initialised. Once it is, it clones the default store's
     TCPStore (a connection of its own, so a training thread blocked in a store call never holds
     ours), writes ``probe_agent/rank{N}`` = ``{rank, url, host, pid}``, and from then on reads
@@ -62,7 +65,10 @@ class RankRegistry:
     that may not exist. Entries land in ``agent.peers``; ``/v1/ranks`` serves them.
 
     If the store cannot be reached, the failure is logged once and retried with back-off; the
-    agent keeps serving itself.
+    agent keeps serving itself, and ``/v1/ranks`` says why ranks are missing (``discovery``).
+    NOTE: its own thread, not the store writer's tickers: a store call can block (2 s per call,
+    and a TCPStore connect retries for the job's whole store timeout), and that must never hold
+    up the rows of every table or the reads waiting for them.
 
     Args:
         agent: the running agent; its ``url``, ``identity`` and ``peers`` are read and written.
@@ -79,13 +85,29 @@ class RankRegistry:
         self.failures = 0
         self.last_error: str | None = None
         self._next = 0.0
+        self._stop = threading.Event()
 
     def start(self, sink: Any) -> None:
-        sink.add_ticker(self.tick)
+        threading.Thread(target=self._loop, name="probe-agent.ranks", daemon=True).start()
 
     def stop(self) -> None:
-        self._next = float("inf")  # the writer may tick once more before it stops
+        self._next = float("inf")  # the thread may be inside a store call: it ends after it
+        self._stop.set()
         self.store = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(_TICK_S):
+            self.tick()
+
+    def describe(self) -> dict[str, Any]:
+        """How discovery stands, for ``/v1/ranks``: the CLI says why ranks are missing."""
+        if self.store is None and self.failures == 0:
+            state = "waiting"  # torch.distributed not initialised yet (or never: one process)
+        elif self.last_error is not None:
+            state = "failing"
+        else:
+            state = "ok"
+        return {"state": state, "failures": self.failures, "error": self.last_error}
 
     def entry(self) -> dict[str, Any]:
         ident = self.agent.identity
@@ -97,7 +119,8 @@ class RankRegistry:
         return {"rank": self.agent.rank, "url": url, "host": ident.host, "pid": ident.pid}
 
     def tick(self) -> None:
-        """Called on the writer thread; cheap until the default process group exists."""
+        """Called every _TICK_S on the registry's thread; cheap until the default process
+        group exists."""
         now = time.monotonic()
         if now < self._next:
             return
@@ -111,11 +134,13 @@ class RankRegistry:
                 self.store.set(f"rank{self.agent.rank}", json.dumps(self.entry()))
                 self.published = True
             self._read()
+            self.failures, self.last_error = 0, None  # the store answers (again)
             complete = len(self.agent.peers) >= self.world_size
             self._next = now + (self.refresh_s if complete else 0.5)
         except Exception as e:  # store down or gone: serve ourselves, retry later
             self.failures += 1
-            self.last_error = f"{type(e).__name__}: {e}"
+            first_line = (str(e).strip().splitlines() or [""])[0][:300]
+            self.last_error = f"{type(e).__name__}: {first_line}"
             if self.failures == 1:
                 log.warning(
                     "probe agent on rank %d: cannot use the job's c10d store for rank "
@@ -129,6 +154,16 @@ class RankRegistry:
 
         store = dist.distributed_c10d._get_default_store()
         base = getattr(store, "_underlying_non_prefix_store", None) or store
+        host, port = getattr(base, "host", None), getattr(base, "port", None)
+        if isinstance(host, str) and isinstance(port, int):
+            # TCPStore.clone() retries a refused connect for the job's store timeout (30 min
+            # by default): find out in 2 s whether anything listens there at all.
+            try:
+                socket.create_connection((host, port), timeout=2.0).close()
+            except OSError as e:
+                raise ConnectionError(
+                    f"cannot connect to the c10d store at {host}:{port} ({e.strerror or e})"
+                ) from e
         try:
             base = base.clone()  # our own connection to the TCPStore
         except (AttributeError, RuntimeError):

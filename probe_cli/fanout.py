@@ -106,7 +106,27 @@ def _expand(session: Session, ep: Endpoint) -> list[RankTarget]:
             out.append(RankTarget(rank, Endpoint("http://unknown"), error=err))
     if isinstance(me, int) and all(t.rank != me for t in out):
         out.append(RankTarget(me, ep))
+    note = _missing_ranks_note(body, ep, {t.rank for t in out})
+    if note:
+        session.notes.append(note)
     return _dedupe(out) or [RankTarget(None, ep)]
+
+
+def _missing_ranks_note(body: dict[str, Any], ep: Endpoint, found: set[int | None]) -> str | None:
+    """Say so when the answering agent knows fewer ranks than the job has, and why: a user who
+    sees 1 rank of a 64-rank job must not take it for the whole job."""
+    world = body.get("world_size")
+    if not isinstance(world, int) or len(found) >= world:
+        return None
+    disc = body.get("discovery") if isinstance(body.get("discovery"), dict) else {}
+    head = f"only {len(found)} of {world} ranks found through {ep.label}"
+    fix = "pass every rank's agent with -t HOST:PORT,HOST:PORT or --hostfile"
+    if disc.get("state") == "failing":
+        return f"{head}: its agent cannot use the job's c10d store ({disc.get('error')}); {fix}"
+    if disc.get("state") == "waiting":
+        return (f"{head}: the job has not called init_process_group yet, so ranks have not "
+                f"registered; run again once it has, or {fix}")
+    return f"{head}: the others have not registered yet; run again in a moment, or {fix}"
 
 
 def _identify(session: Session, ep: Endpoint) -> RankTarget:

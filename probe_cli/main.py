@@ -119,6 +119,7 @@ def cli(
     )
     ctx.obj = session
     ctx.call_on_close(session.close)
+    ctx.call_on_close(lambda: _print_notes(session))
 
 
 register_commands(cli)
@@ -193,6 +194,11 @@ def emit(outcome: Outcome) -> None:
         click.echo(line, color=True)
     for line in outcome.stderr:
         click.echo(line, err=True, color=True)
+
+
+def _print_notes(session: Session) -> None:
+    for note in dict.fromkeys(session.notes):  # once each, in order
+        click.echo(f"probe: note: {note}", err=True)
 
 
 def report(error: ProbeCLIError) -> None:

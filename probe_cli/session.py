@@ -47,6 +47,9 @@ class Session:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     rank_cache: list | None = field(default=None, repr=False)
     """Set by fanout.resolve_ranks so a command that sends two requests discovers once."""
+    notes: list[str] = field(default_factory=list)
+    """Warnings about how the ranks were found (say, ranks missing from discovery); main.py
+    prints them on stderr once the command has run."""
 
     def client(self, endpoint: Endpoint) -> ProbeClient:
         """The (cached) client for ``endpoint``; safe to call from fan-out threads."""

@@ -64,7 +64,11 @@ async def info(request: Request) -> dict[str, Any]:
 @router.get("/ranks")
 async def ranks(request: Request) -> dict[str, Any]:
     agent = _agent(request)
-    return {"ok": True, "rank": agent.rank, "ranks": agent.known_ranks()}
+    registry = agent.collectors.get("ranks")
+    world = max(getattr(registry, "world_size", 0), agent.identity.world_size)
+    discovery = registry.describe() if registry is not None else {"state": "off"}
+    return {"ok": True, "rank": agent.rank, "ranks": agent.known_ranks(), "world_size": world,
+            "discovery": discovery}
 
 
 @router.post("/query", response_model=None)

@@ -166,3 +166,22 @@ class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
     def get_request(self):  # BaseHTTPRequestHandler logs a (host, port) client address
         sock, _ = super().get_request()
         return sock, ("unix", 0)
+
+
+@pytest.mark.parametrize("discovery, says", [
+    ({"state": "failing", "error": "ConnectionError: cannot connect to the c10d store at h:1"},
+     "its agent cannot use the job's c10d store (ConnectionError: cannot connect"),
+    ({"state": "waiting"}, "has not called init_process_group yet"),
+    ({"state": "ok"}, "the others have not registered yet"),
+])
+def test_a_partial_rank_list_is_explained_with_what_to_do(discovery, says):
+    from probe_cli.fanout import _missing_ranks_note
+
+    ep = Endpoint("http://node0:9700")
+    body = {"rank": 0, "world_size": 8, "discovery": discovery}
+    note = _missing_ranks_note(body, ep, {0, 1})
+    assert note.startswith("only 2 of 8 ranks found through ") and says in note
+    assert "-t HOST:PORT" in note
+    # a complete list, or an older agent that does not say its world size, gets no note
+    assert _missing_ranks_note({**body, "world_size": 2}, ep, {0, 1}) is None
+    assert _missing_ranks_note({"rank": 0}, ep, {0}) is None
