@@ -14,7 +14,10 @@ training process leaves, as a remote client would cost the node nothing. Its own
 reported, and so is the training process's CPU per step, quiet against loaded: the agent's real
 cost, whichever process the scheduler favours.
 
-    python bench/bench_load.py [--clients 50] [--seconds 60] [--think 1.0] [--client-nice 19]
+Phases alternate (``--rounds`` pairs of quiet, then loaded), and the ratio is taken per round
+against the quiet phase just before, so the machine's drift hits both sides alike.
+
+    python bench/bench_load.py [--clients 50] [--seconds 60] [--rounds 6] [--client-nice 19]
 """
 
 from __future__ import annotations
@@ -72,16 +75,10 @@ async def loaded_phase(url: str, clients: int, seconds: float, think: float) -> 
 
 
 def current_step(url: str) -> int:
-    r = httpx.post(f"{url}/v1/eval", json={"code": "trainer.current_step"}, timeout=60)
-    body = r.json()
-    return int(body["result"]) if body.get("ok") else -1  # -1: main() has not built trainer yet
-
-
-def step_time(url: str, seconds: float) -> float:
-    s0, t0 = current_step(url), time.monotonic()
-    time.sleep(seconds)
-    s1, t1 = current_step(url), time.monotonic()
-    return (t1 - t0) / max(1, s1 - s0)
+    """The step clock (GET /v1/step is exempt from the serving budget, so reading it during a
+    loaded phase does not queue behind the clients)."""
+    body = httpx.get(f"{url}/v1/step", timeout=60).json()
+    return int(body.get("step") or 0)
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -94,7 +91,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=60)
-    ap.add_argument("--quiet-seconds", type=float, default=20)
+    ap.add_argument("--quiet-seconds", type=float, default=30,
+                    help="quiet time in all, split over the rounds")
+    ap.add_argument("--rounds", type=int, default=6,
+                    help="quiet/loaded phase pairs, interleaved so drift hits both alike")
     ap.add_argument("--think", type=float, default=1.0)
     ap.add_argument("--client-nice", type=int, default=19,
                     help="niceness of the load generator (0: compete with training as equals)")
@@ -116,29 +116,48 @@ def main() -> None:
             os.nice(args.client_nice)  # the training process was started before: not niced
             while current_step(url) < 20:
                 time.sleep(0.2)
-            c0, q0 = proc_cpu_s(proc.pid), current_step(url)
-            quiet1 = step_time(url, args.quiet_seconds)
-            quiet_cpu = (proc_cpu_s(proc.pid) - c0) / max(1, current_step(url) - q0)
-            s0, t0, c0, b0 = current_step(url), time.monotonic(), proc_cpu_s(proc.pid), time.process_time()
-            lat, counts = asyncio.run(loaded_phase(url, args.clients, args.seconds, args.think))
-            s1 = current_step(url)
-            loaded = (time.monotonic() - t0) / max(1, s1 - s0)
-            loaded_cpu = (proc_cpu_s(proc.pid) - c0) / max(1, s1 - s0)
-            client_share = (time.process_time() - b0) / (time.monotonic() - t0)
-            quiet2 = step_time(url, args.quiet_seconds)
+            rounds = []  # (quiet s/step, quiet cpu/step, loaded s/step, loaded cpu/step)
+            lat: dict[str, list[float]] = {}
+            counts: dict = {"sent": 0, "answered": 0, "errors": 0, "lost": 0}
+            b_cpu = b_wall = 0.0
+            per_round = args.seconds / args.rounds
+            for _ in range(args.rounds):
+                s0, t0, c0 = current_step(url), time.monotonic(), proc_cpu_s(proc.pid)
+                time.sleep(args.quiet_seconds / args.rounds)
+                s1, t1, c1 = current_step(url), time.monotonic(), proc_cpu_s(proc.pid)
+                b0 = time.process_time()
+                # The loaded phase lasts until every client has its last answer (queued
+                # requests included), so no request spills into the next quiet phase.
+                lt, ct = asyncio.run(loaded_phase(url, args.clients, per_round, args.think))
+                s2, t2, c2 = current_step(url), time.monotonic(), proc_cpu_s(proc.pid)
+                b_cpu, b_wall = b_cpu + time.process_time() - b0, b_wall + t2 - t1
+                for k, v in lt.items():
+                    lat.setdefault(k, []).extend(v)
+                for k, v in ct.items():
+                    counts[k] = counts.get(k, 0) + v if not isinstance(v, list) else [*counts.get(k, []), *v]
+                n1, n2 = max(1, s1 - s0), max(1, s2 - s1)
+                rounds.append(((t1 - t0) / n1, (c1 - c0) / n1, (t2 - t1) / n2, (c2 - c1) / n2))
+                print("round: quiet %.1f ms (cpu %.1f), loaded %.1f ms (cpu %.1f), %.0f s"
+                      % (rounds[-1][0] * 1e3, rounds[-1][1] * 1e3, rounds[-1][2] * 1e3,
+                         rounds[-1][3] * 1e3, t2 - t1), file=sys.stderr)
         finally:
             (tmp / "stop").touch()
             try:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
-    quiet = (quiet1 + quiet2) / 2
-    print(f"clients={args.clients} seconds={args.seconds:g} think={args.think:g}s "
-          f"client nice={args.client_nice} (load generator used {client_share:.0%} of a core)")
-    print(f"training process CPU per step: quiet {quiet_cpu * 1e3:.1f} ms, loaded "
-          f"{loaded_cpu * 1e3:.1f} ms (+{(loaded_cpu - quiet_cpu) * 1e3:.1f} ms: the agent serving)")
-    print(f"step time quiet {quiet * 1e3:.1f} ms (before {quiet1 * 1e3:.1f}, after {quiet2 * 1e3:.1f}), "
-          f"loaded {loaded * 1e3:.1f} ms, ratio {loaded / quiet:.3f}")
+    ratios = sorted(r[2] / r[0] for r in rounds)
+    cpu_ratios = sorted(r[3] / r[1] for r in rounds)
+    quiet = statistics.median(r[0] for r in rounds)
+    loaded = statistics.median(r[2] for r in rounds)
+    print(f"clients={args.clients} seconds={args.seconds:g} in {args.rounds} rounds "
+          f"think={args.think:g}s client nice={args.client_nice} (load generator used "
+          f"{b_cpu / max(b_wall, 1e-9):.0%} of a core)")
+    print(f"step time quiet {quiet * 1e3:.1f} ms, loaded {loaded * 1e3:.1f} ms; ratio per round "
+          f"(loaded / the quiet phase before it): median {statistics.median(ratios):.3f} "
+          f"[{', '.join(f'{r:.3f}' for r in ratios)}]")
+    print("training process CPU per step, ratio per round: median "
+          f"{statistics.median(cpu_ratios):.3f} [{', '.join(f'{r:.3f}' for r in cpu_ratios)}]")
     for name, xs in lat.items():
         xs.sort()
         if xs:

@@ -320,10 +320,8 @@ class ActionQueue:
                    client: str, requested_by: str | None, outcome: str, error: str | None,
                    ms: float = 0.0) -> None:
         try:
-            on_training_thread = threading.get_ident() == self.clock.training_thread
             self.agent.audit(client, code, outcome, error, ms, kind=kind, action_id=action_id,
-                             at_step=step, requested_by=requested_by,
-                             flush=not on_training_thread)
+                             at_step=step, requested_by=requested_by)
         except Exception as e:  # the audit table must never fail an action or the training
             log.warning("probe agent: could not audit action %s: %s", action_id, e)
 

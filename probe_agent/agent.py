@@ -53,6 +53,7 @@ class Agent:
         self._info_path: str | None = None
         self._owned_inodes: dict[str, int] = {}
         self.peers: dict[int, dict[str, Any]] = {}
+        self.serve_budget: Any = None  # set by app.Guard: requests' CPU budget (budget.py)
         self.running = False
         #: issue 5: the out-of-process companion that owns the public sockets (watchdog/link.py).
         self.watchdog: Any = None
@@ -98,7 +99,8 @@ class Agent:
 
         self.store.add_materializer(
             "python.backtrace",
-            lambda: pa.table(stacks.to_columns(stacks.snapshot(), self.rank)),
+            lambda: pa.table(stacks.to_columns(stacks.snapshot(), self.rank),
+                             schema=self.store.arrow_schema("python.backtrace")),
         )
         self.store.start()
         serve, tls = sockets, []
@@ -202,6 +204,8 @@ class Agent:
             "argv": sys.argv[:8],
             "trace": getattr(self.collectors.get("modules"), "mode", self.config.trace),
             "watchdog": self.watchdog.describe() if self.watchdog is not None else None,
+            "serve_cpu": self.config.serve_cpu,
+            "queued_s": round(getattr(self.serve_budget, "waited_s", 0.0), 3),
         }
 
     def known_ranks(self) -> list[dict[str, Any]]:
@@ -218,7 +222,7 @@ class Agent:
         self, client: str, code: str, outcome: str, error: str | None, ms: float,
         **action: Any,
     ) -> None:
-        """One row of python.evals. ``action`` (kind, action_id, at_step, requested_by, flush)
+        """One row of python.evals. ``action`` (kind, action_id, at_step, requested_by)
         is set by step-boundary actions (issue 6); a plain eval is kind 'eval'."""
         import pyarrow as pa
 
@@ -234,14 +238,14 @@ class Agent:
         # Always every column: batches are concatenated before insert, and a missing column
         # would become NULL rather than its default.
         row["kind"] = [action.get("kind") or "eval"]
-        row["action_id"] = pa.array([action.get("action_id")], pa.string())
-        row["at_step"] = pa.array([action.get("at_step")], pa.int64())
-        row["requested_by"] = pa.array([action.get("requested_by")], pa.string())
-        self.store.append("python.evals", pa.table(row))
-        # The audit row must be visible to the very next query ("what did I just run?"), but
-        # the training thread (step-boundary actions) never waits on the writer.
-        if action.get("flush", True):
-            self.store.flush(timeout=1.0)
+        row["action_id"] = [action.get("action_id")]
+        row["at_step"] = [action.get("at_step")]
+        row["requested_by"] = [action.get("requested_by")]
+        # Visible to the very next query ("what did I just run?"): a read of python.evals first
+        # inserts what is queued for it (Store flush on read); nobody waits on the writer here.
+        schema = self.store.arrow_schema("python.evals")
+        self.store.append("python.evals", pa.table({f.name: row[f.name] for f in schema},
+                                                   schema=schema))
 
     def run_eval(self, code: str, client: str) -> Any:
         try:

@@ -21,6 +21,9 @@ from .errors import ProbeAgentError
 
 log = logging.getLogger(__name__)
 
+#: Cheap GETs that skip the serving budget (budget.py).
+_UNBUDGETED = frozenset({"/v1/health", "/v1/step"})
+
 #: Feature routers, by module under probe_agent.routes. Each module exposes ``router``.
 ROUTERS = ("core", "trace", "cluster", "actions", "doctor")
 
@@ -36,6 +39,70 @@ def error_body(rank: int, status: int, message: str, **extra: Any) -> dict[str, 
     return {"ok": False, "rank": rank, "status": status, "error": message, **extra}
 
 
+class Guard:
+    """Pure ASGI middleware (Starlette's ``BaseHTTPMiddleware`` costs a task group and a
+    memory stream per request): the token check, the serving CPU budget (probe_agent/budget.py),
+    and a JSON 500 for a route's bug, so that a bug never disturbs training."""
+
+    def __init__(self, app: Any, agent: Any) -> None:
+        from .budget import ServeBudget
+
+        self.app = app
+        self.agent = agent
+        self.budget = ServeBudget(agent.config.serve_cpu)
+        agent.serve_budget = self.budget
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rank = self.agent.rank
+        token = self.agent.config.token
+        if token is not None:
+            headers = dict(scope.get("headers") or ())
+            sent = headers.get(b"authorization", b"")
+            # Constant time: the comparison must not leak how much of the token matched.
+            if not hmac.compare_digest(sent, f"Bearer {token}".encode()):
+                why = "missing" if not sent else "wrong"
+                reply = JSONResponse(
+                    error_body(rank, 401,
+                               f"{why} token: pass --token or set PROBE_TOKEN to the job's token"),
+                    status_code=401, headers={"WWW-Authenticate": "Bearer"},
+                )
+                await reply(scope, receive, send)
+                return
+        # Liveness and the step clock stay instant: hang detection and step targeting must
+        # not queue behind a crowd of dashboards (they cost ~0.3 ms each).
+        exempt = scope.get("path") in _UNBUDGETED and scope.get("method") == "GET"
+        waited = 0.0 if exempt else await self.budget.admit()
+        started = False
+
+        async def send_with_wait(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if waited >= 0.001:
+                    message.setdefault("headers", [])
+                    message["headers"] = [*message["headers"],
+                                          (b"x-probe-queued-ms", f"{waited * 1e3:.0f}".encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_wait)
+        except Exception as e:  # a bug in a route: answer 500, never disturb training
+            log.exception("probe agent: unexpected error on %s", scope.get("path"))
+            if started:
+                raise
+            reply = JSONResponse(
+                error_body(rank, 500, f"internal agent error: {type(e).__name__}: {e}"),
+                status_code=500,
+            )
+            await reply(scope, receive, send)
+        finally:
+            if not exempt:
+                self.budget.done()
+
+
 def create_app(agent: Any) -> FastAPI:
     from . import __version__
 
@@ -47,31 +114,7 @@ def create_app(agent: Any) -> FastAPI:
     app.state.agent = agent
     rank = agent.rank
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Any:
-        token = agent.config.token
-        if token is not None:
-            sent = request.headers.get("authorization", "")
-            expected = f"Bearer {token}"
-            # Constant time: the comparison must not leak how much of the token matched.
-            if not hmac.compare_digest(sent.encode(), expected.encode()):
-                why = "missing" if not sent else "wrong"
-                return JSONResponse(
-                    error_body(
-                        rank, 401,
-                        f"{why} token: pass --token or set PROBE_TOKEN to the job's token",
-                    ),
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-        try:
-            return await call_next(request)
-        except Exception as e:  # a bug in a route: answer 500, never disturb training
-            log.exception("probe agent: unexpected error on %s", request.url.path)
-            return JSONResponse(
-                error_body(rank, 500, f"internal agent error: {type(e).__name__}: {e}"),
-                status_code=500,
-            )
+    app.add_middleware(Guard, agent=agent)
 
     @app.exception_handler(ProbeAgentError)
     async def probe_error(_: Request, exc: ProbeAgentError) -> JSONResponse:

@@ -121,6 +121,12 @@ class AgentConfig:
     on every rank past it; a running one cannot be stopped safely and is reported as overrunning
     (issue 6)."""
 
+    serve_cpu: float = 0.05
+    """PROBE_SERVE_CPU: the share of one core the agent's request-serving threads may use,
+    averaged over time (bursts up to 0.5 s of CPU pass at once). Requests beyond it wait their
+    turn; none is refused. It bounds what a crowd of clients costs the training loop through
+    the GIL. 1 or more = no limit."""
+
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise_config("PROBE_PORT", self.port, "a port between 0 and 65535 (0 = any free)")
@@ -139,6 +145,9 @@ class AgentConfig:
                 raise_config(name, value, "a positive integer")
         if self.eval_timeout_s <= 0:
             raise_config("PROBE_EVAL_TIMEOUT_S", self.eval_timeout_s, "a positive number")
+        if not self.serve_cpu > 0:
+            raise_config("PROBE_SERVE_CPU", self.serve_cpu,
+                         "a share of one core above 0 (0.05 = 5%; 1 = no limit)")
         if self.watchdog_reader not in ("auto", "py-spy", "faulthandler"):
             raise_config("PROBE_WATCHDOG_READER", self.watchdog_reader,
                          "one of auto, py-spy, faulthandler")
@@ -235,6 +244,8 @@ class AgentConfig:
             kw["backtrace_deadline_ms"] = _int(environ, "PROBE_BACKTRACE_DEADLINE_MS", 1000)
         if environ.get("PROBE_WATCHDOG_READER"):
             kw["watchdog_reader"] = environ["PROBE_WATCHDOG_READER"].strip().lower()
+        if "PROBE_SERVE_CPU" in environ:
+            kw["serve_cpu"] = _float(environ, "PROBE_SERVE_CPU")
         if "PROBE_ACTION_TIMEOUT_S" in environ:
             kw["action_timeout_s"] = _float(environ, "PROBE_ACTION_TIMEOUT_S")
         if "PROBE_TRACE" in environ:

@@ -32,6 +32,7 @@ def make_agent(run_dir: str) -> Iterator[Callable[..., object]]:
         overrides.setdefault("port", 0)
         overrides.setdefault("run_dir", run_dir)
         overrides.setdefault("watchdog", False)
+        overrides.setdefault("serve_cpu", 1.0)  # no serving budget unless a test is about it
         return probe_agent.start(AgentConfig(**overrides))
 
     yield make

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from ..collectors import stacks
@@ -72,7 +72,7 @@ async def ranks(request: Request) -> dict[str, Any]:
 
 
 @router.post("/query", response_model=None)
-async def query(request: Request, body: QueryRequest) -> dict[str, Any] | Response:
+async def query(request: Request, body: QueryRequest) -> Response:
     agent = _agent(request)
     loop = asyncio.get_running_loop()
     if ARROW_STREAM in request.headers.get("accept", ""):
@@ -87,7 +87,9 @@ async def query(request: Request, body: QueryRequest) -> dict[str, Any] | Respon
     res = await loop.run_in_executor(
         agent.query_pool, lambda: agent.store.query(body.sql, max_rows=body.max_rows)
     )
-    return {
+    # A JSONResponse as is: rows are JSON-safe already (store.jsonable), and FastAPI's
+    # jsonable_encoder walking every cell again cost more than the query (~0.5 ms per request).
+    return JSONResponse({
         "ok": True,
         "rank": agent.rank,
         "columns": res.columns,
@@ -95,7 +97,7 @@ async def query(request: Request, body: QueryRequest) -> dict[str, Any] | Respon
         "rows": res.rows,
         "truncated": res.truncated,
         "elapsed_ms": round(res.elapsed_ms, 3),
-    }
+    })
 
 
 @router.post("/eval")
@@ -126,7 +128,7 @@ async def eval_code(request: Request, body: EvalRequest) -> dict[str, Any]:
 @router.get("/backtrace")
 async def backtrace(
     request: Request, locals: bool = False, native: bool = False, all: bool = False
-) -> dict[str, Any]:
+) -> JSONResponse:
     agent = _agent(request)
     t0 = time.perf_counter()
     if locals:
@@ -136,7 +138,7 @@ async def backtrace(
         )
     else:
         snap = stacks.snapshot(include_agent=all)
-    return {
+    return JSONResponse({  # plain strings and numbers: no jsonable_encoder pass (see query)
         "ok": True,
         "rank": agent.rank,
         "pid": agent.identity.pid,
@@ -147,4 +149,4 @@ async def backtrace(
         "python": sys.version.split()[0],
         "threads": stacks.to_dicts(snap),
         "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
-    }
+    })

@@ -128,6 +128,63 @@ def test_row_cap_sets_truncated(make_agent):
     assert len(smaller.json()["rows"]) == 2
 
 
+def test_a_read_inserts_what_it_reads_and_no_other_table(make_agent):
+    # GIVEN an agent whose timed flush is a minute away, and an audit row queued for evals
+    agent = make_agent(flush_ms=60_000)
+    with httpx.Client(base_url=agent.url) as c:
+        def count_evals() -> int:
+            return c.post("/v1/query", json={"sql": "SELECT count(*) FROM evals"}).json()["rows"][0][0]
+
+        start = count_evals()
+        written = agent.store.rows_written
+        agent.audit("test", "x = 1", "ok", None, 1.0)
+        # WHEN a client reads another table: the row stays queued (no INSERT for it)
+        assert c.post("/v1/query", json={"sql": "SELECT count(*) FROM python.backtrace"}).json()["ok"]
+        assert agent.store.rows_written == written
+        # THEN a read of evals (qualified or not) sees it at once
+        assert count_evals() == start + 1 and agent.store.rows_written == written + 1
+        # AND a table named only inside a string is still flushed first (no stale read)
+        agent.audit("test", "y = 2", "ok", None, 1.0)
+        sql = "SELECT count(*) FROM query_table('python.evals')"
+        assert c.post("/v1/query", json={"sql": sql}).json()["rows"] == [[start + 2]]
+
+
+def test_a_crowd_of_requests_queues_within_the_serving_budget_and_none_is_lost(make_agent):
+    import asyncio
+
+    # GIVEN an agent allowed 20% of a core for serving (0.5 s bursts)
+    agent = make_agent(serve_cpu=0.2)
+    heavy = {"sql": "SELECT sum(hash(i)) FROM range(4000000) t(i)"}
+
+    async def storm() -> tuple[list[httpx.Response], list[httpx.Response]]:
+        async with httpx.AsyncClient(base_url=agent.url, timeout=120) as c:
+            for _ in range(4):  # the agent learns what a request costs
+                assert (await c.post("/v1/query", json=heavy)).status_code == 200
+            queries = [c.post("/v1/query", json=heavy) for _ in range(24)]
+            # liveness is exempt: it answers at once while the crowd waits
+            health = [c.get("/v1/health") for _ in range(3)]
+            return await asyncio.gather(*queries), await asyncio.gather(*health)
+
+    # WHEN 24 CPU-heavy queries arrive at once, after a few
+    answers, health = asyncio.run(storm())
+    # THEN every one is answered, the later ones after queueing (the header says how long)
+    assert [r.status_code for r in answers] == [200] * 24
+    queued = [float(r.headers["x-probe-queued-ms"]) for r in answers
+              if "x-probe-queued-ms" in r.headers]
+    assert queued and max(queued) > 100, queued
+    assert all(r.status_code == 200 and "x-probe-queued-ms" not in r.headers for r in health)
+    info = httpx.get(f"{agent.url}/v1/info").json()
+    assert info["serve_cpu"] == 0.2 and info["queued_s"] > 0.1
+
+
+def test_serving_budget_must_be_positive():
+    from probe_agent.config import AgentConfig
+    from probe_agent.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="PROBE_SERVE_CPU=0.0 is invalid"):
+        AgentConfig.from_env({"PROBE_SERVE_CPU": "0"})
+
+
 def test_slow_query_is_interrupted_and_agent_keeps_answering(make_agent):
     agent = make_agent(query_timeout_ms=300)
     slow = "SELECT sum(a * b) FROM range(2000000000) x(a), range(50) y(b)"
