@@ -96,6 +96,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6,
                     help="quiet/loaded phase pairs, interleaved so drift hits both alike")
     ap.add_argument("--think", type=float, default=1.0)
+    ap.add_argument("--serve-cpu", default=None,
+                    help="PROBE_SERVE_CPU for the training process (default: the agent's, 0.02)")
     ap.add_argument("--client-nice", type=int, default=19,
                     help="niceness of the load generator (0: compete with training as equals)")
     args = ap.parse_args()
@@ -104,6 +106,8 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE")}
         env.update(PYTHONPATH=str(ROOT), PROBE="1", PROBE_PORT="0", PROBE_WATCHDOG="0",
                    PROBE_RUN_DIR=str(tmp / "run"), PROBE_TRACE="off", OMP_NUM_THREADS="1")
+        if args.serve_cpu is not None:
+            env["PROBE_SERVE_CPU"] = args.serve_cpu
         proc = subprocess.Popen([sys.executable, str(PROGRAM), "--stop-file", str(tmp / "stop")],
                                 env=env, start_new_session=True)
         try:
@@ -150,7 +154,8 @@ def main() -> None:
     cpu_ratios = sorted(r[3] / r[1] for r in rounds)
     quiet = statistics.median(r[0] for r in rounds)
     loaded = statistics.median(r[2] for r in rounds)
-    print(f"clients={args.clients} seconds={args.seconds:g} in {args.rounds} rounds "
+    print(f"PROBE_SERVE_CPU={args.serve_cpu or 'default (0.02)'} "
+          f"clients={args.clients} seconds={args.seconds:g} in {args.rounds} rounds "
           f"think={args.think:g}s client nice={args.client_nice} (load generator used "
           f"{b_cpu / max(b_wall, 1e-9):.0%} of a core)")
     print(f"step time quiet {quiet * 1e3:.1f} ms, loaded {loaded * 1e3:.1f} ms; ratio per round "

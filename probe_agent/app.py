@@ -44,13 +44,10 @@ class Guard:
     memory stream per request): the token check, the serving CPU budget (probe_agent/budget.py),
     and a JSON 500 for a route's bug, so that a bug never disturbs training."""
 
-    def __init__(self, app: Any, agent: Any) -> None:
-        from .budget import ServeBudget
-
+    def __init__(self, app: Any, agent: Any, budget: Any) -> None:
         self.app = app
         self.agent = agent
-        self.budget = ServeBudget(agent.config.serve_cpu)
-        agent.serve_budget = self.budget
+        self.budget = budget
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -114,7 +111,10 @@ def create_app(agent: Any) -> FastAPI:
     app.state.agent = agent
     rank = agent.rank
 
-    app.add_middleware(Guard, agent=agent)
+    from .budget import ServeBudget
+
+    agent.serve_budget = ServeBudget(agent.config.serve_cpu)
+    app.add_middleware(Guard, agent=agent, budget=agent.serve_budget)
 
     @app.exception_handler(ProbeAgentError)
     async def probe_error(_: Request, exc: ProbeAgentError) -> JSONResponse:

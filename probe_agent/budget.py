@@ -31,7 +31,7 @@ SERVING_PREFIXES = ("probe-agent.http", "probe-agent.query", "probe-agent.eval")
 class ServeBudget:
     """Token bucket over the serving threads' CPU; ``share`` ≥ 1 turns it off."""
 
-    def __init__(self, share: float, burst_s: float = 0.5) -> None:
+    def __init__(self, share: float, burst_s: float = 1.0) -> None:
         self.share = share
         self.burst_s = burst_s
         self.enabled = share < 1.0

@@ -121,9 +121,9 @@ class AgentConfig:
     on every rank past it; a running one cannot be stopped safely and is reported as overrunning
     (issue 6)."""
 
-    serve_cpu: float = 0.05
+    serve_cpu: float = 0.02
     """PROBE_SERVE_CPU: the share of one core the agent's request-serving threads may use,
-    averaged over time (bursts up to 0.5 s of CPU pass at once). Requests beyond it wait their
+    averaged over time (bursts up to 1 s of CPU pass at once). Requests beyond it wait their
     turn; none is refused. It bounds what a crowd of clients costs the training loop through
     the GIL. 1 or more = no limit."""
 
@@ -147,7 +147,7 @@ class AgentConfig:
             raise_config("PROBE_EVAL_TIMEOUT_S", self.eval_timeout_s, "a positive number")
         if not self.serve_cpu > 0:
             raise_config("PROBE_SERVE_CPU", self.serve_cpu,
-                         "a share of one core above 0 (0.05 = 5%; 1 = no limit)")
+                         "a share of one core above 0 (0.02 = 2%; 1 = no limit)")
         if self.watchdog_reader not in ("auto", "py-spy", "faulthandler"):
             raise_config("PROBE_WATCHDOG_READER", self.watchdog_reader,
                          "one of auto, py-spy, faulthandler")

@@ -152,8 +152,9 @@ def test_a_read_inserts_what_it_reads_and_no_other_table(make_agent):
 def test_a_crowd_of_requests_queues_within_the_serving_budget_and_none_is_lost(make_agent):
     import asyncio
 
-    # GIVEN an agent allowed 20% of a core for serving (0.5 s bursts)
+    # GIVEN an agent allowed 20% of a core for serving, in bursts of 0.1 s (default: 1 s)
     agent = make_agent(serve_cpu=0.2)
+    agent.serve_budget.burst_s = agent.serve_budget.tokens = 0.1
     heavy = {"sql": "SELECT sum(hash(i)) FROM range(4000000) t(i)"}
 
     async def storm() -> tuple[list[httpx.Response], list[httpx.Response]]:
