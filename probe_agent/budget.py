@@ -45,7 +45,7 @@ class ServeBudget:
         self.used_s = 0.0  # serving CPU measured so far (the mean cost per request)
         self._lock = asyncio.Lock()
 
-    def _used(self) -> float:
+    def cpu_since_last(self) -> float:
         """CPU seconds the serving threads used since the last call (a thread seen for the
         first time counts from its start, except at the very first call: agent start-up)."""
         first = self._first
@@ -70,7 +70,7 @@ class ServeBudget:
         now = time.monotonic()
         self.tokens = min(self.burst_s, self.tokens + (now - self._last) * self.share)
         self._last = now
-        used = self._used()
+        used = self.cpu_since_last()
         self.used_s += used
         self.tokens -= used
 

@@ -23,14 +23,12 @@ Sandbox
 -------
 ``enable_external_access=false`` (no files, no network, no extension loading), no Python
 replacement scans, bounded threads and memory, ``lock_configuration=true``. Because DuckDB still
-allows CREATE/DROP after the lock, statements are allow-listed (``READ_STATEMENT_TYPES``).
+allows CREATE/DROP after the lock, statements are allow-listed (``readonly.py``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import queue
 import threading
 import time
@@ -48,12 +46,11 @@ from .catalog import load_schema
 from .config import AgentConfig
 from .deadlines import Deadlines
 from .errors import QueryError, QueryTimeoutError
+from .jsonsafe import jsonable
+from .readonly import ReadOnlyCheck, one_line
+from .retention import enforce_retention
 
 log = logging.getLogger(__name__)
-
-#: Statement types a client may run. DESCRIBE, SHOW, SUMMARIZE, VALUES and FROM-first queries
-#: all parse as SELECT. EXPLAIN is allowed only around a SELECT (EXPLAIN ANALYZE executes).
-READ_STATEMENT_TYPES = ("SELECT", "EXPLAIN")
 
 #: Rough bytes per row per column type, for retention. Exactness does not matter: the goal is a
 #: bound that holds memory flat, and DuckDB compresses below this.
@@ -128,7 +125,7 @@ class Store:
             t: self._root.sql(f"SELECT * FROM {t} LIMIT 0").to_arrow_table().schema
             for t in self._columns
         }
-        self._allowed: dict[str, None] = {}  # statements check_read_only passed (bounded)
+        self._read_only_check = ReadOnlyCheck(self._root, self._root_lock)
         self._local = threading.local()
         self._read_cursors: list[duckdb.DuckDBPyConnection] = []
         self._deadlines = Deadlines()
@@ -327,62 +324,16 @@ class Store:
 
     def _enforce_retention(self, cur: duckdb.DuckDBPyConnection) -> None:
         """Drop the oldest steps until the step-indexed tables fit PROBE_RETENTION_MB."""
-        budget = self.config.retention_mb * 1024 * 1024
-        if sum(n * self._step_tables[t] for t, n in self._rows_est.items()) <= budget:
-            return  # cannot be over budget: skip the count(*) queries
         try:
-            counts = {
-                # fetchall, not fetchone: DuckDB ≥ 2 refuses register() on a cursor that still
-                # holds an unfinished result, which would silently stop every later insert.
-                t: cur.execute(f"SELECT count(*), min(step), max(step) FROM {t}").fetchall()[0]
-                for t in self._step_tables
-            }
-            self._rows_est = {t: int(c[0]) for t, c in counts.items() if c}
-            used = sum(c[0] * self._step_tables[t] for t, c in counts.items() if c)
-            if used <= budget:
-                return
-            lo = min((c[1] for c in counts.values() if c and c[1] is not None), default=None)
-            hi = max((c[2] for c in counts.values() if c and c[2] is not None), default=None)
-            if lo is None or hi is None:
-                return
-            # Keep the newest fraction of steps that fits, with 10% headroom, at least one step.
-            keep_frac = 0.9 * budget / used
-            cutoff = max(lo + 1, hi - int((hi - lo + 1) * keep_frac) + 1)
-            cutoff = min(cutoff, hi)
-            for t in self._step_tables:
-                n = cur.execute(f"DELETE FROM {t} WHERE step < ?", [cutoff]).fetchall()[0]
-                self.rows_dropped += int(n[0]) if n else 0
-                self._rows_est[t] = max(0, self._rows_est.get(t, 0) - (int(n[0]) if n else 0))
+            self.rows_dropped += enforce_retention(
+                cur, self.config.retention_mb * 1024 * 1024, self._step_tables, self._rows_est)
         except Exception:  # retention must never kill the writer
             log.exception("probe agent: retention pass failed")
 
     # -- reading ----------------------------------------------------------------------------
     def check_read_only(self, sql: str) -> None:
         """Raise QueryError unless ``sql`` is exactly one allowed read statement."""
-        if sql in self._allowed:  # dashboards and the CLI repeat the same few statements
-            return
-        with self._root_lock:
-            try:
-                statements = self._root.extract_statements(sql)
-            except duckdb.Error as e:
-                raise QueryError(one_line(e)) from None
-        if len(statements) != 1:
-            raise QueryError(
-                f"send exactly one statement (got {len(statements)}); "
-                "run several queries as separate requests"
-            )
-        kind = statements[0].type.name
-        if kind == "EXPLAIN":
-            if "ANALY" in sql.upper():  # ANALYZE/ANALYSE, wherever comments put it
-                raise QueryError("EXPLAIN ANALYZE executes its statement; use plain EXPLAIN")
-        elif kind not in READ_STATEMENT_TYPES:
-            raise QueryError(
-                f"{kind} statements are not allowed: the agent's tables are read-only. "
-                f"Allowed: {', '.join(READ_STATEMENT_TYPES)} (incl. DESCRIBE, SHOW, SUMMARIZE)"
-            )
-        if len(self._allowed) >= 512:
-            self._allowed.clear()
-        self._allowed[sql] = None
+        self._read_only_check(sql)
 
     def _materialize(self, cur: duckdb.DuckDBPyConnection, sql: str) -> None:
         lowered = sql.lower()
@@ -482,35 +433,3 @@ class Store:
 
     def table_columns(self) -> dict[str, list[tuple[str, str]]]:
         return dict(self._columns)
-
-
-def one_line(e: Exception) -> str:
-    """DuckDB's message up to the query excerpt or an embedded traceback, on one line."""
-    kept = []
-    for line in str(e).splitlines():
-        if not line.strip() or line.startswith(("LINE ", "Traceback")):
-            break
-        kept.append(line.strip())
-    return " ".join(kept) or type(e).__name__
-
-
-def jsonable(value: Any) -> Any:
-    """A JSON-safe form of a DuckDB value (NaN and ±Inf become strings, not nulls)."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).hex()
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    try:
-        return float(value)  # Decimal
-    except (TypeError, ValueError):
-        return json.dumps(value, default=str)

@@ -87,7 +87,7 @@ async def query(request: Request, body: QueryRequest) -> Response:
     res = await loop.run_in_executor(
         agent.query_pool, lambda: agent.store.query(body.sql, max_rows=body.max_rows)
     )
-    # A JSONResponse as is: rows are JSON-safe already (store.jsonable), and FastAPI's
+    # A JSONResponse as is: rows are JSON-safe already (jsonsafe.jsonable), and FastAPI's
     # jsonable_encoder walking every cell again cost more than the query (~0.5 ms per request).
     return JSONResponse({
         "ok": True,

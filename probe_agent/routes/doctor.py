@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 
 from ..collectors.trainloop import optimizer_state
-from ..store import jsonable
+from ..jsonsafe import jsonable
 
 router = APIRouter(prefix="/v1")
 

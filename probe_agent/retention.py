@@ -1,0 +1,45 @@
+"""Byte retention for the step-indexed tables (PROBE_RETENTION_MB): oldest steps go first."""
+
+from __future__ import annotations
+
+import duckdb
+
+
+def enforce_retention(cur: duckdb.DuckDBPyConnection, budget: int, step_tables: dict[str, int],
+                      rows_est: dict[str, int]) -> int:
+    """Delete the oldest steps until the tables fit ``budget`` bytes; returns rows deleted.
+
+    Args:
+        cur: the writer's cursor.
+        budget: bytes allowed in all step-indexed tables together.
+        step_tables: table -> estimated bytes per row.
+        rows_est: table -> estimated rows (inserts add to it); corrected here from count(*)
+            when the estimate says the budget may be exceeded, and updated after deletes.
+    """
+    if sum(n * step_tables[t] for t, n in rows_est.items()) <= budget:
+        return 0  # cannot be over budget: skip the count(*) queries
+    counts = {
+        # fetchall, not fetchone: DuckDB >= 2 refuses register() on a cursor that still holds
+        # an unfinished result, which would silently stop every later insert.
+        t: cur.execute(f"SELECT count(*), min(step), max(step) FROM {t}").fetchall()[0]
+        for t in step_tables
+    }
+    rows_est.clear()
+    rows_est.update({t: int(c[0]) for t, c in counts.items() if c})
+    used = sum(c[0] * step_tables[t] for t, c in counts.items() if c)
+    if used <= budget:
+        return 0
+    lo = min((c[1] for c in counts.values() if c and c[1] is not None), default=None)
+    hi = max((c[2] for c in counts.values() if c and c[2] is not None), default=None)
+    if lo is None or hi is None:
+        return 0
+    # Keep the newest fraction of steps that fits, with 10% headroom, at least one step.
+    keep_frac = 0.9 * budget / used
+    cutoff = min(max(lo + 1, hi - int((hi - lo + 1) * keep_frac) + 1), hi)
+    dropped = 0
+    for t in step_tables:
+        n = cur.execute(f"DELETE FROM {t} WHERE step < ?", [cutoff]).fetchall()[0]
+        gone = int(n[0]) if n else 0
+        dropped += gone
+        rows_est[t] = max(0, rows_est.get(t, 0) - gone)
+    return dropped
