@@ -95,6 +95,7 @@ class LoopMonitor:
         self._clip_mod: Any = None
         self._clip_orig: Any = None
         self._unsubscribe: Any = None
+        self._stopped = False
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Any) -> None:
@@ -104,6 +105,10 @@ class LoopMonitor:
         sink.add_flusher(self.flush)
 
     def stop(self) -> None:
+        # The store's last flush runs after the collectors stop, and flush() installs: without
+        # this flag the wrappers came back, and their closures kept the stopped agent (and its
+        # DuckDB) alive for as long as the process ran.
+        self._stopped = True
         try:
             if self._unsubscribe is not None:
                 self._unsubscribe()
@@ -121,6 +126,8 @@ class LoopMonitor:
 
     def install(self) -> None:
         """Wrap what the program has imported so far; cheap once both are wrapped."""
+        if self._stopped:
+            return
         if self._dl_cls is None and (dl := _ready(_DL_MODULE)) is not None:
             cls = dl._BaseDataLoaderIter
             orig = cls.__dict__["__next__"]

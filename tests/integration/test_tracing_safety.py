@@ -111,3 +111,38 @@ def test_cuda_rows_time_with_events_and_read_the_allocator(make_agent):
     assert got == [["cuda", True, True, 9]]
     mem = rows(agent, "SELECT device, max(allocated) > 0 FROM memory GROUP BY device")
     assert mem == [["cuda:0", True]]
+
+
+def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
+    import gc
+    import weakref
+
+    import probe_agent
+    from torch.nn.utils import clip_grad
+    from torch.utils.data import dataloader
+
+    next_before = dataloader._BaseDataLoaderIter.__dict__["__next__"]
+    clip_before = clip_grad._clip_grads_with_norm_
+    # GIVEN an agent that traced a loop with a DataLoader and gradient clipping
+    agent = make_agent(trace="on")
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.randn(32, 4), batch_size=8)
+    wait_until(lambda: agent.collectors["trainloop"].state()["dataloader_wrapped"], 10,
+               "the DataLoader was never wrapped")
+    for x in loader:
+        model(x).sum().backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+    ref = weakref.ref(agent)
+    # WHEN it stops (its writer's last flush runs after the collectors stopped)
+    probe_agent.stop()
+    del agent
+    # THEN the wrapped functions are the originals again, no hook is left on the model, and
+    # nothing keeps the agent (and its DuckDB) alive
+    assert dataloader._BaseDataLoaderIter.__dict__["__next__"] is next_before
+    assert clip_grad._clip_grads_with_norm_ is clip_before
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    wait_until(lambda: gc.collect() is not None and ref() is None, 10,
+               "the stopped agent is still referenced")
