@@ -203,9 +203,9 @@ def stop_agent() -> None:
     probe_agent.stop()
 
 
-def run_size(size: str, rounds: int | None) -> dict[str, object]:
+def run_size(size: str, rounds: int | None, block: int | None = None) -> dict[str, object]:
     loop = Loop(size)
-    n = loop.block
+    n = block or loop.block
     rounds = rounds or loop.rounds
     configs = ["baseline", "agent-off", "on", "default", "profiler"]
     res: dict[str, list[tuple[float, ...]]] = {c: [] for c in configs}
@@ -428,6 +428,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="small,large")
     p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--block", type=int, default=None,
+                   help="steps per block (default 10; longer blocks average out short noise)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (1 leaves the 2nd core to the agent's threads)")
     p.add_argument("--paired", type=int, default=0, metavar="STEPS",
@@ -451,7 +453,7 @@ def main() -> None:
     if args.rss:
         print(json.dumps(run_rss(args.rss_steps, args.rss_mode, args.retention_mb), indent=1))
         return
-    results = [run_size(s, args.rounds) for s in args.sizes.split(",")]
+    results = [run_size(s, args.rounds, args.block) for s in args.sizes.split(",")]
     print(json.dumps(results, indent=1))
 
 
