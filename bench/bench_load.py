@@ -96,6 +96,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6,
                     help="quiet/loaded phase pairs, interleaved so drift hits both alike")
     ap.add_argument("--think", type=float, default=1.0)
+    ap.add_argument("--watchdog", action="store_true",
+                    help="run the agent's watchdog (the default in production): clients then "
+                         "reach the rank through its out-of-process proxy")
     ap.add_argument("--serve-cpu", default=None,
                     help="PROBE_SERVE_CPU for the training process (default: the agent's, 0.02)")
     ap.add_argument("--client-nice", type=int, default=19,
@@ -104,7 +107,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="probe-load-") as d:
         tmp = Path(d)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE")}
-        env.update(PYTHONPATH=str(ROOT), PROBE="1", PROBE_PORT="0", PROBE_WATCHDOG="0",
+        env.update(PYTHONPATH=str(ROOT), PROBE="1", PROBE_PORT="0",
+                   PROBE_WATCHDOG="1" if args.watchdog else "0",
                    PROBE_RUN_DIR=str(tmp / "run"), PROBE_TRACE="off", OMP_NUM_THREADS="1")
         if args.serve_cpu is not None:
             env["PROBE_SERVE_CPU"] = args.serve_cpu
@@ -116,7 +120,13 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise SystemExit("agent did not start")
                 time.sleep(0.1)
-            url = json.loads(next((tmp / "run").glob("*.json")).read_text())["url"]
+            url = None
+            while url is None:  # <pid>.json (the watchdog writes <pid>.watchdog.json beside it)
+                infos = [json.loads(f.read_text()) for f in (tmp / "run").glob("*.json")]
+                url = next((i["url"] for i in infos if i.get("url")), None)
+                if url is None and time.monotonic() > deadline:
+                    raise SystemExit("agent did not start")
+                time.sleep(0.1)
             os.nice(args.client_nice)  # the training process was started before: not niced
             while current_step(url) < 20:
                 time.sleep(0.2)

@@ -22,7 +22,7 @@ from .errors import ProbeAgentError
 log = logging.getLogger(__name__)
 
 #: Cheap GETs that skip the serving budget (budget.py).
-_UNBUDGETED = frozenset({"/v1/health", "/v1/step"})
+_UNBUDGETED = frozenset({"/v1/health", "/v1/step", "/v1/backtrace"})
 
 #: Feature routers, by module under probe_agent.routes. Each module exposes ``router``.
 ROUTERS = ("core", "trace", "cluster", "actions", "doctor")
@@ -68,9 +68,12 @@ class Guard:
                 )
                 await reply(scope, receive, send)
                 return
-        # Liveness and the step clock stay instant: hang detection and step targeting must
-        # not queue behind a crowd of dashboards (they cost ~0.3 ms each).
-        exempt = scope.get("path") in _UNBUDGETED and scope.get("method") == "GET"
+        # Liveness, the step clock and the plain backtrace stay instant: they are what an
+        # on-call engineer needs when something is wrong, and must not queue behind a crowd of
+        # dashboards (0.3-0.7 ms each). A queued backtrace would also make the watchdog fall
+        # back to py-spy, which pauses the process to read it. Locals run user reprs: budgeted.
+        exempt = (scope.get("method") == "GET" and scope.get("path") in _UNBUDGETED
+                  and b"locals" not in scope.get("query_string", b""))
         waited = 0.0 if exempt else await self.budget.admit()
         started = False
 
