@@ -41,6 +41,9 @@ from typing import Any
 
 #: Scheduler attributes holding one LR per param group.
 _LIST_ATTRS = ("base_lrs", "max_lrs", "min_lrs")
+#: How far below the parameters' dtype limit an LR must stay: the largest factor torch.optim
+#: applies to the LR before using it (Adam/AdamW's bias correction, 1 / (1 - beta1) at most).
+_LR_HEADROOM = 1000.0
 #: Param-group keys that schedulers read LRs from.
 _GROUP_KEYS = ("initial_lr", "max_lr", "min_lr")
 
@@ -98,11 +101,13 @@ def _largest_lr(group: dict[str, Any]) -> float:
     Optimizers pass the LR as a scalar of the parameter's dtype (``param.add_(g, alpha=-lr)``),
     so an LR above that dtype's largest finite value makes the next ``optimizer.step()`` raise
     "value cannot be converted ... without overflow" in the training loop (found by fuzzing an
-    LR of 1.8e308 into float32 parameters).
+    LR of 1.8e308 into float32 parameters). Some multiply it first: Adam's step size is
+    ``lr / (1 - beta1**t)``, up to 1000x the LR for beta1 = 0.999 (Adam at lr=1e38 crashes on
+    float32). Hence ``_LR_HEADROOM``: float32 LRs up to 3.4e35, float16 up to 65.
     """
     import torch  # only reached with optimizers, which means torch is loaded
 
-    limits = [torch.finfo(p.dtype).max for p in group.get("params", ())
+    limits = [torch.finfo(p.dtype).max / _LR_HEADROOM for p in group.get("params", ())
               if getattr(p, "is_floating_point", lambda: False)()]
     return min(limits, default=math.inf)
 

@@ -86,15 +86,17 @@ def test_tensor_lr_is_updated_in_place() -> None:
     assert opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.05)
 
 
-@pytest.mark.parametrize("dtype, kwargs", [
-    (torch.float32, {"set_to": 1.7976931348623157e308}),  # what the fuzzer sent
-    (torch.float16, {"set_to": 1e5}),  # above float16's 65504
-    (torch.float32, {"scale": 1e300}),
+@pytest.mark.parametrize("optim, dtype, kwargs", [
+    (torch.optim.SGD, torch.float32, {"set_to": 1.7976931348623157e308}),  # what the fuzzer sent
+    (torch.optim.SGD, torch.float16, {"set_to": 1e5}),  # above float16's 65504
+    (torch.optim.SGD, torch.float32, {"scale": 1e300}),
+    (torch.optim.Adam, torch.float32, {"set_to": 1e38}),  # fits float32; Adam's step does not
 ])
-def test_an_lr_the_parameters_cannot_hold_is_refused_and_nothing_changes(dtype, kwargs) -> None:
-    # GIVEN an SGD whose parameters' dtype cannot hold the requested LR
+def test_an_lr_the_parameters_cannot_hold_is_refused_and_nothing_changes(optim, dtype,
+                                                                       kwargs) -> None:
+    # GIVEN an optimizer whose step could not apply the requested LR to its parameters' dtype
     p = torch.nn.Parameter(torch.zeros(2, dtype=dtype))
-    opt = torch.optim.SGD([p], lr=0.5)
+    opt = optim([p], lr=0.5)
     sched = ls.StepLR(opt, step_size=3)
     # WHEN the LR change is asked for
     with pytest.raises(ValueError, match="refused.*nothing was changed"):
@@ -104,6 +106,16 @@ def test_an_lr_the_parameters_cannot_hold_is_refused_and_nothing_changes(dtype, 
     p.grad = torch.ones_like(p)
     opt.step()
     assert torch.isfinite(p).all()
+
+
+def test_a_huge_but_applicable_lr_is_the_users_call() -> None:
+    # 1e30 on float32 Adam poisons the weights but does not crash the loop: applied
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.Adam([p], lr=0.5)
+    change_lr([opt], [], set_to=1e30)
+    p.grad = torch.ones_like(p)
+    opt.step()
+    assert opt.param_groups[0]["lr"] == 1e30
 
 
 @pytest.mark.parametrize("kwargs", [{"set_to": float("nan")}, {"scale": float("inf")},
