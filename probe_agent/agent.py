@@ -53,7 +53,7 @@ class Agent:
         self._info_path: str | None = None
         self._owned_inodes: dict[str, int] = {}
         self.peers: dict[int, dict[str, Any]] = {}
-        self.serve_budget: Any = None  # set by app.Guard: requests' CPU budget (budget.py)
+        self.serve_budget: Any = None  # set by create_app: requests' CPU budget (budget.py)
         self.running = False
         #: issue 5: the out-of-process companion that owns the public sockets (watchdog/link.py).
         self.watchdog: Any = None

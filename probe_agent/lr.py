@@ -125,9 +125,9 @@ def _check_applicable(optimizers: list[Any], scale: float | None, set_to: float 
             limit = _largest_lr(g)
             if not after <= limit:
                 raise ValueError(
-                    f"lr {after:.6g} refused for {type(opt).__name__}: above the largest value "
-                    f"its parameters' dtype holds ({limit:.6g}), so optimizer.step() would fail; "
-                    "nothing was changed"
+                    f"lr {after:.6g} refused for {type(opt).__name__}: above {limit:.6g}, the "
+                    "largest LR its step can apply in its parameters' dtype (optimizer.step() "
+                    "would overflow); nothing was changed; give an LR below that limit"
                 )
 
 

@@ -136,7 +136,7 @@ class RankRegistry:
             self._read()
             self.failures, self.last_error = 0, None  # the store answers (again)
             complete = len(self.agent.peers) >= self.world_size
-            self._next = now + (self.refresh_s if complete else 0.5)
+            self._next = now + (self.refresh_s if complete else _TICK_S)
         except Exception as e:  # store down or gone: serve ourselves, retry later
             self.failures += 1
             first_line = (str(e).strip().splitlines() or [""])[0][:300]

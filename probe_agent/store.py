@@ -12,9 +12,9 @@ Threads and ownership
   holds the GIL the training thread needs. So the writer flushes only every PROBE_FLUSH_MS
   (default 2 s) and whenever a read arrives: a query first asks the writer to collect and
   insert everything buffered so far (``sync``), so answers are as fresh as an eager writer's
-  while an idle agent inserts a few times per interval at most. Housekeeping that must stay
-  prompt (rank discovery, arming hooks) runs on ``add_ticker`` every ``_TICK_S`` and inserts
-  nothing.
+  while an idle agent inserts a few times per interval at most. A read waits only for the
+  tables it names (``tables_named``). Housekeeping that must stay prompt (arming hooks) runs on
+  ``add_ticker`` every ``_TICK_S`` and inserts nothing.
 - Each reading thread has its own cursor, made on its first read. DuckDB releases the GIL while a
   query executes, so a query costs the training thread only the time to convert its result. One
   ``Deadlines`` thread calls ``cursor.interrupt()`` at ``PROBE_QUERY_TIMEOUT_MS``.
@@ -120,7 +120,6 @@ class Store:
         self.rows_dropped = 0
         self._columns = self._load_columns()
         self._short_names = {t.split(".")[-1].lower(): t for t in self._columns}
-        self._column_order = {t: [c for c, _ in cols] for t, cols in self._columns.items()}
         self._arrow_schemas = {
             t: self._root.sql(f"SELECT * FROM {t} LIMIT 0").to_arrow_table().schema
             for t in self._columns
@@ -297,7 +296,8 @@ class Store:
             log.exception("probe agent: could not insert a batch into %s", table)
 
     def _insert_arrow(self, cur: duckdb.DuckDBPyConnection, table: str, tbl: pa.Table) -> None:
-        if tbl.column_names == self._column_order.get(table):
+        schema = self._arrow_schemas.get(table)
+        if schema is not None and tbl.column_names == schema.names:
             # Every column, in the table's order: a relation insert skips register/unregister
             # (0.73 ms of CPU per insert here, against 1.23 ms).
             cur.from_arrow(tbl).insert_into(table)
@@ -335,10 +335,9 @@ class Store:
         """Raise QueryError unless ``sql`` is exactly one allowed read statement."""
         self._read_only_check(sql)
 
-    def _materialize(self, cur: duckdb.DuckDBPyConnection, sql: str) -> None:
-        lowered = sql.lower()
+    def _materialize(self, cur: duckdb.DuckDBPyConnection, tables: frozenset[str]) -> None:
         for table, fn in self._materializers.items():
-            if table.split(".")[-1] not in lowered:
+            if table not in tables:
                 continue
             # One refresher at a time (two concurrent DELETEs conflict in DuckDB's MVCC), and
             # queries arriving within _SNAPSHOT_REUSE_S of a refresh share that snapshot.
@@ -356,26 +355,27 @@ class Store:
                     raise
                 self._snapshot_at[table] = time.monotonic()
 
-    def tables_read(self, sql: str) -> frozenset[str]:
+    def tables_named(self, sql: str) -> frozenset[str]:
         """The agent tables ``sql`` may read (qualified): every table whose name appears in
         the text. A superset on purpose (a column or string that spells a table name costs
-        one extra INSERT), so that no form of reading a table (a subquery, a CTE,
+        one extra INSERT or refresh), so that no form of reading a table (a subquery, a CTE,
         ``query_table('steps')``) sees it stale; a parser's table list misses the last."""
         lowered = sql.lower()
-        # A materialised table (python.backtrace) is rebuilt by its refresher, never appended to.
-        return frozenset(t for short, t in self._short_names.items()
-                         if short in lowered and t not in self._materializers)
+        return frozenset(t for short, t in self._short_names.items() if short in lowered)
 
     def _run_read(self, sql: str, params: list[Any] | None, max_rows: int, consume: Callable):
         self.check_read_only(sql)
-        tables = self.tables_read(sql)
-        if tables:  # flush on read (see the docstring); `SELECT 1` or a system view needs none
-            self.flush(_SYNC_WAIT_S, tables)
+        named = self.tables_named(sql)
+        # Flush on read (see the docstring). A materialised table (python.backtrace) is rebuilt
+        # below, never appended to; `SELECT 1` or a system view needs no flush at all.
+        appended = frozenset(t for t in named if t not in self._materializers)
+        if appended:
+            self.flush(_SYNC_WAIT_S, appended)
         cur = self._read_cursor()
         t0 = time.perf_counter()
         deadline = None
         try:
-            self._materialize(cur, sql)
+            self._materialize(cur, named)
             deadline = self._deadlines.arm(self.config.query_timeout_ms / 1000.0, cur.interrupt)
             return consume(cur, sql, params or [], max_rows, t0)
         except duckdb.InterruptException:
