@@ -64,7 +64,8 @@ class CappedBuffer(io.StringIO):
     def text(self) -> str:
         out = self.getvalue()
         if self.dropped:
-            out += f"\n[probe: output cut, {self.dropped} more characters (PROBE_EVAL_OUTPUT_BYTES)]"
+            out += (f"\n[probe: output cut, {self.dropped} more characters "
+                    "(PROBE_EVAL_OUTPUT_BYTES)]")
         return out
 
 
@@ -187,7 +188,8 @@ class Evaluator:
             box["timeout"] = True
         elapsed = (time.perf_counter() - t0) * 1e3
         if box.get("timeout"):
-            still = " (still blocked in a C call; it stops when that call returns)" if th.is_alive() else ""
+            still = (" (still blocked in a C call; it stops when that call returns)"
+                     if th.is_alive() else "")
             return EvalOutcome(
                 False, None, out.text(), err.text(),
                 f"EvalTimeout: eval ran past {self.timeout_s:g} s (PROBE_EVAL_TIMEOUT_S) and was "

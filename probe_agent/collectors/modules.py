@@ -122,7 +122,7 @@ def _traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if e0 is not None:
             e1 = tr.record_event()
             mem = tr.memory()
-        row = (t0, t1, None, None, tr.step, tr.in_backward, e0, e1, mem, depth)
+        row = (t0, t1, None, None, tr.step, tr.in_backward, e0, e1, mem, depth)  # kind
         rows = tr.rows
         if len(rows) < BUFFER_ROWS:
             # objects first, row last: the writer takes len(rows) items of all three
@@ -226,7 +226,7 @@ class ModuleTracer:
         # hot-path state (training thread)
         self.depth = 0
         self.recording = False
-        self.in_backward = False
+        self.in_backward = FORWARD  # the kind of a forward row now: RECOMPUTE in backward
         self.step = 1
         self.root: Any = None
         self.cuda = False
@@ -414,7 +414,7 @@ class ModuleTracer:
             else:
                 self.bw_events.append((self.clock(), tuple(rows), None, None))
             if not self.in_backward:
-                self.in_backward = True
+                self.in_backward = RECOMPUTE  # an int: the writer reads rows' kinds as int8
                 self._queue_callback(self._backward_done)
         except Exception as e:  # noqa: BLE001 - inside autograd: never raise
             self.failed(e)
@@ -424,7 +424,7 @@ class ModuleTracer:
             ev = self.record_event() if self.cuda else None
             self.bw_events.append((self.clock(), None, ev, None))
         finally:
-            self.in_backward = False
+            self.in_backward = FORWARD
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
@@ -460,7 +460,7 @@ class ModuleTracer:
         """StepClock subscriber (training thread): step ``step`` finished; set up the next."""
         self.fallback = False
         self.step = step + 1
-        self.in_backward = False
+        self.in_backward = FORWARD
         self._prev_recording, self._prev_cuda = self.recording, self.cuda
         self._after_step = True
         self._apply(self.mode, boundary=True)

@@ -71,7 +71,8 @@ def _frames(frame: FrameType | None, with_locals: bool) -> list[Frame]:
         loc = None
         if with_locals:
             loc = {k: safe_repr(v) for k, v in list(frame.f_locals.items())[:64]}
-        out.append(Frame(len(out), code.co_name, code.co_filename, frame.f_lineno or 0, "Python", loc))
+        out.append(
+            Frame(len(out), code.co_name, code.co_filename, frame.f_lineno or 0, "Python", loc))
         frame = frame.f_back
     return out
 
