@@ -301,41 +301,131 @@ def thread_cpu_s(prefix: str) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def _ols2(y: list[float], a: list[int], b: list[int]) -> tuple[float, float]:
+    """Least squares y = k + ba*a + bb*b: the coefficients of a and b."""
+    n = len(y)
+    ma, mb, my = sum(a) / n, sum(b) / n, sum(y) / n
+    saa = sum((x - ma) ** 2 for x in a)
+    sbb = sum((x - mb) ** 2 for x in b)
+    sab = sum((x - ma) * (z - mb) for x, z in zip(a, b))
+    say = sum((x - ma) * (v - my) for x, v in zip(a, y))
+    sby = sum((z - mb) * (v - my) for z, v in zip(b, y))
+    det = saa * sbb - sab * sab
+    return (sbb * say - sab * sby) / det, (saa * sby - sab * say) / det
+
+
+def _detrend(y: list[float], k: int = 10) -> list[float]:
+    """y minus its centred moving median over 2k+1 steps: the machine's slow swings (±20%
+    over seconds on this VM) leave, step-to-step differences stay."""
+    out = []
+    for i in range(len(y)):
+        w = sorted(y[max(0, i - k):i + k + 1])
+        out.append(y[i] - w[len(w) // 2])
+    return out
+
+
+def _effects(y: list[float], x: list[int], reps: int = 1000, block: int = 25) -> dict[str, object]:
+    """Cost of a traced step on itself (``direct``) and on the step after it (``carry``: work
+    it leaves behind, e.g. freeing its hooks), by least squares over randomly assigned steps,
+    with a 95% moving-block bootstrap interval of their sum."""
+    import random
+
+    d = _detrend(y)[1:]
+    cur, prev = x[1:], x[:-1]
+    direct, carry = _ols2(d, cur, prev)
+    rng = random.Random(0)
+    n = len(d)
+    sums = []
+    for _ in range(reps):
+        idx: list[int] = []
+        while len(idx) < n:
+            s0 = rng.randrange(0, n - block)
+            idx.extend(range(s0, s0 + block))
+        idx = idx[:n]
+        a, b = _ols2([d[i] for i in idx], [cur[i] for i in idx], [prev[i] for i in idx])
+        sums.append(a + b)
+    sums.sort()
+    ci = (sums[int(0.025 * reps)], sums[int(0.975 * reps)]) if sums else None
+    return {"direct": direct, "carry": carry, "total": direct + carry, "ci95": ci}
+
+
 def run_paired(size: str, steps: int) -> dict[str, object]:
-    """Step-level pairs, immune to slow drift and neighbours: every:2 alternates traced and
-    untraced steps in one agent; the agent's own threads are accounted separately."""
+    """Randomised steps in one agent: before each step a coin picks whether the *next* step is
+    traced (every module) or not, so drift and the neighbours' load hit both kinds alike, and
+    a least-squares fit of each step's time on "this step traced" and "previous step traced"
+    gives the cost of tracing a step, including what a traced step leaves to the next one.
+
+    The agent's own threads (the writer that turns rows into Arrow and DuckDB, the HTTP
+    server, discovery) are accounted separately: their CPU per traced step, over an
+    equal run with tracing off, is added in full to the training thread's cost as if every
+    microsecond of it held the GIL the training thread needed (an upper bound: DuckDB's insert
+    releases the GIL). Estimates: ``on`` (every module every step), ``default`` (every:10,
+    1/10 of that) and ``off`` (the optimizer hooks and the idle agent threads)."""
+    import random
+
     loop = Loop(size)
     loop.steps(5)
-    agent = start_agent("every:2")
+    agent = start_agent("off")
+    tracer = agent.collectors["modules"]
     time.sleep(0.5)
-    loop.steps(4)
-    if agent.stepclock.current_step % 2 == 0:
-        loop.steps(1)  # next step (even) is traced: start pairs on an untraced step
+    loop.steps(5)
     agent.store.flush()
-    cpu0, wall0 = thread_cpu_s("probe-agent"), time.perf_counter()
-    times = [loop.steps(1) for _ in range(steps)]
+    # the idle agent's threads, over as many steps with tracing off
+    cpu0, w0 = thread_cpu_s("probe-agent"), time.perf_counter()
+    idle = [loop.steps(1) for _ in range(steps // 4)]
+    idle_cpu_per_step = (thread_cpu_s("probe-agent") - cpu0) / len(idle)
+    idle_share = (thread_cpu_s("probe-agent") - cpu0) / (time.perf_counter() - w0)
+    rng = random.Random(1)
+    labels: list[int] = []
+    times: list[tuple[float, ...]] = []
+    tracer.set_mode("on" if rng.random() < 0.5 else "off")
+    loop.steps(1)  # the first coin's step starts
+    cpu0 = thread_cpu_s("probe-agent")
+    for _ in range(steps):
+        # set now, applies at this step's optimizer.step(): the next step's mode
+        tracer.set_mode("on" if rng.random() < 0.5 else "off")
+        labels.append(1 if tracer.recording else 0)
+        times.append(loop.steps(1))
+    tracer.set_mode("off")
+    loop.steps(1)
     agent.store.flush()
-    agent_cpu, wall = thread_cpu_s("probe-agent") - cpu0, time.perf_counter() - wall0
-    # step k (odd index here) was traced; pair it with the untraced steps around it
-    pairs = [(times[i], times[i - 1], times[i + 1]) for i in range(1, steps - 1, 2)]
-    ratio = statistics.median(t[0] / ((a[0] + b[0]) / 2) for t, a, b in pairs)
-    ratio_wall = statistics.median(t[1] / ((a[1] + b[1]) / 2) for t, a, b in pairs)
-    dfwd = statistics.median(t[2] - (a[2] + b[2]) / 2 for t, a, b in pairs)
-    dbwd = statistics.median(t[3] - (a[3] + b[3]) / 2 for t, a, b in pairs)
-    base = statistics.median((a[0] + b[0]) / 2 for _, a, b in pairs)
-    traced_steps = len(pairs)
-    writer_ms = agent_cpu / max(traced_steps, 1) * 1e3  # all agent-thread CPU, per traced step
+    agent_cpu = thread_cpu_s("probe-agent") - cpu0 - idle_cpu_per_step * (steps + 1)
+    rows_per_traced = agent.store.query(
+        "SELECT count(*) FROM torch_trace").rows[0][0] / max(1, sum(labels))
     stop_agent()
+    traced = sum(labels)
+    base = statistics.median(t[0] for t, lab in zip(times, labels) if not lab)
+    cpu = _effects([t[0] for t in times], labels)
+    wall = _effects([t[1] for t in times], labels)
+    fwd = _effects([t[2] for t in times], labels, reps=0)
+    bwd = _effects([t[3] for t in times], labels, reps=0)
+    writer = agent_cpu / traced
+    hooks = run_hooks_cost()
+    off_s = hooks["added_us_per_step"] * 1e-6 + idle_cpu_per_step
+
+    def ratio(x: float) -> float:
+        return round(1 + x / base, 4)
+
     return {
-        "size": size, "pairs": traced_steps, "untraced_step_cpu_ms": round(base * 1e3, 2),
-        "traced_over_untraced_cpu": round(ratio, 4),
-        "traced_over_untraced_wall": round(ratio_wall, 4),
-        "us_per_module_call_forward": round(dfwd / loop.calls * 1e6, 2),
-        "us_per_module_call_backward": round(dbwd / loop.calls * 1e6, 2),
-        "agent_threads_cpu_ms_per_traced_step": round(writer_ms, 3),
-        "on_every_step_estimate": round(ratio + writer_ms / 1e3 / base, 4),
-        "every10_estimate": round(1 + (ratio - 1 + writer_ms / 1e3 / base) / 10, 4),
-        "agent_threads_cpu_share": round(agent_cpu / wall, 4),
+        "size": size, "steps": steps, "traced_steps": traced,
+        "module_calls_per_step": loop.calls, "rows_per_traced_step": round(rows_per_traced, 1),
+        "untraced_step_cpu_ms": round(base * 1e3, 2),
+        "training_thread_ms_per_traced_step": {
+            "direct": round(cpu["direct"] * 1e3, 3), "next_step": round(cpu["carry"] * 1e3, 3),
+            "total": round(cpu["total"] * 1e3, 3),
+            "ci95": [round(v * 1e3, 3) for v in cpu["ci95"]],
+            "wall_total": round(wall["total"] * 1e3, 3)},
+        "agent_threads_ms_per_traced_step": round(writer * 1e3, 3),
+        "us_per_module_call_forward": round(fwd["total"] / loop.calls * 1e6, 2),
+        "us_per_module_call_backward": round(bwd["total"] / loop.calls * 1e6, 2),
+        "estimate_on": ratio(cpu["total"] + writer),
+        "estimate_on_ci95": [ratio(v + writer) for v in cpu["ci95"]],
+        "estimate_default_every10": ratio((cpu["total"] + writer) / 10 + off_s),
+        "estimate_default_ci95": [ratio((v + writer) / 10 + off_s) for v in cpu["ci95"]],
+        "estimate_off": ratio(off_s),
+        "off_parts_us_per_step": {"optimizer_hooks": hooks["added_us_per_step"],
+                                  "idle_agent_threads": round(idle_cpu_per_step * 1e6, 1)},
+        "idle_agent_threads_cpu_share": round(idle_share, 4),
     }
 
 
@@ -448,7 +538,7 @@ def main() -> None:
         return
     if args.paired:
         out = [run_paired(s, args.paired) for s in args.sizes.split(",")]
-        print(json.dumps([*out, run_hooks_cost()], indent=1))
+        print(json.dumps(out, indent=1))
         return
     if args.rss:
         print(json.dumps(run_rss(args.rss_steps, args.rss_mode, args.retention_mb), indent=1))
