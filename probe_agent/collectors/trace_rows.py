@@ -20,6 +20,7 @@ stamps, the module object, the root call around it, the step, and for backward o
 
 from __future__ import annotations
 
+import bisect
 import time
 import weakref
 from collections.abc import Callable
@@ -33,7 +34,13 @@ T0, T1, OBJ, ROOT, STEP, KIND, EV0, EV1, MEM, DEPTH = range(10)
 FORWARD, RECOMPUTE, OPT_STEP, BACKWARD = range(4)
 _STAGES = pa.array(["forward", "forward", "step", "backward"], pa.string())  # by kind
 _DEVICES = pa.array(["cpu", "cuda"], pa.string())
-_NS = 1e-9
+# Typed scalars: pyarrow infers an untyped Python number's type by trying ``import dateutil``
+# first, a failed import and a sys.path scan on every kernel call where it is not installed.
+_NS_S = pa.scalar(1e-9, pa.float64())
+_IS_RECOMPUTE = pa.scalar(RECOMPUTE, pa.int8())
+_ZERO = pa.scalar(0.0, pa.float64())
+_CPU = pa.scalar("cpu", pa.string())
+
 _MAX_PENDING = 50_000
 
 SCHEMA = pa.schema(
@@ -76,8 +83,8 @@ class RowResolver:
         self._names: dict[int, tuple[Any, str, str]] = {}
         self._labels: dict[int, tuple[Any, str]] = {}
         self._label_counts: dict[str, int] = {}
-        self._seq: dict[tuple[int, int, int], int] = {}
-        self._seq_steps: set[int] = set()
+        self._seq: dict[tuple[int, int, int], int] = {}  # the last steps' call counts
+        self._gens: list[tuple[int, dict[int, Any]]] = []  # (last step, info of its rows)
         # rows waiting for their CUDA events: (row, kind, t0, t1, ev0, ev1, memory, code, seq)
         self._pending: list[tuple[Any, ...]] = []
         # id(row) -> (row, code, seq) for the last steps' forward rows: their backward rows
@@ -165,18 +172,12 @@ class RowResolver:
         steps, kinds = cols[STEP], cols[KIND]
         oids = list(map(id, objs))
         codes = self._codes(oids, objs, roots, kinds)
-        # seq: the call index of a module within its step and kind. Recompute calls count on
-        # their own (the key has the kind), so a reentrant checkpoint's backward (which hangs
-        # off the recompute call) gets the seq of the original forward.
-        seq = self._seq
-        seqs = []
-        for key in zip(steps, oids, kinds):
-            q = seq.get(key, 0)
-            seq[key] = q + 1
-            seqs.append(q)
-        self._seq_steps.update(steps)
-        # the backward rows of these calls (often in a later flush) take the same name and seq
-        self._info_of.update(zip(map(id, rows), zip(rows, codes, seqs)))
+        seqs = self._seqs(steps, oids, kinds)
+        # The backward rows of these calls (often in a later flush) take the same name and seq.
+        # One dict per flush, merged for lookups and dropped whole once its steps are old.
+        gen = dict(zip(map(id, rows), zip(rows, codes, seqs)))
+        self._gens.append((max(steps), gen))
+        self._info_of.update(gen)
         if cols[EV0].count(None) == len(rows):  # no CUDA events: final now
             out.extend(cols[T0], cols[T1], steps, seqs, codes, kinds, cols[DEPTH])
             return
@@ -230,13 +231,45 @@ class RowResolver:
                             pa.array([p[1] for p in pairs], pa.string()))
         return self._arrays
 
+    def _seqs(self, steps: tuple[int, ...], oids: list[int], kinds: tuple[int, ...]
+              ) -> list[int]:
+        """seq: the call index of a module within its step and kind. Recompute calls count on
+        their own (the key has the kind), so a reentrant checkpoint's backward (which hangs
+        off the recompute call) gets the seq of the original forward.
+
+        Most modules run once per step: when no key repeats in this flush or in the counts
+        carried from the last one, every seq is 0 (set operations, no Python loop per row).
+        Only the last steps' counts are carried: rows come in step order.
+        """
+        keys = list(zip(steps, oids, kinds))
+        carry = self._seq
+        if len(set(keys)) == len(keys) and carry.keys().isdisjoint(keys):
+            seqs = [0] * len(keys)
+            counts = dict.fromkeys(keys, 1)
+        else:
+            counts = carry
+            seqs = []
+            for key in keys:
+                q = counts.get(key, 0)
+                counts[key] = q + 1
+                seqs.append(q)
+        first = max(steps) - 1  # a step can go on in the next flush; keep two
+        tail = keys[bisect.bisect_left(steps, first):]
+        self._seq = {k: counts[k] for k in tail}
+        self._seq.update((k, v) for k, v in carry.items() if k[0] >= first)
+        return seqs
+
     def _prune_seq(self) -> None:
-        if len(self._seq_steps) <= 4:
+        """Forget the forward rows of old steps (their backward rows are out by now)."""
+        gens = self._gens
+        if not gens:
             return
-        keep = set(sorted(self._seq_steps)[-4:])
-        self._seq = {k: v for k, v in self._seq.items() if k[0] in keep}
-        self._info_of = {k: v for k, v in self._info_of.items() if v[0][STEP] in keep}
-        self._seq_steps = keep
+        keep = max(g[0] for g in gens) - 3
+        if gens[0][0] < keep:
+            self._gens = gens = [g for g in gens if g[0] >= keep]
+            self._info_of = {}
+            for g in gens:
+                self._info_of.update(g[1])
         if len(self._interned) > 100_000:  # names made up per call (rare): start over
             self._interned.clear()
             self._code_of.clear()
@@ -377,8 +410,9 @@ class _Columns:
         t0 = pa.array(self.t0, pa.int64())
         # int64 -> float64 rounds to nearest, like Python's int * float
         cpu = pc.multiply(pc.cast(pc.subtract(pa.array(self.t1, pa.int64()), t0), pa.float64(),
-                                  safe=False), _NS)
-        ts = pc.multiply(pc.cast(pc.add(t0, offset_ns), pa.float64(), safe=False), _NS)
+                                  safe=False), _NS_S)
+        ts = pc.multiply(pc.cast(pc.add(t0, pa.scalar(offset_ns, pa.int64())), pa.float64(),
+                                 safe=False), _NS_S)
         kind = pa.array(self.kind, pa.int8())
         code = pa.array(self.code, pa.int32())
         if self.cuda_s:
@@ -387,13 +421,13 @@ class _Columns:
                                            pa.int8()))
         else:
             duration = cpu
-            device = pa.repeat(pa.scalar("cpu", pa.string()), n)
+            device = pa.repeat(_CPU, n)
         if self.mem:
             zeros = (0.0, 0.0, 0.0, 0.0)
             mem = [m or zeros for m in self.mem]
             mems = [pa.array([m[i] for m in mem], pa.float64()) for i in range(4)]
         else:
-            mems = [pa.repeat(pa.scalar(0.0, pa.float64()), n)] * 4
+            mems = [pa.repeat(_ZERO, n)] * 4
         return pa.Table.from_arrays([
             ts,
             pa.repeat(pa.scalar(rank, pa.int32()), n),
@@ -406,7 +440,7 @@ class _Columns:
             *mems,
             names[1].take(code),
             # Only the recomputed forward is extra work; the backward happens once either way.
-            pc.equal(kind, RECOMPUTE),
+            pc.equal(kind, _IS_RECOMPUTE),
             device,
             pa.array(self.depth, pa.int32()),
         ], schema=SCHEMA)
