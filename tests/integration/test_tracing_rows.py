@@ -93,6 +93,31 @@ def test_several_root_models_are_told_apart(make_agent):
         == [[2]]
 
 
+def test_a_module_that_runs_backward_in_its_forward_still_gets_backward_rows(make_agent):
+    # Backward pre-hooks are registered in a batch when a top-level module returns; a
+    # train-step module that calls backward inside its forward must not lose them.
+    class TrainStep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            loss = self.model(x).pow(2).mean()
+            loss.backward()
+            self.opt.step()
+            self.opt.zero_grad()
+            return loss.detach()
+
+    agent = make_agent(trace="on")
+    step = TrainStep()
+    for _ in range(3):
+        step(torch.randn(4, 4))
+    got = rows(agent, "SELECT module, count(*) FROM torch_trace WHERE step = 2 "
+                      "AND stage = 'backward' GROUP BY ALL ORDER BY 1")
+    assert got == [["model", 1], ["model.0", 1], ["model.1", 1], ["model.2", 1]]
+
+
 @pytest.mark.parametrize("variant", ["non-reentrant", "reentrant"])
 def test_activation_checkpointing_recompute_is_flagged(make_agent, variant):
     agent = make_agent(trace="on")
