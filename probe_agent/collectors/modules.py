@@ -35,8 +35,9 @@ first ``FALLBACK_AFTER`` calls of the root model are step 1, then each call coun
 Cost
 ----
 Hot path = a few attribute reads, two ``perf_counter_ns`` and one list append per call, plus one
-``register_prehook`` per distinct output ``grad_fn``. Rows are plain lists in a bounded buffer;
-the writer thread (``flush``) turns them into Arrow. Failures inside the wrapper or the hooks
+``register_prehook`` per distinct output ``grad_fn``, batched when a top-level module returns
+(``register_hooks``). Rows are tuples in a bounded buffer; the writer thread (``flush``) turns
+them into Arrow, column by column (``trace_rows.py``). Failures inside the wrapper or the hooks
 are counted by a ``Guard``; after repeated failures tracing switches itself off.
 """
 
