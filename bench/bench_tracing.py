@@ -40,6 +40,7 @@ microsecond charged to the training thread).
 Usage: python bench/bench_tracing.py [--sizes small,large] [--rounds N] [--threads 1]
        python bench/bench_tracing.py --paired 3000 --sizes small
        python bench/bench_tracing.py --per-call
+       python bench/bench_tracing.py --hot-path 60 [--sizes small,large]
        python bench/bench_tracing.py --rss [--rss-steps 10000]
 """
 
@@ -491,6 +492,44 @@ def run_hooks_cost(n: int = 20000) -> dict[str, object]:
             "added_us_per_step": round(d * 1e6, 2)}
 
 
+def run_hot_path(size: str, reps: int) -> dict[str, object]:
+    """The training thread's own cost per traced step, by quantiles: tracing off and on
+    alternate every 4 steps in one agent, forward and backward timed apart (thread CPU), and
+    the low quantiles (min, p10) compared, since noise on a shared machine only adds time.
+    The writer's cost is not in here (see --paired)."""
+    loop = Loop(size)
+    loop.steps(5)
+    agent = start_agent("off")
+    tracer = agent.collectors["modules"]
+    time.sleep(0.5)
+    tt = time.thread_time
+    got: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+    for _ in range(reps):
+        for mode in ("off", "on"):
+            tracer.set_mode(mode)
+            loop.steps(1)  # the mode applies from the next step
+            for _ in range(3):
+                a = tt()
+                loss = loop.model(loop.idx, loop.tgt)
+                b = tt()
+                loss.backward()
+                c = tt()
+                loop.opt.step()
+                loop.opt.zero_grad(set_to_none=True)
+                got[mode].append((b - a, c - b))
+    stop_agent()
+    out: dict[str, object] = {"size": size, "steps_per_mode": len(got["on"]),
+                              "module_calls_per_step": loop.calls}
+    for i, stage in enumerate(("forward", "backward")):
+        q = {m: sorted(x[i] for x in v) for m, v in got.items()}
+        for name, k in (("min", 0), ("p10", len(q["on"]) // 10), ("p50", len(q["on"]) // 2)):
+            d = q["on"][k] - q["off"][k]
+            out[f"{stage}_{name}_ms_off"] = round(q["off"][k] * 1e3, 3)
+            out[f"{stage}_{name}_ms_added"] = round(d * 1e3, 3)
+            out[f"{stage}_{name}_us_per_call"] = round(d / loop.calls * 1e6, 2)
+    return out
+
+
 def run_per_call(reps: int = 30) -> dict[str, object]:
     """Cost per module call: 100 tiny Linear layers in a Sequential (the model's own work is
     small, so the tracer's share is visible), trace on vs off in one agent, alternating blocks;
@@ -562,6 +601,8 @@ def main() -> None:
                         "agent's own thread CPU and its per-step hook cost")
     p.add_argument("--per-call", action="store_true",
                    help="only the per-module-call cost (100 tiny Linear layers)")
+    p.add_argument("--hot-path", type=int, default=0, metavar="REPS",
+                   help="only the training thread's cost: off/on alternating, low quantiles")
     p.add_argument("--rss", action="store_true")
     p.add_argument("--rss-steps", type=int, default=10_000)
     p.add_argument("--rss-mode", default="on")
@@ -570,6 +611,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.per_call:
         print(json.dumps(run_per_call(), indent=1))
+        return
+    if args.hot_path:
+        print(json.dumps([run_hot_path(s, args.hot_path) for s in args.sizes.split(",")],
+                         indent=1))
         return
     if args.paired:
         out = [run_paired(s, args.paired) for s in args.sizes.split(",")]
