@@ -54,6 +54,7 @@ from functools import partial
 from typing import Any
 
 from . import Guard
+from .trace_columns import FORWARD, OPT_STEP, RECOMPUTE
 from .trace_rows import RowResolver
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,6 @@ _MODE_RE = re.compile(r"^(on|off|every:([1-9][0-9]*))$")
 # The module objects go into parallel lists (``objs``, ``roots``) instead: appending an
 # existing object allocates nothing the collector sees.
 T0, T1, OBJ, ROOT, STEP, KIND, EV0, EV1, MEM, DEPTH = range(10)
-FORWARD, RECOMPUTE, OPT_STEP = 0, 1, 2
 
 # Set while a tracer is active; read by _traced_call (module globals are the cheapest reads).
 _tracer: ModuleTracer | None = None

@@ -27,42 +27,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from .trace_columns import BACKWARD, OPT_STEP, RECOMPUTE, Columns
 
 T0, T1, OBJ, ROOT, STEP, KIND, EV0, EV1, MEM, DEPTH = range(10)
-# Row kinds (modules.py) and, for resolved rows only, BACKWARD.
-FORWARD, RECOMPUTE, OPT_STEP, BACKWARD = range(4)
-_STAGES = pa.array(["forward", "forward", "step", "backward"], pa.string())  # by kind
-_DEVICES = pa.array(["cpu", "cuda"], pa.string())
-# Typed scalars: pyarrow infers an untyped Python number's type by trying ``import dateutil``
-# first, a failed import and a sys.path scan on every kernel call where it is not installed.
-_NS_S = pa.scalar(1e-9, pa.float64())
-_IS_RECOMPUTE = pa.scalar(RECOMPUTE, pa.int8())
-_ZERO = pa.scalar(0.0, pa.float64())
-_CPU = pa.scalar("cpu", pa.string())
-
 _MAX_PENDING = 50_000
-
-SCHEMA = pa.schema(
-    [
-        ("timestamp", pa.float64()),
-        ("rank", pa.int32()),
-        ("step", pa.int64()),
-        ("seq", pa.int32()),
-        ("module", pa.string()),
-        ("stage", pa.string()),
-        ("duration", pa.float64()),
-        ("cpu_duration", pa.float64()),
-        ("allocated", pa.float64()),
-        ("max_allocated", pa.float64()),
-        ("cached", pa.float64()),
-        ("max_cached", pa.float64()),
-        ("root", pa.string()),
-        ("recompute", pa.bool_()),
-        ("device", pa.string()),
-        ("depth", pa.int32()),
-    ]
-)
 
 #: Wrapper classes whose one child is the real model: attribute of the child.
 _WRAPPERS = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module",
@@ -154,7 +123,7 @@ class RowResolver:
         the arithmetic and the strings are Arrow kernels over whole columns. Measured on the
         bench GPT: 0.2 ms of writer time per traced step, against 0.7 ms row by row.
         """
-        out = _Columns()
+        out = Columns()
         if rows:
             self._forward(rows, objs, roots, out)
         if events:
@@ -167,7 +136,7 @@ class RowResolver:
         return [out.table(self.rank, self._offset_ns, self._name_arrays())]
 
     def _forward(self, rows: list[tuple[Any, ...]], objs: list[Any], roots: list[Any],
-                 out: _Columns) -> None:
+                 out: Columns) -> None:
         cols = list(zip(*rows))
         steps, kinds = cols[STEP], cols[KIND]
         oids = list(map(id, objs))
@@ -275,7 +244,7 @@ class RowResolver:
             self._code_of.clear()
             self._arrays = None
 
-    def _cuda_ready(self, recycle: Callable[[list[Any]], None], out: _Columns) -> None:
+    def _cuda_ready(self, recycle: Callable[[list[Any]], None], out: Columns) -> None:
         """Rows whose CUDA events completed (``query()``, never a synchronize) go out; the
         others wait for the next flush."""
         still, done_events = [], []
@@ -295,7 +264,7 @@ class RowResolver:
         if done_events:
             recycle(done_events)
 
-    def _backward(self, events: list[tuple[Any, ...]], out: _Columns) -> None:
+    def _backward(self, events: list[tuple[Any, ...]], out: Columns) -> None:
         """Pair each backward start with the event that ends it and emit the backward rows.
 
         A span of ``r`` ends at the first later event j that is the pass end, or one of whose
@@ -359,88 +328,3 @@ class RowResolver:
         if known is None:
             return None
         return (*w, known[1], known[2])
-
-
-class _Columns:
-    """The rows of one flush, column by column (Python lists until ``table``)."""
-
-    def __init__(self) -> None:
-        self.t0: list[int] = []
-        self.t1: list[int] = []
-        self.step: list[int] = []
-        self.seq: list[int] = []
-        self.code: list[int] = []
-        self.kind: list[int] = []  # FORWARD, RECOMPUTE, OPT_STEP or BACKWARD
-        self.depth: list[int] = []
-        self.cuda_s: list[float | None] = []  # only once a CUDA row arrives (None: cpu time)
-        self.mem: list[Any] = []  # only once a row with memory arrives
-
-    def extend(self, t0: Any, t1: Any, step: Any, seq: Any, code: Any, kind: Any,
-               depth: Any) -> None:
-        n = len(t0)
-        for col, vals in ((self.t0, t0), (self.t1, t1), (self.step, step), (self.seq, seq),
-                          (self.code, code), (self.kind, kind), (self.depth, depth)):
-            col.extend(vals)
-        if self.cuda_s:
-            self.cuda_s.extend([None] * n)
-        if self.mem:
-            self.mem.extend([None] * n)
-
-    def add(self, t0: int, t1: int, step: int, seq: int, code: int, kind: int,
-            cuda_s: float | None, mem: Any, depth: int, cuda: bool = False) -> None:
-        n = len(self.t0)
-        if cuda and not self.cuda_s:
-            self.cuda_s = [None] * n
-        if mem is not None and not self.mem:
-            self.mem = [None] * n
-        self.t0.append(t0)
-        self.t1.append(t1)
-        self.step.append(step)
-        self.seq.append(seq)
-        self.code.append(code)
-        self.kind.append(kind)
-        self.depth.append(depth)
-        if self.cuda_s:
-            self.cuda_s.append(cuda_s)
-        if self.mem:
-            self.mem.append(mem)
-
-    def table(self, rank: int, offset_ns: int, names: tuple[pa.Array, pa.Array]) -> pa.Table:
-        n = len(self.t0)
-        t0 = pa.array(self.t0, pa.int64())
-        # int64 -> float64 rounds to nearest, like Python's int * float
-        cpu = pc.multiply(pc.cast(pc.subtract(pa.array(self.t1, pa.int64()), t0), pa.float64(),
-                                  safe=False), _NS_S)
-        ts = pc.multiply(pc.cast(pc.add(t0, pa.scalar(offset_ns, pa.int64())), pa.float64(),
-                                 safe=False), _NS_S)
-        kind = pa.array(self.kind, pa.int8())
-        code = pa.array(self.code, pa.int32())
-        if self.cuda_s:
-            duration = pc.coalesce(pa.array(self.cuda_s, pa.float64()), cpu)
-            device = _DEVICES.take(pc.cast(pc.is_valid(pa.array(self.cuda_s, pa.float64())),
-                                           pa.int8()))
-        else:
-            duration = cpu
-            device = pa.repeat(_CPU, n)
-        if self.mem:
-            zeros = (0.0, 0.0, 0.0, 0.0)
-            mem = [m or zeros for m in self.mem]
-            mems = [pa.array([m[i] for m in mem], pa.float64()) for i in range(4)]
-        else:
-            mems = [pa.repeat(_ZERO, n)] * 4
-        return pa.Table.from_arrays([
-            ts,
-            pa.repeat(pa.scalar(rank, pa.int32()), n),
-            pa.array(self.step, pa.int64()),
-            pa.array(self.seq, pa.int32()),
-            names[0].take(code),
-            _STAGES.take(kind),
-            duration,
-            cpu,
-            *mems,
-            names[1].take(code),
-            # Only the recomputed forward is extra work; the backward happens once either way.
-            pc.equal(kind, _IS_RECOMPUTE),
-            device,
-            pa.array(self.depth, pa.int32()),
-        ], schema=SCHEMA)
