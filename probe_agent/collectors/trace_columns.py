@@ -55,8 +55,9 @@ class Columns:
         self.code: list[int] = []
         self.kind: list[int] = []  # FORWARD, RECOMPUTE, OPT_STEP or BACKWARD
         self.depth: list[int] = []
-        self.cuda_s: list[float | None] = []  # only once a CUDA row arrives (None: cpu time)
-        self.mem: list[Any] = []  # only once a row with memory arrives
+        # Filled only once a CUDA row (or a row with memory) arrives; earlier rows get None.
+        self.cuda_s: list[float | None] | None = None  # None in it: the row's cpu time
+        self.mem: list[Any] | None = None
 
     def extend(self, t0: Any, t1: Any, step: Any, seq: Any, code: Any, kind: Any,
                depth: Any) -> None:
@@ -64,17 +65,17 @@ class Columns:
         for col, vals in ((self.t0, t0), (self.t1, t1), (self.step, step), (self.seq, seq),
                           (self.code, code), (self.kind, kind), (self.depth, depth)):
             col.extend(vals)
-        if self.cuda_s:
+        if self.cuda_s is not None:
             self.cuda_s.extend([None] * n)
-        if self.mem:
+        if self.mem is not None:
             self.mem.extend([None] * n)
 
     def add(self, t0: int, t1: int, step: int, seq: int, code: int, kind: int,
             cuda_s: float | None, mem: Any, depth: int, cuda: bool = False) -> None:
         n = len(self.t0)
-        if cuda and not self.cuda_s:
+        if cuda and self.cuda_s is None:
             self.cuda_s = [None] * n
-        if mem is not None and not self.mem:
+        if mem is not None and self.mem is None:
             self.mem = [None] * n
         self.t0.append(t0)
         self.t1.append(t1)
@@ -83,9 +84,9 @@ class Columns:
         self.code.append(code)
         self.kind.append(kind)
         self.depth.append(depth)
-        if self.cuda_s:
+        if self.cuda_s is not None:
             self.cuda_s.append(cuda_s)
-        if self.mem:
+        if self.mem is not None:
             self.mem.append(mem)
 
     def table(self, rank: int, offset_ns: int, names: tuple[pa.Array, pa.Array]) -> pa.Table:
@@ -98,14 +99,14 @@ class Columns:
                                  safe=False), _NS_S)
         kind = pa.array(self.kind, pa.int8())
         code = pa.array(self.code, pa.int32())
-        if self.cuda_s:
+        if self.cuda_s is not None:
             duration = pc.coalesce(pa.array(self.cuda_s, pa.float64()), cpu)
             device = _DEVICES.take(pc.cast(pc.is_valid(pa.array(self.cuda_s, pa.float64())),
                                            pa.int8()))
         else:
             duration = cpu
             device = pa.repeat(_CPU, n)
-        if self.mem:
+        if self.mem is not None:
             zeros = (0.0, 0.0, 0.0, 0.0)
             mem = [m or zeros for m in self.mem]
             mems = [pa.array([m[i] for m in mem], pa.float64()) for i in range(4)]
