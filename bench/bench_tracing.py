@@ -502,21 +502,14 @@ def run_hot_path(size: str, reps: int) -> dict[str, object]:
     agent = start_agent("off")
     tracer = agent.collectors["modules"]
     time.sleep(0.5)
-    tt = time.thread_time
     got: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
     for _ in range(reps):
         for mode in ("off", "on"):
             tracer.set_mode(mode)
             loop.steps(1)  # the mode applies from the next step
             for _ in range(3):
-                a = tt()
-                loss = loop.model(loop.idx, loop.tgt)
-                b = tt()
-                loss.backward()
-                c = tt()
-                loop.opt.step()
-                loop.opt.zero_grad(set_to_none=True)
-                got[mode].append((b - a, c - b))
+                x = loop.steps(1)
+                got[mode].append((x[2], x[3]))  # forward, backward thread time
     stop_agent()
     out: dict[str, object] = {"size": size, "steps_per_mode": len(got["on"]),
                               "module_calls_per_step": loop.calls}

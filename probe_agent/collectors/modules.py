@@ -55,7 +55,7 @@ from typing import Any
 
 from . import Guard
 from .trace_columns import FORWARD, OPT_STEP, RECOMPUTE
-from .trace_rows import RowResolver
+from .trace_rows import EV0, RowResolver
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +68,13 @@ BUFFER_ROWS = 200_000
 FALLBACK_AFTER = 16
 _MODE_RE = re.compile(r"^(on|off|every:([1-9][0-9]*))$")
 
-# Row slots. A row is a tuple of numbers (plus CUDA events): CPython stops tracking such tuples
+# Rows (slots named in trace_rows.py). A row is a tuple of numbers (plus CUDA events): CPython
+# stops tracking such tuples
 # at the first collection, so buffered rows never reach the old generation. Rows holding the
 # module itself (lists, as this once did) were promoted there in thousands per second, which
 # set off full collections of the whole process: 194 ms each, measured here, ~1% of every step.
 # The module objects go into parallel lists (``objs``, ``roots``) instead: appending an
 # existing object allocates nothing the collector sees.
-T0, T1, OBJ, ROOT, STEP, KIND, EV0, EV1, MEM, DEPTH = range(10)
 
 # Set while a tracer is active; read by _traced_call (module globals are the cheapest reads).
 _tracer: ModuleTracer | None = None

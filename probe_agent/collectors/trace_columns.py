@@ -44,6 +44,7 @@ SCHEMA = pa.schema(
     ]
 )
 
+
 class Columns:
     """The rows of one flush, column by column (Python lists until ``table``)."""
 
@@ -100,9 +101,9 @@ class Columns:
         kind = pa.array(self.kind, pa.int8())
         code = pa.array(self.code, pa.int32())
         if self.cuda_s is not None:
-            duration = pc.coalesce(pa.array(self.cuda_s, pa.float64()), cpu)
-            device = _DEVICES.take(pc.cast(pc.is_valid(pa.array(self.cuda_s, pa.float64())),
-                                           pa.int8()))
+            gpu = pa.array(self.cuda_s, pa.float64())
+            duration = pc.coalesce(gpu, cpu)
+            device = _DEVICES.take(pc.cast(pc.is_valid(gpu), pa.int8()))
         else:
             duration = cpu
             device = pa.repeat(_CPU, n)

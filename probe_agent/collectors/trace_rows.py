@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from .trace_columns import BACKWARD, OPT_STEP, RECOMPUTE, Columns
 
+#: Row slots, as modules.py builds a row (it says why rows are tuples of numbers).
 T0, T1, OBJ, ROOT, STEP, KIND, EV0, EV1, MEM, DEPTH = range(10)
 _MAX_PENDING = 50_000
 
@@ -121,7 +122,8 @@ class RowResolver:
         training thread may wait for. So per-row Python is kept to a few C-level passes
         (``zip(*rows)``, ``map(id, ...)``, ``dict(zip(...))``) and one dict update for ``seq``;
         the arithmetic and the strings are Arrow kernels over whole columns. Measured on the
-        bench GPT: 0.2 ms of writer time per traced step, against 0.7 ms row by row.
+        bench GPT (one flush of 100 traced steps, isolated): 0.29 ms per traced step, against
+        0.44 ms row by row; live, with training competing for the GIL, about 0.5 ms.
         """
         out = Columns()
         if rows:
@@ -130,7 +132,7 @@ class RowResolver:
             self._backward(events, out)
         if self._pending:
             self._cuda_ready(recycle, out)
-        self._prune_seq()
+        self._prune()
         if not out.t0:
             return []
         return [out.table(self.rank, self._offset_ns, self._name_arrays())]
@@ -228,7 +230,7 @@ class RowResolver:
         self._seq.update((k, v) for k, v in carry.items() if k[0] >= first)
         return seqs
 
-    def _prune_seq(self) -> None:
+    def _prune(self) -> None:
         """Forget the forward rows of old steps (their backward rows are out by now)."""
         gens = self._gens
         if not gens:
@@ -304,11 +306,11 @@ class RowResolver:
                     e_start.append(t)
                     e_end.append(tj)
                     e_row.append(r)
-                else:
-                    waiting.append((r, BACKWARD, t, tj, ev, ev_j, mem))
-        if waiting:  # CUDA rows: name and seq now, times when their events complete
-            self._pending = [w if len(w) == 9 else self._with_info(w) for w in waiting]
-            self._pending = [w for w in self._pending if w is not None]
+                    continue
+                # CUDA rows: name and seq now, times when their events complete
+                known = self._info_of.get(id(r))
+                if known is not None:
+                    waiting.append((r, BACKWARD, t, tj, ev, ev_j, mem, known[1], known[2]))
         if not e_row:
             return
         starts, ends = e_start, e_end
@@ -322,9 +324,3 @@ class RowResolver:
         fwd, codes, seqs = zip(*infos)
         cols = list(zip(*fwd))
         out.extend(starts, ends, cols[STEP], seqs, codes, (BACKWARD,) * len(codes), cols[DEPTH])
-
-    def _with_info(self, w: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        known = self._info_of.get(id(w[0]))
-        if known is None:
-            return None
-        return (*w, known[1], known[2])
