@@ -47,40 +47,40 @@ import importlib.abc
 import logging
 import os
 import re
+from array import array
 import sys
 import threading
 import time
-from functools import partial
 from typing import Any
 
 from . import Guard
-from .trace_columns import FORWARD, OPT_STEP, RECOMPUTE
-from .trace_rows import EV0, RowResolver
+from .trace_columns import (
+    BW_CUDA, BW_GSEQ, BW_N, FORWARD, FW_CUDA, FW_N, OPT_STEP, PASS_END, RECOMPUTE)
+from .trace_rows import RowResolver
 
 log = logging.getLogger(__name__)
 
 #: Rows (and backward events) buffered between two writer ticks; beyond it rows are dropped and
-#: counted (``dropped``). 200k rows ≈ 40 MB; at 100 modules that is 600 traced steps per tick.
+#: counted (``dropped``). 200k rows = 11 MB of records; at 100 modules, 2000 traced steps.
 BUFFER_ROWS = 200_000
+_FW_MAX = BUFFER_ROWS * FW_N
+_BW_MAX = BUFFER_ROWS * BW_N
 #: Without an optimizer step, the first FALLBACK_AFTER calls of the root model are step 1 (so
 #: gradient accumulation in the first step is not split), then every call is one step (so an
 #: inference loop still gets steps, which retention needs).
 FALLBACK_AFTER = 16
 _MODE_RE = re.compile(r"^(on|off|every:([1-9][0-9]*))$")
 
-# Rows (slots named in trace_rows.py). A row is a tuple of numbers (plus CUDA events): CPython
-# stops tracking such tuples
-# at the first collection, so buffered rows never reach the old generation. Rows holding the
-# module itself (lists, as this once did) were promoted there in thousands per second, which
-# set off full collections of the whole process: 194 ms each, measured here, ~1% of every step.
-# The module objects go into parallel lists (``objs``, ``roots``) instead: appending an
-# existing object allocates nothing the collector sees.
+# Records are numbers in ``array('q')`` buffers (formats and why: trace_columns.py). The module
+# objects go into parallel lists (``objs``, ``roots``): appending an existing object allocates
+# nothing the garbage collector sees. CUDA events (Python objects) go into ``fcuda``/``bcuda``.
 
 # Set while a tracer is active; read by _traced_call (module globals are the cheapest reads).
 _tracer: ModuleTracer | None = None
 _orig_call: Any = None
 _is_compiling: Any = None
 _Tensor: Any = None
+_current_node: Any = None  # torch._C._current_autograd_node
 
 
 def parse_mode(mode: str) -> tuple[str, int]:
@@ -118,20 +118,10 @@ def _traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         tr.depth = depth
     t1 = tr.clock()
     try:
-        mem = None
-        e1 = None
+        cuda = 0
         if e0 is not None:
-            e1 = tr.record_event()
-            mem = tr.memory()
-        row = (t0, t1, None, None, tr.step, tr.in_backward, e0, e1, mem, depth)  # kind
-        rows = tr.rows
-        if len(rows) < BUFFER_ROWS:
-            # objects first, row last: the writer takes len(rows) items of all three
-            tr.objs.append(self)
-            tr.roots.append(tr.root)
-            rows.append(row)
-        else:
-            tr.dropped += 1
+            cuda = (e0, tr.record_event(), tr.memory())
+        gseq = -1
         o = out
         if type(o) is not _Tensor:
             if type(o) in (tuple, list) and o:
@@ -143,14 +133,21 @@ def _traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if o is not None:
             gf = o.grad_fn
             if gf is not None:
-                if gf is tr.last_gf:
-                    tr.last_rows.append(row)
-                else:
-                    lst = [row]
+                gseq = gf._sequence_nr()
+                if gf is not tr.last_gf:  # a Sequential and its last layer share one
                     tr.hook_gfs.append(gf)
-                    tr.hook_rows.append(lst)
                     tr.last_gf = gf
-                    tr.last_rows = lst
+        fw = tr.fw
+        if len(fw) < _FW_MAX:
+            # objects first, record last: the writer takes as many objects as records
+            tr.objs.append(self)
+            tr.roots.append(tr.root)
+            if cuda:
+                tr.fcuda.append(cuda)
+                cuda = 1
+            fw.extend((t0, t1, tr.step, tr.in_backward, depth, gseq, cuda))
+        else:
+            tr.dropped += 1
         if depth < 2 and tr.hook_gfs:
             tr.register_hooks()
     except Exception as e:  # noqa: BLE001 - the one sanctioned broad except: never into training
@@ -235,14 +232,15 @@ class ModuleTracer:
         self.step = 1
         self.root: Any = None
         self.cuda = False
-        self.rows: list[tuple[Any, ...]] = []
-        self.objs: list[Any] = []  # the module (or optimizer) of rows[i]
-        self.roots: list[Any] = []  # the root module around rows[i]
-        self.bw_events: list[tuple[Any, ...]] = []
+        self.fw = array("q")  # forward records (FW_*)
+        self.objs: list[Any] = []  # the module (or optimizer) of forward record i
+        self.roots: list[Any] = []  # the root module around forward record i
+        self.fcuda: list[Any] = []  # (ev0, ev1, memory) of the records flagged FW_CUDA
+        self.bw = array("q")  # backward events (BW_*)
+        self.bcuda: list[Any] = []  # (event, memory) of the events flagged BW_CUDA
         self.last_gf: Any = None
-        self.last_rows: list[Any] = []
         self.hook_gfs: list[Any] = []  # grad_fns waiting for their pre-hook (register_hooks)
-        self.hook_rows: list[Any] = []
+        self._bw_hook = self.on_backward  # one bound method for every node's pre-hook
         self.dropped = 0
         self.clock = time.perf_counter_ns
         # control state
@@ -304,7 +302,7 @@ class ModuleTracer:
 
     def arm(self) -> None:
         """Install the optimizer hooks and, unless the mode is off, start tracing now."""
-        global _tracer, _orig_call, _is_compiling, _Tensor
+        global _tracer, _orig_call, _is_compiling, _Tensor, _current_node
         with self._lock:
             if self.armed:
                 return
@@ -321,6 +319,7 @@ class ModuleTracer:
                 _orig_call = torch.nn.Module.__call__
             _is_compiling = torch.compiler.is_compiling
             _Tensor = torch.Tensor
+            _current_node = torch._C._current_autograd_node
             self._handles = [
                 register_optimizer_step_pre_hook(self._on_opt_pre),
                 register_optimizer_step_post_hook(self._on_opt_post),
@@ -370,8 +369,7 @@ class ModuleTracer:
         if boundary:
             self.depth = 0
             self.last_gf = None
-            self.last_rows = []
-            self.hook_gfs, self.hook_rows = [], []
+            self.hook_gfs = []
 
     def _install(self) -> None:
         torch = self._torch
@@ -421,21 +419,28 @@ class ModuleTracer:
         grad_fns before then, unless a module runs backward inside its own forward below
         depth 1 (those calls get no backward rows).
         """
-        gfs, lsts = self.hook_gfs, self.hook_rows
-        self.hook_gfs, self.hook_rows = [], []
-        cb = self.on_backward
-        for gf, lst in zip(gfs, lsts):
-            gf.register_prehook(partial(cb, lst))
+        gfs = self.hook_gfs
+        self.hook_gfs = []
+        hook = self._bw_hook
+        for gf in gfs:
+            gf.register_prehook(hook)
 
-    def on_backward(self, rows: list[Any], grad_outputs: Any) -> None:
-        """grad_fn pre-hook: the backward of the forward calls in ``rows`` starts now."""
+    def on_backward(self, grad_outputs: Any) -> None:
+        """grad_fn pre-hook (one for all nodes): the backward of the forward calls whose output
+        had the running node as ``grad_fn`` starts now. The record names the node by its
+        sequence number, which the forward records carry (``gseq``): no per-node object."""
         try:
-            # tuple(rows): the event stays untracked by the GC (see the row slots above)
-            if rows[0][EV0] is not None:
-                self.bw_events.append(
-                    (self.clock(), tuple(rows), self.record_event(), self.memory()))
-            else:
-                self.bw_events.append((self.clock(), tuple(rows), None, None))
+            node = _current_node()
+            bw = self.bw
+            if node is not None and len(bw) < _BW_MAX:
+                t = self.clock()
+                cuda = 0
+                if self.cuda:
+                    ev = self.record_event()
+                    if ev is not None:
+                        self.bcuda.append((ev, self.memory()))
+                        cuda = 1
+                bw.extend((t, node._sequence_nr(), cuda))
             if not self.in_backward:
                 self.in_backward = RECOMPUTE  # an int: the writer reads rows' kinds as int8
                 self._queue_callback(self._backward_done)
@@ -444,8 +449,14 @@ class ModuleTracer:
 
     def _backward_done(self) -> None:
         try:
-            ev = self.record_event() if self.cuda else None
-            self.bw_events.append((self.clock(), None, ev, None))
+            t = self.clock()
+            cuda = 0
+            if self.cuda:
+                ev = self.record_event()
+                if ev is not None:
+                    self.bcuda.append((ev, None))
+                    cuda = 1
+            self.bw.extend((t, PASS_END, cuda))
         finally:
             self.in_backward = FORWARD
 
@@ -469,13 +480,15 @@ class ModuleTracer:
             if start is None:
                 return
             t0, e0, step = start
-            e1 = self.record_event() if e0 is not None else None
-            mem = self.memory() if e0 is not None else None
-            row = (t0, self.clock(), None, None, step, OPT_STEP, e0, e1, mem, 0)
-            if len(self.rows) < BUFFER_ROWS:
+            t1 = self.clock()
+            if len(self.fw) < _FW_MAX:
                 self.objs.append(optimizer)
                 self.roots.append(None)
-                self.rows.append(row)
+                cuda = 0
+                if e0 is not None:
+                    self.fcuda.append((e0, self.record_event(), self.memory()))
+                    cuda = 1
+                self.fw.extend((t0, t1, step, OPT_STEP, 0, -1, cuda))
         except Exception as e:  # noqa: BLE001 - inside optimizer.step()
             self.failed(e)
 
@@ -543,19 +556,21 @@ class ModuleTracer:
 
     def _flush(self) -> None:
         # Events first, rows second: every backward event taken then refers to forward rows
-        # that were appended before it, so they are in this take (or an earlier one).
-        events = self.bw_events
+        # that were recorded before it, so they are in this take (or an earlier one).
         # Backward spans end at the next event: only take events up to the last pass end.
-        n = len(events)
-        cut = next((i + 1 for i in range(n - 1, -1, -1) if events[i][1] is None), 0)
+        n = len(self.bw) // BW_N
+        gseqs = self.bw[BW_GSEQ:n * BW_N:BW_N]
+        gseqs.reverse()
+        cut = n - gseqs.index(PASS_END) if PASS_END in gseqs else 0
         if cut == 0 and n > BUFFER_ROWS // 2:
             cut = n  # a backward that never ends (or a lost callback): do not grow forever
-        bw = _take(events, cut)
-        n = len(self.rows)  # rows are appended after their objects: all three hold n
-        rows, objs, roots = _take(self.rows, n), _take(self.objs, n), _take(self.roots, n)
-        if not rows and not bw:
-            return
-        for table in self.resolver.resolve(rows, objs, roots, bw, self.recycle):
+        bw = _take(self.bw, cut * BW_N)
+        bcuda = _take(self.bcuda, bw[BW_CUDA::BW_N].count(1))
+        n = len(self.fw) // FW_N  # records come after their objects: the lists hold >= n
+        fw = _take(self.fw, n * FW_N)
+        objs, roots = _take(self.objs, n), _take(self.roots, n)
+        fcuda = _take(self.fcuda, fw[FW_CUDA::FW_N].count(1))
+        for table in self.resolver.resolve(fw, objs, roots, fcuda, bw, bcuda, self.recycle):
             self.sink.append("python.torch_trace", table)
 
     def state(self) -> dict[str, Any]:
@@ -573,11 +588,12 @@ class ModuleTracer:
         }
 
 
-def _take(buf: list[Any], n: int) -> list[Any]:
-    """Remove and return the first ``n`` items. Lock-free: ``buf[:n]`` and ``del buf[:n]`` are
-    single C calls under the GIL, and the training thread only appends (at index >= n)."""
+def _take(buf: Any, n: int) -> Any:
+    """Remove and return the first ``n`` items of a list or array. Lock-free: ``buf[:n]`` and
+    ``del buf[:n]`` are single C calls under the GIL, and the training thread only appends
+    (at index >= n), each record with one ``extend``."""
     if n <= 0:
-        return []
+        return buf[:0]
     out = buf[:n]
     del buf[:n]
     return out

@@ -1,7 +1,7 @@
 """The resolver's CUDA-row bookkeeping, without a GPU.
 
 CI has no GPU, so the real CUDA path (``tests/integration/test_tracing_safety.py``) skips there.
-The resolver's handling of rows that carry CUDA events is plain Python and Arrow, though: rows
+The resolver's handling of records that carry CUDA events is plain Python and SQL, though: rows
 wait until their end event completes, take their duration from the event pair and their memory
 columns from the allocator snapshot, and the first such row of a flush must not lose either
 (it did once). ``Event`` stands in for ``torch.cuda.Event``: ``query()`` and ``elapsed_time()``
@@ -10,6 +10,7 @@ are the only calls the resolver makes on it.
 
 from __future__ import annotations
 
+from array import array
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 pytest.importorskip("pyarrow")
 nn = pytest.importorskip("torch.nn")
 
+from probe_agent.collectors.trace_columns import FORWARD, PASS_END  # noqa: E402
 from probe_agent.collectors.trace_rows import RowResolver  # noqa: E402
 
 
@@ -34,22 +36,34 @@ class Event:
 MEM = (1.0, 2.0, 3.0, 4.0)
 
 
-def row(t0: int, t1: int, ev0: Event | None, ev1: Event | None, kind: int = 0,
-        depth: int = 1) -> tuple:
-    return (t0, t1, None, None, 1, kind, ev0, ev1, MEM if ev0 else None, depth)
+def resolve(resolver: RowResolver, rows: list[tuple], objs: list, events: list[tuple],
+            root: object = None) -> list:
+    """rows: (t0, t1, depth, gseq, (ev0, ev1) or None); events: (t, gseq, event or None)."""
+    fw, fcuda = array("q"), []
+    for t0, t1, depth, gseq, evs in rows:
+        fw.extend((t0, t1, 1, FORWARD, depth, gseq, 1 if evs else 0))
+        if evs:
+            fcuda.append((*evs, MEM))
+    bw, bcuda = array("q"), []
+    for t, gseq, ev in events:
+        bw.extend((t, gseq, 1 if ev else 0))
+        if ev:
+            bcuda.append((ev, MEM if gseq != PASS_END else None))
+    tables = resolver.resolve(fw, objs, [root] * len(objs), fcuda,
+                              bw, bcuda, lambda evs: None)
+    return [r for t in tables for r in t.to_pylist()]
 
 
 def test_cuda_rows_take_event_durations_and_memory_and_wait_for_unfinished_events():
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     resolver = RowResolver(0, SimpleNamespace())
     late = Event(0.030, done=False)
-    rows = [row(10, 20, Event(0.010), Event(0.020)),
-            row(21, 30, Event(0.021), late),
-            row(5, 31, Event(0.005), Event(0.031), depth=0)]
-    events = [(40, (rows[2],), Event(0.040), MEM), (45, None, Event(0.045), None)]
+    rows = [(10, 20, 1, -1, (Event(0.010), Event(0.020))),
+            (21, 30, 1, -1, (Event(0.021), late)),
+            (5, 31, 0, 100, (Event(0.005), Event(0.031)))]
+    events = [(40, 100, Event(0.040)), (45, PASS_END, Event(0.045))]
     # WHEN a flush holds CUDA rows, one of whose end events has not completed
-    first = [r for t in resolver.resolve(rows, [model[0], model[1], model], [model] * 3,
-                                         events, lambda evs: None) for r in t.to_pylist()]
+    first = resolve(resolver, rows, [model[0], model[1], model], events, model)
     got = {(r["module"], r["stage"]): r for r in first}
     # THEN finished rows are out with the GPU duration and the allocator's numbers, the first
     # row of the flush included
@@ -62,8 +76,20 @@ def test_cuda_rows_take_event_durations_and_memory_and_wait_for_unfinished_event
         assert r["device"] == "cuda"
         assert (r["allocated"], r["max_allocated"], r["cached"], r["max_cached"]) == MEM
     # ... and the unfinished one comes out on a later flush, once its event completes
-    assert resolver.resolve([], [], [], [], lambda evs: None) == []
+    assert resolve(resolver, [], [], []) == []
     late.done = True
-    later = [r for t in resolver.resolve([], [], [], [], lambda evs: None) for r in t.to_pylist()]
+    later = resolve(resolver, [], [], [])
     assert [(r["module"], r["stage"], r["device"]) for r in later] == [("1", "forward", "cuda")]
     assert later[0]["duration"] == pytest.approx(0.009)
+
+
+def test_rows_without_an_event_pair_keep_host_time_beside_cuda_rows():
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    resolver = RowResolver(0, SimpleNamespace())
+    # WHEN one row recorded no events (the CPU side of a CUDA step) and one did
+    got = resolve(resolver, [(10, 20, 1, -1, None), (21, 30, 1, -1, (Event(0.0), Event(0.5)))],
+                  [model[0], model[1]], [], model)
+    by = {r["module"]: r for r in got}
+    # THEN the first keeps its host time on the cpu device, the second takes the GPU time
+    assert (by["0"]["device"], by["0"]["duration"]) == ("cpu", pytest.approx(10e-9))
+    assert (by["1"]["device"], by["1"]["duration"]) == ("cuda", pytest.approx(0.5))

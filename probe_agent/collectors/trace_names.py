@@ -1,0 +1,125 @@
+"""ModuleNames: a traced call's module object -> its name code (writer thread only).
+
+- **names**: a module's qualified name in its root model (``layers.3.attn``), from the root's
+  ``named_modules()`` (indexed once per root). Wrapper prefixes are dropped (``_orig_mod.`` of
+  ``torch.compile``, ``module.`` of DDP, FSDP's and checkpoint-wrapper's inner names), so a
+  compiled or wrapped model reports the names of the plain one. The root itself is named by its
+  class (``GPT``), and ``root`` tells several root models apart (``GPT``, ``GPT#2``).
+- **codes**: each (name, root label) pair gets a small int; rows carry the code and SQL joins
+  the strings in (``table``), so the writer's per-row Python is one dict lookup.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import pyarrow as pa
+
+#: Wrapper classes whose one child is the real model: attribute of the child.
+_WRAPPERS = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module",
+             "DataParallel": "module"}
+#: Name components that wrappers insert at any depth.
+_INNER = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+#: Beyond this many names (made up per call: rare), codes start over.
+_MAX_CODES = 100_000
+
+
+class ModuleNames:
+    """Names and name codes of traced objects; ``version`` changes when ``table`` does."""
+
+    def __init__(self) -> None:
+        self._names: dict[int, tuple[Any, str, str]] = {}
+        self._labels: dict[int, tuple[Any, str]] = {}
+        self._label_counts: dict[str, int] = {}
+        # (module name, root label) -> code; id(object) -> (weakref, code) for the objects
+        # already named (ids are checked against the weakref: ids are reused).
+        self._interned: dict[tuple[str, str], int] = {}
+        self._code_of: dict[int, tuple[Any, int]] = {}
+        self.version = 0
+
+    def _label(self, root: Any) -> str:
+        hit = self._labels.get(id(root))
+        if hit is not None and hit[0]() is root:
+            return hit[1]
+        inner = getattr(root, _WRAPPERS.get(type(root).__name__, ""), root)
+        base = type(inner).__name__
+        n = self._label_counts.get(base, 0) + 1
+        self._label_counts[base] = n
+        label = base if n == 1 else f"{base}#{n}"
+        self._labels[id(root)] = (weakref.ref(root), label)
+        return label
+
+    def _index(self, root: Any) -> None:
+        label = self._label(root)
+        wrapper_attr = _WRAPPERS.get(type(root).__name__)
+        try:
+            named = list(root.named_modules())
+        except RuntimeError:  # the training thread changed the model while we walked it
+            return
+        for name, m in named:
+            parts = [p for p in name.split(".") if p not in _INNER]
+            if wrapper_attr == "module" and parts[:1] == ["module"]:
+                parts = parts[1:]
+            clean = ".".join(parts)
+            if m is root and wrapper_attr in ("module",):
+                clean = type(root).__name__  # DDP's own row; its inner model is the label
+            self._names[id(m)] = (weakref.ref(m), clean or label, label)
+
+    def name(self, obj: Any, root: Any) -> tuple[str, str]:
+        """(qualified name, root label) of a module called inside ``root``'s call."""
+        hit = self._names.get(id(obj))
+        if hit is not None and hit[0]() is obj:
+            return hit[1], hit[2]
+        if len(self._names) > _MAX_CODES:
+            self._names = {k: v for k, v in self._names.items() if v[0]() is not None}
+        for candidate in (root, obj):
+            if candidate is None:
+                continue
+            self._index(candidate)
+            hit = self._names.get(id(obj))
+            if hit is not None and hit[0]() is obj:
+                return hit[1], hit[2]
+        return type(obj).__name__, type(obj).__name__
+
+    def codes(self, objs: list[Any], roots: list[Any], optimizer: set[int]) -> list[int]:
+        """Each object's code; objects whose id is in ``optimizer`` are named by their class
+        under the root label ``optimizer``. Names are looked up once per distinct object."""
+        if len(self._interned) > _MAX_CODES:
+            self._interned.clear()
+            self._code_of.clear()
+            self.version += 1
+        known = self._code_of
+        oids = list(map(id, objs))
+        code_of: dict[int, int] = {}
+        root_of = dict(zip(oids, roots))
+        for oid, obj in dict(zip(oids, objs)).items():
+            hit = known.get(oid)
+            if hit is not None and hit[0]() is obj:
+                code_of[oid] = hit[1]
+                continue
+            if oid in optimizer:
+                nl = (type(obj).__name__, "optimizer")
+            else:
+                nl = self.name(obj, root_of[oid])
+            code = self._interned.get(nl)
+            if code is None:
+                code = self._interned[nl] = len(self._interned)
+                self.version += 1
+            code_of[oid] = code
+            if len(known) > _MAX_CODES:
+                self._code_of = known = {k: v for k, v in known.items() if v[0]() is not None}
+            try:
+                known[oid] = (weakref.ref(obj), code)
+            except TypeError:  # not weak-referenceable: looked up again next time
+                pass
+        return list(map(code_of.__getitem__, oids))
+
+    def table(self) -> pa.Table:
+        """code -> (module, root) for every code handed out."""
+        pairs = list(self._interned)
+        return pa.table({
+            "code": pa.array(range(len(pairs)), pa.int32()),
+            "module": pa.array([p[0] for p in pairs], pa.string()),
+            "root": pa.array([p[1] for p in pairs], pa.string()),
+        })
