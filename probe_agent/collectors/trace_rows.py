@@ -33,11 +33,13 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .trace_columns import BACKWARD, BW_N, FW_KIND, FW_N, OPT_STEP, SCHEMA, records
+from .trace_columns import (
+    BACKWARD, BW_CUDA, BW_N, FW_CUDA, FW_KIND, FW_N, OPT_STEP, SCHEMA, records)
 from .trace_names import ModuleNames
 
 _MAX_PENDING = 50_000
-_KEEP_STEPS = 3  # forward rows kept for later backward events and seq counts
+_KEEP_STEPS = 3
+_NEAR = 5  # events after a span's start probed one by one before a join over its pass  # forward rows kept for later backward events and seq counts
 
 _SETUP = """
 CREATE TABLE fwd (id BIGINT, t0 BIGINT, t1 BIGINT, step BIGINT, kind TINYINT, depth INTEGER,
@@ -52,7 +54,7 @@ SELECT n.id, n.t0, n.t1, n.step, n.kind, n.depth, n.gseq, n.code,
        n.c0
 FROM (SELECT {id0} + i AS id, r[1] AS t0, r[2] AS t1, r[3] AS step, r[4]::TINYINT AS kind,
              r[5]::INTEGER AS depth, r[6] AS gseq, code,
-             CASE WHEN r[7] = 1 THEN {c0} + sum(r[7]) OVER (ORDER BY i) - 1 END AS c0
+             {c0} AS c0
       FROM new_rows) n
 LEFT JOIN (SELECT step, code, kind, count(*) AS c FROM fwd GROUP BY ALL) b
        ON b.step = n.step AND b.code = n.code AND b.kind = n.kind
@@ -62,7 +64,7 @@ LEFT JOIN (SELECT step, code, kind, count(*) AS c FROM fwd GROUP BY ALL) b
 _OUTPUT = """
 WITH e AS (
   SELECT i AS eid, r[1] AS t, r[2] AS gseq,
-         CASE WHEN r[3] = 1 THEN {b0} + sum(r[3]) OVER (ORDER BY i) - 1 END AS bc,
+         {b0} AS bc,
          coalesce(sum((r[2] = -1)::INTEGER) OVER (ORDER BY i ROWS BETWEEN UNBOUNDED PRECEDING
                                                   AND 1 PRECEDING), 0) AS pass
   FROM new_events),
@@ -73,15 +75,30 @@ p AS (
   FROM e JOIN fwd f ON f.gseq = e.gseq AND f.t1 <= e.t
   WHERE e.gseq >= 0
   QUALIFY row_number() OVER (PARTITION BY e.pass, f.id ORDER BY e.eid) = 1),
+-- the first later event of the pass with a call disjoint from a's: most spans end within a
+-- few events (probed by equality, cheap), the rest (containers) by a join over their pass
+near AS MATERIALIZED (
+  SELECT a.pass, a.fid, min(b.eid) AS beid
+  FROM (SELECT p.*, p.eid + d.d AS target FROM p CROSS JOIN range(1, {near}) d(d)) a
+  JOIN p b ON b.pass = a.pass AND b.eid = a.target
+  WHERE (b.t1 <= a.t0 OR b.t0 >= a.t1) AND (a.kind = 1 OR b.kind <> 1)
+  GROUP BY a.pass, a.fid),
+un AS MATERIALIZED (
+  SELECT a.* FROM p a LEFT JOIN near n ON n.pass = a.pass AND n.fid = a.fid
+  WHERE n.beid IS NULL),
+far AS (
+  SELECT a.pass, a.fid, min(b.eid) AS beid
+  FROM un a
+  JOIN p b ON b.pass = a.pass AND b.eid >= a.eid + {near}
+  WHERE (b.t1 <= a.t0 OR b.t0 >= a.t1) AND (a.kind = 1 OR b.kind <> 1)
+  GROUP BY a.pass, a.fid),
 bwd AS (
-  SELECT a.t AS t0, coalesce(min(b.t), any_value(en.t_end)) AS t1, a.step, a.seq, a.code,
-         3::TINYINT AS kind, a.depth, a.bc AS c0,
-         CASE WHEN min(b.eid) IS NULL THEN any_value(en.bc_end) ELSE arg_min(b.bc, b.eid) END
-           AS c1
+  SELECT a.t AS t0, coalesce(be.t, en.t_end) AS t1, a.step, a.seq, a.code,
+         3::TINYINT AS kind, a.depth, a.bc AS c0, CASE WHEN be.eid IS NULL THEN en.bc_end
+                                                       ELSE be.bc END AS c1
   FROM p a JOIN ends en ON en.pass = a.pass
-  LEFT JOIN p b ON b.pass = a.pass AND b.eid > a.eid
-                AND (b.t1 <= a.t0 OR b.t0 >= a.t1) AND (a.kind = 1 OR b.kind <> 1)
-  GROUP BY a.pass, a.fid, a.eid, a.t, a.step, a.seq, a.code, a.depth, a.bc),
+  LEFT JOIN (SELECT * FROM near UNION ALL SELECT * FROM far) k ON k.pass = a.pass AND k.fid = a.fid
+  LEFT JOIN e be ON be.eid = k.beid),
 x AS (
   SELECT t0, t1, step, seq, code, kind, depth, c0, NULL::BIGINT AS c1 FROM fwd
   WHERE id >= {id0}
@@ -95,6 +112,8 @@ SELECT (x.t0 + {off})::DOUBLE * 1e-9 AS timestamp, {rank}::INTEGER AS rank, x.st
        x.depth::INTEGER AS depth, x.c0, x.c1, x.kind
 FROM x JOIN names nm ON nm.code = x.code
 """
+# A record's index into the CUDA entries of its flush ({} is the first entry's), when it has one.
+_CUDA_INDEX = "CASE WHEN r[{}] = 1 THEN ({} + sum(r[{}]) OVER (ORDER BY i) - 1)::BIGINT END"
 _PRUNE = f"DELETE FROM fwd WHERE step < (SELECT max(step) FROM fwd) - {_KEEP_STEPS}"
 _EMPTY = pa.table({"i": pa.array([], pa.int64()),
                    "r": records(array("q"), BW_N)})
@@ -151,7 +170,9 @@ class RowResolver:
             con.register("new_rows", pa.table({
                 "i": pa.array(range(n), pa.int64()), "r": records(fw, FW_N),
                 "code": pa.array(codes, pa.int32())}))
-            con.execute(_INSERT.format(id0=id0, c0=self._next_fc))
+            c0 = _CUDA_INDEX.format(FW_CUDA + 1, self._next_fc, FW_CUDA + 1) if fcuda \
+                else "NULL::BIGINT"
+            con.execute(_INSERT.format(id0=id0, c0=c0))
             con.unregister("new_rows")
             self._next_row += n
             self._fev.update(zip(range(self._next_fc, self._next_fc + len(fcuda)), fcuda))
@@ -162,7 +183,9 @@ class RowResolver:
         con.register("new_events", pa.table({"i": pa.array(range(m), pa.int64()),
                                              "r": records(bw, BW_N)}) if m else _EMPTY)
         self._bev.update(zip(range(self._next_bc, self._next_bc + len(bcuda)), bcuda))
-        out = con.sql(_OUTPUT.format(id0=id0, b0=self._next_bc, off=self._offset_ns,
+        b0 = _CUDA_INDEX.format(BW_CUDA + 1, self._next_bc, BW_CUDA + 1) if bcuda \
+            else "NULL::BIGINT"
+        out = con.sql(_OUTPUT.format(id0=id0, b0=b0, off=self._offset_ns, near=_NEAR,
                                          rank=int(self.rank))).to_arrow_table()
         con.unregister("new_events")
         self._next_bc += len(bcuda)
