@@ -112,6 +112,8 @@ class Store:
         self._flushers: list[Callable[[], None]] = []
         self._tickers: list[Callable[[], None]] = []
         self._wake = threading.Event()
+        self._readers = 0  # flush() calls waiting (reader_waiting)
+        self._readers_lock = threading.Lock()
         # Estimated rows per step-indexed table (inserts add, retention subtracts), so the
         # retention pass runs SQL only when the budget may be exceeded.
         self._rows_est: dict[str, int] = {}
@@ -185,6 +187,21 @@ class Store:
         shutdown): those of ``tables`` (qualified names), or all. Gives up after ``timeout`` s:
         a read then sees what is already there."""
         done = threading.Event()
+        with self._readers_lock:
+            self._readers += 1
+        try:
+            self._flush_now(done, timeout, tables)
+        finally:
+            with self._readers_lock:
+                self._readers -= 1
+
+    def reader_waiting(self) -> bool:
+        """True while a read (or test, or shutdown) waits for the buffers: collectors that
+        batch their work over several passes (the tracer) do it now."""
+        return self._readers > 0
+
+    def _flush_now(self, done: threading.Event, timeout: float,
+                   tables: frozenset[str] | None) -> None:
         self._queue.put(("", (done, tables)))
         if self._thread is None or not self._thread.is_alive():
             cur = self._cursor()

@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 #: Rows (and backward events) buffered between two writer ticks; beyond it rows are dropped and
 #: counted (``dropped``). 200k rows = 11 MB of records; at 100 modules, 2000 traced steps.
 BUFFER_ROWS = 200_000
+#: The writer resolves the buffers when a read waits, or at this many records, or this often.
+RESOLVE_ROWS = 20_000
+RESOLVE_S = 10.0
 _FW_MAX = BUFFER_ROWS * FW_N
 _BW_MAX = BUFFER_ROWS * BW_N
 #: Without an optimizer step, the first FALLBACK_AFTER calls of the root model are step 1 (so
@@ -260,6 +263,7 @@ class ModuleTracer:
         self._events: list[Any] = []
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
+        self._resolved_at = 0.0
         self._stopped = False
         self._torch: Any = None
         self._queue_callback: Any = None
@@ -549,10 +553,16 @@ class ModuleTracer:
             self._on_torch_imported()  # imported by a route the watcher did not see
         # The Store calls this every PROBE_FLUSH_MS and before every read.
         with self._flush_lock:  # the resolver's state is not shared between two flushers
+            self._resolved_at = time.monotonic()
             self._flush()
 
     def tick(self) -> None:
-        self.flush()
+        """The writer's pass: resolve only when a read waits, when RESOLVE_ROWS records are
+        buffered, or RESOLVE_S after the last resolve. Resolving costs ~30 ms of (GIL-free)
+        DuckDB time per call whatever its size, so batching it keeps it to ~0.2 ms per step."""
+        if (self.sink.reader_waiting() or len(self.fw) >= RESOLVE_ROWS * FW_N
+                or time.monotonic() - self._resolved_at >= RESOLVE_S):
+            self.flush()
 
     def _flush(self) -> None:
         # Events first, rows second: every backward event taken then refers to forward rows
