@@ -5,7 +5,8 @@ What gets captured (issue 3)
 - **forward**: one row per module call, host wall time around the call (on CUDA also a pair of
   CUDA events, resolved later on the writer thread without synchronising).
 - **backward**: one row per forward call whose output has a ``grad_fn``. A pre-hook on that
-  ``grad_fn`` marks when autograd starts the module's backward; the span ends at the next
+  ``grad_fn`` marks when autograd starts the module's backward (the record names the node by
+  its sequence number, which the forward record carries too); the span ends at the next
   backward start of a module call that is neither inside nor around it in the forward (or at
   the end of the backward pass). So residual adds and other ops between modules count towards
   the module whose backward precedes them. Modules whose outputs share one ``grad_fn`` (a
@@ -34,11 +35,13 @@ first ``FALLBACK_AFTER`` calls of the root model are step 1, then each call coun
 
 Cost
 ----
-Hot path = a few attribute reads, two ``perf_counter_ns`` and one list append per call, plus one
-``register_prehook`` per distinct output ``grad_fn``, batched when a top-level module returns
-(``register_hooks``). Rows are tuples in a bounded buffer; the writer thread (``flush``) turns
-them into Arrow, column by column (``trace_rows.py``). Failures inside the wrapper or the hooks
-are counted by a ``Guard``; after repeated failures tracing switches itself off.
+Hot path = a few attribute reads, two ``perf_counter_ns``, two list appends and one
+``array.extend`` per call, plus one ``register_prehook`` per distinct output ``grad_fn``, batched
+when a top-level module returns (``register_hooks``). Records are numbers in bounded
+``array('q')`` buffers, which allocate nothing the garbage collector tracks (why that matters:
+``trace_columns.py``); the writer thread resolves them in SQL (``trace_rows.py``). Failures
+inside the wrapper or the hooks are counted by a ``Guard``; after repeated failures tracing
+switches itself off.
 """
 
 from __future__ import annotations
