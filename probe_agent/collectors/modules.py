@@ -46,19 +46,28 @@ switches itself off.
 
 from __future__ import annotations
 
-import importlib.abc
 import logging
 import os
 import re
-from array import array
 import sys
 import threading
 import time
+from array import array
 from typing import Any
 
 from . import Guard
+from .torch_import import TorchImportWatcher, torch_ready
 from .trace_columns import (
-    BW_CUDA, BW_GSEQ, BW_N, FORWARD, FW_CUDA, FW_N, OPT_STEP, PASS_END, RECOMPUTE)
+    BW_CUDA,
+    BW_GSEQ,
+    BW_N,
+    FORWARD,
+    FW_CUDA,
+    FW_N,
+    OPT_STEP,
+    PASS_END,
+    RECOMPUTE,
+)
 from .trace_rows import RowResolver
 
 log = logging.getLogger(__name__)
@@ -161,62 +170,6 @@ def _traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     return out
 
 
-class _TorchImportWatcher(importlib.abc.MetaPathFinder):
-    """Calls ``fire`` right after ``import torch`` finishes, then removes itself.
-
-    The agent may start (PROBE=1, .pth) before the program imports torch; importing torch
-    ourselves would change import order and cost seconds. The torch loader's ``exec_module`` is
-    wrapped on its instance (not replaced), so ``torch.__spec__.loader`` stays the real loader.
-    """
-
-    def __init__(self, fire: Any) -> None:
-        self.fire = fire
-        self._busy = False
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch" or self._busy:
-            return None
-        self._busy = True
-        try:
-            spec = None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    break
-        finally:
-            self._busy = False
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        original = loader.exec_module
-        watcher = self
-
-        def exec_module(module: Any) -> None:
-            try:
-                original(module)
-            finally:
-                try:
-                    del loader.exec_module  # back to the class's method
-                except AttributeError:
-                    pass
-            watcher.remove()
-            watcher.fire()
-
-        loader.exec_module = exec_module
-        return spec
-
-    def install(self) -> None:
-        sys.meta_path.insert(0, self)
-
-    def remove(self) -> None:
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-
-
 class ModuleTracer:
     """Collector for ``python.torch_trace``; see the module docstring.
 
@@ -262,7 +215,7 @@ class ModuleTracer:
         self._opt_t0: dict[int, tuple[int, Any, int]] = {}
         self._handles: list[Any] = []
         self._unsubscribe: Any = None
-        self._watcher: _TorchImportWatcher | None = None
+        self._watcher: TorchImportWatcher | None = None
         self._events: list[Any] = []
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -275,10 +228,10 @@ class ModuleTracer:
     def start(self, sink: Any) -> None:
         self.sink = sink
         sink.add_flusher(self.tick)
-        if _torch_ready():
+        if torch_ready():
             self.arm()
         else:
-            self._watcher = _TorchImportWatcher(self._on_torch_imported)
+            self._watcher = TorchImportWatcher(self._on_torch_imported)
             self._watcher.install()
 
     def stop(self) -> None:
@@ -552,7 +505,7 @@ class ModuleTracer:
     def flush(self) -> None:
         """Move buffered rows into the store as Arrow. The writer thread calls ``tick`` every
         PROBE_FLUSH_MS; tests and ``stop()`` call this directly to get everything now."""
-        if not self.armed and not self._stopped and self._watcher is not None and _torch_ready():
+        if not self.armed and not self._stopped and self._watcher is not None and torch_ready():
             self._on_torch_imported()  # imported by a route the watcher did not see
         # The Store calls this every PROBE_FLUSH_MS and before every read.
         with self._flush_lock:  # the resolver's state is not shared between two flushers
@@ -619,14 +572,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _torch_ready() -> bool:
-    """True once the program has fully imported torch (never imports it)."""
-    torch = sys.modules.get("torch")
-    if torch is None or getattr(getattr(torch, "__spec__", None), "_initializing", False):
-        return False
-    return "torch.optim.optimizer" in sys.modules and hasattr(torch, "compiler")
 
 
 def build_tracer(agent: Any) -> ModuleTracer:

@@ -34,12 +34,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .trace_columns import (
-    BACKWARD, BW_CUDA, BW_N, FW_CUDA, FW_KIND, FW_N, OPT_STEP, SCHEMA, records)
+    BACKWARD,
+    BW_CUDA,
+    BW_N,
+    FW_CUDA,
+    FW_KIND,
+    FW_N,
+    OPT_STEP,
+    SCHEMA,
+    records,
+)
 from .trace_names import ModuleNames
 
 _MAX_PENDING = 50_000
-_KEEP_STEPS = 3
-_NEAR = 5  # events after a span's start probed one by one before a join over its pass  # forward rows kept for later backward events and seq counts
+_KEEP_STEPS = 3  # steps of forward rows kept for later backward events and seq counts
+_NEAR = 5  # a span's next _NEAR - 1 events are probed by equality before a join over its pass
 
 _SETUP = """
 CREATE TABLE fwd (id BIGINT, t0 BIGINT, t1 BIGINT, step BIGINT, kind TINYINT, depth INTEGER,

@@ -1,0 +1,76 @@
+"""TorchImportWatcher: run a callback once the program has imported torch (never import it).
+
+The agent may start (PROBE=1, .pth) before the program imports torch; importing torch ourselves
+would change import order and cost seconds, so the tracer arms itself right after the
+program's own ``import torch`` finishes.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+from typing import Any
+
+
+class TorchImportWatcher(importlib.abc.MetaPathFinder):
+    """Calls ``fire`` right after ``import torch`` finishes, then removes itself.
+
+    The agent may start (PROBE=1, .pth) before the program imports torch; importing torch
+    ourselves would change import order and cost seconds. The torch loader's ``exec_module`` is
+    wrapped on its instance (not replaced), so ``torch.__spec__.loader`` stays the real loader.
+    """
+
+    def __init__(self, fire: Any) -> None:
+        self.fire = fire
+        self._busy = False
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch" or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy = False
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original = loader.exec_module
+        watcher = self
+
+        def exec_module(module: Any) -> None:
+            try:
+                original(module)
+            finally:
+                try:
+                    del loader.exec_module  # back to the class's method
+                except AttributeError:
+                    pass
+            watcher.remove()
+            watcher.fire()
+
+        loader.exec_module = exec_module
+        return spec
+
+    def install(self) -> None:
+        sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+def torch_ready() -> bool:
+    """True once the program has fully imported torch (never imports it)."""
+    torch = sys.modules.get("torch")
+    if torch is None or getattr(getattr(torch, "__spec__", None), "_initializing", False):
+        return False
+    return "torch.optim.optimizer" in sys.modules and hasattr(torch, "compiler")
