@@ -251,6 +251,7 @@ class ModuleTracer:
                 _tracer = None
             self.armed = False
             self.flush()
+            self.resolver.close()
 
     # -- arming ------------------------------------------------------------------------------
     def _on_torch_imported(self) -> None:

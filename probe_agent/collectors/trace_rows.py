@@ -157,6 +157,13 @@ class RowResolver:
             self._db.execute(_SETUP)
         return self._db
 
+    def close(self) -> None:
+        """Drop the private database (the agent stops); a later resolve opens a new one."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+            self._names_version = -1
+
     def resolve(self, fw: array, objs: list[Any], roots: list[Any], fcuda: list[Any],
                 bw: array, bcuda: list[Any], recycle: Callable[[list[Any]], None],
                 ) -> list[pa.Table]:
