@@ -112,8 +112,8 @@ class Store:
         self._flushers: list[Callable[[], None]] = []
         self._tickers: list[Callable[[], None]] = []
         self._wake = threading.Event()
-        self._readers = 0  # flush() calls waiting (reader_waiting)
-        self._readers_lock = threading.Lock()
+        self._waiting: list[frozenset[str] | None] = []  # tables of waiting flush() calls
+        self._waiting_lock = threading.Lock()
         # Estimated rows per step-indexed table (inserts add, retention subtracts), so the
         # retention pass runs SQL only when the budget may be exceeded.
         self._rows_est: dict[str, int] = {}
@@ -187,18 +187,20 @@ class Store:
         shutdown): those of ``tables`` (qualified names), or all. Gives up after ``timeout`` s:
         a read then sees what is already there."""
         done = threading.Event()
-        with self._readers_lock:
-            self._readers += 1
+        with self._waiting_lock:
+            self._waiting.append(tables)
         try:
             self._flush_now(done, timeout, tables)
         finally:
-            with self._readers_lock:
-                self._readers -= 1
+            with self._waiting_lock:
+                self._waiting.remove(tables)
 
-    def reader_waiting(self) -> bool:
-        """True while a read (or test, or shutdown) waits for the buffers: collectors that
-        batch their work over several passes (the tracer) do it now."""
-        return self._readers > 0
+    def reader_waiting(self, table: str) -> bool:
+        """True while a read (or test, or shutdown) that needs ``table`` waits for the
+        buffers: a collector that batches its work over several passes (the tracer) does it
+        now, and only for the reads that name its table."""
+        with self._waiting_lock:
+            return any(t is None or table in t for t in self._waiting)
 
     def _flush_now(self, done: threading.Event, timeout: float,
                    tables: frozenset[str] | None) -> None:

@@ -78,6 +78,7 @@ BUFFER_ROWS = 200_000
 #: The writer resolves the buffers when a read waits, or at this many records, or this often.
 RESOLVE_ROWS = 20_000
 RESOLVE_S = 10.0
+_TABLE = "python.torch_trace"
 _FW_MAX = BUFFER_ROWS * FW_N
 _BW_MAX = BUFFER_ROWS * BW_N
 #: Without an optimizer step, the first FALLBACK_AFTER calls of the root model are step 1 (so
@@ -392,16 +393,8 @@ class ModuleTracer:
         sequence number, which the forward records carry (``gseq``): no per-node object."""
         try:
             node = _current_node()
-            bw = self.bw
-            if node is not None and len(bw) < _BW_MAX:
-                t = self.clock()
-                cuda = 0
-                if self.cuda:
-                    ev = self.record_event()
-                    if ev is not None:
-                        self.bcuda.append((ev, self.memory()))
-                        cuda = 1
-                bw.extend((t, node._sequence_nr(), cuda))
+            if node is not None and len(self.bw) < _BW_MAX:
+                self._record_bw(node._sequence_nr(), memory=True)
             if not self.in_backward:
                 self.in_backward = RECOMPUTE  # an int: the writer reads rows' kinds as int8
                 self._queue_callback(self._backward_done)
@@ -410,16 +403,21 @@ class ModuleTracer:
 
     def _backward_done(self) -> None:
         try:
-            t = self.clock()
-            cuda = 0
-            if self.cuda:
-                ev = self.record_event()
-                if ev is not None:
-                    self.bcuda.append((ev, None))
-                    cuda = 1
-            self.bw.extend((t, PASS_END, cuda))
+            self._record_bw(PASS_END, memory=False)
         finally:
             self.in_backward = FORWARD
+
+    def _record_bw(self, gseq: int, memory: bool) -> None:
+        """One backward event: now, node ``gseq`` (or PASS_END), and on CUDA steps an event
+        (with the allocator's numbers when ``memory``) in ``bcuda``."""
+        t = self.clock()
+        cuda = 0
+        if self.cuda:
+            ev = self.record_event()
+            if ev is not None:
+                self.bcuda.append((ev, self.memory() if memory else None))
+                cuda = 1
+        self.bw.extend((t, gseq, cuda))
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
@@ -504,11 +502,10 @@ class ModuleTracer:
 
     # -- writer thread -----------------------------------------------------------------------
     def flush(self) -> None:
-        """Move buffered rows into the store as Arrow. The writer thread calls ``tick`` every
-        PROBE_FLUSH_MS; tests and ``stop()`` call this directly to get everything now."""
+        """Resolve the buffered records into the store now. The writer thread calls ``tick``
+        every PROBE_FLUSH_MS and before every read; tests and ``stop()`` call this directly."""
         if not self.armed and not self._stopped and self._watcher is not None and torch_ready():
             self._on_torch_imported()  # imported by a route the watcher did not see
-        # The Store calls this every PROBE_FLUSH_MS and before every read.
         with self._flush_lock:  # the resolver's state is not shared between two flushers
             self._resolved_at = time.monotonic()
             self._flush()
@@ -517,7 +514,7 @@ class ModuleTracer:
         """The writer's pass: resolve only when a read waits, when RESOLVE_ROWS records are
         buffered, or RESOLVE_S after the last resolve. Resolving costs ~30 ms of (GIL-free)
         DuckDB time per call whatever its size, so batching it keeps it to ~0.2 ms per step."""
-        if (self.sink.reader_waiting() or len(self.fw) >= RESOLVE_ROWS * FW_N
+        if (self.sink.reader_waiting(_TABLE) or len(self.fw) >= RESOLVE_ROWS * FW_N
                 or time.monotonic() - self._resolved_at >= RESOLVE_S):
             self.flush()
 
@@ -538,7 +535,7 @@ class ModuleTracer:
         objs, roots = _take(self.objs, n), _take(self.roots, n)
         fcuda = _take(self.fcuda, fw[FW_CUDA::FW_N].count(1))
         for table in self.resolver.resolve(fw, objs, roots, fcuda, bw, bcuda, self.recycle):
-            self.sink.append("python.torch_trace", table)
+            self.sink.append(_TABLE, table)
 
     def state(self) -> dict[str, Any]:
         return {

@@ -41,6 +41,8 @@ from .trace_columns import (
     FW_KIND,
     FW_N,
     OPT_STEP,
+    PASS_END,
+    RECOMPUTE,
     SCHEMA,
     records,
 )
@@ -54,7 +56,7 @@ _SETUP = """
 CREATE TABLE fwd (id BIGINT, t0 BIGINT, t1 BIGINT, step BIGINT, kind TINYINT, depth INTEGER,
                   gseq BIGINT, code INTEGER, seq INTEGER, c0 BIGINT);
 """
-# New forward records ($id0: id of the first; $c0: index of their first CUDA event pair).
+# New forward records ({id0}: id of the first; {c0}: each one's CUDA entry, _CUDA_INDEX).
 _INSERT = """
 INSERT INTO fwd
 SELECT n.id, n.t0, n.t1, n.step, n.kind, n.depth, n.gseq, n.code,
@@ -74,10 +76,10 @@ _OUTPUT = """
 WITH e AS (
   SELECT i AS eid, r[1] AS t, r[2] AS gseq,
          {b0} AS bc,
-         coalesce(sum((r[2] = -1)::INTEGER) OVER (ORDER BY i ROWS BETWEEN UNBOUNDED PRECEDING
-                                                  AND 1 PRECEDING), 0) AS pass
+         coalesce(sum((r[2] = {pass_end})::INTEGER) OVER (
+           ORDER BY i ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS pass
   FROM new_events),
-ends AS (SELECT pass, t AS t_end, bc AS bc_end FROM e WHERE gseq = -1),
+ends AS (SELECT pass, t AS t_end, bc AS bc_end FROM e WHERE gseq = {pass_end}),
 p AS (
   SELECT e.eid, e.t, e.pass, e.bc, f.id AS fid, f.t0, f.t1, f.kind, f.step, f.code, f.seq,
          f.depth
@@ -90,7 +92,7 @@ near AS MATERIALIZED (
   SELECT a.pass, a.fid, min(b.eid) AS beid
   FROM (SELECT p.*, p.eid + d.d AS target FROM p CROSS JOIN range(1, {near}) d(d)) a
   JOIN p b ON b.pass = a.pass AND b.eid = a.target
-  WHERE (b.t1 <= a.t0 OR b.t0 >= a.t1) AND (a.kind = 1 OR b.kind <> 1)
+  WHERE {ends_span}
   GROUP BY a.pass, a.fid),
 un AS MATERIALIZED (
   SELECT a.* FROM p a LEFT JOIN near n ON n.pass = a.pass AND n.fid = a.fid
@@ -99,11 +101,11 @@ far AS (
   SELECT a.pass, a.fid, min(b.eid) AS beid
   FROM un a
   JOIN p b ON b.pass = a.pass AND b.eid >= a.eid + {near}
-  WHERE (b.t1 <= a.t0 OR b.t0 >= a.t1) AND (a.kind = 1 OR b.kind <> 1)
+  WHERE {ends_span}
   GROUP BY a.pass, a.fid),
 bwd AS (
   SELECT a.t AS t0, coalesce(be.t, en.t_end) AS t1, a.step, a.seq, a.code,
-         3::TINYINT AS kind, a.depth, a.bc AS c0, CASE WHEN be.eid IS NULL THEN en.bc_end
+         {backward}::TINYINT AS kind, a.depth, a.bc AS c0, CASE WHEN be.eid IS NULL THEN en.bc_end
                                                        ELSE be.bc END AS c1
   FROM p a JOIN ends en ON en.pass = a.pass
   LEFT JOIN (SELECT * FROM near UNION ALL SELECT * FROM far) k ON k.pass = a.pass AND k.fid = a.fid
@@ -114,13 +116,20 @@ x AS (
   UNION ALL SELECT * FROM bwd)
 SELECT (x.t0 + {off})::DOUBLE * 1e-9 AS timestamp, {rank}::INTEGER AS rank, x.step,
        x.seq::INTEGER AS seq, nm.module,
-       CASE x.kind WHEN 3 THEN 'backward' WHEN 2 THEN 'step' ELSE 'forward' END AS stage,
+       CASE x.kind WHEN {backward} THEN 'backward' WHEN {opt_step} THEN 'step'
+                   ELSE 'forward' END AS stage,
        (x.t1 - x.t0)::DOUBLE * 1e-9 AS duration, (x.t1 - x.t0)::DOUBLE * 1e-9 AS cpu_duration,
        0.0::DOUBLE AS allocated, 0.0::DOUBLE AS max_allocated, 0.0::DOUBLE AS cached,
-       0.0::DOUBLE AS max_cached, nm.root, x.kind = 1 AS recompute, 'cpu' AS device,
+       0.0::DOUBLE AS max_cached, nm.root, x.kind = {recompute} AS recompute, 'cpu' AS device,
        x.depth::INTEGER AS depth, x.c0, x.c1, x.kind
 FROM x JOIN names nm ON nm.code = x.code
 """
+# Event b ends span a: b has a call disjoint from a's in the forward, and is no recompute call
+# ending a span of the original forward.
+_OUTPUT = _OUTPUT.replace("{ends_span}", "(b.t1 <= a.t0 OR b.t0 >= a.t1) "
+                          "AND (a.kind = {recompute} OR b.kind <> {recompute})")
+_KINDS = {"pass_end": PASS_END, "backward": BACKWARD, "opt_step": OPT_STEP,
+          "recompute": RECOMPUTE}
 # A record's index into the CUDA entries of its flush ({} is the first entry's), when it has one.
 _CUDA_INDEX = "CASE WHEN r[{}] = 1 THEN ({} + sum(r[{}]) OVER (ORDER BY i) - 1)::BIGINT END"
 _PRUNE = f"DELETE FROM fwd WHERE step < (SELECT max(step) FROM fwd) - {_KEEP_STEPS}"
@@ -174,8 +183,9 @@ class RowResolver:
         the CUDA entries of the records flagged as having them, in order.
         """
         n, m = len(fw) // FW_N, len(bw) // BW_N
-        if not n and not m and self._pending is None:
-            return []
+        if not n and not m:  # nothing new for SQL: only rows waiting for CUDA events
+            out, self._pending = self._pending, None
+            return self._finish(out, recycle) if out is not None else []
         con = self._con()
         id0 = self._next_row
         if n:
@@ -202,13 +212,16 @@ class RowResolver:
         b0 = _CUDA_INDEX.format(BW_CUDA + 1, self._next_bc, BW_CUDA + 1) if bcuda \
             else "NULL::BIGINT"
         out = con.sql(_OUTPUT.format(id0=id0, b0=b0, off=self._offset_ns, near=_NEAR,
-                                         rank=int(self.rank))).to_arrow_table()
+                                     rank=int(self.rank), **_KINDS)).to_arrow_table()
         con.unregister("new_events")
         self._next_bc += len(bcuda)
         con.execute(_PRUNE)
         if self._pending is not None:
             out = pa.concat_tables([self._pending, out])
             self._pending = None
+        return self._finish(out, recycle)
+
+    def _finish(self, out: pa.Table, recycle: Callable[[list[Any]], None]) -> list[pa.Table]:
         if out.column("c0").null_count < out.num_rows:
             out = self._cuda(out, recycle)
         else:

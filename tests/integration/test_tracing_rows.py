@@ -157,3 +157,19 @@ def test_sampling_every_n_and_runtime_change(make_agent):
     state = client.get("/v1/trace").json()
     assert state["ok"] and state["rank"] == 0 and state["mode"] == "every:2"
     client.close()
+
+
+def test_reads_resolve_the_trace_only_when_they_name_it(make_agent):
+    # GIVEN an agent tracing every step, read once so its timed resolve is not due for 10 s
+    agent = make_agent(trace="on")
+    tracer = agent.collectors["modules"]
+    model = TinyGPT()
+    train(model, 2)
+    assert agent.store.query("SELECT max(step) FROM torch_trace").rows == [[2]]
+    # WHEN a third step runs and a read names only python.steps
+    train(model, 1)
+    agent.store.query("SELECT count(*) FROM steps")
+    # THEN the trace's records stay buffered (a resolve costs ~30 ms of DuckDB time) ...
+    assert len(tracer.fw) > 0
+    # ... and the next read that names torch_trace sees the new step at once
+    assert agent.store.query("SELECT max(step) FROM torch_trace").rows == [[3]]
