@@ -404,6 +404,8 @@ class ModuleTracer:
     def _backward_done(self) -> None:
         try:
             self._record_bw(PASS_END, memory=False)
+        except Exception as e:  # noqa: BLE001 - an autograd queue callback: never raise
+            self.failed(e)
         finally:
             self.in_backward = FORWARD
 
