@@ -21,13 +21,13 @@ What gets captured (issue 3)
 
 How (and why not hooks)
 -----------------------
-``nn.Module.__call__`` is replaced by ``_traced_call`` while a traced step runs, and restored in
-other steps, so untraced steps cost nothing. Global forward hooks would do the same job but any
-global hook sends *every* module call through ``_call_impl``'s slow path (a closure, a set and
-tuple unpacking per call): measured here +4.3 µs per module call against +1.9 µs for the
-wrapper, and ``torch.compile``'d modules warn about global hooks. Full backward hooks cost +55%
-and break in-place ops (issue 3), so backward uses ``grad_fn.register_prehook`` instead.
-No sys.settrace/setprofile.
+``nn.Module.__call__`` is replaced by ``trace_hot.traced_call`` while a traced step runs, and
+restored in other steps, so untraced steps cost nothing. Global forward hooks would do the same
+job but any global hook sends *every* module call through ``_call_impl``'s slow path (a
+closure, a set and tuple unpacking per call): measured here +4.3 µs per module call against
++1.9 µs for the wrapper, and ``torch.compile``'d modules warn about global hooks. Full backward
+hooks cost +55% and break in-place ops (issue 3), so backward uses ``grad_fn.register_prehook``
+instead. No sys.settrace/setprofile.
 
 Step numbers come from the agent's StepClock (one global optimizer post-hook): rows of the
 work leading up to optimizer step N carry step N. Jobs with no ``torch.optim`` optimizer: the
@@ -37,7 +37,7 @@ Cost
 ----
 Hot path = a few attribute reads, two ``perf_counter_ns``, two list appends and one
 ``array.extend`` per call, plus one ``register_prehook`` per distinct output ``grad_fn``, batched
-when a top-level module returns (``register_hooks``). Records are numbers in bounded
+when a top-level module returns (the hot path is ``trace_hot.py``). Records are numbers in bounded
 ``array('q')`` buffers, which allocate nothing the garbage collector tracks (why that matters:
 ``trace_columns.py``); the writer thread resolves them in SQL (``trace_rows.py``). Failures
 inside the wrapper or the hooks are counted by a ``Guard``; after repeated failures tracing
@@ -47,7 +47,6 @@ switches itself off.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import sys
 import threading
@@ -55,9 +54,10 @@ import time
 from array import array
 from typing import Any
 
-from . import Guard
+from . import Guard, trace_hot
 from .torch_import import TorchImportWatcher, torch_ready
 from .trace_columns import (
+    BUFFER_ROWS,
     BW_CUDA,
     BW_GSEQ,
     BW_N,
@@ -66,38 +66,20 @@ from .trace_columns import (
     FW_N,
     OPT_STEP,
     PASS_END,
-    RECOMPUTE,
 )
 from .trace_rows import RowResolver
 
 log = logging.getLogger(__name__)
 
-#: Rows (and backward events) buffered between two writer ticks; beyond it rows are dropped and
-#: counted (``dropped``). 200k rows = 11 MB of records; at 100 modules, 2000 traced steps.
-BUFFER_ROWS = 200_000
 #: The writer resolves the buffers when a read waits, or at this many records, or this often.
 RESOLVE_ROWS = 20_000
 RESOLVE_S = 10.0
 _TABLE = "python.torch_trace"
-_FW_MAX = BUFFER_ROWS * FW_N
-_BW_MAX = BUFFER_ROWS * BW_N
 #: Without an optimizer step, the first FALLBACK_AFTER calls of the root model are step 1 (so
 #: gradient accumulation in the first step is not split), then every call is one step (so an
 #: inference loop still gets steps, which retention needs).
 FALLBACK_AFTER = 16
 _MODE_RE = re.compile(r"^(on|off|every:([1-9][0-9]*))$")
-
-# Records are numbers in ``array('q')`` buffers (formats and why: trace_columns.py). The module
-# objects go into parallel lists (``objs``, ``roots``): appending an existing object allocates
-# nothing the garbage collector sees. CUDA events (Python objects) go into ``fcuda``/``bcuda``.
-
-# Set while a tracer is active; read by _traced_call (module globals are the cheapest reads).
-_tracer: ModuleTracer | None = None
-_orig_call: Any = None
-_is_compiling: Any = None
-_Tensor: Any = None
-_current_node: Any = None  # torch._C._current_autograd_node
-
 
 def parse_mode(mode: str) -> tuple[str, int]:
     """``"on"`` -> ("on", 1); ``"every:5"`` -> ("every", 5); raises ValueError otherwise."""
@@ -107,68 +89,6 @@ def parse_mode(mode: str) -> tuple[str, int]:
     if m.group(2):
         return "every", int(m.group(2))
     return m.group(1), 1
-
-
-def _traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """Replaces ``nn.Module.__call__`` during traced steps. Must never raise on its own."""
-    if _is_compiling():  # dynamo folds this to True: nothing below is traced into a graph
-        return _orig_call(self, *args, **kwargs)
-    tr = _tracer
-    if tr is None:
-        return _orig_call(self, *args, **kwargs)
-    depth = tr.depth
-    if depth == 0:
-        tr.on_root(self, args)
-    if not tr.recording:
-        tr.depth = depth + 1
-        try:
-            return _orig_call(self, *args, **kwargs)
-        finally:
-            tr.depth = depth
-    e0 = tr.record_event() if tr.cuda else None
-    t0 = tr.clock()
-    tr.depth = depth + 1
-    try:
-        out = _orig_call(self, *args, **kwargs)
-    finally:
-        tr.depth = depth
-    t1 = tr.clock()
-    try:
-        cuda = 0
-        if e0 is not None:
-            cuda = (e0, tr.record_event(), tr.memory())
-        gseq = -1
-        o = out
-        if type(o) is not _Tensor:
-            if type(o) in (tuple, list) and o:
-                o = o[0]
-            elif isinstance(o, dict) and o:  # ModelOutput and friends: the first value
-                o = next(iter(o.values()))
-            if not isinstance(o, _Tensor):
-                o = None
-        if o is not None:
-            gf = o.grad_fn
-            if gf is not None:
-                gseq = gf._sequence_nr()
-                if gf is not tr.last_gf:  # a Sequential and its last layer share one
-                    tr.hook_gfs.append(gf)
-                    tr.last_gf = gf
-        fw = tr.fw
-        if len(fw) < _FW_MAX:
-            # objects first, record last: the writer takes as many objects as records
-            tr.objs.append(self)
-            tr.roots.append(tr.root)
-            if cuda:
-                tr.fcuda.append(cuda)
-                cuda = 1
-            fw.extend((t0, t1, tr.step, tr.in_backward, depth, gseq, cuda))
-        else:
-            tr.dropped += 1
-        if depth < 2 and tr.hook_gfs:
-            tr.register_hooks()
-    except Exception as e:  # noqa: BLE001 - the one sanctioned broad except: never into training
-        tr.failed(e)
-    return out
 
 
 class ModuleTracer:
@@ -199,8 +119,7 @@ class ModuleTracer:
         self.bw = array("q")  # backward events (BW_*)
         self.bcuda: list[Any] = []  # (event, memory) of the events flagged BW_CUDA
         self.last_gf: Any = None
-        self.hook_gfs: list[Any] = []  # grad_fns waiting for their pre-hook (register_hooks)
-        self._bw_hook = self.on_backward  # one bound method for every node's pre-hook
+        self.hook_gfs: list[Any] = []  # grad_fns waiting for their pre-hook (trace_hot)
         self.dropped = 0
         self.clock = time.perf_counter_ns
         # control state
@@ -223,7 +142,7 @@ class ModuleTracer:
         self._resolved_at = 0.0
         self._stopped = False
         self._torch: Any = None
-        self._queue_callback: Any = None
+        self.queue_callback: Any = None
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Any) -> None:
@@ -236,7 +155,6 @@ class ModuleTracer:
             self._watcher.install()
 
     def stop(self) -> None:
-        global _tracer
         self._stopped = True
         try:
             if self._watcher is not None:
@@ -248,8 +166,7 @@ class ModuleTracer:
                 self._unsubscribe()
         finally:
             self._handles.clear()
-            if _tracer is self:
-                _tracer = None
+            trace_hot.unbind(self)
             self.armed = False
             self.flush()
             self.resolver.close()
@@ -264,7 +181,6 @@ class ModuleTracer:
 
     def arm(self) -> None:
         """Install the optimizer hooks and, unless the mode is off, start tracing now."""
-        global _tracer, _orig_call, _is_compiling, _Tensor, _current_node
         with self._lock:
             if self.armed:
                 return
@@ -276,12 +192,7 @@ class ModuleTracer:
             )
 
             self._torch = torch
-            self._queue_callback = Variable._execution_engine.queue_callback
-            if _orig_call is None:
-                _orig_call = torch.nn.Module.__call__
-            _is_compiling = torch.compiler.is_compiling
-            _Tensor = torch.Tensor
-            _current_node = torch._C._current_autograd_node
+            self.queue_callback = Variable._execution_engine.queue_callback
             self._handles = [
                 register_optimizer_step_pre_hook(self._on_opt_pre),
                 register_optimizer_step_post_hook(self._on_opt_post),
@@ -293,7 +204,7 @@ class ModuleTracer:
                 self.fallback = False
                 self.step = clock.current_step + 1
             self.resolver.torch = torch
-            _tracer = self
+            trace_hot.bind(self, torch)
             self.armed = True
             self._apply(self.mode, boundary=True)
 
@@ -335,15 +246,15 @@ class ModuleTracer:
 
     def _install(self) -> None:
         torch = self._torch
-        if torch.nn.Module.__call__ is not _traced_call:
-            torch.nn.Module.__call__ = _traced_call
+        if torch.nn.Module.__call__ is not trace_hot.traced_call:
+            torch.nn.Module.__call__ = trace_hot.traced_call
         self.installed = True
 
     def _uninstall(self) -> None:
         torch = self._torch
-        if torch is not None and torch.nn.Module.__call__ is _traced_call:
-            torch.nn.Module.__call__ = _orig_call
-        # If someone wrapped our wrapper since, it stays; ``recording``/``_tracer`` turn it off.
+        if torch is not None and torch.nn.Module.__call__ is trace_hot.traced_call:
+            torch.nn.Module.__call__ = trace_hot._orig_call
+        # If someone wrapped our wrapper since, it stays; ``recording``/``unbind`` turn it off.
         self.installed = False
         self.recording = False
 
@@ -367,58 +278,20 @@ class ModuleTracer:
             self.root = module
             if self.recording and args:
                 a = args[0]
-                if isinstance(a, _Tensor) and a.dim() > 0:
+                if isinstance(a, self._torch.Tensor) and a.dim() > 0:
                     self._samples[self.step] = self._samples.get(self.step, 0) + int(a.shape[0])
         except Exception as e:  # noqa: BLE001 - training thread
             self.failed(e)
 
-    def register_hooks(self) -> None:
-        """Register the backward pre-hooks of the calls since the last batch.
-
-        The wrapper queues them and this registers them when a top-level module (depth 0 or
-        1) returns: one registration costs ~4.4 us between the model's kernels (cold caches,
-        measured on the bench GPT) and ~1.4 us in a loop of them. Backward cannot reach these
-        grad_fns before then, unless a module runs backward inside its own forward below
-        depth 1 (those calls get no backward rows).
-        """
-        gfs = self.hook_gfs
-        self.hook_gfs = []
-        hook = self._bw_hook
-        for gf in gfs:
-            gf.register_prehook(hook)
-
-    def on_backward(self, grad_outputs: Any) -> None:
-        """grad_fn pre-hook (one for all nodes): the backward of the forward calls whose output
-        had the running node as ``grad_fn`` starts now. The record names the node by its
-        sequence number, which the forward records carry (``gseq``): no per-node object."""
-        try:
-            node = _current_node()
-            if node is not None and len(self.bw) < _BW_MAX:
-                self._record_bw(node._sequence_nr(), memory=True)
-            if not self.in_backward:
-                self.in_backward = RECOMPUTE  # an int: the writer reads rows' kinds as int8
-                self._queue_callback(self._backward_done)
-        except Exception as e:  # noqa: BLE001 - inside autograd: never raise
-            self.failed(e)
-
-    def _backward_done(self) -> None:
-        try:
-            self._record_bw(PASS_END, memory=False)
-        except Exception as e:  # noqa: BLE001 - an autograd queue callback: never raise
-            self.failed(e)
-        finally:
-            self.in_backward = FORWARD
-
-    def _record_bw(self, gseq: int, memory: bool) -> None:
-        """One backward event: now, node ``gseq`` (or PASS_END), and on CUDA steps an event
-        (with the allocator's numbers when ``memory``) in ``bcuda``."""
+    def record_bw_cuda(self, gseq: int, memory: bool) -> None:
+        """One backward event on a CUDA step: node ``gseq`` (or PASS_END) with a CUDA event,
+        and the allocator's numbers when ``memory``, in ``bcuda``."""
         t = self.clock()
         cuda = 0
-        if self.cuda:
-            ev = self.record_event()
-            if ev is not None:
-                self.bcuda.append((ev, self.memory() if memory else None))
-                cuda = 1
+        ev = self.record_event()
+        if ev is not None:
+            self.bcuda.append((ev, self.memory() if memory else None))
+            cuda = 1
         self.bw.extend((t, gseq, cuda))
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -442,7 +315,7 @@ class ModuleTracer:
                 return
             t0, e0, step = start
             t1 = self.clock()
-            if len(self.fw) < _FW_MAX:
+            if len(self.fw) < BUFFER_ROWS * FW_N:
                 self.objs.append(optimizer)
                 self.roots.append(None)
                 cuda = 0
@@ -494,13 +367,11 @@ class ModuleTracer:
 
     # -- failures ----------------------------------------------------------------------------
     def failed(self, exc: BaseException) -> None:
-        global _tracer
         self.guard.failed(exc)
         if not self.guard.enabled:
             self.recording = False
             self.cuda = False
-            if _tracer is self:
-                _tracer = None  # the wrapper becomes a pass-through at once
+            trace_hot.unbind(self)  # the wrapper becomes a pass-through at once
 
     # -- writer thread -----------------------------------------------------------------------
     def flush(self) -> None:
@@ -563,15 +434,6 @@ def _take(buf: Any, n: int) -> Any:
     out = buf[:n]
     del buf[:n]
     return out
-
-
-def _after_fork_in_child() -> None:
-    # NOTE: a forked child (DataLoader worker) has no writer thread: record nothing there.
-    global _tracer
-    _tracer = None
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def build_tracer(agent: Any) -> ModuleTracer:

@@ -16,6 +16,11 @@ from array import array
 
 import pyarrow as pa
 
+#: Forward records (and backward events) buffered between two writer resolves; beyond it rows
+#: are dropped and counted (``dropped``). 200k rows = 11 MB of records; at 100 modules, 2000
+#: traced steps.
+BUFFER_ROWS = 200_000
+
 # Row kinds as the training thread records them, and BACKWARD for resolved rows.
 FORWARD, RECOMPUTE, OPT_STEP, BACKWARD = range(4)
 

@@ -52,9 +52,9 @@ def test_a_raising_hook_is_counted_and_switches_tracing_off_not_training(make_ag
     assert "values() is broken on purpose" in state["last_error"]
     warned = [r for r in caplog.records if "module tracer failed" in r.getMessage()]
     assert len(warned) == 1
-    from probe_agent.collectors import modules
+    from probe_agent.collectors import trace_hot
 
-    assert torch.nn.Module.__call__ is not modules._traced_call
+    assert torch.nn.Module.__call__ is not trace_hot.traced_call
     # rows of the calls that worked (the inner Linear) were still recorded before that
     assert rows(agent, "SELECT count(*) > 0 FROM torch_trace WHERE module = 'lin'") == [[True]]
 

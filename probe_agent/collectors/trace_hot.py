@@ -1,0 +1,204 @@
+"""The tracer's hot path: the ``nn.Module.__call__`` wrapper and the backward pre-hook.
+
+Everything here runs on the training thread once per module call or backward node, so every
+line is paid ~100 times a step; ``ModuleTracer`` (modules.py) owns the state and binds it here
+(``bind``). What it records and why: modules.py; the record formats: trace_columns.py.
+
+Costs measured on this 2-core VM, per call with warm caches (``bench/bench_tracing.py
+--per-call``): ``torch.compiler.is_compiling()`` 116 ns, ``perf_counter_ns`` 83 ns,
+``tensor.grad_fn`` 125 ns, ``Node.register_prehook`` ~1.7 us through torch's own
+``Function._register_hook`` (an OrderedDict, a ``RemovableHandle`` and its weakref per node)
+and ~0.7 us through ours (``_register_hook``). Between a model's kernels caches are cold and
+each costs 2-3x that, which is why the wrapper does as little as it can.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any
+
+from .trace_columns import BUFFER_ROWS, BW_N, FORWARD, FW_N, PASS_END, RECOMPUTE
+
+_FW_MAX = BUFFER_ROWS * FW_N
+_BW_MAX = BUFFER_ROWS * BW_N
+#: The key of the tracer's pre-hook in a node's hook dict. torch's RemovableHandle ids count up
+#: from 0, so a user's hook on the same node never collides with it (or removes it).
+_HOOK_KEY = -1
+
+# Module globals are the cheapest reads in Python; ``bind`` sets them.
+_tracer: Any = None  # the active ModuleTracer, or None: the wrapper passes through
+_orig_call: Any = None  # nn.Module.__call__ as found (torch's, or someone's wrapper of it)
+_direct = False  # _orig_call is torch's _wrapped_call_impl: call self._call_impl directly
+_is_compiling: Any = None
+_Tensor: Any = None
+_current_node: Any = None  # torch._C._current_autograd_node
+_Function: Any = None  # torch.autograd.Function, whose _register_hook we stand in for
+_torch_register_hook: Any = None
+_clock: Any = None
+
+
+def bind(tracer: Any, torch: Any) -> None:
+    """Make ``tracer`` the one the hot path records into (``arm``)."""
+    global _tracer, _orig_call, _direct, _is_compiling, _Tensor, _current_node, _clock
+    global _Function, _torch_register_hook
+    if _orig_call is None:
+        _orig_call = torch.nn.Module.__call__
+        _direct = _orig_call is torch.nn.Module._wrapped_call_impl
+    _is_compiling = torch.compiler.is_compiling
+    _Tensor = torch.Tensor
+    _current_node = torch._C._current_autograd_node
+    _clock = tracer.clock
+    _Function = torch.autograd.Function
+    if _Function.__dict__.get("_register_hook") is not _REGISTER:
+        _torch_register_hook = _Function._register_hook
+        _Function._register_hook = _REGISTER
+    _tracer = tracer
+
+
+def unbind(tracer: Any) -> None:
+    """The hot path stops recording into ``tracer`` (``stop``, or too many failures); torch's
+    hook registration is restored unless someone replaced ours since."""
+    global _tracer
+    if _tracer is tracer:
+        _tracer = None
+    if _Function is not None and _Function.__dict__.get("_register_hook") is _REGISTER:
+        _Function._register_hook = _torch_register_hook
+
+
+def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Replaces ``nn.Module.__call__`` during traced steps. Must never raise on its own."""
+    if _is_compiling():  # dynamo folds this to True: nothing below is traced into a graph
+        return _orig_call(self, *args, **kwargs)
+    tr = _tracer
+    if tr is None:
+        return _orig_call(self, *args, **kwargs)
+    depth = tr.depth
+    if depth == 0:
+        tr.on_root(self, args)
+    if not tr.recording:
+        tr.depth = depth + 1
+        try:
+            return _orig_call(self, *args, **kwargs)
+        finally:
+            tr.depth = depth
+    e0 = tr.record_event() if tr.cuda else None
+    tr.depth = depth + 1
+    t0 = _clock()
+    try:
+        # torch's __call__ is one more frame that only picks the compiled or the plain call
+        if _direct and self._compiled_call_impl is None:
+            out = self._call_impl(*args, **kwargs)
+        else:
+            out = _orig_call(self, *args, **kwargs)
+    finally:
+        t1 = _clock()
+        tr.depth = depth
+    try:
+        cuda = 0
+        if e0 is not None:
+            cuda = (e0, tr.record_event(), tr.memory())
+        gseq = -1
+        o = out
+        if type(o) is not _Tensor:
+            if type(o) in (tuple, list) and o:
+                o = o[0]
+            elif isinstance(o, dict) and o:  # ModelOutput and friends: the first value
+                o = next(iter(o.values()))
+            if not isinstance(o, _Tensor):
+                o = None
+        if o is not None:
+            gf = o.grad_fn
+            if gf is not None:
+                gseq = gf._sequence_nr()
+                if gf is not tr.last_gf:  # a Sequential and its last layer share one
+                    tr.hook_gfs.append(gf)
+                    tr.last_gf = gf
+        fw = tr.fw
+        if len(fw) < _FW_MAX:
+            # objects first, record last: the writer takes as many objects as records
+            tr.objs.append(self)
+            tr.roots.append(tr.root)
+            if cuda:
+                tr.fcuda.append(cuda)
+                cuda = 1
+            fw.extend((t0, t1, tr.step, tr.in_backward, depth, gseq, cuda))
+        else:
+            tr.dropped += 1
+        if depth < 2:
+            # Pre-hooks are registered in a batch when a top-level module returns: one costs
+            # ~3x more between the model's kernels than in a loop of them. Backward cannot
+            # reach these grad_fns before then, unless a module runs backward inside its own
+            # forward below depth 1 (those calls get no backward rows).
+            gfs = tr.hook_gfs
+            if gfs:
+                for gf in gfs:
+                    gf.register_prehook(on_backward)
+                gfs.clear()
+    except Exception as e:  # noqa: BLE001 - the one sanctioned broad except: never into training
+        tr.failed(e)
+    return out
+
+
+def on_backward(grad_outputs: Any) -> None:
+    """The pre-hook of every hooked grad_fn: the backward of the forward calls whose output had
+    the running node as ``grad_fn`` starts now. The event names the node by its sequence
+    number, which the forward records carry (``gseq``): nothing per node but torch's dict."""
+    tr = _tracer
+    if tr is None:
+        return  # a node hooked before the tracer stopped
+    try:
+        node = _current_node()
+        bw = tr.bw
+        if node is not None and len(bw) < _BW_MAX:
+            if tr.cuda:
+                tr.record_bw_cuda(node._sequence_nr(), memory=True)
+            else:
+                bw.extend((_clock(), node._sequence_nr(), 0))
+        if not tr.in_backward:
+            tr.in_backward = RECOMPUTE  # an int: the writer reads rows' kinds as int8
+            tr.queue_callback(backward_done)
+    except Exception as e:  # noqa: BLE001 - inside autograd: never raise
+        tr.failed(e)
+
+
+def backward_done() -> None:
+    """Autograd queue callback: the backward pass that ``on_backward`` saw start has ended."""
+    tr = _tracer
+    if tr is None:
+        return
+    try:
+        if tr.cuda:
+            tr.record_bw_cuda(PASS_END, memory=False)
+        else:
+            tr.bw.extend((_clock(), PASS_END, 0))
+    except Exception as e:  # noqa: BLE001 - an autograd queue callback: never raise
+        tr.failed(e)
+    finally:
+        tr.in_backward = FORWARD
+
+
+def _register_hook(hooks: Any, hook: Any) -> tuple[Any, Any]:
+    """Stands in for ``torch.autograd.Function._register_hook``, which ``Node.register_prehook``
+    calls from C++ to get the node's hook dict and a handle. For ``on_backward`` it skips the
+    ``RemovableHandle`` (nothing ever removes the tracer's hook: the graph dies with its step)
+    and returns ``None`` for it; a second registration on one node replaces the first, so a
+    node never reports twice. Every other hook goes to torch's own function."""
+    if hook is not on_backward:
+        return _torch_register_hook(hooks, hook)
+    if hooks is None:
+        hooks = OrderedDict()  # torch's type: a later user hook takes a weakref to it
+    hooks[_HOOK_KEY] = hook
+    return hooks, None
+
+
+_REGISTER = staticmethod(_register_hook)
+
+
+def _after_fork_in_child() -> None:
+    # NOTE: a forked child (DataLoader worker) has no writer thread: record nothing there.
+    global _tracer
+    _tracer = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
