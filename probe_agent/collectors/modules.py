@@ -36,7 +36,7 @@ first ``FALLBACK_AFTER`` calls of the root model are step 1, then each call coun
 Cost
 ----
 Hot path = a few attribute reads, two ``perf_counter_ns``, two list appends and one
-``array.extend`` per call, plus one ``register_prehook`` per distinct output ``grad_fn``, batched
+``array.frombytes`` per call, plus one ``register_prehook`` per distinct output ``grad_fn``, batched
 when a top-level module returns (the hot path is ``trace_hot.py``). Records are numbers in bounded
 ``array('q')`` buffers, which allocate nothing the garbage collector tracks (why that matters:
 ``trace_columns.py``); the writer thread resolves them in SQL (``trace_rows.py``). Failures
@@ -66,6 +66,8 @@ from .trace_columns import (
     FW_N,
     OPT_STEP,
     PASS_END,
+    pack_bw,
+    pack_fw,
 )
 from .trace_rows import RowResolver
 
@@ -292,7 +294,7 @@ class ModuleTracer:
         if ev is not None:
             self.bcuda.append((ev, self.memory() if memory else None))
             cuda = 1
-        self.bw.extend((t, gseq, cuda))
+        self.bw.frombytes(pack_bw(t, gseq, cuda))
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
@@ -322,7 +324,7 @@ class ModuleTracer:
                 if e0 is not None:
                     self.fcuda.append((e0, self.record_event(), self.memory()))
                     cuda = 1
-                self.fw.extend((t0, t1, step, OPT_STEP, 0, -1, cuda))
+                self.fw.frombytes(pack_fw(t0, t1, step, OPT_STEP, 0, -1, cuda))
         except Exception as e:  # noqa: BLE001 - inside optimizer.step()
             self.failed(e)
 
@@ -428,7 +430,7 @@ class ModuleTracer:
 def _take(buf: Any, n: int) -> Any:
     """Remove and return the first ``n`` items of a list or array. Lock-free: ``buf[:n]`` and
     ``del buf[:n]`` are single C calls under the GIL, and the training thread only appends
-    (at index >= n), each record with one ``extend``."""
+    (at index >= n), each record with one ``frombytes``."""
     if n <= 0:
         return buf[:0]
     out = buf[:n]

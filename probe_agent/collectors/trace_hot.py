@@ -18,7 +18,7 @@ import os
 from collections import OrderedDict
 from typing import Any
 
-from .trace_columns import BUFFER_ROWS, BW_N, FORWARD, FW_N, PASS_END, RECOMPUTE
+from .trace_columns import BUFFER_ROWS, BW_N, FORWARD, FW_N, PASS_END, RECOMPUTE, pack_bw, pack_fw
 
 _FW_MAX = BUFFER_ROWS * FW_N
 _BW_MAX = BUFFER_ROWS * BW_N
@@ -34,14 +34,15 @@ _is_compiling: Any = None
 _Tensor: Any = None
 _current_node: Any = None  # torch._C._current_autograd_node
 _Function: Any = None  # torch.autograd.Function, whose _register_hook we stand in for
-_torch_register_hook: Any = None
+_torch_register_hook: Any = None  # the function it stands in for, which gets every other hook
+_own_register_hook: Any = None  # what Function's own __dict__ held (None: it inherits it)
 _clock: Any = None
 
 
 def bind(tracer: Any, torch: Any) -> None:
     """Make ``tracer`` the one the hot path records into (``arm``)."""
     global _tracer, _orig_call, _direct, _is_compiling, _Tensor, _current_node, _clock
-    global _Function, _torch_register_hook
+    global _Function, _own_register_hook, _torch_register_hook
     if _orig_call is None:
         _orig_call = torch.nn.Module.__call__
         _direct = _orig_call is torch.nn.Module._wrapped_call_impl
@@ -51,6 +52,8 @@ def bind(tracer: Any, torch: Any) -> None:
     _clock = tracer.clock
     _Function = torch.autograd.Function
     if _Function.__dict__.get("_register_hook") is not _REGISTER:
+        # torch's is inherited (from _HookMixin): unbind deletes ours rather than copy it in
+        _own_register_hook = _Function.__dict__.get("_register_hook")
         _torch_register_hook = _Function._register_hook
         _Function._register_hook = _REGISTER
     _tracer = tracer
@@ -60,10 +63,14 @@ def unbind(tracer: Any) -> None:
     """The hot path stops recording into ``tracer`` (``stop``, or too many failures); torch's
     hook registration is restored unless someone replaced ours since."""
     global _tracer
-    if _tracer is tracer:
-        _tracer = None
-    if _Function is not None and _Function.__dict__.get("_register_hook") is _REGISTER:
-        _Function._register_hook = _torch_register_hook
+    if _tracer is not tracer:
+        return
+    _tracer = None
+    if _Function.__dict__.get("_register_hook") is _REGISTER:
+        if _own_register_hook is None:
+            del _Function._register_hook
+        else:
+            _Function._register_hook = _own_register_hook
 
 
 def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -122,7 +129,7 @@ def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if cuda:
                 tr.fcuda.append(cuda)
                 cuda = 1
-            fw.extend((t0, t1, tr.step, tr.in_backward, depth, gseq, cuda))
+            fw.frombytes(pack_fw(t0, t1, tr.step, tr.in_backward, depth, gseq, cuda))
         else:
             tr.dropped += 1
         if depth < 2:
@@ -154,7 +161,7 @@ def on_backward(grad_outputs: Any) -> None:
             if tr.cuda:
                 tr.record_bw_cuda(node._sequence_nr(), memory=True)
             else:
-                bw.extend((_clock(), node._sequence_nr(), 0))
+                bw.frombytes(pack_bw(_clock(), node._sequence_nr(), 0))
         if not tr.in_backward:
             tr.in_backward = RECOMPUTE  # an int: the writer reads rows' kinds as int8
             tr.queue_callback(backward_done)
@@ -171,7 +178,7 @@ def backward_done() -> None:
         if tr.cuda:
             tr.record_bw_cuda(PASS_END, memory=False)
         else:
-            tr.bw.extend((_clock(), PASS_END, 0))
+            tr.bw.frombytes(pack_bw(_clock(), PASS_END, 0))
     except Exception as e:  # noqa: BLE001 - an autograd queue callback: never raise
         tr.failed(e)
     finally:

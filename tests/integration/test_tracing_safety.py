@@ -123,6 +123,8 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
 
     next_before = dataloader._BaseDataLoaderIter.__dict__["__next__"]
     clip_before = clip_grad._clip_grads_with_norm_
+    call_before = nn.Module.__call__
+    function_dict_before = dict(torch.autograd.Function.__dict__)
     # GIVEN an agent that traced a loop with a DataLoader and gradient clipping
     agent = make_agent(trace="on")
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
@@ -143,6 +145,48 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
     # nothing keeps the agent (and its DuckDB) alive
     assert dataloader._BaseDataLoaderIter.__dict__["__next__"] is next_before
     assert clip_grad._clip_grads_with_norm_ is clip_before
+    assert nn.Module.__call__ is call_before
+    assert dict(torch.autograd.Function.__dict__) == function_dict_before
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
     wait_until(lambda: gc.collect() is not None and ref() is None, 10,
                "the stopped agent is still referenced")
+
+
+def test_user_grad_fn_hooks_work_beside_the_tracers(make_agent):
+    # GIVEN a traced step, and a user who hooks the grad_fns the tracer hooks (it registers
+    # through its own Function._register_hook): one inside a module before the tracer does,
+    # one on the model's output after it, and one that is removed again
+    fired: list[str] = []
+
+    class Tagged(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x.relu()
+            y.grad_fn.register_prehook(lambda g: fired.append("before"))
+            return y
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.tag = Tagged()
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.tag(self.lin(x)))
+
+    agent = make_agent(trace="on")
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt.step()  # the first step boundary: the next steps are traced
+    out = model(torch.randn(2, 4))
+    after = out.grad_fn.register_prehook(lambda g: fired.append("after"))
+    out.grad_fn.register_prehook(lambda g: fired.append("removed")).remove()
+    # WHEN backward runs
+    out.sum().backward()
+    opt.step()
+    # THEN each user hook fired once, the removed one never, the user's handle is torch's, and
+    # the tracer still saw every module's backward
+    assert sorted(fired) == ["after", "before"]
+    assert type(after).__name__ == "RemovableHandle"
+    got = rows(agent, "SELECT module FROM torch_trace WHERE stage = 'backward' ORDER BY module")
+    assert [r[0] for r in got] == ["Net", "head", "lin", "tag"]
