@@ -63,6 +63,7 @@ from .trace_columns import (
     BW_N,
     FORWARD,
     FW_CUDA,
+    FW_MAX,
     FW_N,
     OPT_STEP,
     PASS_END,
@@ -247,16 +248,12 @@ class ModuleTracer:
             self.hook_gfs = []
 
     def _install(self) -> None:
-        torch = self._torch
-        if torch.nn.Module.__call__ is not trace_hot.traced_call:
-            torch.nn.Module.__call__ = trace_hot.traced_call
+        trace_hot.install(self._torch)
         self.installed = True
 
     def _uninstall(self) -> None:
-        torch = self._torch
-        if torch is not None and torch.nn.Module.__call__ is trace_hot.traced_call:
-            torch.nn.Module.__call__ = trace_hot._orig_call
-        # If someone wrapped our wrapper since, it stays; ``recording``/``unbind`` turn it off.
+        if self._torch is not None:
+            trace_hot.uninstall(self._torch)
         self.installed = False
         self.recording = False
 
@@ -317,7 +314,7 @@ class ModuleTracer:
                 return
             t0, e0, step = start
             t1 = self.clock()
-            if len(self.fw) < BUFFER_ROWS * FW_N:
+            if len(self.fw) < FW_MAX:
                 self.objs.append(optimizer)
                 self.roots.append(None)
                 cuda = 0

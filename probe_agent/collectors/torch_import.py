@@ -15,9 +15,8 @@ from typing import Any
 class TorchImportWatcher(importlib.abc.MetaPathFinder):
     """Calls ``fire`` right after ``import torch`` finishes, then removes itself.
 
-    The agent may start (PROBE=1, .pth) before the program imports torch; importing torch
-    ourselves would change import order and cost seconds. The torch loader's ``exec_module`` is
-    wrapped on its instance (not replaced), so ``torch.__spec__.loader`` stays the real loader.
+    The torch loader's ``exec_module`` is wrapped on its instance (not replaced), so
+    ``torch.__spec__.loader`` stays the real loader.
     """
 
     def __init__(self, fire: Any) -> None:

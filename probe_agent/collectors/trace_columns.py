@@ -34,6 +34,9 @@ FW_N = 7
 BW_T, BW_GSEQ, BW_CUDA = range(3)
 BW_N = 3
 PASS_END = -1
+# Buffer lengths (numbers, not records) beyond which the training thread drops records.
+FW_MAX = BUFFER_ROWS * FW_N
+BW_MAX = BUFFER_ROWS * BW_N
 # One record as bytes, for ``buffer.frombytes``: 240 ns a record where ``buffer.extend(tuple)``
 # takes 570 ns (it resizes the array once per number), measured on this VM.
 pack_fw = struct.Struct(f"{FW_N}q").pack

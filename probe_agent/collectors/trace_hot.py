@@ -4,8 +4,8 @@ Everything here runs on the training thread once per module call or backward nod
 line is paid ~100 times a step; ``ModuleTracer`` (modules.py) owns the state and binds it here
 (``bind``). What it records and why: modules.py; the record formats: trace_columns.py.
 
-Costs measured on this 2-core VM, per call with warm caches (``bench/bench_tracing.py
---per-call``): ``torch.compiler.is_compiling()`` 116 ns, ``perf_counter_ns`` 83 ns,
+Costs measured on this 2-core VM with ``timeit`` (warm caches):
+``torch.compiler.is_compiling()`` 116 ns, ``perf_counter_ns`` 83 ns,
 ``tensor.grad_fn`` 125 ns, ``Node.register_prehook`` ~1.7 us through torch's own
 ``Function._register_hook`` (an OrderedDict, a ``RemovableHandle`` and its weakref per node)
 and ~0.7 us through ours (``_register_hook``). Between a model's kernels caches are cold and
@@ -18,10 +18,8 @@ import os
 from collections import OrderedDict
 from typing import Any
 
-from .trace_columns import BUFFER_ROWS, BW_N, FORWARD, FW_N, PASS_END, RECOMPUTE, pack_bw, pack_fw
+from .trace_columns import BW_MAX, FORWARD, FW_MAX, PASS_END, RECOMPUTE, pack_bw, pack_fw
 
-_FW_MAX = BUFFER_ROWS * FW_N
-_BW_MAX = BUFFER_ROWS * BW_N
 #: The key of the tracer's pre-hook in a node's hook dict. torch's RemovableHandle ids count up
 #: from 0, so a user's hook on the same node never collides with it (or removes it).
 _HOOK_KEY = -1
@@ -42,7 +40,7 @@ _clock: Any = None
 def bind(tracer: Any, torch: Any) -> None:
     """Make ``tracer`` the one the hot path records into (``arm``)."""
     global _tracer, _orig_call, _direct, _is_compiling, _Tensor, _current_node, _clock
-    global _Function, _own_register_hook, _torch_register_hook
+    global _Function
     if _orig_call is None:
         _orig_call = torch.nn.Module.__call__
         _direct = _orig_call is torch.nn.Module._wrapped_call_impl
@@ -51,22 +49,36 @@ def bind(tracer: Any, torch: Any) -> None:
     _current_node = torch._C._current_autograd_node
     _clock = tracer.clock
     _Function = torch.autograd.Function
-    if _Function.__dict__.get("_register_hook") is not _REGISTER:
-        # torch's is inherited (from _HookMixin): unbind deletes ours rather than copy it in
-        _own_register_hook = _Function.__dict__.get("_register_hook")
-        _torch_register_hook = _Function._register_hook
-        _Function._register_hook = _REGISTER
     _tracer = tracer
 
 
 def unbind(tracer: Any) -> None:
-    """The hot path stops recording into ``tracer`` (``stop``, or too many failures); torch's
-    hook registration is restored unless someone replaced ours since."""
+    """The hot path stops recording into ``tracer`` at once (``stop``, or too many failures);
+    ``uninstall`` at the next step boundary puts torch back."""
     global _tracer
-    if _tracer is not tracer:
-        return
-    _tracer = None
-    if _Function.__dict__.get("_register_hook") is _REGISTER:
+    if _tracer is tracer:
+        _tracer = None
+
+
+def install(torch: Any) -> None:
+    """Wrap ``nn.Module.__call__`` and stand in for ``Function._register_hook`` (``bind``
+    first). Only while steps are traced: with tracing off torch stays as it was."""
+    global _own_register_hook, _torch_register_hook
+    if torch.nn.Module.__call__ is not traced_call:
+        torch.nn.Module.__call__ = traced_call
+    if _Function.__dict__.get("_register_hook") is not _REGISTER:
+        # torch's is inherited (from _HookMixin): uninstall deletes ours rather than copy it in
+        _own_register_hook = _Function.__dict__.get("_register_hook")
+        _torch_register_hook = _Function._register_hook
+        _Function._register_hook = _REGISTER
+
+
+def uninstall(torch: Any) -> None:
+    """Undo ``install``, except what someone replaced since: a wrapper of our wrapper stays
+    (``recording``/``unbind`` turn it off), and so does their own ``_register_hook``."""
+    if torch.nn.Module.__call__ is traced_call:
+        torch.nn.Module.__call__ = _orig_call
+    if _Function is not None and _Function.__dict__.get("_register_hook") is _REGISTER:
         if _own_register_hook is None:
             del _Function._register_hook
         else:
@@ -122,7 +134,7 @@ def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
                     tr.hook_gfs.append(gf)
                     tr.last_gf = gf
         fw = tr.fw
-        if len(fw) < _FW_MAX:
+        if len(fw) < FW_MAX:
             # objects first, record last: the writer takes as many objects as records
             tr.objs.append(self)
             tr.roots.append(tr.root)
@@ -157,7 +169,7 @@ def on_backward(grad_outputs: Any) -> None:
     try:
         node = _current_node()
         bw = tr.bw
-        if node is not None and len(bw) < _BW_MAX:
+        if node is not None and len(bw) < BW_MAX:
             if tr.cuda:
                 tr.record_bw_cuda(node._sequence_nr(), memory=True)
             else:

@@ -190,3 +190,23 @@ def test_user_grad_fn_hooks_work_beside_the_tracers(make_agent):
     assert type(after).__name__ == "RemovableHandle"
     got = rows(agent, "SELECT module FROM torch_trace WHERE stage = 'backward' ORDER BY module")
     assert [r[0] for r in got] == ["Net", "head", "lin", "tag"]
+
+
+def test_untraced_steps_leave_module_call_and_hook_registration_as_torch_has_them(make_agent):
+    # GIVEN an agent sampling every 2nd step
+    call_before = nn.Module.__call__
+    agent = make_agent(trace="every:2")
+    tracer = agent.collectors["modules"]
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    for _ in range(4):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        # the step that starts now is traced or not; torch is patched only for traced ones
+        seen.append((tracer.recording, nn.Module.__call__ is not call_before,
+                     "_register_hook" in torch.autograd.Function.__dict__))
+    # THEN traced steps had both patches and untraced steps neither
+    assert {s[0] for s in seen} == {True, False}
+    assert all(s[0] == s[1] == s[2] for s in seen), seen
