@@ -89,6 +89,11 @@ class AgentConfig:
     trace: str = "every:10"
     """PROBE_TRACE: on | off | every:N. Module tracing mode at start (`probe trace` changes it)."""
 
+    trace_native: str = "auto"
+    """PROBE_TRACE_NATIVE: auto | off. auto: traced steps use the tracer's C++ hot path once it is
+    built (in the background, once per machine and torch build; see trace_native.py); off: the
+    Python hot path only, and no compiler is ever run."""
+
     eval_timeout_s: float = 30.0
     """PROBE_EVAL_TIMEOUT_S: an eval still running after this is interrupted and reported."""
 
@@ -132,6 +137,8 @@ class AgentConfig:
             raise_config("PROBE_PORT", self.port, "a port between 0 and 65535 (0 = any free)")
         if not _TRACE_RE.match(self.trace):
             raise_config("PROBE_TRACE", self.trace, "one of on, off, every:N (N ≥ 1)")
+        if self.trace_native not in ("auto", "off"):
+            raise_config("PROBE_TRACE_NATIVE", self.trace_native, "auto or off")
         for name, value in (
             ("PROBE_QUERY_TIMEOUT_MS", self.query_timeout_ms),
             ("PROBE_MAX_ROWS", self.max_rows),
@@ -250,6 +257,8 @@ class AgentConfig:
             kw["action_timeout_s"] = _float(environ, "PROBE_ACTION_TIMEOUT_S")
         if "PROBE_TRACE" in environ:
             kw["trace"] = environ["PROBE_TRACE"].strip().lower()
+        if environ.get("PROBE_TRACE_NATIVE"):
+            kw["trace_native"] = environ["PROBE_TRACE_NATIVE"].strip().lower()
         for key, name in (
             ("unix_socket", "PROBE_UNIX_SOCKET"),
             ("tcp", "PROBE_TCP"),

@@ -70,6 +70,7 @@ from .trace_columns import (
     pack_bw,
     pack_fw,
 )
+from .trace_native import LOADER
 from .trace_rows import RowResolver
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,9 @@ class ModuleTracer:
         self._stopped = False
         self._torch: Any = None
         self.queue_callback: Any = None
+        self._native_mode = agent.config.trace_native
+        self.native: Any = None  # the C++ hot path once bound to it (trace_native.py)
+        self.on_native = False  # installed steps use it
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Any) -> None:
@@ -235,10 +239,6 @@ class ModuleTracer:
         # Before an optimizer is seen the wrapper stays on (it counts root calls as steps),
         # recording only in traced steps.
         install = want or (self.fallback and self._kind != "off" and self.guard.enabled)
-        if install and not self.installed:
-            self._install()
-        elif not install and self.installed:
-            self._uninstall()
         torch = self._torch
         self.cuda = bool(want and torch is not None and torch.cuda.is_initialized())
         self.recording = want
@@ -246,15 +246,28 @@ class ModuleTracer:
             self.depth = 0
             self.last_gf = None
             self.hook_gfs = []
+        native = install and not self.cuda and self._native_ready()
+        if install and (not self.installed or native != self.on_native):
+            trace_hot.install(torch, native=native)
+            self.installed, self.on_native = True, native
+        elif not install and self.installed:
+            self._uninstall()
+        if self.native is not None:
+            self.native.sync(self.step, self.recording, self.root, boundary)
 
-    def _install(self) -> None:
-        trace_hot.install(self._torch)
-        self.installed = True
+    def _native_ready(self) -> bool:
+        """The C++ hot path is loaded (its first request starts loading it) and bound here."""
+        LOADER.request(self._torch, self._native_mode)
+        mod = LOADER.module if self._native_mode != "off" else None
+        if mod is not None and self.native is not mod:
+            trace_hot.bind_native(self, mod)
+            self.native = mod
+        return mod is not None
 
     def _uninstall(self) -> None:
         if self._torch is not None:
             trace_hot.uninstall(self._torch)
-        self.installed = False
+        self.installed = self.on_native = False
         self.recording = False
 
     # -- training-thread callbacks -------------------------------------------------------------
@@ -406,6 +419,15 @@ class ModuleTracer:
         fw = _take(self.fw, n * FW_N)
         objs, roots = _take(self.objs, n), _take(self.roots, n)
         fcuda = _take(self.fcuda, fw[FW_CUDA::FW_N].count(1))
+        if self.native is not None:
+            # after the Python path's: the native records come from later steps, or from the
+            # same step with other kinds (optimizer rows are Python's), and carry no CUDA
+            nbw, nfw, nobjs, nroots, fw_dropped, bw_dropped = self.native.take()
+            bw.frombytes(nbw)
+            fw.frombytes(nfw)
+            objs += nobjs
+            roots += nroots
+            self.dropped += fw_dropped + bw_dropped
         for table in self.resolver.resolve(fw, objs, roots, fcuda, bw, bcuda, self.recycle):
             self.sink.append(_TABLE, table)
 
@@ -421,6 +443,8 @@ class ModuleTracer:
             "last_error": self.guard.last_error,
             "dropped_rows": self.dropped,
             "cuda_events": self.cuda,
+            "hot_path": "native" if self.on_native else "python",
+            "native_build": LOADER.status,
         }
 
 

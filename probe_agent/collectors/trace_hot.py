@@ -35,6 +35,8 @@ _Function: Any = None  # torch.autograd.Function, whose _register_hook we stand 
 _torch_register_hook: Any = None  # the function it stands in for, which gets every other hook
 _own_register_hook: Any = None  # what Function's own __dict__ held (None: it inherits it)
 _clock: Any = None
+_native: Any = None  # the C++ hot path while bound to it (trace_native.py), else None
+_native_call_c: Any = None  # its ``call``
 
 
 def bind(tracer: Any, torch: Any) -> None:
@@ -58,15 +60,32 @@ def unbind(tracer: Any) -> None:
     global _tracer
     if _tracer is tracer:
         _tracer = None
+        if _native is not None:
+            _native.unbind()
 
 
-def install(torch: Any) -> None:
-    """Wrap ``nn.Module.__call__`` and stand in for ``Function._register_hook`` (``bind``
-    first). Only while steps are traced: with tracing off torch stays as it was."""
+def bind_native(tracer: Any, native: Any) -> None:
+    """Make the C++ hot path (``trace_native``) record into ``tracer``'s step (``bind`` first);
+    ``install(torch, native=True)`` then puts it in place."""
+    global _native, _native_call_c
+    native.bind(tracer, _orig_call, _direct, FW_MAX, BW_MAX)
+    _native, _native_call_c = native, native.call
+
+
+def install(torch: Any, native: bool = False) -> None:
+    """Wrap ``nn.Module.__call__`` and, on the Python path, stand in for
+    ``Function._register_hook``; on the native path add its backward callback instead (``bind``,
+    and ``bind_native``, first). Only while steps are traced: with tracing off torch stays as
+    it was."""
     global _own_register_hook, _torch_register_hook
-    if torch.nn.Module.__call__ is not traced_call:
-        torch.nn.Module.__call__ = traced_call
-    if _Function.__dict__.get("_register_hook") is not _REGISTER:
+    call = native_call if native else traced_call
+    if torch.nn.Module.__call__ is not call:
+        if torch.nn.Module.__call__ in (traced_call, native_call):
+            uninstall(torch)
+        torch.nn.Module.__call__ = call
+    if native:
+        _native.backward(True)
+    elif _Function.__dict__.get("_register_hook") is not _REGISTER:
         # torch's is inherited (from _HookMixin): uninstall deletes ours rather than copy it in
         _own_register_hook = _Function.__dict__.get("_register_hook")
         _torch_register_hook = _Function._register_hook
@@ -76,8 +95,10 @@ def install(torch: Any) -> None:
 def uninstall(torch: Any) -> None:
     """Undo ``install``, except what someone replaced since: a wrapper of our wrapper stays
     (``recording``/``unbind`` turn it off), and so does their own ``_register_hook``."""
-    if torch.nn.Module.__call__ is traced_call:
+    if torch.nn.Module.__call__ in (traced_call, native_call):
         torch.nn.Module.__call__ = _orig_call
+    if _native is not None:
+        _native.backward(False)
     if _Function is not None and _Function.__dict__.get("_register_hook") is _REGISTER:
         if _own_register_hook is None:
             del _Function._register_hook
@@ -157,6 +178,15 @@ def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     except Exception as e:  # noqa: BLE001 - the one sanctioned broad except: never into training
         tr.failed(e)
     return out
+
+
+def native_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Replaces ``nn.Module.__call__`` during traced steps on the native path: the C++ hot path
+    (``trace_native.cpp``) does ``traced_call``'s work. This frame stays in Python for dynamo,
+    which must see ``is_compiling()`` to trace torch's own ``__call__`` instead."""
+    if _is_compiling():
+        return _orig_call(self, *args, **kwargs)
+    return _native_call_c(self, args, kwargs)
 
 
 def on_backward(grad_outputs: Any) -> None:
