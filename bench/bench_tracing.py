@@ -196,12 +196,29 @@ def start_agent(mode: str | None, retention_mb: int | None = None):  # type: ign
     from probe_agent.config import AgentConfig
 
     kw: dict[str, object] = {"port": 0, "run_dir": tempfile.mkdtemp(prefix="probe-b-"),
-                             "watchdog": False}
+                             "watchdog": False, "trace_native": NATIVE}
     if mode is not None:
         kw["trace"] = mode
     if retention_mb is not None:
         kw["retention_mb"] = retention_mb
     return probe_agent.start(AgentConfig(**kw))
+
+
+#: --native: the tracer's hot path (auto: the C++ one, built first if needed; off: Python).
+NATIVE = "auto"
+
+
+def load_native() -> str:
+    """Build or load the C++ hot path before measuring, so that no run mixes the two paths."""
+    from probe_agent.collectors.trace_native import LOADER
+
+    if NATIVE == "off":
+        return "python"
+    LOADER.request(torch, NATIVE)
+    LOADER.ready.wait(900)
+    if LOADER.module is None:
+        sys.exit(f"the C++ hot path is not available ({LOADER.status}); use --native off")
+    return "native"
 
 
 def stop_agent() -> None:
@@ -493,33 +510,37 @@ def run_hooks_cost(n: int = 20000) -> dict[str, object]:
 
 
 def run_hot_path(size: str, reps: int) -> dict[str, object]:
-    """The training thread's own cost per traced step, by quantiles: tracing off and on
-    alternate every 4 steps in one agent, forward and backward timed apart (thread CPU), and
-    the low quantiles (min, p10) compared, since noise on a shared machine only adds time.
-    The writer's cost is not in here (see --paired)."""
+    """The training thread's own cost per traced step, by quantiles: tracing off, on with the
+    Python hot path and (when it loaded) on with the C++ one alternate every 4 steps in one
+    agent, forward and backward timed apart (thread CPU), and the low quantiles (min, p10, p50)
+    compared, since noise on a shared machine only adds time. The writer's cost is not in here
+    (see --paired)."""
     loop = Loop(size)
     loop.steps(5)
     agent = start_agent("off")
     tracer = agent.collectors["modules"]
     time.sleep(0.5)
-    got: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+    modes = ["off", "python"] + (["native"] if NATIVE != "off" else [])
+    got: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     for _ in range(reps):
-        for mode in ("off", "on"):
-            tracer.set_mode(mode)
+        for mode in modes:
+            tracer.native_mode = "off" if mode == "python" else NATIVE
+            tracer.set_mode("off" if mode == "off" else "on")
             loop.steps(1)  # the mode applies from the next step
             for _ in range(3):
                 x = loop.steps(1)
                 got[mode].append((x[2], x[3]))  # forward, backward thread time
     stop_agent()
-    out: dict[str, object] = {"size": size, "steps_per_mode": len(got["on"]),
+    out: dict[str, object] = {"size": size, "steps_per_mode": len(got["off"]),
                               "module_calls_per_step": loop.calls}
     for i, stage in enumerate(("forward", "backward")):
         q = {m: sorted(x[i] for x in v) for m, v in got.items()}
-        for name, k in (("min", 0), ("p10", len(q["on"]) // 10), ("p50", len(q["on"]) // 2)):
-            d = q["on"][k] - q["off"][k]
+        for name, k in (("min", 0), ("p10", len(q["off"]) // 10), ("p50", len(q["off"]) // 2)):
             out[f"{stage}_{name}_ms_off"] = round(q["off"][k] * 1e3, 3)
-            out[f"{stage}_{name}_ms_added"] = round(d * 1e3, 3)
-            out[f"{stage}_{name}_us_per_call"] = round(d / loop.calls * 1e6, 2)
+            for mode in modes[1:]:
+                d = q[mode][k] - q["off"][k]
+                out[f"{stage}_{name}_ms_added_{mode}"] = round(d * 1e3, 3)
+                out[f"{stage}_{name}_us_per_call_{mode}"] = round(d / loop.calls * 1e6, 2)
     return out
 
 
@@ -596,12 +617,17 @@ def main() -> None:
                    help="only the per-module-call cost (100 tiny Linear layers)")
     p.add_argument("--hot-path", type=int, default=0, metavar="REPS",
                    help="only the training thread's cost: off/on alternating, low quantiles")
+    p.add_argument("--native", choices=["auto", "off"], default="auto",
+                   help="the tracer's hot path: auto = C++ (built first if needed), off = Python")
     p.add_argument("--rss", action="store_true")
     p.add_argument("--rss-steps", type=int, default=10_000)
     p.add_argument("--rss-mode", default="on")
     p.add_argument("--retention-mb", type=int, default=32)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    global NATIVE
+    NATIVE = args.native
+    print(f"hot path: {load_native()}", file=sys.stderr)
     if args.per_call:
         print(json.dumps(run_per_call(), indent=1))
         return

@@ -33,11 +33,35 @@ def make_agent(run_dir: str) -> Iterator[Callable[..., object]]:
         overrides.setdefault("run_dir", run_dir)
         overrides.setdefault("watchdog", False)
         overrides.setdefault("serve_cpu", 1.0)  # no serving budget unless a test is about it
+        overrides.setdefault("trace_native", "off")  # the C++ hot path only where asked for
         return probe_agent.start(AgentConfig(**overrides))
 
     yield make
     probe_agent.stop()
     wait_until(lambda: not agent_threads(), 10, f"agent threads left: {agent_threads()}")
+
+
+@pytest.fixture(scope="session")
+def native_hot_path() -> object:
+    """The tracer's C++ hot path, built (once per machine and torch) and loaded. Skips only
+    where there is no C++ compiler; a build that fails on a machine with one fails the test."""
+    torch = pytest.importorskip("torch")
+    from probe_agent.collectors.trace_native import LOADER
+
+    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+        pytest.skip("no C++ compiler: the tracer keeps its Python hot path")
+    LOADER.request(torch, "auto")
+    LOADER.ready.wait(900)
+    assert LOADER.module is not None, LOADER.status
+    return LOADER.module
+
+
+@pytest.fixture(params=["python", "native"])
+def hot_path(request: pytest.FixtureRequest) -> str:
+    """Runs a tracing test on both of the tracer's hot paths (``trace_native.py``)."""
+    if request.param == "native":
+        request.getfixturevalue("native_hot_path")
+    return str(request.param)
 
 
 @pytest.fixture

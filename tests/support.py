@@ -34,6 +34,9 @@ def python_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONUNBUFFERED"] = "1"
+    # the Python hot path unless a test asks for the C++ one (whose background build would
+    # otherwise switch paths between tests)
+    env["PROBE_TRACE_NATIVE"] = "off"
     env.update(extra)
     return env
 

@@ -147,7 +147,7 @@ class ModuleTracer:
         self._stopped = False
         self._torch: Any = None
         self.queue_callback: Any = None
-        self._native_mode = agent.config.trace_native
+        self.native_mode = agent.config.trace_native  # auto | off, read at each step boundary
         self.native: Any = None  # the C++ hot path once bound to it (trace_native.py)
         self.on_native = False  # installed steps use it
 
@@ -257,8 +257,8 @@ class ModuleTracer:
 
     def _native_ready(self) -> bool:
         """The C++ hot path is loaded (its first request starts loading it) and bound here."""
-        LOADER.request(self._torch, self._native_mode)
-        mod = LOADER.module if self._native_mode != "off" else None
+        LOADER.request(self._torch, self.native_mode)
+        mod = LOADER.module if self.native_mode != "off" else None
         if mod is not None and self.native is not mod:
             trace_hot.bind_native(self, mod)
             self.native = mod

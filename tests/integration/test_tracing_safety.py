@@ -3,6 +3,8 @@ torch.compile'd model, byte retention, CUDA events (skipped without a GPU)."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,11 +16,28 @@ from tests.integration.tracing_support import TinyGPT, rows, train  # noqa: E402
 from tests.support import wait_until  # noqa: E402
 
 
+@pytest.fixture
+def make_agent(make_agent, hot_path):
+    """Every test here runs on the Python and on the C++ hot path."""
+    return functools.partial(make_agent, trace_native="auto" if hot_path == "native" else "off")
+
+
 class BadDict(dict):
-    """A model output the tracer cannot look into: its values() raises."""
+    """A model output the Python hot path cannot look into: its values() raises."""
 
     def values(self):  # type: ignore[override]
         raise RuntimeError("values() is broken on purpose")
+
+
+class BadDim(torch.Tensor):
+    """An input whose dim() raises: the tracer reads the batch size of every root call's input
+    on both hot paths (the C++ one never calls a dict's values())."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.dim:
+            raise RuntimeError("dim() is broken on purpose")
+        return super().__torch_function__(func, types, args, kwargs or {})
 
 
 class DictOut(nn.Module):
@@ -30,12 +49,13 @@ class DictOut(nn.Module):
         return BadDict(out=self.lin(x))
 
 
-def test_a_raising_hook_is_counted_and_switches_tracing_off_not_training(make_agent, caplog):
+def test_a_raising_hook_is_counted_and_switches_tracing_off_not_training(make_agent, caplog,
+                                                                          hot_path):
     agent = make_agent(trace="on")
     torch.manual_seed(0)
     model = DictOut()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    x, y = torch.randn(8, 4).as_subclass(BadDim), torch.randn(8, 1)
     losses = []
     # WHEN every forward makes the tracer fail
     for _ in range(15):
@@ -49,14 +69,17 @@ def test_a_raising_hook_is_counted_and_switches_tracing_off_not_training(make_ag
     assert losses[-1] < losses[0]
     state = agent.collectors["modules"].state()
     assert state["disabled"] and state["failures"] >= 10, state
-    assert "values() is broken on purpose" in state["last_error"]
+    assert "is broken on purpose" in state["last_error"]
     warned = [r for r in caplog.records if "module tracer failed" in r.getMessage()]
     assert len(warned) == 1
     from probe_agent.collectors import trace_hot
 
-    assert torch.nn.Module.__call__ is not trace_hot.traced_call
+    assert torch.nn.Module.__call__ not in (trace_hot.traced_call, trace_hot.native_call)
     # rows of the calls that worked (the inner Linear) were still recorded before that
     assert rows(agent, "SELECT count(*) > 0 FROM torch_trace WHERE module = 'lin'") == [[True]]
+    assert state["hot_path"] == "python"  # off now
+    if hot_path == "native":
+        assert agent.collectors["modules"].native.state()[2] is False  # no backward callback
 
 
 def test_a_compiled_model_trains_the_same_and_records_its_calls(make_agent):
@@ -117,9 +140,10 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
     import gc
     import weakref
 
-    import probe_agent
     from torch.nn.utils import clip_grad
     from torch.utils.data import dataloader
+
+    import probe_agent
 
     next_before = dataloader._BaseDataLoaderIter.__dict__["__next__"]
     clip_before = clip_grad._clip_grads_with_norm_
@@ -147,6 +171,9 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
     assert clip_grad._clip_grads_with_norm_ is clip_before
     assert nn.Module.__call__ is call_before
     assert dict(torch.autograd.Function.__dict__) == function_dict_before
+    from probe_agent.collectors.trace_native import LOADER
+
+    assert LOADER.module is None or LOADER.module.state()[2] is False  # no backward callback
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
     wait_until(lambda: gc.collect() is not None and ref() is None, 10,
                "the stopped agent is still referenced")
@@ -205,8 +232,11 @@ def test_untraced_steps_leave_module_call_and_hook_registration_as_torch_has_the
         opt.step()
         opt.zero_grad()
         # the step that starts now is traced or not; torch is patched only for traced ones
-        seen.append((tracer.recording, nn.Module.__call__ is not call_before,
-                     "_register_hook" in torch.autograd.Function.__dict__))
+        # (the Python path stands in for Function._register_hook, the C++ one adds a
+        # RecordFunction callback for backward nodes)
+        backward_patched = tracer.native.state()[2] if tracer.on_native else \
+            "_register_hook" in torch.autograd.Function.__dict__
+        seen.append((tracer.recording, nn.Module.__call__ is not call_before, backward_patched))
     # THEN traced steps had both patches and untraced steps neither
     assert {s[0] for s in seen} == {True, False}
     assert all(s[0] == s[1] == s[2] for s in seen), seen
