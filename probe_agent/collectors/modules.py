@@ -4,13 +4,13 @@ What gets captured (issue 3)
 ----------------------------
 - **forward**: one row per module call, host wall time around the call (on CUDA also a pair of
   CUDA events, resolved later on the writer thread without synchronising).
-- **backward**: one row per forward call whose output has a ``grad_fn``. A pre-hook on that
-  ``grad_fn`` marks when autograd starts the module's backward (the record names the node by
-  its sequence number, which the forward record carries too); the span ends at the next
+- **backward**: one row per forward call whose output has a ``grad_fn``. The start of that
+  node in autograd marks the start of the module's backward (the event names the node by its
+  sequence number, which the forward record carries too); the span ends at the next
   backward start of a module call that is neither inside nor around it in the forward (or at
   the end of the backward pass). So residual adds and other ops between modules count towards
   the module whose backward precedes them. Modules whose outputs share one ``grad_fn`` (a
-  ``Sequential`` and its last layer) share one hook.
+  ``Sequential`` and its last layer) share its start.
 - **step**: one row per ``optimizer.step()`` of every ``torch.optim.Optimizer``.
 - Activation checkpointing: forward calls made while a backward runs (the recompute) are
   **flagged** ``recompute = true``, not dropped; the canned queries leave them out.
@@ -21,13 +21,15 @@ What gets captured (issue 3)
 
 How (and why not hooks)
 -----------------------
-``nn.Module.__call__`` is replaced by ``trace_hot.traced_call`` while a traced step runs, and
-restored in other steps, so untraced steps cost nothing. Global forward hooks would do the same
-job but any global hook sends *every* module call through ``_call_impl``'s slow path (a
-closure, a set and tuple unpacking per call): measured here +4.3 µs per module call against
-+1.9 µs for the wrapper, and ``torch.compile``'d modules warn about global hooks. Full backward
-hooks cost +55% and break in-place ops (issue 3), so backward uses ``grad_fn.register_prehook``
-instead. No sys.settrace/setprofile.
+``nn.Module.__call__`` is replaced while a traced step runs, and restored in other steps, so
+untraced steps cost nothing. Global forward hooks would do the same job but any global hook
+sends *every* module call through ``_call_impl``'s slow path (+4.3 µs per call measured here),
+and ``torch.compile``'d modules warn about them. Full backward hooks cost +55% and break
+in-place ops (issue 3). Two hot paths record the same rows (no sys.settrace/setprofile):
+- C++ (``trace_native.py``), for CPU steps once built: the call's work in C++, and backward
+  from a RecordFunction callback on every autograd node (no per-node registration, no Python);
+- Python (``trace_hot.py``), before that, on CUDA steps and without a compiler: a Python
+  wrapper, and ``grad_fn.register_prehook`` on each call's output for backward.
 
 Step numbers come from the agent's StepClock (one global optimizer post-hook): rows of the
 work leading up to optimizer step N carry step N. Jobs with no ``torch.optim`` optimizer: the
@@ -35,13 +37,10 @@ first ``FALLBACK_AFTER`` calls of the root model are step 1, then each call coun
 
 Cost
 ----
-Hot path = a few attribute reads, two ``perf_counter_ns``, two list appends and one
-``array.frombytes`` per call, plus one ``register_prehook`` per distinct output ``grad_fn``, batched
-when a top-level module returns (the hot path is ``trace_hot.py``). Records are numbers in bounded
-``array('q')`` buffers, which allocate nothing the garbage collector tracks (why that matters:
-``trace_columns.py``); the writer thread resolves them in SQL (``trace_rows.py``). Failures
-inside the wrapper or the hooks are counted by a ``Guard``; after repeated failures tracing
-switches itself off.
+Records are numbers in bounded buffers (``array('q')`` here, ``std::vector`` in C++), which
+allocate nothing the garbage collector tracks (why that matters: ``trace_columns.py``); the writer
+thread resolves them in SQL (``trace_rows.py``). Failures inside the wrapper or the hooks are
+counted by a ``Guard``; after repeated failures tracing switches itself off.
 """
 
 from __future__ import annotations
@@ -67,9 +66,9 @@ from .trace_columns import (
     FW_N,
     OPT_STEP,
     PASS_END,
-    pack_bw,
     pack_fw,
 )
+from .trace_cuda import CudaRecords
 from .trace_native import LOADER
 from .trace_rows import RowResolver
 
@@ -95,7 +94,7 @@ def parse_mode(mode: str) -> tuple[str, int]:
     return m.group(1), 1
 
 
-class ModuleTracer:
+class ModuleTracer(CudaRecords):
     """Collector for ``python.torch_trace``; see the module docstring.
 
     Args:
@@ -122,6 +121,7 @@ class ModuleTracer:
         self.fcuda: list[Any] = []  # (ev0, ev1, memory) of the records flagged FW_CUDA
         self.bw = array("q")  # backward events (BW_*)
         self.bcuda: list[Any] = []  # (event, memory) of the events flagged BW_CUDA
+        self._events: list[Any] = []  # spare CUDA events (trace_cuda.py)
         self.last_gf: Any = None
         self.hook_gfs: list[Any] = []  # grad_fns waiting for their pre-hook (trace_hot)
         self.dropped = 0
@@ -140,7 +140,6 @@ class ModuleTracer:
         self._handles: list[Any] = []
         self._unsubscribe: Any = None
         self._watcher: TorchImportWatcher | None = None
-        self._events: list[Any] = []
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._resolved_at = 0.0
@@ -295,17 +294,6 @@ class ModuleTracer:
         except Exception as e:  # noqa: BLE001 - training thread
             self.failed(e)
 
-    def record_bw_cuda(self, gseq: int, memory: bool) -> None:
-        """One backward event on a CUDA step: node ``gseq`` (or PASS_END) with a CUDA event,
-        and the allocator's numbers when ``memory``, in ``bcuda``."""
-        t = self.clock()
-        cuda = 0
-        ev = self.record_event()
-        if ev is not None:
-            self.bcuda.append((ev, self.memory() if memory else None))
-            cuda = 1
-        self.bw.frombytes(pack_bw(t, gseq, cuda))
-
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             # A second optimizer stepping right after the counted one (no root call between)
@@ -354,28 +342,6 @@ class ModuleTracer:
         for old in [s for s in self._samples if s < step]:
             del self._samples[old]
         return n
-
-    # -- CUDA --------------------------------------------------------------------------------
-    def record_event(self) -> Any:
-        torch = self._torch
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        ev = self._events.pop() if self._events else torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
-
-    def memory(self) -> tuple[float, float, float, float] | None:
-        """(allocated, max_allocated, cached, max_cached) in MiB on the current CUDA device."""
-        torch = self._torch
-        s = torch._C._cuda_memoryStats(torch.cuda.current_device())
-        a, r = s["allocated_bytes"]["all"], s["reserved_bytes"]["all"]
-        mib = 1 / (1 << 20)
-        return (a["current"] * mib, a["peak"] * mib, r["current"] * mib, r["peak"] * mib)
-
-    def recycle(self, events: list[Any]) -> None:
-        """Events whose times were read go back to the pool (writer thread)."""
-        if len(self._events) < 4096:
-            self._events.extend(events)
 
     # -- failures ----------------------------------------------------------------------------
     def failed(self, exc: BaseException) -> None:

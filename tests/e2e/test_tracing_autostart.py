@@ -17,12 +17,16 @@ pytest.importorskip("duckdb")
 
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
-def test_agent_started_before_torch_traces_after_the_import(tmp_path):
+@pytest.mark.parametrize("native", ["off", "auto"])
+def test_agent_started_before_torch_traces_after_the_import(tmp_path, native, request):
+    if native == "auto":
+        request.getfixturevalue("native_hot_path")  # built and cached on this machine
     out = tmp_path / "out.json"
     env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(tmp_path / "run"),
-                     PROBE_WATCHDOG="0", PROBE_TRACE="on")
+                     PROBE_WATCHDOG="0", PROBE_TRACE="on", PROBE_TRACE_NATIVE=native)
     proc = subprocess.run(
-        [sys.executable, str(PROGRAMS / "trace_train.py"), "--out", str(out), "--steps", "4"],
+        [sys.executable, str(PROGRAMS / "trace_train.py"), "--out", str(out), "--steps", "4",
+         "--pause", "2" if native == "auto" else "0"],
         env=env, capture_output=True, text=True, timeout=200,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -35,3 +39,5 @@ def test_agent_started_before_torch_traces_after_the_import(tmp_path):
     assert got["modules"] == [["0"], ["1"], ["2"], ["AdamW"], ["Sequential"]]
     assert got["steps"] == [[4]] and got["metrics"] == [[4]]
     assert got["state"]["failures"] == 0
+    # AND with PROBE_TRACE_NATIVE=auto the cached C++ hot path loaded (and traced) by itself
+    assert got["state"]["hot_path"] == ("native" if native == "auto" else "python"), got["state"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 TORCH_BEFORE = "torch" in sys.modules  # must be False: the agent may not import torch
 
@@ -20,7 +21,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--pause", type=float, default=0.0,
+                   help="seconds to wait after `import torch`, for the tracer's C++ hot path to "
+                        "load in the background (it arms at the import)")
     args = p.parse_args()
+    time.sleep(args.pause)
     torch.set_num_threads(1)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     opt = torch.optim.AdamW(model.parameters())
