@@ -28,10 +28,11 @@ precisely on 100 tiny layers.
 retention from --rss-mode / --retention-mb), to show that memory stays flat.
 
 ``--paired STEPS`` (the precise one on a noisy machine): in one agent, a seeded coin decides
-before every step whether the next one is traced (every module) or not, so the machine's swings
-hit both kinds alike; a least-squares fit of each step's training-thread CPU time (detrended by a
-moving median) on "this step traced" and "previous step traced" gives the cost of tracing a
-step, with a moving-block bootstrap interval. Beside it: the CPU of the agent's own threads per
+before every step whether the next one is untraced, traced (every module) on the Python hot path,
+or traced on the C++ one (``--native off``: no C++), so the machine's swings hit every kind
+alike; a least-squares fit of each step's training-thread CPU time (detrended by a moving
+median) on "this step's kind" and "the previous step's kind" gives the cost of tracing a step on
+each path, with a moving-block bootstrap interval. Beside it: the CPU of the agent's own threads per
 traced step, the training thread's extra time off the CPU (GIL waits) per traced step, the cost
 of a mode change, and the optimizer hooks' cost with tracing off. Reported ratios: ``measured_*``
 (training thread's CPU + its waits) and ``estimate_*`` (an upper bound: every agent-thread
@@ -324,17 +325,23 @@ def thread_cpu_s(prefix: str) -> float:
     return total
 
 
-def _ols2(y: list[float], a: list[int], b: list[int]) -> tuple[float, float]:
-    """Least squares y = k + ba*a + bb*b: the coefficients of a and b."""
-    n = len(y)
-    ma, mb, my = sum(a) / n, sum(b) / n, sum(y) / n
-    saa = sum((x - ma) ** 2 for x in a)
-    sbb = sum((x - mb) ** 2 for x in b)
-    sab = sum((x - ma) * (z - mb) for x, z in zip(a, b))
-    say = sum((x - ma) * (v - my) for x, v in zip(a, y))
-    sby = sum((z - mb) * (v - my) for z, v in zip(b, y))
-    det = saa * sbb - sab * sab
-    return (sbb * say - sab * sby) / det, (saa * sby - sab * say) / det
+def _ols(y: list[float], xs: list[list[int]]) -> list[float]:
+    """Least squares y = k + sum(b_j * xs[j]): the coefficients b_j (normal equations on the
+    centred data, Gaussian elimination)."""
+    n, k = len(y), len(xs)
+    my = sum(y) / n
+    mx = [sum(x) / n for x in xs]
+    cx = [[v - m for v in x] for x, m in zip(xs, mx)]
+    a = [[sum(p * q for p, q in zip(cx[i], cx[j])) for j in range(k)]
+         + [sum(p * (v - my) for p, v in zip(cx[i], y))] for i in range(k)]
+    for c in range(k):
+        piv = max(range(c, k), key=lambda r: abs(a[r][c]))
+        a[c], a[piv] = a[piv], a[c]
+        for r in range(k):
+            if r != c and a[c][c]:
+                f = a[r][c] / a[c][c]
+                a[r] = [u - f * w for u, w in zip(a[r], a[c])]
+    return [a[i][k] / a[i][i] if a[i][i] else 0.0 for i in range(k)]
 
 
 def _detrend(y: list[float], k: int = 10) -> list[float]:
@@ -347,52 +354,57 @@ def _detrend(y: list[float], k: int = 10) -> list[float]:
     return out
 
 
-def _effects(y: list[float], x: list[int], reps: int = 1000, block: int = 25) -> dict[str, object]:
-    """Cost of a traced step on itself (``direct``) and on the step after it (``carry``: work
-    it leaves behind, e.g. freeing its hooks), by least squares over randomly assigned steps,
-    with a 95% moving-block bootstrap interval of their sum."""
+def _effects(y: list[float], x: list[int], kinds: int, reps: int = 1000,
+             block: int = 25) -> list[dict[str, object]]:
+    """For each traced kind 1..kinds (0 = untraced): the cost of a step of that kind on itself
+    (``direct``) and on the step after it (``carry``: work it leaves behind), by least squares
+    over randomly assigned steps, with a 95% moving-block bootstrap interval of their sum.
+    A mode change (``nn.Module.__call__`` reassigned) costs every kind alike, so it cancels out
+    of the totals."""
     import random
 
     d = _detrend(y)[1:]
     cur, prev = x[1:], x[:-1]
-    direct, carry = _ols2(d, cur, prev)
-    # A mode change (installing or removing the wrapper: nn.Module.__call__ is reassigned)
-    # costs both kinds alike, so it cancels out of direct and carry; the cell means give it:
-    # (E[1,0] + E[0,1] - E[1,1] - E[0,0]) / 2.
-    cells: dict[tuple[int, int], list[float]] = {}
-    for v, a, b in zip(d, cur, prev):
-        cells.setdefault((a, b), []).append(v)
-    m = {k: statistics.fmean(v) for k, v in cells.items()}
-    toggle = (m[1, 0] + m[0, 1] - m[1, 1] - m[0, 0]) / 2 if len(m) == 4 else 0.0
-    rng = random.Random(0)
+
+    def fit(idx: list[int]) -> list[float]:
+        cols = [[1 if s[i] == k else 0 for i in idx] for k in range(1, kinds + 1)
+                for s in (cur, prev)]
+        return _ols([d[i] for i in idx], cols)
+
     n = len(d)
-    sums = []
+    coef = fit(list(range(n)))
+    rng = random.Random(0)
+    sums: list[list[float]] = [[] for _ in range(kinds)]
     for _ in range(reps):
         idx: list[int] = []
         while len(idx) < n:
             s0 = rng.randrange(0, n - block)
             idx.extend(range(s0, s0 + block))
-        idx = idx[:n]
-        a, b = _ols2([d[i] for i in idx], [cur[i] for i in idx], [prev[i] for i in idx])
-        sums.append(a + b)
-    sums.sort()
-    ci = (sums[int(0.025 * reps)], sums[int(0.975 * reps)]) if sums else None
-    return {"direct": direct, "carry": carry, "total": direct + carry, "ci95": ci,
-            "toggle": toggle}
+        c = fit(idx[:n])
+        for k in range(kinds):
+            sums[k].append(c[2 * k] + c[2 * k + 1])
+    out = []
+    for k in range(kinds):
+        sums[k].sort()
+        ci = (sums[k][int(0.025 * reps)], sums[k][int(0.975 * reps)]) if reps else None
+        out.append({"direct": coef[2 * k], "carry": coef[2 * k + 1],
+                    "total": coef[2 * k] + coef[2 * k + 1], "ci95": ci})
+    return out
 
 
 def run_paired(size: str, steps: int) -> dict[str, object]:
-    """Randomised steps in one agent: before each step a coin picks whether the *next* step is
-    traced (every module) or not, so drift and the neighbours' load hit both kinds alike, and
-    a least-squares fit of each step's time on "this step traced" and "previous step traced"
-    gives the cost of tracing a step, including what a traced step leaves to the next one.
+    """Randomised steps in one agent: before each step a coin picks how the *next* step runs:
+    untraced, traced on the Python hot path, or traced on the C++ one (when it loaded), so
+    drift and the neighbours' load hit every kind alike, and a least-squares fit of each step's
+    time on "this step's kind" and "the previous step's kind" gives the cost of tracing a step
+    on each path, including what a traced step leaves to the next one.
 
     The agent's own threads (the writer that turns rows into Arrow and DuckDB, the HTTP
-    server, discovery) are accounted separately: their CPU per traced step, over an
-    equal run with tracing off, is added in full to the training thread's cost as if every
-    microsecond of it held the GIL the training thread needed (an upper bound: DuckDB's insert
-    releases the GIL). Estimates: ``on`` (every module every step), ``default`` (every:10,
-    1/10 of that) and ``off`` (the optimizer hooks and the idle agent threads)."""
+    server, discovery) are accounted separately: their CPU per traced step (both paths
+    together), over an equal run with tracing off, is added in full to the training thread's
+    cost as if every microsecond of it held the GIL the training thread needed (an upper bound:
+    DuckDB's insert releases the GIL). Estimates: ``on`` (every module every step), ``default``
+    (every:10, 1/10 of that) and ``off`` (the optimizer hooks and the idle agent threads)."""
     import random
 
     loop = Loop(size)
@@ -407,16 +419,22 @@ def run_paired(size: str, steps: int) -> dict[str, object]:
     idle = [loop.steps(1) for _ in range(steps // 8)]
     idle_cpu = thread_cpu_s("probe-agent") - cpu0
     idle_wall = time.perf_counter() - w0
+    paths = ["python"] + (["native"] if NATIVE != "off" else [])
     rng = random.Random(1)
+
+    def coin() -> None:  # set now, applies at this step's optimizer.step(): the next step
+        k = rng.randrange(len(paths) + 1)
+        tracer.native_mode = "off" if k == 1 else NATIVE
+        tracer.set_mode("on" if k else "off")
+
     labels: list[int] = []
     times: list[tuple[float, ...]] = []
-    tracer.set_mode("on" if rng.random() < 0.5 else "off")
+    coin()
     loop.steps(1)  # the first coin's step starts
     cpu0 = thread_cpu_s("probe-agent")
     for _ in range(steps):
-        # set now, applies at this step's optimizer.step(): the next step's mode
-        tracer.set_mode("on" if rng.random() < 0.5 else "off")
-        labels.append(1 if tracer.recording else 0)
+        coin()
+        labels.append(0 if not tracer.recording else 2 if tracer.on_native else 1)
         times.append(loop.steps(1))
     tracer.set_mode("off")
     loop.steps(1)
@@ -429,57 +447,80 @@ def run_paired(size: str, steps: int) -> dict[str, object]:
     idle_cpu_per_step = idle_cpu / len(idle)
     idle_share = idle_cpu / idle_wall
     agent_cpu = random_cpu - idle_cpu_per_step * (steps + 1)
+    traced = sum(1 for lab in labels if lab)
     rows_per_traced = agent.store.query(
-        "SELECT count(*) FROM torch_trace").rows[0][0] / max(1, sum(labels))
+        "SELECT count(*) FROM torch_trace").rows[0][0] / max(1, traced)
     stop_agent()
-    traced = sum(labels)
     base = statistics.median(t[0] for t, lab in zip(times, labels) if not lab)
-    cpu = _effects([t[0] for t in times], labels)
-    wall = _effects([t[1] for t in times], labels)
-    fwd = _effects([t[2] for t in times], labels, reps=0)
-    bwd = _effects([t[3] for t in times], labels, reps=0)
+    kinds = len(paths)
+    cpu = _effects([t[0] for t in times], labels, kinds)
+    wall = _effects([t[1] for t in times], labels, kinds, reps=0)
+    fwd = _effects([t[2] for t in times], labels, kinds, reps=0)
+    bwd = _effects([t[3] for t in times], labels, kinds, reps=0)
     writer = agent_cpu / traced
-    # The training thread's time off the CPU (waiting for the GIL, or preempted): what the
-    # agent's threads really took from it, per traced step, against the idle agent's steps.
-    wait = (statistics.fmean(t[1] - t[0] for t in times)
-            - statistics.fmean(t[1] - t[0] for t in idle)) * steps / traced
     hooks = run_hooks_cost()
     off_s = hooks["added_us_per_step"] * 1e-6 + idle_cpu_per_step
-    # every:10 changes mode twice per 10 steps
-    toggles = 2 * max(cpu["toggle"], 0.0) / 10
+    # every:10 changes mode twice per 10 steps (measured as the cost of a switch)
+    toggles = 2 * max(_toggle([t[0] for t in times], labels), 0.0) / 10
 
     def ratio(x: float) -> float:
         return round(1 + x / base, 4)
 
-    return {
+    out: dict[str, object] = {
         "size": size, "steps": steps, "traced_steps": traced,
         "module_calls_per_step": loop.calls, "rows_per_traced_step": round(rows_per_traced, 1),
         "untraced_step_cpu_ms": round(base * 1e3, 2),
-        "training_thread_ms_per_traced_step": {
-            "direct": round(cpu["direct"] * 1e3, 3), "next_step": round(cpu["carry"] * 1e3, 3),
-            "total": round(cpu["total"] * 1e3, 3),
-            "mode_change": round(cpu["toggle"] * 1e3, 3),
-            "ci95": [round(v * 1e3, 3) for v in cpu["ci95"]],
-            "wall_total": round(wall["total"] * 1e3, 3)},
         "agent_threads_ms_per_traced_step": round(writer * 1e3, 3),
-        "training_thread_wait_ms_per_traced_step": round(wait * 1e3, 3),
-        "us_per_module_call_forward": round(fwd["total"] / loop.calls * 1e6, 2),
-        "us_per_module_call_backward": round(bwd["total"] / loop.calls * 1e6, 2),
-        # measured: the training thread's own extra CPU plus its extra time off the CPU
-        "measured_on": ratio(cpu["total"] + max(wait, 0.0)),
-        "measured_default_every10": ratio((cpu["total"] + max(wait, 0.0)) / 10 + toggles
-                                          + hooks["added_us_per_step"] * 1e-6),
-        # bound: every agent-thread microsecond charged to the training thread
-        "estimate_on": ratio(cpu["total"] + writer),
-        "estimate_on_ci95": [ratio(v + writer) for v in cpu["ci95"]],
-        "estimate_default_every10": ratio((cpu["total"] + writer) / 10 + toggles + off_s),
-        "estimate_default_ci95": [ratio((v + writer) / 10 + toggles + off_s)
-                                  for v in cpu["ci95"]],
+        "mode_change_ms": round(toggles * 10 / 2 * 1e3, 3),
         "estimate_off": ratio(off_s),
         "off_parts_us_per_step": {"optimizer_hooks": hooks["added_us_per_step"],
                                   "idle_agent_threads": round(idle_cpu_per_step * 1e6, 1)},
         "idle_agent_threads_cpu_share": round(idle_share, 4),
     }
+    for k, path in enumerate(paths):
+        c = cpu[k]
+        # The training thread's time off the CPU (waiting for the GIL, or preempted) in this
+        # path's traced steps, against the idle agent's steps.
+        mine = [t for t, lab in zip(times, labels) if lab == k + 1]
+        wait = (statistics.fmean(t[1] - t[0] for t in mine)
+                - statistics.fmean(t[1] - t[0] for t in idle))
+        measured = c["total"] + max(wait, 0.0)
+        out[path] = {
+            "steps": len(mine),
+            "training_thread_ms_per_traced_step": {
+                "direct": round(c["direct"] * 1e3, 3), "next_step": round(c["carry"] * 1e3, 3),
+                "total": round(c["total"] * 1e3, 3),
+                "ci95": [round(v * 1e3, 3) for v in c["ci95"]],
+                "wall_total": round(wall[k]["total"] * 1e3, 3)},
+            "training_thread_wait_ms_per_traced_step": round(wait * 1e3, 3),
+            "us_per_module_call_forward": round(fwd[k]["total"] / loop.calls * 1e6, 2),
+            "us_per_module_call_backward": round(bwd[k]["total"] / loop.calls * 1e6, 2),
+            # measured: the training thread's own extra CPU plus its extra time off the CPU
+            "measured_on": ratio(measured),
+            "measured_default_every10": ratio(measured / 10 + toggles
+                                              + hooks["added_us_per_step"] * 1e-6),
+            # bound: every agent-thread microsecond charged to the training thread
+            "estimate_on": ratio(c["total"] + writer),
+            "estimate_on_ci95": [ratio(v + writer) for v in c["ci95"]],
+            "estimate_default_every10": ratio((c["total"] + writer) / 10 + toggles + off_s),
+            "estimate_default_ci95": [ratio((v + writer) / 10 + toggles + off_s)
+                                      for v in c["ci95"]],
+        }
+    return out
+
+
+def _toggle(y: list[float], x: list[int]) -> float:
+    """The cost of a mode change (installing or removing the wrapper reassigns
+    ``nn.Module.__call__``), from the cell means of traced/untraced pairs:
+    (E[1,0] + E[0,1] - E[1,1] - E[0,0]) / 2, any path counting as traced."""
+    d = _detrend(y)[1:]
+    cells: dict[tuple[bool, bool], list[float]] = {}
+    for v, a, b in zip(d, x[1:], x[:-1]):
+        cells.setdefault((bool(a), bool(b)), []).append(v)
+    if len(cells) < 4:
+        return 0.0
+    m = {k: statistics.fmean(v) for k, v in cells.items()}
+    return (m[True, False] + m[False, True] - m[True, True] - m[False, False]) / 2
 
 
 def run_hooks_cost(n: int = 20000) -> dict[str, object]:

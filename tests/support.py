@@ -31,7 +31,9 @@ def agent_threads() -> list[str]:
 
 def python_env(**extra: str) -> dict[str, str]:
     """Environment for child processes: this interpreter's packages plus the repo."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE")}
+    # no agent settings leak in, except where the C++ hot path is cached (a machine setting)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PROBE") or k == "PROBE_NATIVE_DIR"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONUNBUFFERED"] = "1"
     # the Python hot path unless a test asks for the C++ one (whose background build would

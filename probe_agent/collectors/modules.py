@@ -365,7 +365,10 @@ class ModuleTracer(CudaRecords):
         """The writer's pass: resolve only when a read waits, when RESOLVE_ROWS records are
         buffered, or RESOLVE_S after the last resolve. Resolving costs ~30 ms of (GIL-free)
         DuckDB time per call whatever its size, so batching it keeps it to ~0.2 ms per step."""
-        if (self.sink.reader_waiting(_TABLE) or len(self.fw) >= RESOLVE_ROWS * FW_N
+        buffered = len(self.fw) // FW_N
+        if self.native is not None:  # its forward records and backward events (every node)
+            buffered += max(self.native.state()[3:5])
+        if (self.sink.reader_waiting(_TABLE) or buffered >= RESOLVE_ROWS
                 or time.monotonic() - self._resolved_at >= RESOLVE_S):
             self.flush()
 

@@ -136,6 +136,9 @@ def _build(name: str, directory: Path) -> None:
     if shutil.which("nice"):
         cmd = ["nice", "-n", "19", *cmd]
     env = dict(os.environ, PROBE="0", MAX_JOBS="1")  # no agent in the builder; one core
+    # ninja from the `ninja` wheel sits beside this interpreter, on PATH or not
+    env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable),
+                                              env.get("PATH")) if p)
     # the child imports this module from where this process found it
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p)

@@ -17,7 +17,8 @@ from ..session import Session
 from . import pass_session
 from ._canned import run_canned
 
-STATE_COLUMNS = ("rank", "mode", "tracing_now", "step", "failures", "disabled", "dropped_rows")
+STATE_COLUMNS = ("rank", "mode", "tracing_now", "step", "failures", "disabled", "dropped_rows",
+                 "hot_path")
 
 
 @click.command("trace")

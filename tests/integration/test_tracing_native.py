@@ -1,0 +1,91 @@
+"""The tracer's C++ hot path (trace_native.py): what happens when it cannot be built, how it is
+configured, and what it records that the Python path cannot (issue 3). The rows themselves are
+checked on both paths by the other tracing tests (``hot_path`` fixture)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("duckdb")
+
+import torch.nn as nn  # noqa: E402
+
+from probe_agent.collectors.trace_native import NativeLoader, ext_name  # noqa: E402
+from probe_agent.config import AgentConfig  # noqa: E402
+from probe_agent.errors import ConfigError  # noqa: E402
+from tests.integration.tracing_support import rows  # noqa: E402
+
+
+@pytest.mark.timeout(300)
+def test_a_failing_compiler_leaves_the_python_path_and_says_why_once(tmp_path, monkeypatch,
+                                                                     caplog):
+    # GIVEN a machine whose C++ compiler fails, and an empty cache
+    monkeypatch.setenv("PROBE_NATIVE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", "false")
+    loader = NativeLoader()
+    # WHEN the loader is asked (twice: only one build runs)
+    with caplog.at_level(logging.WARNING):
+        loader.request(torch, "auto")
+        loader.request(torch, "auto")
+        assert loader.ready.wait(280), loader.status
+    # THEN nothing was loaded, the status says why, and the log says it once with the way out
+    assert loader.module is None
+    assert loader.status.startswith("python: build failed"), loader.status
+    warned = [r.getMessage() for r in caplog.records if "hot path" in r.getMessage()]
+    assert len(warned) == 1 and "PROBE_TRACE_NATIVE=off" in warned[0], warned
+    assert not (tmp_path / "cache" / ext_name(torch) / f"{ext_name(torch)}.so").exists()
+
+
+def test_native_off_never_starts_a_build(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROBE_NATIVE_DIR", str(tmp_path / "cache"))
+    before = {t.name for t in threading.enumerate()}
+    loader = NativeLoader()
+    loader.request(torch, "off")
+    assert loader.status == "off" and loader.module is None
+    assert "probe-native-build" not in {t.name for t in threading.enumerate()} - before
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_bad_native_setting_is_a_config_error():
+    with pytest.raises(ConfigError, match="PROBE_TRACE_NATIVE"):
+        AgentConfig.from_env({"PROBE_TRACE_NATIVE": "sometimes"})
+    assert AgentConfig.from_env({"PROBE_TRACE_NATIVE": " OFF "}).trace_native == "off"
+    assert AgentConfig.from_env({}).trace_native == "auto"
+
+
+def test_native_backward_rows_of_a_module_whose_graph_is_built_on_another_thread(
+        make_agent, native_hot_path):
+    # GIVEN the C++ path, and a model whose second layer runs on a helper thread (its grad_fn
+    # counts that thread's sequence numbers: the C++ path names nodes by thread and number)
+    agent = make_agent(trace="on", trace_native="auto")
+    tracer = agent.collectors["modules"]
+
+    class Threaded(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 1)
+
+        def forward(self, x):
+            h = self.a(x)
+            out: list[torch.Tensor] = []
+            t = threading.Thread(target=lambda: out.append(self.b(h)))
+            t.start()
+            t.join()
+            return out[0]
+
+    model = Threaded()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    # THEN the steps ran on the C++ path and every call has its backward row
+    assert tracer.state()["hot_path"] == "native"
+    got = rows(agent, "SELECT step, list(module ORDER BY module) FROM torch_trace "
+                      "WHERE stage = 'backward' AND step >= 2 GROUP BY step ORDER BY step")
+    assert got == [[2, ["Threaded", "a", "b"]], [3, ["Threaded", "a", "b"]]], got
