@@ -207,6 +207,8 @@ def start_agent(mode: str | None, retention_mb: int | None = None):  # type: ign
 
 #: --native: the tracer's hot path (auto: the C++ one, built first if needed; off: Python).
 NATIVE = "auto"
+#: --paths: the hot paths --paired compares with untraced steps.
+PATHS = ["python", "native"]
 
 
 def load_native() -> str:
@@ -269,7 +271,8 @@ def run_size(size: str, rounds: int | None, block: int | None = None) -> dict[st
             while (agent.stepclock.current_step + 1) % 10 != 1:
                 loop.steps(1)
             res[c].append(loop.steps(n))
-        print(f"  {size} round {r + 1}/{rounds} (t={time.perf_counter() - began:.0f} s): " + ", ".join(
+        took = time.perf_counter() - began
+        print(f"  {size} round {r + 1}/{rounds} (t={took:.0f} s): " + ", ".join(
             f"{c} {res[c][-1][0] * 1e3:.1f}" for c in configs), file=sys.stderr, flush=True)
     if agent is not None:
         stop_agent()
@@ -419,12 +422,12 @@ def run_paired(size: str, steps: int) -> dict[str, object]:
     idle = [loop.steps(1) for _ in range(steps // 8)]
     idle_cpu = thread_cpu_s("probe-agent") - cpu0
     idle_wall = time.perf_counter() - w0
-    paths = ["python"] + (["native"] if NATIVE != "off" else [])
+    paths = [p for p in PATHS if p == "python" or NATIVE != "off"]
     rng = random.Random(1)
 
     def coin() -> None:  # set now, applies at this step's optimizer.step(): the next step
         k = rng.randrange(len(paths) + 1)
-        tracer.native_mode = "off" if k == 1 else NATIVE
+        tracer.native_mode = "off" if k and paths[k - 1] == "python" else NATIVE
         tracer.set_mode("on" if k else "off")
 
     labels: list[int] = []
@@ -434,7 +437,8 @@ def run_paired(size: str, steps: int) -> dict[str, object]:
     cpu0 = thread_cpu_s("probe-agent")
     for _ in range(steps):
         coin()
-        labels.append(0 if not tracer.recording else 2 if tracer.on_native else 1)
+        labels.append(0 if not tracer.recording
+                      else paths.index("native" if tracer.on_native else "python") + 1)
         times.append(loop.steps(1))
     tracer.set_mode("off")
     loop.steps(1)
@@ -660,14 +664,18 @@ def main() -> None:
                    help="only the training thread's cost: off/on alternating, low quantiles")
     p.add_argument("--native", choices=["auto", "off"], default="auto",
                    help="the tracer's hot path: auto = C++ (built first if needed), off = Python")
+    p.add_argument("--paths", default="python,native",
+                   help="--paired: the hot paths to compare with untraced steps (fewer paths, "
+                        "more steps each)")
     p.add_argument("--rss", action="store_true")
     p.add_argument("--rss-steps", type=int, default=10_000)
     p.add_argument("--rss-mode", default="on")
     p.add_argument("--retention-mb", type=int, default=32)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    global NATIVE
+    global NATIVE, PATHS
     NATIVE = args.native
+    PATHS = [p for p in args.paths.split(",") if p in ("python", "native")]
     print(f"hot path: {load_native()}", file=sys.stderr)
     if args.per_call:
         print(json.dumps(run_per_call(), indent=1))

@@ -102,6 +102,7 @@ class NativeLoader:
                 self.status = "building"
                 _build(name, directory)
             self.status = "loading"
+            _check_owner(so)
             spec = importlib.util.spec_from_file_location(name, so)
             if spec is None or spec.loader is None:
                 raise RuntimeError(f"cannot load {so}")
@@ -126,12 +127,24 @@ class NativeLoader:
             self.module.backward(False)
 
 
+def _check_owner(so: Path) -> None:
+    """Load only a build that nobody else could have replaced: the file and its directory are
+    this user's and not writable by group or others (a shared PROBE_NATIVE_DIR would let
+    another user put code into this process)."""
+    for p in (so, so.parent):
+        st = p.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise RuntimeError(f"{p} is not this user's alone (owner uid {st.st_uid}, mode "
+                               f"{st.st_mode & 0o777:o}): not loaded; fix it or set "
+                               f"PROBE_NATIVE_DIR to a private directory")
+
+
 def _build(name: str, directory: Path) -> None:
     """Compile in a child process at the lowest priority; raise with the compiler's last words."""
     if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
             or os.environ.get("CXX")):
         raise RuntimeError("no C++ compiler (c++, g++ or clang++) on PATH")
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "probe_agent.collectors.trace_native", name, str(directory)]
     if shutil.which("nice"):
         cmd = ["nice", "-n", "19", *cmd]

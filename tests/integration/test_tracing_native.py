@@ -89,3 +89,28 @@ def test_native_backward_rows_of_a_module_whose_graph_is_built_on_another_thread
     got = rows(agent, "SELECT step, list(module ORDER BY module) FROM torch_trace "
                       "WHERE stage = 'backward' AND step >= 2 GROUP BY step ORDER BY step")
     assert got == [[2, ["Threaded", "a", "b"]], [3, ["Threaded", "a", "b"]]], got
+
+
+def test_a_build_others_could_have_replaced_is_not_loaded(tmp_path, monkeypatch,
+                                                          native_hot_path):
+    import shutil
+
+    # GIVEN a cached build in a directory that group and others may write to
+    name = ext_name(torch)
+    d = tmp_path / "cache" / name
+    d.mkdir(parents=True)
+    shutil.copy(native_hot_path.__file__, d / f"{name}.so")
+    d.chmod(0o777)
+    monkeypatch.setenv("PROBE_NATIVE_DIR", str(tmp_path / "cache"))
+    # WHEN the loader finds it
+    loader = NativeLoader()
+    loader.request(torch, "auto")
+    assert loader.ready.wait(60)
+    # THEN it refuses it, says why and what to do, and keeps the Python path
+    assert loader.module is None
+    assert "not this user's alone" in loader.status and "PROBE_NATIVE_DIR" in loader.status
+    # AND the same file in a private directory loads
+    d.chmod(0o700)
+    ok = NativeLoader()
+    ok.request(torch, "auto")
+    assert ok.ready.wait(60) and ok.status == "native", ok.status
