@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,16 @@ def _build(name: str, directory: Path) -> None:
             or os.environ.get("CXX")):
         raise RuntimeError("no C++ compiler (c++, g++ or clang++) on PATH")
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # load_inline's lock file: a build killed with its job (a launcher kills the process group)
+    # leaves it behind, and every later build would wait on it forever. None lives longer than
+    # BUILD_TIMEOUT_S, after which its parent has killed it.
+    lock = directory / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > BUILD_TIMEOUT_S:
+            lock.unlink()
+            log.warning("probe agent: removed a stale build lock %s", lock)
+    except FileNotFoundError:
+        pass
     cmd = [sys.executable, "-m", "probe_agent.collectors.trace_native", name, str(directory)]
     if shutil.which("nice"):
         cmd = ["nice", "-n", "19", *cmd]

@@ -40,6 +40,28 @@ def test_a_failing_compiler_leaves_the_python_path_and_says_why_once(tmp_path, m
     assert not (tmp_path / "cache" / ext_name(torch) / f"{ext_name(torch)}.so").exists()
 
 
+@pytest.mark.timeout(300)
+def test_a_lock_left_by_a_killed_build_does_not_block_the_next(tmp_path, monkeypatch):
+    import os
+    import time
+
+    # GIVEN the lock file of a build that was killed an hour ago (and a compiler that fails,
+    # so that the build ends quickly once it starts)
+    monkeypatch.setenv("PROBE_NATIVE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", "false")
+    d = tmp_path / "cache" / ext_name(torch)
+    d.mkdir(parents=True)
+    (d / "lock").touch()
+    old = time.time() - 3600
+    os.utime(d / "lock", (old, old))
+    # WHEN the loader builds
+    loader = NativeLoader()
+    loader.request(torch, "auto")
+    # THEN the build ran (and failed on the compiler) instead of waiting for the lock forever
+    assert loader.ready.wait(280), loader.status
+    assert loader.status.startswith("python: build failed"), loader.status
+
+
 def test_native_off_never_starts_a_build(tmp_path, monkeypatch):
     monkeypatch.setenv("PROBE_NATIVE_DIR", str(tmp_path / "cache"))
     before = {t.name for t in threading.enumerate()}
