@@ -72,18 +72,22 @@ size_t g_bw_max = 0;
 std::atomic<int64_t> g_bw_dropped{0};
 at::CallbackHandle g_handle = 0;
 
-void push_bw(int64_t t, int64_t key) {
+// Never throws: it runs inside autograd, where an exception would fail the user's backward.
+void push_bw(int64_t t, int64_t key) noexcept {
   std::lock_guard<std::mutex> lock(g_bw_mu);
   if (g_bw.size() + BW_N > g_bw_max) {
     g_bw_dropped++;
     return;
   }
-  g_bw.push_back(t);
-  g_bw.push_back(key);
-  g_bw.push_back(0);
+  try {
+    int64_t ev[BW_N] = {t, key, 0};
+    g_bw.insert(g_bw.end(), ev, ev + BW_N);
+  } catch (...) {  // out of memory: the event is lost and counted
+    g_bw_dropped++;
+  }
 }
 
-void pass_end() {
+void pass_end() noexcept {
   push_bw(now_ns(), PASS_END);
   g_in_backward = FORWARD;
 }
@@ -239,13 +243,24 @@ PyObject* hot_call(PyObject*, PyObject* const* a, Py_ssize_t n) {
   } catch (...) {  // a tensor subclass whose grad_fn cannot be read: no backward row
     key = -1;
   }
-  // objects first, record last: the writer takes as many objects as records
-  if (PyList_Append(g_objs, self) < 0 || PyList_Append(g_roots, g_root) < 0) {
-    report_failure();
-    return out;
+  // objects first, record last: the writer takes as many objects as records, so a failure
+  // takes back what it appended
+  Py_ssize_t n_objs = PyList_GET_SIZE(g_objs), n_roots = PyList_GET_SIZE(g_roots);
+  bool ok = PyList_Append(g_objs, self) == 0 && PyList_Append(g_roots, g_root) == 0;
+  if (ok) {
+    int64_t rec[FW_N] = {t0, t1, g_step, kind, depth, key, 0};
+    try {
+      g_fw.insert(g_fw.end(), rec, rec + FW_N);
+    } catch (...) {  // out of memory: a C++ exception must not cross into Python
+      ok = false;
+      PyErr_NoMemory();
+    }
   }
-  int64_t rec[FW_N] = {t0, t1, g_step, kind, depth, key, 0};
-  g_fw.insert(g_fw.end(), rec, rec + FW_N);
+  if (!ok) {
+    report_failure();
+    PyList_SetSlice(g_objs, n_objs, PyList_GET_SIZE(g_objs), nullptr);
+    PyList_SetSlice(g_roots, n_roots, PyList_GET_SIZE(g_roots), nullptr);
+  }
   return out;
 }
 
