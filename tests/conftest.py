@@ -46,9 +46,9 @@ def native_hot_path() -> object:
     """The tracer's C++ hot path, built (once per machine and torch) and loaded. Skips only
     where there is no C++ compiler; a build that fails on a machine with one fails the test."""
     torch = pytest.importorskip("torch")
-    from probe_agent.collectors.trace_native import LOADER
+    from probe_agent.collectors.trace_native import LOADER, compiler
 
-    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+    if compiler() is None:
         pytest.skip("no C++ compiler: the tracer keeps its Python hot path")
     LOADER.request(torch, "auto")
     LOADER.ready.wait(900)

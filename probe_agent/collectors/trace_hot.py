@@ -245,9 +245,13 @@ _REGISTER = staticmethod(_register_hook)
 
 
 def _after_fork_in_child() -> None:
-    # NOTE: a forked child (DataLoader worker) has no writer thread: record nothing there.
+    # NOTE: a forked child (DataLoader worker) has no writer thread: record nothing there, on
+    # either path (the C++ one's backward callback would keep recording into its buffer).
     global _tracer
     _tracer = None
+    if _native is not None:
+        _native.unbind()
+        _native.backward(False)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -122,11 +122,6 @@ class NativeLoader:
         finally:
             self.ready.set()
 
-    def after_fork_in_child(self) -> None:
-        if self.module is not None:
-            self.module.unbind()
-            self.module.backward(False)
-
 
 def _check_owner(so: Path) -> None:
     """Load only a build that nobody else could have replaced: the file and its directory are
@@ -140,10 +135,15 @@ def _check_owner(so: Path) -> None:
                                f"PROBE_NATIVE_DIR to a private directory")
 
 
+def compiler() -> str | None:
+    """The C++ compiler ``load_inline`` would run ($CXX, else c++, g++ or clang++ on PATH)."""
+    return os.environ.get("CXX") or next(
+        (c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+
+
 def _build(name: str, directory: Path) -> None:
     """Compile in a child process at the lowest priority; raise with the compiler's last words."""
-    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-            or os.environ.get("CXX")):
+    if compiler() is None:
         raise RuntimeError("no C++ compiler (c++, g++ or clang++) on PATH")
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     # load_inline's lock file: a build killed with its job (a launcher kills the process group)
@@ -182,9 +182,8 @@ def _build_here(name: str, directory: str) -> None:
                 build_directory=directory, verbose=False)
 
 
-#: One per process: the extension's state is process-wide.
+#: One per process: the extension's state is process-wide (trace_hot's fork handler unbinds it).
 LOADER = NativeLoader()
-os.register_at_fork(after_in_child=LOADER.after_fork_in_child)
 
 if __name__ == "__main__":  # the build child (``_build``)
     _build_here(sys.argv[1], sys.argv[2])
