@@ -8,6 +8,7 @@ probe it. Everything lives inside ``main()`` on purpose: probe's eval still find
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -103,6 +104,11 @@ def main() -> None:
                 break
         time.sleep(0)
     if distributed:
+        # DDP's reducer holds the process group; drop it (and its cycles) first, or gloo's
+        # worker threads outlive destroy_process_group into interpreter teardown, where one
+        # freeing its last work's tensors needs the GIL and aborts the rank (torch PR 179291)
+        del model, optimizer, scheduler
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -19,6 +19,7 @@ first step. It trains until ``--stop-file`` exists, or for ``--steps`` steps.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -133,7 +134,18 @@ def main() -> None:
             break
     log.close()
     if dist.is_initialized():
-        dist.destroy_process_group()
+        release_process_group()
+
+
+def release_process_group() -> None:
+    """DDP's reducer holds the process group, so destroy_process_group alone leaves gloo's
+    worker threads running into interpreter teardown, where one still freeing its last work's
+    tensors needs the GIL and aborts the process (SIGABRT, "terminate called without an active
+    exception"; torch PR 179291). Dropping DDP first makes destroy_process_group join them."""
+    global model
+    model = None
+    gc.collect()  # DDP's hooks make cycles
+    dist.destroy_process_group()
 
 
 def should_stop(args: argparse.Namespace) -> bool:
