@@ -34,6 +34,9 @@ FW_N = 7
 BW_T, BW_GSEQ, BW_CUDA = range(3)
 BW_N = 3
 PASS_END = -1
+#: Steps of forward records a backward event may still name (older calls get no backward row):
+#: the resolver keeps their rows, the C++ hot path the names of their nodes.
+KEEP_STEPS = 3
 # Buffer lengths (numbers, not records) beyond which the training thread drops records.
 FW_MAX = BUFFER_ROWS * FW_N
 BW_MAX = BUFFER_ROWS * BW_N

@@ -39,13 +39,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .trace_columns import BW_N, FORWARD, FW_N, PASS_END, RECOMPUTE
+from .trace_columns import BW_N, FORWARD, FW_N, KEEP_STEPS, PASS_END, RECOMPUTE
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("trace_native.cpp")
 #: What the build must report from ``layout()``: the record formats this Python reads.
-LAYOUT = (FW_N, BW_N, PASS_END, FORWARD, RECOMPUTE)
+LAYOUT = (FW_N, BW_N, PASS_END, FORWARD, RECOMPUTE, KEEP_STEPS)
 BUILD_TIMEOUT_S = 900
 
 

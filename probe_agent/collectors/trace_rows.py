@@ -40,6 +40,7 @@ from .trace_columns import (
     FW_CUDA,
     FW_KIND,
     FW_N,
+    KEEP_STEPS,
     OPT_STEP,
     PASS_END,
     RECOMPUTE,
@@ -49,7 +50,6 @@ from .trace_columns import (
 from .trace_names import ModuleNames
 
 _MAX_PENDING = 50_000
-_KEEP_STEPS = 3  # steps of forward rows kept for later backward events and seq counts
 _NEAR = 5  # a span's next _NEAR - 1 events are probed by equality before a join over its pass
 
 _SETUP = """
@@ -132,7 +132,7 @@ _KINDS = {"pass_end": PASS_END, "backward": BACKWARD, "opt_step": OPT_STEP,
           "recompute": RECOMPUTE}
 # A record's index into the CUDA entries of its flush ({} is the first entry's), when it has one.
 _CUDA_INDEX = "CASE WHEN r[{}] = 1 THEN ({} + sum(r[{}]) OVER (ORDER BY i) - 1)::BIGINT END"
-_PRUNE = f"DELETE FROM fwd WHERE step < (SELECT max(step) FROM fwd) - {_KEEP_STEPS}"
+_PRUNE = f"DELETE FROM fwd WHERE step < (SELECT max(step) FROM fwd) - {KEEP_STEPS}"
 _EMPTY = pa.table({"i": pa.array([], pa.int64()),
                    "r": records(array("q"), BW_N)})
 _CUDA, _CPU = pa.scalar("cuda", pa.string()), pa.scalar("cpu", pa.string())

@@ -113,6 +113,39 @@ def test_native_backward_rows_of_a_module_whose_graph_is_built_on_another_thread
     assert got == [[2, ["Threaded", "a", "b"]], [3, ["Threaded", "a", "b"]]], got
 
 
+def test_native_keeps_only_the_backward_events_of_nodes_forward_records_name(
+        make_agent, native_hot_path):
+    # GIVEN the C++ path, and a module whose forward makes several autograd nodes, of which
+    # only the output's is named by a forward record
+    agent = make_agent(trace="on", trace_native="auto")
+    tracer = agent.collectors["modules"]
+
+    class Busy(nn.Module):
+        def forward(self, x):
+            return ((x * 2 + 1).relu() * 3).sum(dim=1, keepdim=True)
+
+    model = nn.Sequential(nn.Linear(4, 4), Busy())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert tracer.state()["hot_path"] == "native"
+    # WHEN a traced step's backward runs (~10 nodes: the ops, the weight's transpose, two
+    # AccumulateGrads)
+    loss = model(torch.randn(2, 4)).sum()
+    before = native_hot_path.state()[4]
+    loss.backward()
+    events = native_hot_path.state()[4] - before
+    opt.step()
+    # THEN the buffer holds the events of the two named nodes (Linear's addmm, Busy's sum, also
+    # Sequential's output) and the pass end, and every call still has its backward row
+    assert events == 3, events
+    got = rows(agent, "SELECT list(module ORDER BY module) FROM torch_trace "
+                      "WHERE stage = 'backward' AND step = 3")
+    assert got == [[["0", "1", "Sequential"]]], got
+
+
 def test_a_build_others_could_have_replaced_is_not_loaded(tmp_path, monkeypatch,
                                                           native_hot_path):
     import shutil
