@@ -34,7 +34,9 @@ alike; a least-squares fit of each step's training-thread CPU time (detrended by
 median) on "this step's kind" and "the previous step's kind" gives the cost of tracing a step on
 each path, with a moving-block bootstrap interval. Beside it: the CPU of the agent's own threads per
 traced step, the training thread's extra time off the CPU (GIL waits) per traced step, the cost
-of a mode change, and the optimizer hooks' cost with tracing off. Reported ratios: ``measured_*``
+of a mode change, and the optimizer hooks' cost with tracing off. The same fit on winsorized
+steps (``robust_*``: stalls beyond 4 robust SDs clipped, counted per kind) narrows the interval
+where a few stalled steps widened it. Reported ratios: ``measured_*``
 (training thread's CPU + its waits) and ``estimate_*`` (an upper bound: every agent-thread
 microsecond charged to the training thread).
 
@@ -357,17 +359,36 @@ def _detrend(y: list[float], k: int = 10) -> list[float]:
     return out
 
 
+def _winsorized(d: list[float], k: float = 4.0) -> tuple[list[float], float, float]:
+    """``d`` clipped to median ± k robust standard deviations (1.4826 MAD), and the bounds.
+    A step the machine stalled (a neighbour, a page-fault storm, the writer's resolve burst)
+    lands on a random kind; clipped, it stops widening every interval, while a shift of the
+    whole distribution (a cost) passes through almost whole."""
+    s = sorted(d)
+    med = s[len(s) // 2]
+    mad = sorted(abs(v - med) for v in d)[len(d) // 2] * 1.4826
+    lo, hi = med - k * mad, med + k * mad
+    return [min(max(v, lo), hi) for v in d], lo, hi
+
+
 def _effects(y: list[float], x: list[int], kinds: int, reps: int = 1000,
-             block: int = 25) -> list[dict[str, object]]:
+             block: int = 25, robust: bool = False) -> list[dict[str, object]]:
     """For each traced kind 1..kinds (0 = untraced): the cost of a step of that kind on itself
     (``direct``) and on the step after it (``carry``: work it leaves behind), by least squares
     over randomly assigned steps, with a 95% moving-block bootstrap interval of their sum.
     A mode change (``nn.Module.__call__`` reassigned) costs every kind alike, so it cancels out
-    of the totals."""
+    of the totals. ``robust``: on the winsorized steps (``_winsorized``); each kind's share of
+    clipped-high steps is reported, so a cost that only shows as rare long steps stays visible."""
     import random
 
     d = _detrend(y)[1:]
     cur, prev = x[1:], x[:-1]
+    clipped_high = [0] * (kinds + 1)
+    if robust:
+        raw = d
+        d, _, hi = _winsorized(d)
+        for v, k in zip(raw, cur):
+            clipped_high[k] += v > hi
 
     def fit(idx: list[int]) -> list[float]:
         cols = [[1 if s[i] == k else 0 for i in idx] for k in range(1, kinds + 1)
@@ -391,7 +412,8 @@ def _effects(y: list[float], x: list[int], kinds: int, reps: int = 1000,
         sums[k].sort()
         ci = (sums[k][int(0.025 * reps)], sums[k][int(0.975 * reps)]) if reps else None
         out.append({"direct": coef[2 * k], "carry": coef[2 * k + 1],
-                    "total": coef[2 * k] + coef[2 * k + 1], "ci95": ci})
+                    "total": coef[2 * k] + coef[2 * k + 1], "ci95": ci,
+                    "clipped_high": [clipped_high[0], clipped_high[k + 1]]})
     return out
 
 
@@ -458,6 +480,7 @@ def run_paired(size: str, steps: int) -> dict[str, object]:
     base = statistics.median(t[0] for t, lab in zip(times, labels) if not lab)
     kinds = len(paths)
     cpu = _effects([t[0] for t in times], labels, kinds)
+    robust = _effects([t[0] for t in times], labels, kinds, robust=True)
     wall = _effects([t[1] for t in times], labels, kinds, reps=0)
     fwd = _effects([t[2] for t in times], labels, kinds, reps=0)
     bwd = _effects([t[3] for t in times], labels, kinds, reps=0)
@@ -496,17 +519,23 @@ def run_paired(size: str, steps: int) -> dict[str, object]:
                 "direct": round(c["direct"] * 1e3, 3), "next_step": round(c["carry"] * 1e3, 3),
                 "total": round(c["total"] * 1e3, 3),
                 "ci95": [round(v * 1e3, 3) for v in c["ci95"]],
-                "wall_total": round(wall[k]["total"] * 1e3, 3)},
+                "wall_total": round(wall[k]["total"] * 1e3, 3),
+                # the same fit on winsorized steps; clipped_high: [untraced, this path] steps
+                "robust_total": round(robust[k]["total"] * 1e3, 3),
+                "robust_ci95": [round(v * 1e3, 3) for v in robust[k]["ci95"]],
+                "clipped_high": robust[k]["clipped_high"]},
             "training_thread_wait_ms_per_traced_step": round(wait * 1e3, 3),
             "us_per_module_call_forward": round(fwd[k]["total"] / loop.calls * 1e6, 2),
             "us_per_module_call_backward": round(bwd[k]["total"] / loop.calls * 1e6, 2),
             # measured: the training thread's own extra CPU plus its extra time off the CPU
             "measured_on": ratio(measured),
+            "measured_on_robust": ratio(robust[k]["total"] + max(wait, 0.0)),
             "measured_default_every10": ratio(measured / 10 + toggles
                                               + hooks["added_us_per_step"] * 1e-6),
             # bound: every agent-thread microsecond charged to the training thread
             "estimate_on": ratio(c["total"] + writer),
             "estimate_on_ci95": [ratio(v + writer) for v in c["ci95"]],
+            "estimate_on_robust_ci95": [ratio(v + writer) for v in robust[k]["ci95"]],
             "estimate_default_every10": ratio((c["total"] + writer) / 10 + toggles + off_s),
             "estimate_default_ci95": [ratio((v + writer) / 10 + toggles + off_s)
                                       for v in c["ci95"]],

@@ -1,58 +1,19 @@
-// The tracer's hot path in C++ (trace_native.py builds and loads it; trace_hot.py is the
-// Python one it stands in for, and its docstring says what a record means).
+// The tracer's hot path in C++ (trace_native.py builds and loads it, after
+// trace_native_backward.cpp, in one translation unit; trace_hot.py is the Python one it stands
+// in for, and its docstring says what a record means). This file: the forward path, and the
+// functions the tracer calls.
 //
 // Why: between a model's kernels the caches are cold, and the Python wrapper's ~40 bytecodes
 // and a grad_fn pre-hook per module cost 2-4x their warm figure; this does the same work with
 // a few hundred machine instructions.
 // - forward: `call(module, args, kwargs)` runs the module and writes one record per call into
 //   a buffer of int64 (the layout of trace_columns.FW_*), with no Python object but the lists of
-//   modules and roots. It reads the output's grad_fn in C++ (no Python Node object).
-// - backward: a RecordFunction callback scoped to BACKWARD_FUNCTION records the start of every
-//   autograd node (no per-node registration, no Python, no GIL), and queues the pass-end
-//   callback on the pass's first node. It keeps only the nodes that forward records of the last
-//   KEEP_STEPS steps name (the outputs' grad_fns, ~1 in 4 nodes): the others would join nothing
-//   in the resolver's SQL, and dropping them here cut its CPU by ~45% on the bench GPT. Nodes
-//   are named by (forward thread id, sequence number), which no two threads share.
+//   modules and roots. It reads the output's grad_fn in C++ (no Python Node object) and names
+//   that node for the backward callback.
+// - backward: trace_native_backward.cpp.
 // Everything that touches Python runs under the GIL (training thread, or `take` on the
 // writer); the backward callback does not hold the GIL and only touches `bw` under its mutex.
-#include <torch/extension.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/graph_task.h>
-#include <torch/csrc/autograd/python_variable.h>
-#include <ATen/record_function.h>
-
-#include <atomic>
-#include <cstring>
-#include <deque>
-#include <mutex>
-#include <time.h>
-#include <unordered_set>
-#include <utility>
-#include <vector>
-
 namespace {
-
-// trace_columns.py: FW_N, BW_N, PASS_END, FORWARD, RECOMPUTE, KEEP_STEPS (checked by
-// `layout()`)
-constexpr int64_t FW_N = 7, BW_N = 3, PASS_END = -1, FORWARD = 0, RECOMPUTE = 1, KEEP_STEPS = 3;
-constexpr int64_t SEQ_BITS = 48;
-
-// The clock of Python's time.perf_counter_ns, so native and Python records share one timeline.
-inline int64_t now_ns() {
-  struct timespec ts;
-#ifdef __APPLE__
-  clock_gettime(CLOCK_UPTIME_RAW, &ts);
-#else
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-#endif
-  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
-
-// A node's name in records: forward thread id above the sequence number (both as autograd
-// sets them), so nodes made by two threads never share one.
-inline int64_t node_key(uint64_t thread_id, uint64_t seq) {
-  return int64_t(((thread_id & 0x7fff) << SEQ_BITS) | (seq & ((1ULL << SEQ_BITS) - 1)));
-}
 
 // Training-thread state (GIL).
 PyObject* g_tracer = nullptr;  // the ModuleTracer recording, or null: pass through
@@ -69,77 +30,6 @@ PyObject* g_roots = nullptr;  // list: the root call around it
 int64_t g_dropped = 0;
 PyObject *s_on_root, *s_failed, *s_step, *s_recording, *s_root, *s_call_impl,
     *s_compiled_call_impl;
-
-// Backward state (any thread, no GIL).
-std::atomic<int64_t> g_in_backward{FORWARD};  // the kind of forward records now
-std::mutex g_bw_mu;
-std::vector<int64_t> g_bw;  // guarded by g_bw_mu
-size_t g_bw_max = 0;
-std::atomic<int64_t> g_bw_dropped{0};
-at::CallbackHandle g_handle = 0;
-// The nodes forward records named in the last KEEP_STEPS steps, oldest first (guarded by
-// g_bw_mu: the training thread adds, autograd's threads look up).
-std::unordered_set<int64_t> g_named;
-std::deque<std::pair<int64_t, int64_t>> g_named_order;  // (step, key)
-
-// A forward record names node `key` at `step`; names older than KEEP_STEPS steps before it (or
-// beyond the buffer's size, for a job whose step never advances) are forgotten. Out of memory,
-// the node stays unnamed: its call gets no backward row.
-void name_node(int64_t step, int64_t key) noexcept {
-  std::lock_guard<std::mutex> lock(g_bw_mu);
-  while (!g_named_order.empty() &&
-         (g_named_order.front().first < step - KEEP_STEPS ||
-          g_named_order.size() * FW_N >= g_fw_max)) {
-    g_named.erase(g_named_order.front().second);
-    g_named_order.pop_front();
-  }
-  try {
-    if (g_named.insert(key).second) {
-      try {
-        g_named_order.emplace_back(step, key);
-      } catch (...) {
-        g_named.erase(key);
-      }
-    }
-  } catch (...) {
-  }
-}
-
-// Never throws: it runs inside autograd, where an exception would fail the user's backward.
-// `named`: keep the event only if a forward record names the node.
-void push_bw(int64_t t, int64_t key, bool named) noexcept {
-  std::lock_guard<std::mutex> lock(g_bw_mu);
-  if (named && !g_named.count(key)) return;
-  if (g_bw.size() + BW_N > g_bw_max) {
-    g_bw_dropped++;
-    return;
-  }
-  try {
-    int64_t ev[BW_N] = {t, key, 0};
-    g_bw.insert(g_bw.end(), ev, ev + BW_N);
-  } catch (...) {  // out of memory: the event is lost and counted
-    g_bw_dropped++;
-  }
-}
-
-void pass_end() noexcept {
-  push_bw(now_ns(), PASS_END, false);
-  g_in_backward = FORWARD;
-}
-
-std::unique_ptr<at::ObserverContext> on_node(const at::RecordFunction& fn) {
-  push_bw(now_ns(), node_key(fn.forwardThreadId(), uint64_t(fn.seqNr())), true);
-  if (g_in_backward.load(std::memory_order_relaxed) == FORWARD &&
-      torch::autograd::get_current_graph_task_id() != -1) {
-    // a node run by the engine (not called by hand): its pass ends with a queued callback
-    try {
-      torch::autograd::Engine::get_default_engine().queue_callback(pass_end);
-      g_in_backward = RECOMPUTE;  // forward calls until the pass ends are recompute
-    } catch (...) {
-    }
-  }
-  return nullptr;
-}
 
 // Report an exception raised by our own bookkeeping to tracer.failed(exc); never raise.
 void report_failure() {
@@ -381,23 +271,6 @@ PyObject* sync(PyObject*, PyObject* args) {
   if (boundary) {
     g_depth = 0;
     g_in_backward = FORWARD;
-  }
-  Py_RETURN_NONE;
-}
-
-// backward(on): add or remove the RecordFunction callback (only while steps are traced).
-PyObject* backward(PyObject*, PyObject* arg) {
-  int on = PyObject_IsTrue(arg);
-  if (on < 0) return nullptr;
-  if (on && !g_handle) {
-    g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_node)
-                                         .scopes({at::RecordScope::BACKWARD_FUNCTION})
-                                         .needsInputs(false)
-                                         .needsOutputs(false)
-                                         .needsIds(false));
-  } else if (!on && g_handle) {
-    at::removeCallback(g_handle);
-    g_handle = 0;
   }
   Py_RETURN_NONE;
 }

@@ -1,6 +1,6 @@
-"""The tracer's C++ hot path (``trace_native.cpp``): built once per machine and torch build, then
-loaded by every process that traces; the Python hot path (``trace_hot.py``) runs until then, and
-wherever it cannot be built.
+"""The tracer's C++ hot path (``trace_native.cpp``, ``trace_native_backward.cpp``): built once
+per machine and torch build, then loaded by every process that traces; the Python hot path
+(``trace_hot.py``) runs until then, and wherever it cannot be built.
 
 Why C++: the Python wrapper and the per-node ``grad_fn`` pre-hooks cost the ~200 ms bench GPT
 ~1.8% of its step (a line profile), because between a model's kernels the caches are cold and
@@ -43,7 +43,8 @@ from .trace_columns import BW_N, FORWARD, FW_N, KEEP_STEPS, PASS_END, RECOMPUTE
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("trace_native.cpp")
+#: One translation unit, in this order (the first has the includes and the record constants).
+SOURCES = [Path(__file__).with_name(f) for f in ("trace_native_backward.cpp", "trace_native.cpp")]
 #: What the build must report from ``layout()``: the record formats this Python reads.
 LAYOUT = (FW_N, BW_N, PASS_END, FORWARD, RECOMPUTE, KEEP_STEPS)
 BUILD_TIMEOUT_S = 900
@@ -58,7 +59,7 @@ def cache_dir(environ: Any = os.environ) -> Path:
 
 def ext_name(torch: Any) -> str:
     """The build's name: one per source, torch build and Python."""
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
     for part in (torch.__version__, getattr(torch.version, "git_version", ""),
                  getattr(torch.version, "cuda", None) or "cpu", sys.version):
         h.update(str(part).encode())
@@ -178,7 +179,7 @@ def _build(name: str, directory: Path) -> None:
 def _build_here(name: str, directory: str) -> None:
     from torch.utils.cpp_extension import load_inline
 
-    load_inline(name, cpp_sources=[SOURCE.read_text()], extra_cflags=["-O2"],
+    load_inline(name, cpp_sources=[src.read_text() for src in SOURCES], extra_cflags=["-O2"],
                 build_directory=directory, verbose=False)
 
 

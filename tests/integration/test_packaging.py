@@ -1,4 +1,4 @@
-"""The wheel carries sql/ and the .pth hook, and PROBE unset costs nothing at start-up."""
+"""The wheel carries sql/, the .pth hook and the C++ sources; PROBE unset costs nothing."""
 
 from __future__ import annotations
 
@@ -25,8 +25,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return whl
 
 
-def test_wheel_ships_sql_and_autostart_hook(wheel):
+def test_wheel_ships_sql_autostart_hook_and_cpp_sources(wheel):
+    from probe_agent.collectors.trace_native import SOURCES
+
     names = set(zipfile.ZipFile(wheel).namelist())
+    # the tracer's C++ hot path is built from these on the user's machine
+    assert {f"probe_agent/collectors/{src.name}" for src in SOURCES} <= names
     assert "probe_agent/sql/schema.sql" in names
     assert any(n.startswith("probe_agent/sql/queries/") for n in names) or not list(
         (ROOT / "sql" / "queries").glob("*.sql")
