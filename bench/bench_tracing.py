@@ -359,8 +359,8 @@ def _detrend(y: list[float], k: int = 10) -> list[float]:
     return out
 
 
-def _winsorized(d: list[float], k: float = 4.0) -> tuple[list[float], float, float]:
-    """``d`` clipped to median ± k robust standard deviations (1.4826 MAD), and the bounds.
+def _winsorized(d: list[float], k: float = 4.0) -> tuple[list[float], float]:
+    """``d`` clipped to median ± k robust standard deviations (1.4826 MAD), and the upper bound.
     A step the machine stalled (a neighbour, a page-fault storm, the writer's resolve burst)
     lands on a random kind; clipped, it stops widening every interval, while a shift of the
     whole distribution (a cost) passes through almost whole."""
@@ -368,7 +368,7 @@ def _winsorized(d: list[float], k: float = 4.0) -> tuple[list[float], float, flo
     med = s[len(s) // 2]
     mad = sorted(abs(v - med) for v in d)[len(d) // 2] * 1.4826
     lo, hi = med - k * mad, med + k * mad
-    return [min(max(v, lo), hi) for v in d], lo, hi
+    return [min(max(v, lo), hi) for v in d], hi
 
 
 def _effects(y: list[float], x: list[int], kinds: int, reps: int = 1000,
@@ -386,7 +386,7 @@ def _effects(y: list[float], x: list[int], kinds: int, reps: int = 1000,
     clipped_high = [0] * (kinds + 1)
     if robust:
         raw = d
-        d, _, hi = _winsorized(d)
+        d, hi = _winsorized(d)
         for v, k in zip(raw, cur):
             clipped_high[k] += v > hi
 

@@ -27,7 +27,8 @@ sends *every* module call through ``_call_impl``'s slow path (+4.3 µs per call 
 and ``torch.compile``'d modules warn about them. Full backward hooks cost +55% and break
 in-place ops (issue 3). Two hot paths record the same rows (no sys.settrace/setprofile):
 - C++ (``trace_native.py``), for CPU steps once built: the call's work in C++, and backward
-  from a RecordFunction callback on every autograd node (no per-node registration, no Python);
+  from a RecordFunction callback that keeps the nodes forward records name (no per-node
+  registration, no Python);
 - Python (``trace_hot.py``), before that, on CUDA steps and without a compiler: a Python
   wrapper, and ``grad_fn.register_prehook`` on each call's output for backward.
 
@@ -75,10 +76,10 @@ from .trace_rows import RowResolver
 log = logging.getLogger(__name__)
 
 #: The writer resolves the buffers when a read waits, or at RESOLVE_ROWS forward records, or
-#: RESOLVE_EVENTS backward events of the C++ path (every autograd node: ~4 per module call; half
-#: its buffer), or RESOLVE_S after the last resolve. A resolve costs ~30 ms of writer CPU
-#: whatever its size: at a ~240 ms step every 10 s made that 1.4 ms per traced step, more than
-#: the C++ path costs the training thread; reads are exact either way.
+#: RESOLVE_EVENTS backward events of the C++ path (one per named node and pass end: ~1 per
+#: module call; half its buffer), or RESOLVE_S after the last resolve. A resolve costs ~30 ms
+#: of writer CPU whatever its size: at a ~240 ms step every 10 s made that 1.4 ms per traced
+#: step, more than the C++ path costs the training thread; reads are exact either way.
 RESOLVE_ROWS = 20_000
 RESOLVE_EVENTS = 100_000
 RESOLVE_S = 30.0

@@ -79,6 +79,16 @@ def test_a_bad_native_setting_is_a_config_error():
     assert AgentConfig.from_env({}).trace_native == "auto"
 
 
+def _sgd_steps(model: nn.Module, steps: int) -> torch.optim.Optimizer:
+    """``steps`` SGD steps of ``model(randn(2, 4)).sum()``; returns the optimizer."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return opt
+
+
 def test_native_backward_rows_of_a_module_whose_graph_is_built_on_another_thread(
         make_agent, native_hot_path):
     # GIVEN the C++ path, and a model whose second layer runs on a helper thread (its grad_fn
@@ -101,11 +111,7 @@ def test_native_backward_rows_of_a_module_whose_graph_is_built_on_another_thread
             return out[0]
 
     model = Threaded()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(3):
-        model(torch.randn(2, 4)).sum().backward()
-        opt.step()
-        opt.zero_grad()
+    _sgd_steps(model, 3)
     # THEN the steps ran on the C++ path and every call has its backward row
     assert tracer.state()["hot_path"] == "native"
     got = rows(agent, "SELECT step, list(module ORDER BY module) FROM torch_trace "
@@ -125,11 +131,7 @@ def test_native_keeps_only_the_backward_events_of_nodes_forward_records_name(
             return ((x * 2 + 1).relu() * 3).sum(dim=1, keepdim=True)
 
     model = nn.Sequential(nn.Linear(4, 4), Busy())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(2):
-        model(torch.randn(2, 4)).sum().backward()
-        opt.step()
-        opt.zero_grad()
+    opt = _sgd_steps(model, 2)
     assert tracer.state()["hot_path"] == "native"
     # WHEN a traced step's backward runs (~10 nodes: the ops, the weight's transpose, two
     # AccumulateGrads)
