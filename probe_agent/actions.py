@@ -12,6 +12,9 @@ Model
 - Kinds: ``step-eval`` (operator code; the repr of a trailing expression comes back),
   ``lr`` (lr.py), ``checkpoint`` (checkpoint.py) and ``pause``, which holds the training thread
   after step N until ``resume()``. While held, actions queued for step N still run there.
+- Refused at once (HTTP 400, issue 20): an LR change or a checkpoint path that the action itself
+  would refuse (lr.py, checkpoint_target.py); 409 for a checkpoint path that exists without
+  overwrite.
 - Refused at once (HTTP 409): no torch, no optimizer step seen yet (nothing to ride on), a step
   this rank has already passed (``reason: "past"``, with ``current_step``), a duplicate id.
 - Failures: an exception in the code is reported (``state: error`` with the traceback) and
@@ -128,6 +131,7 @@ class ActionQueue:
             if kind == "step-eval":
                 self.agent.evaluator.compile(code)  # a SyntaxError is a 400 now, not later
             self._refuse_unless_ready()
+            self._check_args(kind, args)
             with self._cond:
                 cur = self.clock.current_step
                 held = self.paused_at == cur
@@ -172,6 +176,17 @@ class ActionQueue:
                 "cannot run here; use plain `probe eval`",
                 reason="no-step-hook",
             )
+
+    def _check_args(self, kind: str, args: dict[str, Any]) -> None:
+        """Refuse now (4xx) what the action would refuse at the step boundary (issue 20): the
+        API is reachable without the CLI. The runners check again there."""
+        if kind == "lr":
+            from .lr import check_args
+            check_args(self.clock.optimizers(), args)
+        elif kind == "checkpoint":
+            from .checkpoint_target import check_args
+            dist = self.agreement.distributed()
+            check_args(args, self.agent.rank, dist.get_world_size() if dist is not None else 1)
 
     def get(self, action_id: str) -> Action:
         a = self._all.get(action_id)
@@ -365,7 +380,7 @@ def _run_lr(q: ActionQueue, a: Action, step: int) -> None:
 
     opts = q.clock.optimizers()
     report = change_lr(opts, find_schedulers(opts), scale=a.args.get("scale"),
-                       set_to=a.args.get("set"))
+                       set_to=a.args.get("set"), force=bool(a.args.get("force")))
     report["step"] = step
     a.data = report
     a.result = ", ".join(
@@ -382,7 +397,8 @@ def _run_checkpoint(q: ActionQueue, a: Action, step: int) -> None:
     dist = q.agreement.distributed()
     world = dist.get_world_size() if dist is not None else 1
     a.data = save(str(a.args["path"]), step=step, rank=q.agent.rank, world_size=world,
-                  tag=a.id, models=models, optimizers=opts, schedulers=find_schedulers(opts))
+                  tag=a.id, models=models, optimizers=opts, schedulers=find_schedulers(opts),
+                  overwrite=bool(a.args.get("overwrite")))
     a.result = ", ".join(f"{f['path']} ({f['bytes']} bytes)" for f in a.data["files"]) or (
         "nothing to write on this rank")
 

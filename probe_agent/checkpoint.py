@@ -21,6 +21,11 @@ Two layouts:
   ``torch.distributed.checkpoint`` writes the directory ``PATH`` from every rank, with
   ``get_state_dict`` for model and optimizers, ``step``, the scheduler states and ``rng.rank{r}``.
 
+Never destructive (issue 20): an existing file is replaced only with ``overwrite``; a device,
+FIFO, socket or a directory never is (checkpoint_target.py has the rules, checked on submit and
+again right before the rename). A full disk is refused before writing when ``statvfs`` says so,
+and otherwise reported as "disk full" with the size needed, leaving no temporary file.
+
 Atomic: every file is written to ``<name>.tmp-<action>`` (fsync'd) and renamed; a sharded
 directory is written as ``PATH.tmp-<action>/`` and renamed by rank 0 once ``dcp.save`` returned
 (the coordinator returns only after every rank's data and the metadata are written). A crash
@@ -36,6 +41,15 @@ import os
 import random
 import sys
 from typing import Any
+
+from .checkpoint_target import (
+    check_destination,
+    commit_directory,
+    commit_file,
+    disk_full,
+    estimate_bytes,
+    preflight,
+)
 
 FORMAT = 1
 
@@ -101,34 +115,74 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str, obj: Any, tag: str) -> int:
-    """torch.save to ``path`` through a temporary name; returns the size in bytes."""
+def write_atomic(path: str, obj: Any, tag: str, overwrite: bool = False) -> int:
+    """torch.save to ``path`` through a temporary name; returns the size in bytes.
+
+    ``path`` is checked (checkpoint_target.py) before anything is written and again right before
+    the rename; a full disk is reported as such and leaves no temporary file.
+    """
     import torch
 
     parent = os.path.dirname(os.path.abspath(path))
+    check_destination(path, overwrite=overwrite, layout="file")
+    needed = estimate_bytes(obj)
     os.makedirs(parent, exist_ok=True)
+    preflight(parent, needed)
     tmp = f"{path}.tmp-{tag}"
+    # O_EXCL | O_NOFOLLOW: never write through whatever already sits at the temporary name.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o666)
+    sink = _Sink(os.fdopen(fd, "wb"))
     try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        with sink.f:
+            torch.save(obj, sink)
+            sink.f.flush()
+            os.fsync(sink.f.fileno())
+        commit_file(tmp, path, overwrite=overwrite)
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        full = disk_full(e, parent, needed, sink.error)
+        if full is not None:
+            raise full from e
         raise
     _fsync_dir(parent)
     return os.path.getsize(path)
 
 
+class _Sink:
+    """The file torch.save writes to, keeping the OSError it raised: torch.save reports a
+    failed write as ``RuntimeError: [enforce fail at inline_container.cc:672]``, not ENOSPC."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self.f.write(data))
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save(
     path: str, *, step: int, rank: int, world_size: int, tag: str,
     models: list[tuple[str, Any]], optimizers: list[Any], schedulers: list[Any],
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Write this rank's part of the checkpoint; returns ``{"mode", "files": [{path, bytes}]}``."""
+    """Write this rank's part of the checkpoint; returns ``{"mode", "files": [{path, bytes}]}``.
+
+    Args:
+        overwrite: replace an existing regular file (or, sharded, an existing checkpoint
+            directory); without it an existing ``path`` is refused. A device, FIFO, socket or
+            any other directory is refused either way (checkpoint_target.py).
+    """
     path = os.path.abspath(path)
     names = {
         "model": [n for n, _ in models],
@@ -137,9 +191,15 @@ def save(
     }
     if is_sharded([m for _, m in models]):
         return _save_sharded(path, step=step, rank=rank, tag=tag, models=models,
-                             optimizers=optimizers, schedulers=schedulers, names=names)
-    if os.path.isdir(path):
-        raise FileExistsError(f"{path} is a directory; give a file path for this checkpoint")
+                             optimizers=optimizers, schedulers=schedulers, names=names,
+                             overwrite=overwrite)
+    # Each file is checked before this rank writes any (submit already checked them on every
+    # rank, so a refusal here means something appeared at a path since then).
+    if rank == 0:
+        check_destination(path, overwrite=overwrite, layout="file")
+    rng_path = f"{path}.rng.rank{rank}"
+    if world_size > 1:
+        check_destination(rng_path, overwrite=overwrite, layout="file")
     files = []
     if rank == 0:
         state: dict[str, Any] = {"probe_checkpoint": FORMAT, "step": step,
@@ -151,23 +211,23 @@ def save(
         state.update(_one_or_many("optimizer", [o.state_dict() for o in optimizers]))
         state.update(_one_or_many("scheduler", [s.state_dict() for s in schedulers]))
         state["rng"] = rng_state()
-        files.append({"path": path, "bytes": write_atomic(path, state, tag)})
+        files.append({"path": path, "bytes": write_atomic(path, state, tag, overwrite)})
     if world_size > 1:
-        rng_path = f"{path}.rng.rank{rank}"
         rng = {"probe_checkpoint": FORMAT, "step": step, "rank": rank, "rng": rng_state()}
-        files.append({"path": rng_path, "bytes": write_atomic(rng_path, rng, tag)})
+        files.append({"path": rng_path, "bytes": write_atomic(rng_path, rng, tag, overwrite)})
     return {"mode": "torch.save", "step": step, "files": files, "names": names}
 
 
 def _save_sharded(
     path: str, *, step: int, rank: int, tag: str, models: list[tuple[str, Any]],
-    optimizers: list[Any], schedulers: list[Any], names: dict[str, Any],
+    optimizers: list[Any], schedulers: list[Any], names: dict[str, Any], overwrite: bool,
 ) -> dict[str, Any]:
+    import shutil
+
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    if os.path.exists(path):
-        raise FileExistsError(f"{path} exists; a sharded checkpoint needs a new directory")
+    check_destination(path, overwrite=overwrite, layout="directory")
     state: dict[str, Any] = {"step": step, f"rng.rank{rank}": rng_state()}
     for name, model in models:
         mine = [o for o in optimizers if _owns(model, o)]
@@ -178,9 +238,16 @@ def _save_sharded(
     for i, s in enumerate(schedulers):
         state[f"scheduler.{i}"] = s.state_dict()
     tmp = f"{path}.tmp-{tag}"
-    dcp.save(state, checkpoint_id=tmp)  # collective: every rank of the job is here (agreed)
+    try:
+        dcp.save(state, checkpoint_id=tmp)  # collective: every rank of the job is here (agreed)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # every rank failed with it; any may clean up
+        full = disk_full(e, os.path.dirname(path), None)
+        if full is not None:
+            raise full from e
+        raise
     if rank == 0:
-        os.rename(tmp, path)
+        commit_directory(tmp, path, overwrite=overwrite, tag=tag)
         _fsync_dir(os.path.dirname(path))
     where = path if rank == 0 else tmp  # other ranks may return before rank 0 renames
     files = []

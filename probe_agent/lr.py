@@ -31,6 +31,14 @@ Every group's ``initial_lr`` (set by any scheduler) is scaled too, so a schedule
 with ``last_epoch`` starts from the changed LR. A scalar ``eta_min`` is scaled only when every
 group got the same factor (always with ``--scale``); otherwise it is left and the result says so.
 A tensor LR (``capturable``/fused optimizers) is updated in place.
+
+Refused, before anything changes (issue 20): a value that is not a finite number, a negative one,
+and an LR the parameters' dtype cannot hold (``optimizer.step()`` would raise in the training
+loop) always; zero (training stops, and schedulers' base LRs stay 0 for good) and any change
+that makes an LR more than ``MAX_FACTOR`` times the current largest one (``lr --set 1e30`` made
+every parameter non-finite) unless ``force``. ``check_request`` and ``check_bound`` run when
+the action is submitted (a 400 at once) and again in ``change_lr`` at the step boundary, where
+the LRs may have moved.
 """
 
 from __future__ import annotations
@@ -39,6 +47,11 @@ import math
 import numbers
 from typing import Any
 
+from .errors import ProbeAgentError
+
+#: How many times the current largest LR a change may reach without ``force`` (issue 20).
+MAX_FACTOR = 10.0
+_FORCE = 'pass --force (API: "force": true) if you mean it'
 #: Scheduler attributes holding one LR per param group.
 _LIST_ATTRS = ("base_lrs", "max_lrs", "min_lrs")
 #: How far below the parameters' dtype limit an LR must stay: the largest factor torch.optim
@@ -48,8 +61,66 @@ _LR_HEADROOM = 1000.0
 _GROUP_KEYS = ("initial_lr", "max_lr", "min_lr")
 
 
+class LRError(ProbeAgentError, ValueError):
+    """An LR change refused before anything changed (HTTP 400)."""
+
+    status = 400
+
+
 def _num(v: Any) -> float:
     return float(v.item()) if hasattr(v, "item") else float(v)
+
+
+def _flag(scale: float | None, set_to: float | None) -> str:
+    name, v = ("--scale", scale) if scale is not None else ("--set", set_to)
+    shown = f"{v:g}" if isinstance(v, numbers.Real) and not isinstance(v, bool) else repr(v)
+    return f"{name} {shown}"
+
+
+def check_request(scale: float | None, set_to: float | None, force: bool = False) -> None:
+    """The rules that need no optimizer: finite, not negative; zero or a scale above
+    ``MAX_FACTOR`` only with ``force``. Raises LRError with what to do."""
+    for value in (scale, set_to):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise LRError(f"lr {_flag(scale, set_to)} refused: give a number, not "
+                          f"{type(value).__name__}")
+        if not math.isfinite(value):
+            raise LRError(f"lr {_flag(scale, set_to)} refused: give a finite number > 0")
+        if value < 0:
+            raise LRError(f"lr {_flag(scale, set_to)} refused: a learning rate cannot be "
+                          "negative; give a number > 0")
+        if value == 0 and not force:
+            raise LRError(f"lr {_flag(scale, set_to)} refused: an LR of 0 stops training and "
+                          "schedulers cannot scale it back; " + _FORCE)
+    if scale is not None and scale > MAX_FACTOR and not force:
+        raise LRError(f"lr --scale {scale:g} refused: more than {MAX_FACTOR:g}x the current "
+                      "LR; " + _FORCE)
+
+
+def _peek(v: Any) -> float | None:
+    """An LR's value, or None for a tensor off the CPU (reading it from an agent thread would
+    wait on the training stream; the step-boundary check reads it)."""
+    device = getattr(v, "device", None)
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        return None
+    return _num(v)
+
+
+def check_bound(optimizers: list[Any], set_to: float | None, force: bool = False) -> None:
+    """Refuse ``--set`` above ``MAX_FACTOR`` times the largest current LR, unless ``force``."""
+    if set_to is None or force or not optimizers:
+        return
+    current = [(x, f"{type(o).__name__}[{i}]") for i, o in enumerate(optimizers)
+               for g in o.param_groups if (x := _peek(g["lr"])) is not None]
+    if not current:
+        return
+    largest, where = max(current, key=lambda c: c[0])
+    if set_to > MAX_FACTOR * largest:
+        times = f"{set_to / largest:.3g}x" if largest > 0 else "infinitely many times"
+        raise LRError(f"lr --set {set_to:g} refused: {times} the current largest LR "
+                      f"({largest:.6g}, {where}), above the {MAX_FACTOR:g}x bound; " + _FORCE)
 
 
 def _set_group(group: dict[str, Any], key: str, value: float) -> None:
@@ -60,13 +131,28 @@ def _set_group(group: dict[str, Any], key: str, value: float) -> None:
         group[key] = value
 
 
+def check_args(optimizers: list[Any], args: dict[str, Any]) -> None:
+    """The submit-time check of an ``lr`` action's arguments (``POST /v1/actions``)."""
+    force = bool(args.get("force"))
+    check_request(args.get("scale"), args.get("set"), force)
+    check_bound(optimizers, args.get("set"), force)
+
+
 def change_lr(
     optimizers: list[Any], schedulers: list[Any], *, scale: float | None = None,
-    set_to: float | None = None,
+    set_to: float | None = None, force: bool = False,
 ) -> dict[str, Any]:
-    """Scale or set every LR; returns what changed (JSON-safe) for the per-rank report."""
+    """Scale or set every LR; returns what changed (JSON-safe) for the per-rank report.
+
+    Args:
+        force: allow zero and changes above ``MAX_FACTOR`` times the current largest LR. A
+            non-finite or negative value, or one the parameters' dtype cannot hold, is refused
+            even so.
+    """
     if (scale is None) == (set_to is None):
-        raise ValueError("give exactly one of scale or set")
+        raise LRError("give exactly one of scale or set")
+    check_request(scale, set_to, force)
+    check_bound(optimizers, set_to, force)
     _check_applicable(optimizers, scale, set_to)
     report: dict[str, Any] = {"optimizers": [], "schedulers": []}
     factors: dict[int, list[float]] = {}  # id(optimizer) -> factor per group
@@ -75,7 +161,7 @@ def change_lr(
         for g in opt.param_groups:
             before = _num(g["lr"])
             if set_to is None:
-                f = float(scale or 1.0)
+                f = float(scale) if scale is not None else 1.0
                 after = before * f
             else:
                 f = set_to / before if before else float("nan")
@@ -113,18 +199,13 @@ def _largest_lr(group: dict[str, Any]) -> float:
 
 
 def _check_applicable(optimizers: list[Any], scale: float | None, set_to: float | None) -> None:
-    """Refuse, before changing anything, an LR that would crash or poison the training loop."""
-    for value, name in ((scale, "scale"), (set_to, "set")):
-        if value is not None and (not math.isfinite(value) or value < 0 or
-                                  (name == "scale" and value == 0)):
-            raise ValueError(f"lr {name}={value!r} refused: give a finite number"
-                             + (" > 0" if name == "scale" else " >= 0"))
+    """Refuse, before changing anything, an LR that would crash the training loop."""
     for opt in optimizers:
         for g in opt.param_groups:
             after = set_to if set_to is not None else _num(g["lr"]) * float(scale)
             limit = _largest_lr(g)
             if not after <= limit:
-                raise ValueError(
+                raise LRError(
                     f"lr {after:.6g} refused for {type(opt).__name__}: above {limit:.6g}, the "
                     "largest LR its step can apply in its parameters' dtype (optimizer.step() "
                     "would overflow); nothing was changed; give an LR below that limit"

@@ -8,12 +8,13 @@ and cancel only take the queue's lock; ``wait`` polls the action's state.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, StrictBool, model_validator
 
 from ..errors import ForbiddenError
 from .core import _agent, _client
@@ -24,25 +25,42 @@ router = APIRouter(prefix="/v1")
 MAX_WAIT_S = 30.0
 
 
+def _json_number(v: Any) -> Any:
+    """pydantic's lax mode reads ``true`` as 1 and ``"0.5"`` as 0.5; an LR or a step must be a
+    JSON number (issue 20: ``{"set": true}`` set every LR to 1.0)."""
+    if isinstance(v, (bool, str)):
+        raise ValueError(f"give a JSON number, not {type(v).__name__} {v!r}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"give a finite number, not {v!r}")
+    return v
+
+
+Number = Annotated[float, BeforeValidator(_json_number)]
+Integer = Annotated[int, BeforeValidator(_json_number)]
+
+
 class ActionRequest(BaseModel):
     kind: Literal["step-eval", "lr", "checkpoint", "pause"] = Field(
         "step-eval", description="step-eval runs `code`; the others are built-in actions"
     )
-    step: int | None = Field(
+    step: Integer | None = Field(
         None, ge=0, description="Run right after optimizer step N; null = this rank's next step"
     )
     code: str = Field("", description="Python source for step-eval")
-    scale: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                description="lr: multiply every LR by this")
-    set: float | None = Field(None, ge=0, allow_inf_nan=False,
-                              description="lr: set every LR to this")
-    path: str | None = Field(None, description="checkpoint: where to write")
+    scale: Number | None = Field(None, ge=0, description="lr: multiply every LR by this (0 or "
+                                 "above 10 only with force)")
+    set: Number | None = Field(None, ge=0, description="lr: set every LR to this (0 or above 10x "
+                               "the current largest LR only with force)")
+    force: StrictBool = Field(False, description="lr: allow 0 and changes above 10x")
+    path: str | None = Field(None, description="checkpoint: where to write (absolute)")
+    overwrite: StrictBool = Field(False, description="checkpoint: replace an existing file (or "
+                                  "sharded: an existing checkpoint directory)")
     model: str | None = Field(None, description="checkpoint: the model's name (dotted) to save")
     id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
         description="Action id; the CLI sends the same one to every rank",
     )
-    group: list[int] | None = Field(
+    group: list[Integer] | None = Field(
         None, description="Ranks the action was sent to; they must all reach the step for it "
         "to run (default: every rank of the job)",
     )
@@ -67,9 +85,11 @@ def _describe(body: ActionRequest) -> str:
     if body.kind == "step-eval":
         return body.code
     if body.kind == "lr":
-        return f"lr scale={body.scale}" if body.scale is not None else f"lr set={body.set}"
+        what = f"lr scale={body.scale}" if body.scale is not None else f"lr set={body.set}"
+        return what + (" force" if body.force else "")
     if body.kind == "checkpoint":
-        return f"checkpoint {body.path}" + (f" model={body.model}" if body.model else "")
+        return (f"checkpoint {body.path}" + (f" model={body.model}" if body.model else "")
+                + (" overwrite" if body.overwrite else ""))
     return body.kind
 
 
@@ -106,6 +126,9 @@ async def submit(request: Request, body: ActionRequest) -> dict[str, Any]:
     _require_eval_rights(request, f"{body.kind} action")
     args = {k: v for k, v in (("scale", body.scale), ("set", body.set), ("path", body.path),
                               ("model", body.model)) if v is not None}
+    for flag in ("force", "overwrite"):
+        if getattr(body, flag):
+            args[flag] = True
     action = agent.actions.submit(
         kind=body.kind, step=body.step, code=_describe(body), args=args,
         client=_client(request), requested_by=body.requested_by,

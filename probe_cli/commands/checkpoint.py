@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ..outcome import Outcome
@@ -11,27 +13,51 @@ from ..steps import at_step_option, run_step_action, step_outcome, wait_option
 from . import pass_session
 
 
+def resolve(path: str) -> tuple[str, str]:
+    """(absolute path, the stderr line that says which one is used and why).
+
+    Resolved here, against the operator's working directory: the agents refuse a relative
+    path, since nobody at the CLI knows the training job's working directory (issue 20)."""
+    absolute = os.path.abspath(os.path.expanduser(path))
+    if absolute == path:
+        return absolute, f"probe: checkpoint path {absolute}"
+    return absolute, (f"probe: checkpoint path {absolute} ({path} resolved against this "
+                      "shell's working directory)")
+
+
 @click.command("checkpoint")
 @click.argument("path")
 @click.option("--model", "model_name", default=None, metavar="NAME",
               help="The model to save, by its name in the training script (dotted names like "
                    "trainer.model work). Default: the module that owns the optimizers' "
                    "parameters.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing checkpoint file (sharded: an existing checkpoint "
+                   "directory). Devices, FIFOs, sockets and other directories are never "
+                   "replaced.")
 @at_step_option
 @wait_option
 @pass_session
-def command(session: Session, path: str, model_name: str | None, at_step: int | None,
-            wait_s: float) -> Outcome:
+def command(session: Session, path: str, model_name: str | None, overwrite: bool,
+            at_step: int | None, wait_s: float) -> Outcome:
     """Save a consistent checkpoint right after the same optimizer step on every rank.
 
-    PATH is a path on the ranks' machines (relative paths are relative to the training
-    process's working directory). Replicated models (DDP, one process): rank 0 writes PATH with
-    torch.save and every rank its RNG state to PATH.rng.rank<N>. Sharded models (FSDP, DTensor):
-    torch.distributed.checkpoint writes the directory PATH. Files appear atomically (written
-    under a temporary name, then renamed). Prints every file and its size.
+    PATH is a path on the ranks' machines; a relative one is resolved against this shell's
+    working directory (the absolute path used is printed). Replicated models (DDP, one
+    process): rank 0 writes PATH with torch.save and every rank its RNG state to
+    PATH.rng.rank<N>. Sharded models (FSDP, DTensor): torch.distributed.checkpoint writes the
+    directory PATH. An existing PATH is refused unless --overwrite; only regular files (or a
+    new directory) are ever written. Files appear atomically (written under a temporary name,
+    then renamed). On a full disk nothing is written and the size needed is said. Prints every
+    file and its size.
     """
-    body = {"kind": "checkpoint", "path": path}
+    absolute, said = resolve(path)
+    body: dict[str, object] = {"kind": "checkpoint", "path": absolute}
     if model_name:
         body["model"] = model_name
+    if overwrite:
+        body["overwrite"] = True
     so = run_step_action(session, body, at_step=at_step, wait_s=wait_s)
-    return step_outcome(session, so, lambda ok: render_checkpoint(ok, session.colour))
+    out = step_outcome(session, so, lambda ok: render_checkpoint(ok, session.colour))
+    out.stderr.insert(0, said)
+    return out

@@ -1,32 +1,85 @@
-"""`probe lr --scale F | --set LR`: change every optimizer's LR at the same step on every rank."""
+"""`probe lr --scale F | --set LR`: change every optimizer's LR at the same step on every rank.
+
+Refused here, before any request (issue 20): a value that is not a finite number (``nan``,
+``inf``, ``1e400``: JSON cannot even carry them), a negative one, and without ``--force`` zero
+or a scale above 10. The agents refuse the same, and a ``--set`` above 10x the current largest
+LR (only they know it), at submit time and again at the step boundary.
+"""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import click
 
+from ..errors import EXIT_USAGE, ProbeCLIError
 from ..outcome import Outcome
 from ..render_actions import render_lr
 from ..session import Session
 from ..steps import at_step_option, run_step_action, step_outcome, wait_option
 from . import pass_session
 
+#: The agents' bound (probe_agent/lr.py MAX_FACTOR): more than this times the current LR
+#: needs --force.
+MAX_FACTOR = 10.0
+_FORCE = "pass --force if you mean it"
+
+
+class LearningRate(click.ParamType):
+    """A finite, non-negative float; anything else is one line and exit code 2, not a
+    traceback (``float("nan")`` passes click's FloatRange, then breaks JSON encoding)."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        flag = param.opts[0] if param is not None and param.opts else "value"
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ProbeCLIError(f"lr {flag} {value!r} refused: give a number",
+                                exit_code=EXIT_USAGE) from None
+        if not math.isfinite(number):
+            raise ProbeCLIError(f"lr {flag} {value} refused: give a finite number > 0 (nan, inf "
+                                "and values beyond 1.8e308 are not learning rates)",
+                                exit_code=EXIT_USAGE)
+        if number < 0:
+            raise ProbeCLIError(f"lr {flag} {value} refused: a learning rate cannot be "
+                                "negative; give a number > 0", exit_code=EXIT_USAGE)
+        return number
+
 
 @click.command("lr")
-@click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Multiply every learning rate by this (0.1 = ten times lower).")
-@click.option("--set", "set_to", type=click.FloatRange(min=0), default=None, metavar="LR",
-              help="Set every learning rate to this value.")
+@click.option("--scale", type=LearningRate(), default=None, metavar="F",
+              help="Multiply every learning rate by this (0.1 = ten times lower). Above 10 "
+                   "needs --force.")
+@click.option("--set", "set_to", type=LearningRate(), default=None, metavar="LR",
+              help="Set every learning rate to this value. Above 10x the current largest LR "
+                   "needs --force.")
+@click.option("--force", is_flag=True,
+              help="Allow an LR of 0 and changes above 10x the current LR (still refused: "
+                   "nan, inf, negative, and LRs the parameters' dtype cannot hold).")
 @at_step_option
 @wait_option
 @pass_session
-def command(session: Session, scale: float | None, set_to: float | None, at_step: int | None,
-            wait_s: float) -> Outcome:
+def command(session: Session, scale: float | None, set_to: float | None, force: bool,
+            at_step: int | None, wait_s: float) -> Outcome:
     """Change the learning rate of every param group of every optimizer, on every rank, right
     after the same optimizer step. LR schedulers are rescaled too (base LRs and the like), so
     the change survives their next step. Prints the LR before and after per rank.
     """
     if (scale is None) == (set_to is None):
         raise click.UsageError("give exactly one of --scale F or --set LR")
-    body = {"kind": "lr", "scale": scale} if scale is not None else {"kind": "lr", "set": set_to}
+    flag, value = ("--scale", scale) if scale is not None else ("--set", set_to)
+    if value == 0 and not force:
+        raise ProbeCLIError(f"lr {flag} 0 refused: an LR of 0 stops training and schedulers "
+                            "cannot scale it back; " + _FORCE, exit_code=EXIT_USAGE)
+    if scale is not None and scale > MAX_FACTOR and not force:
+        raise ProbeCLIError(f"lr --scale {scale:g} refused: more than {MAX_FACTOR:g}x the "
+                            "current LR; " + _FORCE, exit_code=EXIT_USAGE)
+    body: dict[str, Any] = {"kind": "lr", ("scale" if scale is not None else "set"): value}
+    if force:
+        body["force"] = True
     so = run_step_action(session, body, at_step=at_step, wait_s=wait_s)
     return step_outcome(session, so, lambda ok: render_lr(ok, session.colour))

@@ -6,6 +6,8 @@ the step-boundary action does), and checks every later LR against 0.1 x an unmod
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -92,15 +94,15 @@ def test_tensor_lr_is_updated_in_place() -> None:
     (torch.optim.SGD, torch.float32, {"scale": 1e300}),
     (torch.optim.Adam, torch.float32, {"set_to": 1e38}),  # fits float32; Adam's step does not
 ])
-def test_an_lr_the_parameters_cannot_hold_is_refused_and_nothing_changes(optim, dtype,
-                                                                       kwargs) -> None:
+def test_an_lr_the_parameters_cannot_hold_is_refused_even_with_force(optim, dtype,
+                                                                   kwargs) -> None:
     # GIVEN an optimizer whose step could not apply the requested LR to its parameters' dtype
     p = torch.nn.Parameter(torch.zeros(2, dtype=dtype))
     opt = optim([p], lr=0.5)
     sched = ls.StepLR(opt, step_size=3)
-    # WHEN the LR change is asked for
+    # WHEN the LR change is forced past the 10x bound
     with pytest.raises(ValueError, match="refused.*nothing was changed"):
-        change_lr([opt], [sched], **kwargs)
+        change_lr([opt], [sched], force=True, **kwargs)
     # THEN the LR and the scheduler are as they were, and the next step still works
     assert opt.param_groups[0]["lr"] == 0.5 and sched.base_lrs == [0.5]
     p.grad = torch.ones_like(p)
@@ -108,20 +110,45 @@ def test_an_lr_the_parameters_cannot_hold_is_refused_and_nothing_changes(optim, 
     assert torch.isfinite(p).all()
 
 
-def test_a_huge_but_applicable_lr_is_the_users_call() -> None:
-    # 1e30 on float32 Adam poisons the weights but does not crash the loop: applied
+@pytest.mark.parametrize("kwargs, said", [
+    ({"set_to": 1e30}, "lr --set 1e+30 refused: 2e+30x the current largest LR (0.5, Adam[0]), "
+                       "above the 10x bound; pass --force"),
+    ({"set_to": 5.01}, "lr --set 5.01 refused: 10x the current largest LR"),
+    ({"scale": 10.5}, "lr --scale 10.5 refused: more than 10x the current LR; pass --force"),
+    ({"set_to": 0.0}, "lr --set 0 refused: an LR of 0 stops training"),
+    ({"scale": 0.0}, "lr --scale 0 refused: an LR of 0 stops training"),
+], ids=["1e30", "just-above-10x", "scale-10.5", "set-0", "scale-0"])
+def test_beyond_10x_or_zero_needs_force(kwargs, said) -> None:
+    """`probe lr --set 1e30` made every parameter non-finite (issue 20): refused unless forced."""
     p = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.Adam([p], lr=0.5)
-    change_lr([opt], [], set_to=1e30)
+    with pytest.raises(ValueError, match=re.escape(said)):
+        change_lr([opt], [], **kwargs)
+    assert opt.param_groups[0]["lr"] == 0.5
+    # WHEN forced, it is the user's call (it fits float32 and Adam's step)
+    change_lr([opt], [], force=True, **kwargs)
     p.grad = torch.ones_like(p)
     opt.step()
-    assert opt.param_groups[0]["lr"] == 1e30
+    assert opt.param_groups[0]["lr"] == kwargs.get("set_to", 0.5 * kwargs.get("scale", 1))
 
 
-@pytest.mark.parametrize("kwargs", [{"set_to": float("nan")}, {"scale": float("inf")},
-                                    {"scale": 0.0}, {"set_to": -1.0}])
-def test_a_non_finite_or_negative_lr_is_refused(kwargs) -> None:
+def test_the_bound_is_the_largest_lr_of_every_group() -> None:
+    a = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.001)
+    b = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    change_lr([a, b], [], set_to=1.0)  # 10x the larger one: allowed
+    assert a.param_groups[0]["lr"] == b.param_groups[0]["lr"] == 1.0
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"set_to": float("nan")}, "finite number"),
+    ({"scale": float("inf")}, "finite number"),
+    ({"set_to": -1.0}, "cannot be negative"),
+    ({"set_to": True}, "give a number, not bool"),
+])
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+def test_a_non_finite_negative_or_boolean_lr_is_refused_even_with_force(kwargs, said,
+                                                                        force) -> None:
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
-    with pytest.raises(ValueError, match="finite number"):
-        change_lr([opt], [], **kwargs)
+    with pytest.raises(ValueError, match=said):
+        change_lr([opt], [], force=force, **kwargs)
     assert opt.param_groups[0]["lr"] == 0.5
