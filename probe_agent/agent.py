@@ -37,9 +37,18 @@ class Agent:
         from .stepclock import StepClock
         from .store import Store
 
+        from .access import Gate, Policy, RefusalLog
+
         self.config = config
         self.identity = identity
         self.rank = identity.rank
+        # issue 19: who may reach this agent (access.py), and the audit of whom it turned away.
+        self.gate = Gate(Policy.for_agent(config.token, [
+            identity.host, config.advertise_host or "", *config.allowed_hosts]))
+        self.refusals = RefusalLog(self._audit_refusal_row)
+        #: Why TCP is not served, when it is not (a non-loopback host without a token).
+        self.tcp_off: str | None = None
+        self.tcp_port: int | None = None
         self.started_at = time.time()
         self.store = Store(config)
         self.evaluator = Evaluator(config.eval_timeout_s, config.eval_output_bytes)
@@ -70,10 +79,19 @@ class Agent:
 
         sockets = []
         try:
-            if self.config.tcp:
+            if self.config.tcp and not self.config.loopback_only and self.config.token is None:
+                # issue 19: stacks, locals and table data are not for the whole network.
+                self.tcp_off = (f"PROBE_HOST={self.config.host} is not loopback and PROBE_TOKEN "
+                                "is not set")
+                sys.stderr.write(
+                    f"probe agent on rank {self.rank}: not listening on TCP: {self.tcp_off}; "
+                    "set PROBE_TOKEN_FILE (a 0600 file) to serve other hosts. The unix socket "
+                    "still answers on this machine (`probe ps`).\n")
+            elif self.config.tcp:
                 tcp = _bind_tcp_reclaiming(self.config, self.rank)
                 sockets.append(tcp)
                 host, port = tcp.getsockname()[:2]
+                self.tcp_port = port
                 if self.config.advertise_host:
                     host = self.config.advertise_host
                 elif host in ("0.0.0.0", "::"):
@@ -88,13 +106,6 @@ class Agent:
             for s in sockets:
                 s.close()
             raise
-        if not self.config.loopback_only and self.config.token is None:
-            log.warning(
-                "probe agent on rank %d listens on %s without PROBE_TOKEN: reads are open to "
-                "that network and eval is refused; set PROBE_TOKEN for remote eval",
-                self.rank,
-                self.config.host,
-            )
         import pyarrow as pa
 
         self.store.add_materializer(
@@ -114,8 +125,8 @@ class Agent:
                 serve = [self.watchdog.inner_socket]
         if self.watchdog is None and self.config.tls and self.config.tcp:
             serve, tls = sockets[1:], sockets[:1]  # the TCP socket is bound first
-        self._server = AgentServer(create_app(self), serve, self.rank, tls_sockets=tls,
-                                   tls=self.config)
+        self._server = AgentServer(create_app(self), serve, self.rank, self.gate,
+                                   tls_sockets=tls, tls=self.config)
         self._server.start()
         if self.watchdog is not None:
             self.watchdog.start()
@@ -205,8 +216,23 @@ class Agent:
             "trace": getattr(self.collectors.get("modules"), "mode", self.config.trace),
             "watchdog": self.watchdog.describe() if self.watchdog is not None else None,
             "serve_cpu": self.config.serve_cpu,
+            "access": self.access_info(),
             "queued_s": round(getattr(self.serve_budget, "waited_s", 0.0), 3),
         }
+
+    def access_info(self) -> dict[str, Any]:
+        """Who may reach this agent (`probe info`); never the token itself."""
+        mode = self.gate.policy.mode + (" + tls" if self.config.tls else "")
+        return {"mode": mode, "owner_uid": self.gate.policy.owner_uid,
+                "tcp": "off: " + self.tcp_off if self.tcp_off else ("on" if self.url else "off"),
+                **self.refusals.describe()}
+
+    def audit_refusal(self, client: str, method: str, path: str, refusal: Any) -> None:
+        self.refusals.record(client, f"{method} {path}", refusal.reason,
+                             f"HTTP {refusal.status}: {refusal.message}", time.time())
+
+    def _audit_refusal_row(self, client: str, what: str, reason: str, message: str) -> None:
+        self.audit(client, what, "refused", message, 0.0, kind="access")
 
     def known_ranks(self) -> list[dict[str, Any]]:
         me = {

@@ -7,7 +7,6 @@ store, the evaluator and the collectors, and nothing more.
 
 from __future__ import annotations
 
-import hmac
 import importlib
 import logging
 from typing import Any
@@ -17,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .access import header_map
 from .errors import ProbeAgentError
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 _UNBUDGETED = frozenset({"/v1/health", "/v1/step", "/v1/backtrace"})
 
 #: Feature routers, by module under probe_agent.routes. Each module exposes ``router``.
-ROUTERS = ("core", "trace", "cluster", "actions", "doctor")
+ROUTERS = ("core", "trace", "cluster", "actions", "doctor", "access")
 
 
 def error_body(rank: int, status: int, message: str, **extra: Any) -> dict[str, Any]:
@@ -41,7 +41,8 @@ def error_body(rank: int, status: int, message: str, **extra: Any) -> dict[str, 
 
 class Guard:
     """Pure ASGI middleware (Starlette's ``BaseHTTPMiddleware`` costs a task group and a
-    memory stream per request): the token check, the serving CPU budget (probe_agent/budget.py),
+    memory stream per request): the access rule (access.py: owner or token, Host and Origin;
+    refusals are audited), the serving CPU budget (probe_agent/budget.py),
     and a JSON 500 for a route's bug, so that a bug never disturbs training."""
 
     def __init__(self, app: Any, agent: Any, budget: Any) -> None:
@@ -54,20 +55,17 @@ class Guard:
             await self.app(scope, receive, send)
             return
         rank = self.agent.rank
-        token = self.agent.config.token
-        if token is not None:
-            headers = dict(scope.get("headers") or ())
-            sent = headers.get(b"authorization", b"")
-            # Constant time: the comparison must not leak how much of the token matched.
-            if not hmac.compare_digest(sent, f"Bearer {token}".encode()):
-                why = "missing" if not sent else "wrong"
-                reply = JSONResponse(
-                    error_body(rank, 401,
-                               f"{why} token: pass --token or set PROBE_TOKEN to the job's token"),
-                    status_code=401, headers={"WWW-Authenticate": "Bearer"},
-                )
-                await reply(scope, receive, send)
-                return
+        gate = self.agent.gate
+        peer = gate.peer_of(scope.get("client"))
+        refusal = gate.policy.check(peer, scope.get("method", ""), scope.get("path", ""),
+                                    header_map(scope.get("headers") or []))
+        if refusal is not None:
+            self.agent.audit_refusal(peer.label(), scope.get("method", ""),
+                                     scope.get("path", ""), refusal)
+            reply = JSONResponse(error_body(rank, refusal.status, refusal.message),
+                                 status_code=refusal.status, headers=dict(refusal.headers))
+            await reply(scope, receive, send)
+            return
         # Liveness, the step clock and the plain backtrace stay instant: they are what an
         # on-call engineer needs when something is wrong, and must not queue behind a crowd of
         # dashboards (0.3-0.7 ms each). A queued backtrace would also make the watchdog fall

@@ -37,7 +37,7 @@ def is_loopback(host: str) -> bool:
 class AgentConfig:
     host: str = "127.0.0.1"
     """PROBE_HOST. Loopback by default: /v1/eval is remote code execution. A non-loopback host
-    without PROBE_TOKEN serves reads but refuses eval."""
+    without PROBE_TOKEN does not listen on TCP at all (the unix socket still answers)."""
 
     advertise_host: str | None = None
     """PROBE_ADVERTISE_HOST: the host put in this agent's URL for discovery (`probe -t` fans out
@@ -48,8 +48,14 @@ class AgentConfig:
     """PROBE_PORT plus LOCAL_RANK. 0 picks a free port (read it from /v1/info or the run dir)."""
 
     token: str | None = None
-    """PROBE_TOKEN (or the file named by PROBE_TOKEN_FILE). When set, every request needs
-    ``Authorization: Bearer <token>``."""
+    """PROBE_TOKEN (or the file named by PROBE_TOKEN_FILE, which must be 0600). Who may reach
+    the agent (access.py): its owner (same uid, or root) on this machine, or whoever sends
+    ``Authorization: Bearer <token>``. Without it a non-loopback PROBE_HOST serves no TCP."""
+
+    allowed_hosts: tuple[str, ...] = ()
+    """PROBE_ALLOWED_HOSTS: comma-separated names a request's Host header may carry besides IP
+    addresses, localhost, this machine's hostname and PROBE_ADVERTISE_HOST (DNS-rebinding
+    protection: a request for any other name is refused)."""
 
     tls_cert: str | None = None
     """PROBE_TLS_CERT: a PEM certificate (chain) file. With PROBE_TLS_KEY the TCP port speaks
@@ -223,6 +229,9 @@ class AgentConfig:
         if token is None and environ.get("PROBE_TOKEN_FILE"):
             token = _read_token_file(environ["PROBE_TOKEN_FILE"])
         kw["token"] = token
+        if environ.get("PROBE_ALLOWED_HOSTS", "").strip():
+            kw["allowed_hosts"] = tuple(
+                h.strip() for h in environ["PROBE_ALLOWED_HOSTS"].split(",") if h.strip())
         for key, name in (("tls_cert", "PROBE_TLS_CERT"), ("tls_key", "PROBE_TLS_KEY")):
             if environ.get(name, "").strip():
                 kw[key] = os.path.abspath(environ[name].strip())  # the watchdog has its own cwd
@@ -316,6 +325,12 @@ def _bool(environ: Mapping[str, str], name: str) -> bool:
 
 
 def _read_token_file(path: str) -> str:
+    from .access import token_file_problem
+
+    # As ssh does with key files: a token others can read is no secret.
+    problem = token_file_problem(path)
+    if problem is not None:
+        raise ConfigError(f"PROBE_TOKEN_FILE: {problem}")
     try:
         with open(path, encoding="utf-8") as f:
             return f.read().strip()

@@ -9,8 +9,9 @@ lifespan off, asyncio loop, and no signal handlers (uvicorn installs them only f
 thread; ours is ``probe-agent.http``).
 
 Every accepted connection goes through ``_GuardedProtocol.connection_made``: TCP connections get
-TCP_NODELAY (without it, keep-alive requests sit on a 44–48 ms Nagle/delayed-ACK floor), and unix
-socket peers are checked with SO_PEERCRED: only our own uid or root may talk to the agent.
+TCP_NODELAY (without it, keep-alive requests sit on a 44–48 ms Nagle/delayed-ACK floor), unix
+socket peers are checked with SO_PEERCRED (only our own uid or root may talk to the agent), and
+TCP peers' uids are read for the access rule that app.py applies per request (access.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ try:  # httptools (C) parses HTTP at a fraction of h11's (pure Python) CPU, in t
 except ImportError:  # pragma: no cover - httptools is in the agent extra; h11 still works
     _BaseProtocol = H11Protocol
 
+from .access import (
+    REQUEST_TIMEOUT_S,
+    Gate,
+    Peer,
+    overload_message,
+    tcp_peer,
+    unix_peer_uid,
+)
 from .errors import BindError
 
 log = logging.getLogger(__name__)
@@ -46,7 +55,9 @@ def bind_tcp(host: str, port: int, rank: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(128)
+        # A deep backlog: a burst of connections queues in the kernel instead of being reset
+        # (a 1000-request burst got 244 resets with 128; issue 20).
+        sock.listen(1024)
     except OSError as e:
         sock.close()
         hint = (
@@ -96,45 +107,85 @@ def bind_unix(
     return sock, path
 
 
-def peer_uid(sock: socket.socket) -> int | None:
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return None
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid
+def _refuse(transport: Any, rank: int, status: int, message: str) -> None:
+    body = json.dumps({"ok": False, "rank": rank, "status": status, "error": message}).encode()
+    reason = {403: b"Forbidden", 408: b"Request Timeout", 503: b"Service Unavailable"}[status]
+    transport.write(
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"content-length: %d\r\n\r\n%s" % (status, reason, len(body), body)
+    )
+    transport.close()
 
 
-def _make_protocol(rank: int) -> type[Any]:
-    my_uid = os.getuid()
+def _make_protocol(rank: int, gate: Gate) -> type[Any]:
+    """uvicorn's protocol with the access rule's connection-level half (probe_agent/access.py):
+    the peer's uid read once per connection, per-class connection limits answered with the
+    JSON error body, and a deadline for each request's head and body (uvicorn has none)."""
+    timed = hasattr(_BaseProtocol, "on_message_complete")  # httptools; h11 has no callbacks
 
     class _GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
+        _probe_keys: list[str] | None = None
+        _probe_client: tuple[str, int] | None = None
+        _probe_timer: asyncio.TimerHandle | None = None
+
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             sock = transport.get_extra_info("socket")
-            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            if sock is not None and sock.family == socket.AF_UNIX:
+                peer = Peer("unix", unix_peer_uid(sock), "unix")
+                if not gate.policy.is_owner(peer):
+                    refusal = gate.policy.check(peer, "", "", {})
+                    _refuse(transport, rank, 403, refusal.message if refusal else "refused")
+                    return
+            elif sock is not None:
                 try:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 except OSError:
                     pass
-            elif sock is not None and sock.family == socket.AF_UNIX:
-                uid = peer_uid(sock)
-                if uid not in (my_uid, 0):
-                    body = json.dumps(
-                        {
-                            "ok": False,
-                            "rank": rank,
-                            "status": 403,
-                            "error": f"uid {uid} may not use this agent's socket; "
-                            f"run probe as uid {my_uid} or root",
-                        }
-                    ).encode()
-                    transport.write(
-                        b"HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\n"
-                        b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
-                    )
-                    transport.close()
-                    return
+                peer = tcp_peer(sock)
+            else:
+                peer = Peer("remote", None, "unknown")
+            keys = gate.limits.admit(peer)
+            if keys is None:
+                _refuse(transport, rank, 503, overload_message(peer))
+                return
+            self._probe_keys = keys
+            if peer.kind != "unix":
+                addr = transport.get_extra_info("peername")
+                self._probe_client = (str(addr[0]), int(addr[1]))
+                gate.peers[self._probe_client] = peer
             super().connection_made(transport)
+            self._probe_arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            gate.limits.release(self._probe_keys)
+            self._probe_keys = None
+            if self._probe_client is not None:
+                gate.peers.pop(self._probe_client, None)
+            self._probe_disarm()
+            super().connection_lost(exc)
+
+        def _probe_arm(self) -> None:
+            if timed and self._probe_timer is None:
+                self._probe_timer = self.loop.call_later(REQUEST_TIMEOUT_S, self._probe_expired)
+
+        def _probe_disarm(self) -> None:
+            if self._probe_timer is not None:
+                self._probe_timer.cancel()
+                self._probe_timer = None
+
+        def _probe_expired(self) -> None:
+            self._probe_timer = None
+            if not self.transport.is_closing():
+                _refuse(self.transport, rank, 408,
+                        f"request not received within {REQUEST_TIMEOUT_S:g} s; connection closed")
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._probe_arm()
+
+        def on_message_complete(self) -> None:
+            self._probe_disarm()
+            super().on_message_complete()
 
     return _GuardedProtocol
 
@@ -183,7 +234,7 @@ class AgentServer:
             server, so these get a second server on the same event loop.
     """
 
-    def __init__(self, app: Any, sockets: list[socket.socket], rank: int, *,
+    def __init__(self, app: Any, sockets: list[socket.socket], rank: int, gate: Gate, *,
                  tls_sockets: list[socket.socket] | None = None, tls: Any = None) -> None:
         self.sockets = [*sockets, *(tls_sockets or [])]
 
@@ -195,8 +246,10 @@ class AgentServer:
                 access_log=False,
                 lifespan="off",
                 loop="asyncio",
-                http=_make_protocol(rank),
-                limit_concurrency=256,
+                http=_make_protocol(rank, gate),
+                # Our own per-class limits (access.py) answer first, with the JSON body;
+                # uvicorn's would answer a plain-text 503 to everyone alike.
+                limit_concurrency=4096,
                 timeout_keep_alive=30,
                 timeout_graceful_shutdown=1,
                 **ssl,

@@ -23,6 +23,7 @@ from .errors import (
     http_error_class,
 )
 from .targets import Endpoint
+from .trust import check_agent
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
@@ -77,12 +78,15 @@ class ProbeClient:
             transport = httpx.HTTPTransport(uds=endpoint.uds, verify=verify)
         else:
             transport = httpx.HTTPTransport(socket_options=_TCP_OPTIONS, verify=verify)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.token = token
+        self.cacert = cacert
+        # Sent per request, and only once trust.check_agent has vouched for the agent.
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._trusted = False
         self._http = httpx.Client(
             base_url=endpoint.base_url,
             transport=transport,
             timeout=httpx.Timeout(timeout),
-            headers=headers,
             trust_env=False,  # an operator's HTTP(S)_PROXY must not swallow loopback agents
         )
 
@@ -98,7 +102,12 @@ class ProbeClient:
     # -- routes -------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/health")
+        """Open to anyone: sent without the token and without the trust check."""
+        body = _decode(self._send("GET", "/v1/health", anonymous=True))
+        if body is None:
+            raise ProtocolError(f"{self.endpoint.label} answered /v1/health with no probe body",
+                                url=self.endpoint.label, reason="not a probe answer")
+        return body
 
     def info(self) -> dict[str, Any]:
         return self.request("GET", "/v1/info")
@@ -128,9 +137,12 @@ class ProbeClient:
         return self.request("POST", "/v1/eval", json={"code": code})
 
     def backtrace(
-        self, *, locals: bool = False, native: bool = False, all: bool = False
+        self, *, locals: bool = False, native: bool = False, all: bool = False,
+        secrets: bool = False,
     ) -> dict[str, Any]:
         params = {"locals": int(locals), "native": int(native), "all": int(all)}
+        if secrets:
+            params["secrets"] = 1
         return self.request("GET", "/v1/backtrace", params=params)
 
     # -- generic ------------------------------------------------------------------------------
@@ -150,8 +162,25 @@ class ProbeClient:
             raise self._protocol_error(resp, "a JSON body")
         return body
 
-    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def _ensure_trusted(self) -> None:
+        """Once per client: no token and no code before the agent is shown to be the job's
+        (trust.py). Raises UntrustedAgentError."""
+        if self._trusted:
+            return
+
+        def health(params: dict[str, Any]) -> dict[str, Any]:
+            return _decode(self._send("GET", "/v1/health", params=params, anonymous=True)) or {}
+
+        check_agent(self.endpoint, token=self.token, cacert=self.cacert, health=health)
+        self._trusted = True
+
+    def _send(self, method: str, path: str, *, anonymous: bool = False,
+              **kw: Any) -> httpx.Response:
         url = self.endpoint.label
+        if not anonymous:
+            self._ensure_trusted()
+            if self._auth:
+                kw["headers"] = {**self._auth, **(kw.get("headers") or {})}
         try:
             resp = self._http.request(method, path, **kw)
         except httpx.TimeoutException as e:

@@ -25,6 +25,7 @@ Hierarchy::
         ├── AgentUnreachableError   connection refused, no route, unknown host
         ├── AgentTimeoutError       no answer within --timeout (a "silent" rank)
         ├── ProtocolError           an answer that is not a probe wire body
+        ├── UntrustedAgentError     the address is not shown to be the job's agent (trust.py)
         └── AgentHTTPError          a non-2xx answer; ``status`` and the agent's ``body``
             ├── AuthError (401)     missing or wrong token
             └── ForbiddenError (403) refused by policy (eval off loopback, peer uid)
@@ -113,6 +114,11 @@ class ProtocolError(RankError):
     help_text = "is that address a probe agent? `probe -t HOST:PORT info` checks"
 
 
+class UntrustedAgentError(RankError):
+    help_text = ("check the address: agents run as the job's owner; `probe ps` lists this "
+                 "machine's agents and `probe PID ...` reaches one over its unix socket")
+
+
 class AgentHTTPError(RankError):
     """The agent answered with an error body (docs/http-api.md, "Error body").
 
@@ -130,13 +136,13 @@ class AgentHTTPError(RankError):
 
 
 class AuthError(AgentHTTPError):
-    help_text = "pass --token or set PROBE_TOKEN to the job's token"
+    help_text = "pass the job's token with --token-file FILE (or --token, PROBE_TOKEN)"
 
 
 class ForbiddenError(AgentHTTPError):
     help_text = (
-        "the agent refused by policy: for eval off loopback set PROBE_TOKEN in the job and pass "
-        "--token, or use `probe PID ...` on the rank's machine (unix socket, same user)"
+        "only the job's owner (same uid, or root) or a holder of its token may reach an agent: "
+        "run probe as that user, or pass --token-file"
     )
 
 

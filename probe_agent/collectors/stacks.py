@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from types import FrameType
 from typing import Any
 
+from ..access import redact_locals
+
 AGENT_THREAD_PREFIX = "probe-agent"
 _MAX_FRAMES = 256
 _REPR = reprlib.Repr()
@@ -58,7 +60,7 @@ def safe_repr(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _frames(frame: FrameType | None, with_locals: bool) -> list[Frame]:
+def _frames(frame: FrameType | None, with_locals: bool, show_secrets: bool = False) -> list[Frame]:
     out: list[Frame] = []
     while frame is not None and len(out) < _MAX_FRAMES:
         if not isinstance(frame, FrameType):
@@ -70,15 +72,18 @@ def _frames(frame: FrameType | None, with_locals: bool) -> list[Frame]:
         code = frame.f_code
         loc = None
         if with_locals:
-            loc = {k: safe_repr(v) for k, v in list(frame.f_locals.items())[:64]}
+            loc = redact_locals({k: safe_repr(v) for k, v in list(frame.f_locals.items())[:64]},
+                                show_secrets)
         out.append(
             Frame(len(out), code.co_name, code.co_filename, frame.f_lineno or 0, "Python", loc))
         frame = frame.f_back
     return out
 
 
-def snapshot(*, with_locals: bool = False, include_agent: bool = False) -> list[ThreadStack]:
-    """Stacks of every live thread, main thread first, innermost frame first."""
+def snapshot(*, with_locals: bool = False, include_agent: bool = False,
+             show_secrets: bool = False) -> list[ThreadStack]:
+    """Stacks of every live thread, main thread first, innermost frame first. Locals whose
+    names look like secrets are redacted unless ``show_secrets`` (issue 19)."""
     names = {t.ident: t.name for t in threading.enumerate()}
     main_id = threading.main_thread().ident
     me = threading.get_ident()
@@ -88,7 +93,7 @@ def snapshot(*, with_locals: bool = False, include_agent: bool = False) -> list[
         is_agent = name.startswith(AGENT_THREAD_PREFIX) or tid == me
         if is_agent and not include_agent:
             continue
-        stacks.append(ThreadStack(tid, name, tid == main_id, is_agent, _frames(frame, with_locals)))
+        stacks.append(ThreadStack(tid, name, tid == main_id, is_agent, _frames(frame, with_locals, show_secrets)))
     stacks.sort(key=lambda s: (not s.is_main, s.is_agent, s.thread_name))
     return stacks
 

@@ -51,8 +51,12 @@ def _client(request: Request) -> str:
 
 
 @router.get("/health")
-async def health(request: Request) -> dict[str, Any]:
-    return {"ok": True, "rank": _agent(request).rank, "status": "ok"}
+async def health(request: Request, challenge: str | None = None) -> dict[str, Any]:
+    """Open to anyone. With ``challenge``, an agent that has a token proves it (access.proof)
+    before a client sends it the token (issue 19)."""
+    agent = _agent(request)
+    proof = agent.gate.policy.health_extra({"challenge": challenge or ""}, agent.tcp_port)
+    return {"ok": True, "rank": agent.rank, "status": "ok", **proof}
 
 
 @router.get("/info")
@@ -127,14 +131,16 @@ async def eval_code(request: Request, body: EvalRequest) -> dict[str, Any]:
 
 @router.get("/backtrace")
 async def backtrace(
-    request: Request, locals: bool = False, native: bool = False, all: bool = False
+    request: Request, locals: bool = False, native: bool = False, all: bool = False,
+    secrets: bool = False,
 ) -> JSONResponse:
     agent = _agent(request)
     t0 = time.perf_counter()
     if locals:
         # Reprs run user code that may be slow; keep them off the event loop.
         snap = await asyncio.get_running_loop().run_in_executor(
-            agent.query_pool, lambda: stacks.snapshot(with_locals=True, include_agent=all)
+            agent.query_pool, lambda: stacks.snapshot(
+                with_locals=True, include_agent=all, show_secrets=secrets)
         )
     else:
         snap = stacks.snapshot(include_agent=all)

@@ -56,11 +56,13 @@ class Watchdog:
         self._record()
         snapshots = asyncio.ensure_future(self.rank.snapshot_loop(
             self.proxy.fetch_in_process, self.cfg["snapshot_s"], self.proxy.deadline_s))
+        refusals = asyncio.ensure_future(self.proxy.report_refusals())
         sys.stdout.write("ready\n")
         sys.stdout.flush()
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # let the agent's pipe close
         await self.stop.wait()
         snapshots.cancel()
+        refusals.cancel()
         for srv in self.servers.values():
             srv.close()
         self._cleanup()

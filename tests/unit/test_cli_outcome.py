@@ -15,7 +15,7 @@ from probe_cli.errors import (
 from probe_cli.outcome import exit_code, failure_summary
 from probe_cli.result import RankResult
 
-TOKEN_MSG = "wrong token: pass --token or set PROBE_TOKEN to the job's token"
+TOKEN_MSG = "wrong token: pass the job's token with --token-file FILE (or --token, PROBE_TOKEN)"
 
 
 def ok(rank: int) -> RankResult:

@@ -1,0 +1,404 @@
+"""Who may reach an agent: one rule for every public socket (issue 19). Stdlib only.
+
+The agent's own server (``server.py``/``app.py``, when no watchdog runs) and the watchdog's
+proxy (``watchdog/proxy.py``, another process) both decide through ``Policy.check``, so the
+proxy can never let through what the agent would refuse.
+
+The rule, in order:
+
+1. ``GET /v1/health`` is open to anyone who can connect (liveness checks, load balancers), and
+   answers a token-proof challenge (``proof``) so that a client can check an agent before it
+   sends it a secret.
+2. A TCP request whose ``Host`` header names something other than an IP address or a name of
+   this machine is refused (DNS rebinding: a web page steered to 127.0.0.1 sends its own name),
+   and so is a browser's cross-origin request (an ``Origin`` that is not the ``Host``).
+3. The job's owner passes: a unix-socket peer (SO_PEERCRED) or a loopback TCP peer (the owner
+   of the client's socket in /proc/net/tcp) whose uid is ours or root's.
+4. Anyone else needs the job's token (``Authorization: Bearer``); a wrong token is refused even
+   for the owner, so that a typo never goes unnoticed.
+
+Refusals carry a one-line reason that says what to do; callers count and audit them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import os
+import re
+import socket
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Names of locals whose values stay out of backtraces unless asked for (``secrets=1``).
+_SECRET_NAME = re.compile(r"key|token|secret|passw|credential|auth", re.IGNORECASE)
+REDACTED = "<redacted: name looks like a secret; --show-secrets to see it>"
+
+_PROC_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+_TCP_LISTEN = "0A"
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The other end of a connection, as far as the kernel tells us.
+
+    ``kind`` is 'unix', 'local' (TCP from this machine, uid read from /proc/net) or 'remote'
+    (TCP from elsewhere: no uid). ``uid`` is None when unknown."""
+
+    kind: str
+    uid: int | None
+    address: str
+
+    def label(self) -> str:
+        return self.address if self.uid is None else f"{self.address} uid={self.uid}"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    status: int
+    message: str
+    #: Short words for the audit row and counters: 'host', 'origin', 'uid', 'token'.
+    reason: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def unix_peer_uid(sock: socket.socket) -> int | None:
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return struct.unpack("3i", creds)[1]
+
+
+def _hex_addr(ip: str, port: int) -> tuple[str, str] | None:
+    """An address as /proc/net/tcp{,6} prints it: (table, 'HEXIP:HEXPORT'), host byte order."""
+    try:
+        addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        # A v4 client of a dual-stack listener: its own socket is AF_INET, in /proc/net/tcp.
+        addr = addr.ipv4_mapped
+    if isinstance(addr, ipaddress.IPv6Address):
+        words = "".join(f"{w:08X}" for w in struct.unpack("=4I", addr.packed))
+        return _PROC_TABLES[1], f"{words}:{port:04X}"
+    return _PROC_TABLES[0], f"{struct.unpack('=I', addr.packed)[0]:08X}:{port:04X}"
+
+
+def _rows(table: str) -> list[list[str]]:
+    try:
+        with open(table, encoding="ascii") as f:
+            next(f, None)
+            return [line.split() for line in f]
+    except OSError:
+        return []
+
+
+def socket_owner(local: tuple[str, int], remote: tuple[str, int] | None) -> int | None:
+    """The uid owning the TCP socket bound to ``local`` (connected to ``remote``, or listening
+    when ``remote`` is None), from /proc/net/tcp{,6} of this network namespace.
+
+    Only a socket still held by a process counts (inode ≠ 0): a closed socket's TIME_WAIT or
+    orphaned FIN_WAIT entry reports uid 0, and must never pass for root."""
+    key = _hex_addr(*local)
+    if key is None:
+        return None
+    table, want_local = key
+    want_remote = None
+    if remote is not None:
+        rkey = _hex_addr(*remote)
+        if rkey is None:
+            return None
+        want_remote = rkey[1]
+    if want_remote is not None:
+        for row in _rows(table):
+            if len(row) >= 10 and row[9] != "0" and row[1] == want_local and row[2] == want_remote:
+                return int(row[7])
+        return None
+    # A listener: on this address, or on a wildcard of either family (a dual-stack '::'
+    # listener serves 127.0.0.1 too).
+    port = want_local.rsplit(":", 1)[1]
+    for tbl in _PROC_TABLES:
+        for row in _rows(tbl):
+            if len(row) < 10 or row[9] == "0" or row[3] != _TCP_LISTEN:
+                continue
+            addr, _, row_port = row[1].partition(":")
+            if row_port == port and (row[1] == want_local or set(addr) == {"0"}):
+                return int(row[7])
+    return None
+
+
+def is_local_address(ip: str, local_ip: str) -> bool:
+    """True when a TCP peer is this machine: loopback, or our own address on the socket."""
+    try:
+        addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback or ip == local_ip
+
+
+def tcp_peer(sock: socket.socket) -> Peer:
+    try:
+        local, remote = sock.getsockname(), sock.getpeername()
+    except OSError:
+        return Peer("remote", None, "tcp")
+    address = f"{remote[0]}:{remote[1]}"
+    if not is_local_address(remote[0], local[0]):
+        return Peer("remote", None, address)
+    # The client's socket is bound to the peer address, connected to our local address.
+    return Peer("local", socket_owner((remote[0], remote[1]), (local[0], local[1])), address)
+
+
+def redact_locals(values: dict[str, str] | None, show_secrets: bool) -> dict[str, str] | None:
+    """``values`` with the values of secret-looking names replaced (unless asked for)."""
+    if not values or show_secrets:
+        return values
+    return {k: (REDACTED if _SECRET_NAME.search(str(k)) else v) for k, v in values.items()}
+
+
+def proof(token: str, nonce: str, port: int) -> str:
+    """What an agent holding ``token`` answers to a health challenge on ``port``. The port is
+    in it so that a squatter cannot relay a client's challenge to the real agent's port and
+    hand back its answer."""
+    msg = f"probe-agent-proof:{nonce}:{port}".encode()
+    return hmac.new(token.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def token_file_problem(path: str) -> str | None:
+    """Why a token file must not be used (readable by group or others), or None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # the open that follows says what is wrong
+    if mode & 0o077:
+        return (f"token file {path} is readable by other users (mode {mode & 0o777:o}); "
+                f"run: chmod 600 {path}")
+    return None
+
+
+def _host_name(host_header: str) -> str:
+    h = host_header.strip().lower()
+    if h.startswith("["):
+        return h[1:h.find("]")] if "]" in h else h[1:]
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(slots=True)
+class Policy:
+    """The access rule of one agent (see the module docstring).
+
+    Args:
+        owner_uid: the job's uid; root is always an owner too.
+        token: the job's token, or None (then only the owner gets past health).
+        host_names: names of this machine a Host header may carry besides IP addresses
+            (hostname, FQDN, PROBE_ADVERTISE_HOST, PROBE_ALLOWED_HOSTS).
+    """
+
+    owner_uid: int
+    token: str | None
+    host_names: frozenset[str] = field(default_factory=frozenset)
+    refused: int = 0
+
+    @classmethod
+    def for_agent(cls, token: str | None, extra_hosts: list[str] | tuple[str, ...] = ()) -> Policy:
+        # Not getfqdn(): a reverse lookup can hang for seconds where DNS is broken, and this
+        # runs in the training process's start-up. Other names go in PROBE_ALLOWED_HOSTS.
+        names = {"localhost", "localhost.localdomain", socket.gethostname().lower()}
+        names.update(h.strip().lower() for h in extra_hosts if h and h.strip())
+        return cls(owner_uid=os.getuid(), token=token, host_names=frozenset(names))
+
+    @property
+    def mode(self) -> str:
+        return "same-user + token" if self.token else "same-user"
+
+    def is_owner(self, peer: Peer) -> bool:
+        return peer.kind in ("unix", "local") and peer.uid in (self.owner_uid, 0)
+
+    def check(self, peer: Peer, method: str, path: str, header: dict[str, str]) -> Refusal | None:
+        """None when the request may go on; else why not. ``header`` maps lower-case names."""
+        if method in ("GET", "HEAD") and path == "/v1/health":
+            return None
+        if peer.kind != "unix":
+            host = header.get("host")
+            if host is not None:
+                name = _host_name(host)
+                if not _is_ip(name) and name not in self.host_names:
+                    return self._refuse(403, "host", (
+                        f"Host {host!r} is not an address of this agent (DNS-rebinding "
+                        "protection); connect by IP address, or add the name to "
+                        "PROBE_ALLOWED_HOSTS on the training side"))
+            origin = header.get("origin")
+            if origin is not None and origin.split("://", 1)[-1].lower() != (host or "").lower():
+                return self._refuse(403, "origin", (
+                    f"cross-origin request from {origin!r} refused: agents answer the probe CLI "
+                    "and `probe ui`, not web pages"))
+        sent = header.get("authorization")
+        if sent is not None and self.token is not None:
+            # Constant time: the comparison must not leak how much of the token matched.
+            if hmac.compare_digest(sent.encode(), f"Bearer {self.token}".encode()):
+                return None
+            return self._refuse(401, "token", "wrong token: pass the job's token with "
+                                "--token-file FILE (or --token, PROBE_TOKEN)",
+                                (("WWW-Authenticate", "Bearer"),))
+        if self.is_owner(peer):
+            return None
+        if peer.kind == "local":
+            who = f"uid {peer.uid}" if peer.uid is not None else "a process that closed its socket"
+            if self.token is not None:
+                return self._refuse(401, "token", (
+                    f"missing token: {who} is not this job's owner (uid {self.owner_uid}); pass "
+                    "the job's token with --token-file FILE (or --token, PROBE_TOKEN)"),
+                    (("WWW-Authenticate", "Bearer"),))
+            return self._refuse(403, "uid", (
+                f"{who} is not this job's owner (uid {self.owner_uid}): run probe as uid "
+                f"{self.owner_uid} or root (this job has no token, so only its owner can)"))
+        if peer.kind == "unix":
+            return self._refuse(403, "uid", (
+                f"uid {peer.uid} may not use this agent's socket; run probe as uid "
+                f"{self.owner_uid} or root"))
+        if self.token is None:
+            return self._refuse(403, "token", (
+                "this agent has no token and serves only its owner on this machine; set "
+                "PROBE_TOKEN_FILE in the job's environment to reach it from other hosts"))
+        return self._refuse(401, "token", "missing token: pass the job's token with "
+                            "--token-file FILE (or --token, PROBE_TOKEN)", (("WWW-Authenticate", "Bearer"),))
+
+    def _refuse(self, status: int, reason: str, message: str,
+                headers: tuple[tuple[str, str], ...] = ()) -> Refusal:
+        self.refused += 1
+        return Refusal(status, message, reason, headers)
+
+    def health_extra(self, query: dict[str, list[str]] | dict[str, str], port: int | None
+                     ) -> dict[str, str]:
+        """The token proof for ``GET /v1/health?challenge=NONCE`` (empty without a token)."""
+        raw = query.get("challenge")
+        nonce = raw[-1] if isinstance(raw, list) else raw
+        if not nonce or self.token is None or port is None or len(nonce) > 128:
+            return {}
+        return {"proof": proof(self.token, nonce, port)}
+
+
+#: Open connections each class of peer may hold (issue 20): a flood from another uid or host
+#: cannot take the owner's share, and a half-open socket is dropped after REQUEST_TIMEOUT_S.
+OWNER_CONNECTIONS = 512
+PER_UID_CONNECTIONS = 32
+PER_REMOTE_CONNECTIONS = 64
+REMOTE_CONNECTIONS = 256
+#: A request's head and body must arrive within this (slowloris); a keep-alive connection
+#: waits longer between requests, but only the owner's.
+REQUEST_TIMEOUT_S = 10.0
+
+
+class ConnectionLimits:
+    """Counts open connections per class of peer. Used from one event loop: no lock."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.open: dict[str, int] = {}
+        self.turned_away = 0
+
+    def _keys(self, peer: Peer) -> list[tuple[str, int]]:
+        if self.policy.is_owner(peer):
+            return [("owner", OWNER_CONNECTIONS)]
+        if peer.kind in ("local", "unix"):
+            return [(f"uid:{peer.uid}", PER_UID_CONNECTIONS)]
+        ip = peer.address.rsplit(":", 1)[0]
+        return [("remote", REMOTE_CONNECTIONS), (f"ip:{ip}", PER_REMOTE_CONNECTIONS)]
+
+    def admit(self, peer: Peer) -> list[str] | None:
+        """The keys to release later, or None when this peer's class is full."""
+        keys = self._keys(peer)
+        if any(self.open.get(k, 0) >= cap for k, cap in keys):
+            self.turned_away += 1
+            return None
+        for k, _ in keys:
+            self.open[k] = self.open.get(k, 0) + 1
+        return [k for k, _ in keys]
+
+    def release(self, keys: list[str] | None) -> None:
+        for k in keys or ():
+            left = self.open.get(k, 0) - 1
+            if left > 0:
+                self.open[k] = left
+            else:
+                self.open.pop(k, None)
+
+
+def overload_message(peer: Peer) -> str:
+    return (f"too many open connections from {peer.label()}; close idle ones and retry "
+            "(the job's owner keeps a share of its own)")
+
+
+def header_map(pairs: list[tuple[bytes, bytes]] | list[tuple[str, str]]) -> dict[str, str]:
+    """Request headers as lower-case name -> value (the last one wins)."""
+    out: dict[str, str] = {}
+    for k, v in pairs:
+        name = k.decode("latin-1") if isinstance(k, bytes) else k
+        out[name.lower()] = v.decode("latin-1") if isinstance(v, bytes) else v
+    return out
+
+
+class Gate:
+    """The agent server's side of the rule: the policy, the connection limits, and the peer of
+    each open TCP connection (filled when a connection is accepted, read per request)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.limits = ConnectionLimits(policy)
+        self.peers: dict[tuple[str, int], Peer] = {}
+
+    def peer_of(self, client: tuple[str, int] | list[Any] | None) -> Peer:
+        if not client:
+            # A unix socket: the server refused any peer that is not the owner when it
+            # accepted the connection (SO_PEERCRED), and the watchdog forwards only what the
+            # same rule let through.
+            return Peer("unix", self.policy.owner_uid, "unix")
+        return self.peers.get((client[0], int(client[1]))) or Peer(
+            "remote", None, f"{client[0]}:{client[1]}")
+
+
+class RefusalLog:
+    """Refused requests, counted, with one audit row each up to ``burst`` rows per ``window_s``
+    seconds: a flood of refused requests must not grow the (never trimmed) audit table or take
+    the writer's time. Rows beyond that are counted in ``unlogged``.
+
+    Args:
+        write: ``write(client, what, reason, message)`` appends one audit row.
+    """
+
+    def __init__(self, write: Any, burst: int = 20, window_s: float = 10.0) -> None:
+        self.write = write
+        self.burst = burst
+        self.window_s = window_s
+        self.count = 0
+        self.unlogged = 0
+        self.by_reason: dict[str, int] = {}
+        self._window_start = 0.0
+        self._in_window = 0
+
+    def record(self, client: str, what: str, reason: str, message: str, now: float) -> None:
+        self.count += 1
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+        if now - self._window_start > self.window_s:
+            self._window_start, self._in_window = now, 0
+        if self._in_window >= self.burst:
+            self.unlogged += 1
+            return
+        self._in_window += 1
+        self.write(client, what, reason, message)
+
+    def describe(self) -> dict[str, Any]:
+        return {"refused": self.count, "by_reason": dict(self.by_reason),
+                "unlogged": self.unlogged}

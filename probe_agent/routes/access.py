@@ -1,0 +1,39 @@
+"""The watchdog's report of the requests it refused (issue 19), so that one audit table and one
+counter (`probe info`, python.evals with kind 'access') cover every public socket."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+
+from ..errors import ForbiddenError
+
+router = APIRouter(prefix="/v1")
+
+
+class RefusedRequest(BaseModel):
+    client: str = Field(max_length=200)
+    what: str = Field(max_length=300, description="METHOD /path")
+    reason: str = Field(max_length=40)
+    message: str = Field(max_length=1000)
+
+
+class RefusalReport(BaseModel):
+    refusals: list[RefusedRequest] = Field(default_factory=list, max_length=1000)
+    unlisted: int = Field(0, ge=0, description="refusals counted but not listed")
+
+
+@router.post("/access/refusals", include_in_schema=False)
+async def report_refusals(request: Request, body: RefusalReport) -> dict[str, Any]:
+    agent = request.app.state.agent
+    if agent.gate.peer_of(request.scope.get("client")).kind != "unix":
+        raise ForbiddenError("only the rank's watchdog reports refusals (over the unix socket)")
+    now = time.time()
+    for r in body.refusals:
+        agent.refusals.record(r.client, r.what, r.reason, r.message, now)
+    agent.refusals.count += body.unlisted
+    agent.refusals.unlogged += body.unlisted
+    return {"ok": True, "rank": agent.rank, "recorded": len(body.refusals)}
