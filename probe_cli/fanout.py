@@ -11,6 +11,10 @@ Rank discovery (``resolve_ranks``):
   duplicates (the same rank twice) dropped.
 - ``--rank`` then filters; naming a rank the job does not have is a usage error.
 
+``fan_out_target_first`` (``probe backtrace``) sends the single target its own request beside
+discovery, not after it: a rank whose ``/v1/ranks`` is slow (a wedged event loop, issue 20) still
+answers its own backtrace, and its watchdog's cached rank list reaches the others.
+
 Fan-out (``fan_out``) never raises for a rank: each becomes a ``RankResult`` with the wire body
 or the error (torch.distributed.debug's ``fetch_all``). At most ``FANOUT_CONCURRENCY`` requests
 are in flight; each rank gets ``session.timeout`` seconds.
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from .client import ProbeClient
@@ -33,6 +37,7 @@ from .errors import (
     ProbeCLIError,
     ProtocolError,
     RankError,
+    UntrustedAgentError,
     UsageProblemError,
 )
 from .group import compact_ranges
@@ -78,7 +83,8 @@ def resolve_ranks(session: Session) -> list[RankTarget]:
     return list(session.rank_cache)
 
 
-_NO_ANSWER = (AgentUnreachableError, AgentTimeoutError, AuthError, ForbiddenError)
+_NO_ANSWER = (AgentUnreachableError, AgentTimeoutError, AuthError, ForbiddenError,
+              UntrustedAgentError)
 
 
 def _expand(session: Session, ep: Endpoint) -> list[RankTarget]:
@@ -214,6 +220,38 @@ def fan_out(session: Session, targets: list[RankTarget], call: Call) -> list[Ran
             pool.shutdown(wait=False, cancel_futures=True)
     wanted = session.rank_filter
     if wanted:  # a target whose rank discovery could not tell: keep it only if it is wanted
+        results = [r for r in results if r.rank is None or r.rank in wanted]
+    return sorted(results, key=result_order)
+
+
+def fan_out_target_first(session: Session, call: Call) -> list[RankResult]:
+    """``fan_out`` over ``resolve_ranks``, except that with one target and nothing discovered
+    yet, the target's own ``call`` runs concurrently with discovery and is used for its rank
+    whatever discovery does (the others are reached once discovery lists them)."""
+    if len(session.endpoints) != 1 or session.rank_cache is not None:
+        return fan_out(session, resolve_ranks(session), call)
+    ep = session.endpoints[0]
+    pool = ThreadPoolExecutor(1, "probe-fanout-target")
+    try:
+        early = pool.submit(_call_one, session, RankTarget(None, ep), call)
+        targets = resolve_ranks(session)
+        others = [t for t in targets if t.endpoint != ep]
+        mine = next((t for t in targets if t.endpoint == ep), None)
+        results = fan_out(session, others, call) if others else []
+        if mine is None and others:
+            return results  # --rank left the target's own rank out
+        own = early.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    if mine is not None and mine.error is not None and own.ok:
+        session.notes.append(f"{ep.label} did not list the job's ranks ({mine.error.message}); "
+                             "showing its own rank only: pass every rank with -t or --hostfile")
+    if mine is not None:
+        own = replace(own, rank=own.rank if own.rank is not None else mine.rank,
+                      host=own.host or mine.host, pid=own.pid or mine.pid)
+    results.append(own)
+    wanted = session.rank_filter
+    if wanted:
         results = [r for r in results if r.rank is None or r.rank in wanted]
     return sorted(results, key=result_order)
 

@@ -31,7 +31,7 @@ from .httpwire import (
     read_response_head,
 )
 from .rank import RankWatch
-from .reader import ReadError, StackReader
+from .reader import ReadError, StackReader, stop_note
 
 IDLE_S = 60.0
 #: Longest a forwarded request may wait for the agent while the agent is alive and its heartbeat
@@ -185,6 +185,10 @@ class Proxy:
         # Already stale on arrival: the agent's Python has not run for a whole deadline, so do
         # not make the client wait another one.
         patience = 0.0 if self._stale() is not None else self.deadline_s
+        # Discovery is the first step of every fan-out, `probe backtrace` included: it gets the
+        # backtrace's deadline, not MAX_WAIT_S, even while the heartbeat is fresh (a wedged
+        # event loop beside a live training thread, issue 20).
+        is_ranks = req.method == "GET" and req.path == "/v1/ranks"
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.05 if patience else 0.01)
             if done:
@@ -192,16 +196,18 @@ class Proxy:
             waited = time.monotonic() - started
             stale = self._stale()
             if not self.rank.alive or (stale is not None and waited >= patience) or \
-                    waited > MAX_WAIT_S:
+                    (is_ranks and waited >= self.deadline_s) or waited > MAX_WAIT_S:
                 task.cancel()
                 if not self.rank.alive:
                     writer.write(self._dead(req, False))
                     return True
-                if req.method == "GET" and req.path == "/v1/ranks" and self.ranks_cache:
+                if is_ranks:
                     # Discovery must still fan out to the other ranks while this one is stuck.
-                    writer.write(json_response(200, {**self.ranks_cache, "cached": True}))
+                    writer.write(json_response(200, self._known_ranks()))
                     return True
-                what = (f"has not run for {stale:.1f} s (its GIL is held, probably by a C call)"
+                stopped = stop_note(self.pid)
+                what = (f"is not running: {stopped}" if stopped else
+                        f"has not run for {stale:.1f} s (its GIL is held, probably by a C call)"
                         if stale is not None else f"did not answer within {MAX_WAIT_S:g} s")
                 writer.write(self._error(
                     504, f"rank {self.rank_no}'s Python {what}; `probe backtrace` still answers "
@@ -219,10 +225,22 @@ class Proxy:
             return True
         return await self._relay(writer, head, r, w)
 
+    def _known_ranks(self) -> dict[str, Any]:
+        """/v1/ranks while the agent does not answer: its last answer, else this rank alone
+        (the CLI keeps the address it used for the answering rank, so no URL is needed)."""
+        if self.ranks_cache:
+            return {**self.ranks_cache, "cached": True}
+        me = {"rank": self.rank_no, "url": None, "host": self.host, "pid": self.pid}
+        return {"ok": True, "rank": self.rank_no, "ranks": [me], "cached": True,
+                "discovery": {"state": "unknown", "error": "the agent did not answer in time"}}
+
     async def backtrace(self, req: Request, writer: asyncio.StreamWriter, client: str) -> bool:
         started = time.monotonic()
         stale = self._stale()
-        if stale is not None:
+        stopped = stop_note(self.pid)
+        if stopped is not None:  # its agent cannot answer: no need to wait a deadline for it
+            reason = stopped
+        elif stale is not None:
             reason = (f"the agent's Python has not run for {stale:.1f} s (heartbeat): its GIL "
                       "is held, probably by a C call")
         else:
@@ -286,12 +304,15 @@ class Proxy:
             name = f" ({holder['thread_name']})" if holder else ""
             reason = f"{reason}; the GIL is held by thread {res['gil_holder']}{name}"
         if res.get("note"):
-            reason = f"{reason}; route faulthandler because {res['note']}"
+            reason = f"{reason}; route {res['route']} because {res['note']}"
+        if res.get("stopped") and res["stopped"] not in reason:
+            reason = f"{res['stopped']}; {reason}"
         hb = self.rank.heartbeat()
         body = {
             "ok": True, "rank": self.rank_no, "pid": self.pid, "host": self.host,
             "source": "out-of-process", "route": res["route"], "reason": reason,
-            "native": native and res["route"] == "py-spy", "state": "alive",
+            "native": native and res["route"] == "py-spy" and not res.get("stopped"),
+            "state": "stopped" if res.get("stopped") else "alive", "stopped": res.get("stopped"),
             "gil_holder": res.get("gil_holder"),
             "gil_held": res.get("gil_holder") is not None if res["route"] == "py-spy" else None,
             "heartbeat_age_s": round(hb[0], 3) if hb else None,

@@ -12,6 +12,12 @@ Two routes, both answering in the shape of the in-process ``/v1/backtrace`` (``t
 
 ``auto`` tries py-spy and remembers a ptrace refusal (a container without SYS_PTRACE), then uses
 faulthandler and says why in ``reason``.
+
+A stopped rank (state ``T``: SIGSTOP, SIGTSTP; ``t``: held by a debugger) runs no signal handler
+and cannot be suspended by py-spy, whose plain ``dump`` then fails (issue 20). It is read with
+``py-spy dump --nonblocking``, which only reads memory (safe: a stopped process cannot change
+under it; py-spy refuses ``--native`` with it). Without py-spy, ``/proc`` still gives each
+thread's state and kernel wait channel (route ``proc``), and ``stopped`` says how to resume it.
 """
 
 from __future__ import annotations
@@ -37,6 +43,60 @@ FATAL_SIGNALS = {
     "Segmentation fault": 11, "Aborted": 6, "Bus error": 7, "Floating point exception": 8,
     "Illegal instruction": 4,
 }
+
+
+def proc_state(pid: int, tid: int | None = None) -> str | None:
+    """The one-letter state of ``pid`` (or of its thread ``tid``) from /proc; None if gone."""
+    where = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    try:
+        with open(where, "rb") as f:
+            return f.read().decode(errors="replace").rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _proc_text(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def stop_note(pid: int) -> str | None:
+    """A sentence saying that ``pid`` is stopped and how to resume it, or None while it runs."""
+    state = proc_state(pid)
+    if state == "T":
+        return (f"the rank is stopped (state T: SIGSTOP or SIGTSTP); resume it with "
+                f"`kill -CONT {pid}`")
+    if state == "t":
+        tracer = next((line.split()[1] for line in _proc_text(f"/proc/{pid}/status").splitlines()
+                       if line.startswith("TracerPid:")), "?")
+        return (f"the rank is stopped by a tracer (state t: ptrace by pid {tracer}, a debugger); "
+                "it resumes when that tracer continues or detaches")
+    return None
+
+
+def read_proc(pid: int) -> list[dict[str, Any]]:
+    """What /proc tells of each thread without ptrace: name, state and kernel wait channel,
+    as one ``Native`` pseudo-frame (the Python frames need py-spy or a running rank)."""
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except (OSError, ValueError):
+        raise ReadError(f"/proc/{pid} is gone (the rank exited)") from None
+    threads = []
+    for tid in tids:
+        wchan = _proc_text(f"/proc/{pid}/task/{tid}/wchan") or "0"
+        state = proc_state(pid, tid) or "?"
+        name = _proc_text(f"/proc/{pid}/task/{tid}/comm") or f"Thread-{tid}"
+        threads.append({
+            "thread_id": tid, "thread_name": "MainThread" if tid == pid else name,
+            "is_main": tid == pid, "is_agent": False, "os_thread_id": tid, "owns_gil": False,
+            "state": state, "wchan": None if wchan == "0" else wchan,
+            "frames": [{"depth": 0, "func": wchan if wchan != "0" else f"(state {state})",
+                        "file": "kernel", "lineno": 0, "frame_type": "Native", "locals": None}],
+        })
+    return threads
 
 
 class ReadError(Exception):
@@ -154,7 +214,34 @@ class StackReader:
         return self.ptrace_refused
 
     async def read(self, *, locals: bool = False, native: bool = False) -> dict[str, Any]:
-        """``{route, threads, gil_holder, note}``; raises ReadError when no route works."""
+        """``{route, threads, gil_holder, note, stopped}``; raises ReadError when no route
+        works. ``stopped`` (a sentence, or None) says the rank is stopped and how to resume it."""
+        stopped = stop_note(self.pid)
+        if stopped is None:
+            try:
+                return await self._read_live(locals=locals, native=native)
+            except ReadError:
+                stopped = stop_note(self.pid)  # stopped meanwhile: py-spy and the dump fail then
+                if stopped is None:
+                    raise
+        return await self._read_stopped(stopped, self.pyspy_unusable(), locals=locals)
+
+    async def _read_stopped(self, stopped: str, why_not: str | None, *,
+                            locals: bool) -> dict[str, Any]:
+        """py-spy --nonblocking, else /proc (faulthandler needs the rank to run its handler)."""
+        if why_not is None:
+            try:
+                out = await self.read_pyspy(locals=locals, nonblocking=True)
+                return {**out, "stopped": stopped}
+            except PermissionError as e:
+                self.ptrace_refused, self._refused_at = str(e), time.monotonic()
+                why_not = str(e)
+            except ReadError as e:
+                why_not = str(e)
+        return {"route": "proc", "threads": read_proc(self.pid), "gil_holder": None,
+                "note": f"{why_not}, and a stopped rank runs no faulthandler", "stopped": stopped}
+
+    async def _read_live(self, *, locals: bool, native: bool) -> dict[str, Any]:
         why_not = self.pyspy_unusable()
         if why_not is None:
             try:
@@ -175,13 +262,20 @@ class StackReader:
         out["note"] = why_not
         return out
 
-    async def read_pyspy(self, *, locals: bool = False, native: bool = False) -> dict[str, Any]:
+    async def read_pyspy(self, *, locals: bool = False, native: bool = False,
+                         nonblocking: bool = False) -> dict[str, Any]:
+        """py-spy's dump; ``nonblocking`` reads without suspending the rank (for a stopped
+        one, which py-spy cannot suspend; py-spy has no native frames then)."""
         assert self.pyspy
+        nonblocking = nonblocking or stop_note(self.pid) is not None
+        native = native and not nonblocking
         cmd = [self.pyspy, "dump", "--pid", str(self.pid), "--json"]
         if locals:
             cmd.append("--locals")
         if native:
             cmd.append("--native")
+        if nonblocking:
+            cmd.append("--nonblocking")
         limit = PYSPY_NATIVE_TIMEOUT_S if native else PYSPY_TIMEOUT_S
         arrived = time.monotonic()
         async with self._pyspy_slots:

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from ..fanout import fan_out, resolve_ranks
+from ..fanout import fan_out_target_first
 from ..group import rank_label
 from ..outcome import Outcome, finish
 from ..render import format_csv
@@ -22,22 +22,28 @@ CSV_COLUMNS = ("rank", "thread_id", "thread_name", "is_main", "depth", "func", "
 @click.command("backtrace")
 @click.option("--locals", "show_locals", is_flag=True,
               help="Also show each frame's local variables (safe, truncated reprs).")
+@click.option("--show-secrets", is_flag=True,
+              help="With --locals: also show the values of locals whose names look like "
+                   "secrets (key, token, secret, password, credential, auth). Default: redacted.")
 @click.option("--native", is_flag=True,
               help="Ask for native (C/C++) frames too, where the agent's route can read them.")
 @click.option("--all", "show_all", is_flag=True,
               help="Every rank in full with every thread, the agent's own included. Default: "
                    "main-thread stacks grouped across ranks, outliers first.")
 @pass_session
-def command(session: Session, show_locals: bool, native: bool, show_all: bool) -> Outcome:
+def command(session: Session, show_locals: bool, show_secrets: bool, native: bool,
+            show_all: bool) -> Outcome:
     """Show where every rank is right now.
 
     Across ranks, main-thread stacks that are identical are printed once with their ranks
     (smallest groups first: the rank that is elsewhere is usually the one to look at).
     """
-    results = fan_out(
+    # The target's own stack is asked for beside discovery, not after it: a rank whose event
+    # loop is wedged answers /v1/ranks late, but its backtrace at once (issue 20).
+    results = fan_out_target_first(
         session,
-        resolve_ranks(session),
-        lambda client, _: client.backtrace(locals=show_locals, native=native, all=show_all),
+        lambda client, _: client.backtrace(locals=show_locals, native=native, all=show_all,
+                                            secrets=show_secrets),
     )
 
     def render(ok: list[RankResult]) -> list[str]:
@@ -48,9 +54,19 @@ def command(session: Session, show_locals: bool, native: bool, show_all: bool) -
         )
 
     out = finish(session, results, render)
-    if native:
-        out.stderr[:0] = _native_notes([r for r in results if r.ok])
+    ok = [r for r in results if r.ok]
+    out.stderr[:0] = _stopped_notes(ok) + (_native_notes(ok) if native else [])
     return out
+
+
+def _stopped_notes(ok: list[RankResult]) -> list[str]:
+    """A stopped rank (SIGSTOP, a debugger) looks hung; say so, and how to resume it."""
+    return [
+        f"note: rank {r.rank} (pid {(r.data or {}).get('pid') or r.pid}): "
+        f"{(r.data or {})['stopped']}"
+        for r in ok
+        if (r.data or {}).get("stopped")
+    ]
 
 
 def _native_notes(ok: list[RankResult]) -> list[str]:

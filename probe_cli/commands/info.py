@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
-from ..render import format_csv, info_rows, render_info
+from ..render import format_csv, format_duration, info_rows, render_info
 from ..result import RankResult
 from ..session import Session
 from . import pass_session
@@ -23,4 +25,35 @@ def command(session: Session) -> Outcome:
             return format_csv(*info_rows(ok, raw=True))
         return render_info(ok, session.colour)
 
-    return finish(session, results, render)
+    out = finish(session, results, render)
+    out.stderr[:0] = [n for r in results if r.ok and (n := watchdog_note(r))]
+    return out
+
+
+def watchdog_note(r: RankResult) -> str | None:
+    """``note: rank 0: its watchdog was restarted 2 times (last: killed by SIGKILL, 5s ago)``:
+    a restarted watchdog (issue 20) means something kills processes on that node."""
+    d: dict[str, Any] = r.data or {}
+    wd = d.get("watchdog") if isinstance(d.get("watchdog"), dict) else {}
+    restarts = wd.get("restarts") or 0
+    if not restarts and not wd.get("gave_up"):
+        return None
+    last = str(wd.get("last_death") or "cause unknown")
+    at, now = wd.get("last_death_at"), _agent_now(d)
+    if isinstance(at, (int, float)) and now is not None:
+        last += f", {format_duration(max(0.0, now - at))} ago"
+    times = "time" if restarts == 1 else "times"
+    text = f"note: rank {r.rank}: its watchdog was restarted {restarts} {times} (last: {last})"
+    if wd.get("gave_up"):
+        text += ("; it kept dying, so the agent serves in-process now, without the "
+                 "out-of-process backtrace (see the rank's <pid>.watchdog.log)")
+    return text
+
+
+def _agent_now(d: dict[str, Any]) -> float | None:
+    """The agent's clock now (its start plus its uptime): ages computed on it are immune to
+    clock skew between this machine and the rank's."""
+    start, up = d.get("started_at"), d.get("uptime_s")
+    if isinstance(start, (int, float)) and isinstance(up, (int, float)):
+        return float(start) + float(up)
+    return None
