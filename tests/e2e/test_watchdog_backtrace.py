@@ -8,35 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.procs import kill_all, require_pyspy, spawn, spin_library, wait_json
+from tests.e2e.procs import require_pyspy
 from tests.support import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def gil_rank(tmp_path: Path):
-    """``start(reader)`` -> (info, go_file, done_file); killed (with its watchdog) at teardown."""
-    procs = []
-
-    def start(reader: str = "auto", spin_s: float = 4.0):
-        lib = spin_library(tmp_path)
-        ready, go, done = tmp_path / "ready.json", tmp_path / "go", tmp_path / "done"
-        proc = spawn("gil_holder.py", ["--lib", lib, "--ready-file", str(ready), "--go-file",
-                                       str(go), "--done-file", str(done), "--spin-s", str(spin_s)],
-                     tmp_path / "run", PROBE_WATCHDOG="1", PROBE_WATCHDOG_READER=reader,
-                     PROBE_WATCHDOG_GRACE_S="5")
-        procs.append(proc)
-        return wait_json(ready, proc), go, done
-
-    yield start
-    for proc in procs:
-        kill_all(proc, tmp_path / "run")
 
 
 def _timed_get(client: httpx.Client, path: str, **params: int) -> tuple[dict, float]:

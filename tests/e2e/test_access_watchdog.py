@@ -1,0 +1,113 @@
+"""The watchdog owns the public sockets: the same access rule there, also while the rank's GIL
+is held and only the watchdog can answer (issue 19). Real rank, real watchdog, real other uid.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.e2e.procs import require_pyspy
+from tests.foreign import FOREIGN_UID, http_request, need_root, run_as, sweep
+from tests.support import wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def _port(info: dict) -> int:
+    return int(info["url"].rsplit(":", 1)[1])
+
+
+def test_the_watchdog_refuses_a_stranger_on_every_route_even_while_the_gil_is_held(gil_rank):
+    need_root()
+    require_pyspy()
+    info, go, done = gil_rank(spin_s=6.0)
+    port = _port(info)
+    # GIVEN a healthy rank: a stranger gets 403 on every route but health, the owner gets in
+    stranger = run_as(FOREIGN_UID, sweep, "127.0.0.1", port)
+    assert stranger.pop("GET /v1/health") == 200
+    assert {s for s, _ in stranger.values()} == {403}, stranger
+    assert httpx.post(info["url"] + "/v1/eval", json={"code": "1"}).json()["result"] == "1"
+    # AND a foreign Host header is refused by the watchdog too
+    rebind = httpx.get(info["url"] + "/v1/backtrace?locals=1",
+                       headers={"Host": "rebind.attacker.example"})
+    assert rebind.status_code == 403
+
+    # WHEN the rank's GIL is held, so that only the watchdog answers
+    go.touch()
+    wait_until(lambda: not go.exists(), 10, "the program did not take the go file")
+    with httpx.Client(base_url=info["url"], timeout=10) as owner:
+        body = wait_until(
+            lambda: (b := owner.get("/v1/backtrace").json())["source"] == "out-of-process" and b,
+            5, "backtrace never came from the watchdog")
+    # THEN the owner's backtrace comes from outside, and the stranger still gets 403
+    assert body["ok"] is True
+    status, reply = run_as(FOREIGN_UID, http_request, "127.0.0.1", port, "GET",
+                           "/v1/backtrace?locals=1")
+    assert status == 403 and f"uid {FOREIGN_UID}" in reply["error"]
+
+    # AND once the rank runs again, the watchdog's refusals are in the rank's audit table
+    wait_until(done.exists, 20, "the C call never returned")
+
+    def audited() -> list | None:
+        r = httpx.post(info["url"] + "/v1/query", json={
+            "sql": "SELECT client, code FROM python.evals WHERE kind = 'access'"}).json()
+        rows = r.get("rows") or []
+        return rows if len(rows) >= len(stranger) + 2 else None
+
+    rows = wait_until(audited, 15, "the watchdog's refusals never reached python.evals")
+    assert all(f"uid={FOREIGN_UID}" in c or "127.0.0.1" in c for c, _ in rows)
+    assert any(code == "GET /v1/backtrace" for _, code in rows)
+    access = httpx.get(info["url"] + "/v1/info").json()["access"]
+    assert access["refused"] >= len(rows)
+
+
+def test_a_strangers_flood_on_the_watchdog_leaves_the_owner_served(gil_rank):
+    """Half-open sockets and a burst of requests from another uid: the stranger's class is
+    capped with JSON 503s (never resets), and the owner's backtrace answers throughout."""
+    need_root()
+    info, _go, _done = gil_rank()
+    port = _port(info)
+
+    def flood(port: int, half_open: int, burst: int) -> dict:
+        held = [socket.create_connection(("127.0.0.1", port), timeout=5)
+                for _ in range(half_open)]
+        statuses: dict[str, int] = {}
+        for _ in range(burst):
+            try:
+                status, _ = http_request("127.0.0.1", port, "GET", "/v1/health")
+                key = str(status)
+            except ConnectionResetError:
+                key = "reset"
+            except OSError as e:
+                key = type(e).__name__
+            statuses[key] = statuses.get(key, 0) + 1
+        answers = []
+        for s in held:
+            s.setblocking(False)
+            try:
+                answers.append(s.recv(4096).decode("latin-1"))
+            except BlockingIOError:
+                answers.append("")
+        time.sleep(2)  # hold them while the owner asks
+        return {"statuses": statuses, "turned_away": [a for a in answers if a]}
+
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(run_as(FOREIGN_UID, flood, port, 40, 200)))
+    t.start()
+    try:
+        # WHILE the stranger holds its share of sockets, the owner is answered
+        with httpx.Client(base_url=info["url"], timeout=5) as owner:
+            for _ in range(5):
+                assert owner.get("/v1/backtrace").status_code == 200
+    finally:
+        t.join(60)
+    # THEN the stranger's extra sockets got the JSON error body, and its burst no resets
+    assert len(result["turned_away"]) == 40 - 32
+    assert all('"status": 503' in a for a in result["turned_away"])
+    assert "reset" not in result["statuses"], result["statuses"]
+    assert sum(result["statuses"].values()) == 200
