@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.fullfs import fill, full_disk  # noqa: F401 (a fixture)
 from tests.integration.test_actions_agent import Trainer, post, trainer  # noqa: F401
+from tests.unit.test_checkpoint_target import device  # noqa: F401 (a fixture)
 
 torch = pytest.importorskip("torch")
 
@@ -91,6 +91,23 @@ def test_dev_null_is_refused_and_stays_a_device(
     stepping.step(2)
 
 
+def test_a_device_made_after_submit_is_not_replaced(
+    client: httpx.Client, stepping: Trainer, tmp_path: Path, device: Path
+) -> None:
+    """The check before the rename: a device that appears at PATH after the submit-time check
+    (here: moved there) survives, with --overwrite too."""
+    path = tmp_path / "ck.pt"
+    r = post(client, kind="checkpoint", path=str(path), overwrite=True, id="dev")
+    assert r.status_code == 200, r.text
+    os.rename(device, path)
+    stepping.step()
+    a = client.get("/v1/actions/dev", params={"wait": 10}).json()["action"]
+    assert a["state"] == "error" and "is a character device" in a["error"], a
+    assert stat.S_ISCHR(os.lstat(path).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt"]
+    stepping.step(2)
+
+
 def test_a_symlink_to_a_device_a_fifo_and_a_directory_are_refused(
     client: httpx.Client, stepping: Trainer, tmp_path: Path
 ) -> None:
@@ -129,28 +146,6 @@ def test_a_relative_path_is_refused_by_the_api(client: httpx.Client, stepping: T
     assert "relative: give an absolute path" in r.json()["error"]
 
 
-@pytest.fixture
-def full_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs (we run as root in CI); skipped where mounting is not permitted."""
-    where = tmp_path / "tiny"
-    where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a 1 MiB tmpfs here: {done.stderr.strip() or done.stdout}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(where: Path, leave: int) -> None:
-    """Leave only ``leave`` bytes free on ``where``'s filesystem."""
-    st = os.statvfs(where)
-    with open(where / "hog", "wb") as f:
-        f.write(b"\0" * max(0, st.f_bfree * st.f_frsize - leave))
-
-
 def test_a_full_disk_says_so_with_the_size_needed(
     client: httpx.Client, stepping: Trainer, full_disk: Path
 ) -> None:
@@ -182,7 +177,7 @@ def test_enospc_during_the_write_is_reported_and_the_tmp_removed(
     # THEN the message says disk full and the estimate, and the temporary file is gone
     msg = str(info.value)
     assert msg.startswith(f"disk full (No space left on device) at {full_disk}: the checkpoint "
-                          "needs about 454.7 KiB and "), msg
+                          "needs about 406.9 KiB and "), msg
     assert "the temporary file was removed" in msg and "enforce fail" not in msg
     assert sorted(p.name for p in full_disk.iterdir()) == ["hog"]
 
