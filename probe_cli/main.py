@@ -145,6 +145,11 @@ def _pick_token(ctx: click.Context, token: str | None, token_file: str | None) -
     if token is not None and (token_on_cli or not file_on_cli):
         return token
     try:
+        mode = os.stat(token_file).st_mode
+        if mode & 0o077:  # as ssh does with key files: a token others can read is no secret
+            raise UsageProblemError(
+                f"token file {token_file} is readable by other users (mode {mode & 0o777:o})",
+                help_text=f"run: chmod 600 {token_file}")
         with open(token_file, encoding="utf-8") as f:
             text = f.read().strip()
     except OSError as e:

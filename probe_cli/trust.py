@@ -98,7 +98,8 @@ def check_agent(endpoint: Endpoint, *, token: str | None, cacert: str | None,
         except OSError:
             return  # the connection itself will say what is wrong
         if not _trusted_uid(uid):
-            raise _untrusted(endpoint, f"its socket belongs to uid {uid}, not to you (uid {me})")
+            raise _untrusted(endpoint, f"its socket belongs to uid {uid}, not to you (uid {me})",
+                             reason=f"socket of uid {uid}")
         return
     parts = urlsplit(endpoint.base_url)
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
@@ -111,6 +112,7 @@ def check_agent(endpoint: Endpoint, *, token: str | None, cacert: str | None,
             raise _untrusted(endpoint, (
                 f"port {port} is served by uid {uid}, not by you (uid {me}) or root: another "
                 f"user's process may be squatting on it (`ss -ltnp 'sport = :{port}'`)"),
+                reason=f"not the job's agent: port served by uid {uid}",
                 help_text=f"run probe as the job's owner (sudo -u '#{uid}' probe ...) only if "
                           "that uid runs the job; otherwise use the rank's PID (`probe ps`)")
         elif os.path.exists(_TABLES[0]):
@@ -123,11 +125,13 @@ def check_agent(endpoint: Endpoint, *, token: str | None, cacert: str | None,
     body = health({"challenge": nonce})
     if not hmac.compare_digest(str(body.get("proof") or ""), expected_proof(token, nonce, port)):
         raise _untrusted(endpoint, "it could not prove it holds the job's token for this port",
+                         reason="not the job's agent: no token proof",
                          help_text="check the address; behind a port mapping, use TLS "
                                    "(PROBE_TLS_CERT on the job, --cacert here)")
 
 
-def _untrusted(endpoint: Endpoint, why: str, help_text: str | None = None) -> UntrustedAgentError:
+def _untrusted(endpoint: Endpoint, why: str, *, reason: str,
+               help_text: str | None = None) -> UntrustedAgentError:
     return UntrustedAgentError(
         f"not sending the token or code to {endpoint.label}: {why}; nothing was sent",
-        url=endpoint.label, reason="not the job's agent", help_text=help_text)
+        url=endpoint.label, reason=reason, help_text=help_text)
