@@ -4,11 +4,9 @@
 ``start()`` (after the agent's server runs) registers the faulthandler dumps, starts the
 ``probe-agent.heartbeat`` thread, spawns the watchdog with the public listening sockets and
 grants it ptrace (Yama), and starts ``probe-agent.watchdog``, which waits on the watchdog
-process. If it dies while the rank lives (a stray ``kill -9``, the OOM killer), that thread starts
-a new one on the same listening sockets (issue 20): at once the first time, then after a doubling
-backoff, logging one line each time; ``describe()`` (``probe info``) counts the restarts and says
-why the last one died. After MAX_RESTARTS deaths within RESTART_WINDOW_S it gives up, and the
-agent serves the public sockets itself again (without the out-of-process backtrace).
+process. If it dies while the rank lives, that thread starts a new one (``restarts.py``, issue
+20), logging one line each time; ``describe()`` (``probe info``) counts the restarts. A watchdog
+that keeps dying is given up on, and the agent serves the public sockets itself again.
 
 ``stop()`` has two cases. An explicit ``probe_agent.stop()`` ends the watchdog and removes its
 files. At interpreter exit (the main thread has already finished) it writes ``<pid>.exit.json``
@@ -37,17 +35,11 @@ from typing import IO, Any
 
 from . import beat
 from .files import RunFiles
+from .restarts import RESTART_WINDOW_S, Restarts, supervise
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 10.0
-#: issue 20: restarts of a dead watchdog allowed within RESTART_WINDOW_S before the agent serves
-#: its sockets in-process instead. A watchdog that dies this often is broken, not unlucky.
-MAX_RESTARTS = 5
-RESTART_WINDOW_S = 300.0
-#: The wait before the n-th restart in the window is RESTART_BACKOFF_S * 2**(n-2) (the first is
-#: at once): the operator's next request should find a watchdog, a crash loop should not spin.
-RESTART_BACKOFF_S = 0.5
 PR_SET_PTRACER = 0x59616D61
 _links: weakref.WeakSet[WatchdogLink] = weakref.WeakSet()
 _fork_hook = False
@@ -144,13 +136,7 @@ class WatchdogLink:
         self._seq = itertools.count()
         self._unsubscribe: Any = None
         self.stopping = False
-        #: Watchdog deaths: when (monotonic, the last RESTART_WINDOW_S), how many in all, the
-        #: last cause and wall time; ``gave_up`` once the in-process fallback took over.
-        self._deaths: list[float] = []
-        self.restarts = 0
-        self.last_death: str | None = None
-        self.last_death_at: float | None = None
-        self.gave_up = False
+        self.restarts = Restarts()
         # Held while a new watchdog starts, so stop() never misses one being born.
         self._spawning = threading.Lock()
 
@@ -191,7 +177,7 @@ class WatchdogLink:
         # death (handover), so it must not hold the link (neither as its target nor in its
         # frame): through link.agent it would keep the DuckDB connection alive at finalization,
         # and duckdb's nanobind then prints "leaked 28 instances" on every training exit.
-        self._spawn_thread("probe-agent.watchdog", _wait_watchdog,
+        self._spawn_thread("probe-agent.watchdog", supervise,
                            (self.proc, weakref.ref(self), self._stop))
 
     def _spawn_thread(self, name: str, target: Any, args: tuple[Any, ...] = ()) -> None:
@@ -284,18 +270,14 @@ class WatchdogLink:
         are stopping, or it died too often and the in-process fallback now serves)."""
         if self.stopping or self._stop.is_set():
             return None
-        now = time.monotonic()
-        self._deaths = [t for t in self._deaths if now - t < RESTART_WINDOW_S] + [now]
-        self.last_death, self.last_death_at = why, time.time()
-        if len(self._deaths) > MAX_RESTARTS:
-            self.gave_up = True
+        delay = self.restarts.died(why)
+        if delay is None:
             log.warning("probe agent on rank %d: the watchdog died %d times within %g s (last: "
                         "%s); serving the public sockets in-process from now on, without the "
-                        "out-of-process backtrace; see %s", self.agent.rank, len(self._deaths),
+                        "out-of-process backtrace; see %s", self.agent.rank, self.restarts.recent,
                         RESTART_WINDOW_S, why, self.files.log)
             self._serve_in_process()
-            return None
-        return 0.0 if len(self._deaths) == 1 else RESTART_BACKOFF_S * 2 ** (len(self._deaths) - 2)
+        return delay
 
     def _respawn(self) -> tuple[subprocess.Popen[bytes] | None, str | None]:
         """Start a new watchdog on the same sockets: (its process, None), (None, why it did
@@ -308,11 +290,11 @@ class WatchdogLink:
                 self._spawn()
             except (OSError, RuntimeError) as e:
                 return None, f"its restart failed ({e})"
-        self.restarts += 1
+        self.restarts.count += 1
         assert self.proc is not None
         log.warning("probe agent on rank %d: the watchdog (pid %s) died (%s); restarted it as "
                     "pid %d (restart %d; `probe info` shows them)", self.agent.rank, old,
-                    self.last_death, self.proc.pid, self.restarts)
+                    self.restarts.last_death, self.proc.pid, self.restarts.count)
         return self.proc, None
 
     def _serve_in_process(self) -> None:
@@ -335,8 +317,7 @@ class WatchdogLink:
             "reader": self.agent.config.watchdog_reader, "pyspy": self.pyspy,
             "dump_signal": signal.Signals(self.dump_signal).name if self.dump_signal else None,
             "in_process_fallback": self._fallback is not None,
-            "restarts": self.restarts, "last_death": self.last_death,
-            "last_death_at": self.last_death_at, "gave_up": self.gave_up,
+            **self.restarts.describe(),
         }
 
     # -- stop -------------------------------------------------------------------------------
@@ -445,36 +426,3 @@ def _after_fork_in_child() -> None:
             faulthandler.disable()
         link.proc = None
     _links.clear()
-
-
-def _death_cause(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with status {code}"
-
-
-def _wait_watchdog(proc: subprocess.Popen[bytes] | None, link: weakref.ref[Any],
-                   stop: threading.Event) -> None:
-    """Wait on the watchdog; restart it when it dies (see the module docstring). The link is
-    held only between waits (the NOTE in WatchdogLink.start)."""
-    why = None
-    while True:
-        if proc is not None:
-            why = _death_cause(proc.wait())
-        alive = link()
-        if alive is None or why is None:
-            return
-        delay = alive._watchdog_exited(why)
-        del alive
-        if delay is None or stop.wait(delay):
-            return
-        alive = link()
-        if alive is None:
-            return
-        proc, why = alive._respawn()
-        del alive
-        if proc is None and why is None:
-            return

@@ -1,0 +1,198 @@
+"""`probe backtrace` answers in every state of a live rank (issue 20, item 4).
+
+Real processes: ``tests/programs/watchdog_train.py`` (a torch loop with its agent and watchdog),
+signalled for real (SIGSTOP, SIGKILL of the watchdog), and the real CLI in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.procs import kill_all, probe, require_pyspy, spawn, wait_json
+from tests.support import wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+#: Blocks the agent's event loop (found as the one running asyncio loop in the rank) for
+#: ``WEDGE_S`` from ``DELAY_S`` on: a route that made a blocking call would do the same. The
+#: delay lets this eval's own answer leave first. time.sleep releases the GIL, so training and
+#: its heartbeat go on: the "wedged loop, heartbeat alive" state.
+WEDGE = """import asyncio, gc, time
+loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()]
+for loop in loops:
+    loop.call_soon_threadsafe(loop.call_later, {delay}, time.sleep, {wedge})
+len(loops)"""
+
+
+@pytest.fixture
+def train_rank(tmp_path: Path):
+    """``start(**env)`` -> the rank's ready info; killed (with its watchdogs) at teardown."""
+    procs = []
+
+    def start(**env: str) -> dict:
+        ready = tmp_path / "ready.json"
+        proc = spawn("watchdog_train.py", ["--ready-file", str(ready)], tmp_path / "run",
+                     PROBE_WATCHDOG="1", PROBE_WATCHDOG_GRACE_S="5", **env)
+        procs.append(proc)
+        return wait_json(ready, proc, timeout=60)
+
+    yield start
+    for proc in procs:
+        try:
+            os.kill(proc.pid, signal.SIGCONT)  # a stopped rank would not die of SIGTERM
+        except OSError:
+            pass
+        kill_all(proc, tmp_path / "run")
+
+
+def _target(info: dict) -> str:
+    return info["url"].removeprefix("http://")
+
+
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _stop(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: _proc_state(pid) == "T", 5, "the rank never showed state T")
+
+
+def test_stopped_rank_answers_through_pyspy_nonblocking(train_rank, tmp_path):
+    require_pyspy()
+    # GIVEN a training rank that someone stopped (kill -STOP, a Ctrl-Z)
+    info = train_rank()
+    pid = info["pid"]
+    _stop(pid)
+    # WHEN the operator asks for its backtrace
+    res = probe("-t", _target(info), "backtrace", run_dir=tmp_path / "run", timeout=30)
+    # THEN it answers with the Python frames, and says the rank is stopped and how to resume it
+    assert res.returncode == 0, res.stderr
+    assert "train_forever" in res.stdout and "out-of-process via py-spy" in res.stdout, res
+    assert f"resume it with `kill -CONT {pid}`" in res.stderr, res.stderr
+    # AND other routes say the same at once, not that a C call holds the GIL
+    r = httpx.get(f"{info['url']}/v1/info", timeout=10).json()
+    assert r["status"] == 504 and "stopped" in r["error"] and "kill -CONT" in r["error"], r
+    # AND once resumed, the in-process route answers again
+    os.kill(pid, signal.SIGCONT)
+    body = wait_until(
+        lambda: (b := httpx.get(f"{info['url']}/v1/backtrace", timeout=10).json())
+        ["source"] == "in-process" and b, 10, "the in-process route did not come back")
+    assert body["ok"]
+
+
+def test_stopped_rank_without_pyspy_answers_from_proc(train_rank, tmp_path):
+    """faulthandler needs the rank to run its signal handler, which a stopped rank does not:
+    /proc still says where each thread waits in the kernel."""
+    info = train_rank(PROBE_WATCHDOG_READER="faulthandler")
+    pid = info["pid"]
+    _stop(pid)
+    body = httpx.get(f"{info['url']}/v1/backtrace", timeout=10).json()
+    assert body["ok"] and body["state"] == "stopped" and body["route"] == "proc", body
+    assert f"kill -CONT {pid}" in body["stopped"] and "PROBE_WATCHDOG_READER" in body["reason"]
+    main = next(t for t in body["threads"] if t["is_main"])
+    assert main["state"] == "T" and main["frames"][0]["frame_type"] == "Native", main
+
+
+def test_wedged_event_loop_with_live_heartbeat(train_rank, tmp_path):
+    # GIVEN a rank whose agent event loop is blocked while training (and its heartbeat) go on
+    info = train_rank()
+    wedge = WEDGE.format(delay=0.5, wedge=20)
+    r = httpx.post(f"{info['url']}/v1/eval", json={"code": wedge}, timeout=30).json()
+    assert r.get("result") == "1", r
+    body = wait_until(
+        lambda: (b := httpx.get(f"{info['url']}/v1/backtrace", timeout=10).json())
+        ["source"] == "out-of-process" and b, 10, "the event loop never wedged")
+    assert body["heartbeat_age_s"] < 1.0, body  # training runs: not a held GIL
+    # WHEN the operator runs `probe backtrace` (discovery first, then the stacks)
+    res = probe("-t", _target(info), "backtrace", run_dir=tmp_path / "run", timeout=30)
+    # THEN it answers (before issue 20: "did not answer within 5 s", exit 1)
+    assert res.returncode == 0, res.stderr
+    assert "train_forever" in res.stdout and "out-of-process" in res.stdout, res
+    # AND discovery itself answers from the watchdog's last known ranks, within its deadline
+    ranks = httpx.get(f"{info['url']}/v1/ranks", timeout=10).json()
+    assert ranks["ok"] and ranks["cached"] is True and ranks["ranks"][0]["pid"] == info["pid"]
+
+
+def _watchdog_pid(run_dir: Path, pid: int) -> int | None:
+    try:
+        return json.loads((run_dir / f"{pid}.watchdog.json").read_text())["watchdog_pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill_watchdog(run_dir: Path, pid: int) -> int:
+    """SIGKILL the rank's watchdog; its pid."""
+    old = _watchdog_pid(run_dir, pid)
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    return old
+
+
+def _restarted(run_dir: Path, pid: int, old: int) -> int:
+    def new() -> int | None:
+        w = _watchdog_pid(run_dir, pid)
+        return w if w not in (None, old) and _alive(w) else None
+
+    return wait_until(new, 15, "the watchdog was not restarted")
+
+
+def test_killed_watchdog_is_restarted_and_probe_info_says_so(train_rank, tmp_path):
+    run = tmp_path / "run"
+    # GIVEN a rank whose watchdog is SIGKILLed
+    info = train_rank()
+    old = _kill_watchdog(run, info["pid"])
+    # WHEN the agent notices, THEN a new watchdog serves the same sockets
+    _restarted(run, info["pid"], old)
+    res = probe("-t", _target(info), "backtrace", run_dir=run, timeout=30)
+    assert res.returncode == 0 and "train_forever" in res.stdout, res
+    # AND `probe info` says it was restarted, and why it died
+    res = probe("-t", _target(info), "info", run_dir=run, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert "rank 0: its watchdog was restarted 1 time (last: killed by SIGKILL" in res.stderr, res
+    # AND it is the out-of-process reader again, not the in-process fallback
+    wd = httpx.get(f"{info['url']}/v1/info", timeout=10).json()["watchdog"]
+    assert wd["restarts"] == 1 and wd["in_process_fallback"] is False, wd
+
+
+def test_watchdog_that_keeps_dying_is_replaced_by_in_process_serving(train_rank, tmp_path):
+    from probe_agent.watchdog.restarts import MAX_RESTARTS
+
+    run = tmp_path / "run"
+    info = train_rank()
+    # GIVEN a watchdog killed each time it comes back, MAX_RESTARTS times
+    for _ in range(MAX_RESTARTS):
+        _restarted(run, info["pid"], _kill_watchdog(run, info["pid"]))
+    # WHEN it is killed once more
+    _kill_watchdog(run, info["pid"])
+
+    # THEN the agent serves its public sockets itself, and says so
+    def fallback() -> dict | None:
+        try:
+            body = httpx.get(f"{info['url']}/v1/info", timeout=5).json()
+        except httpx.HTTPError:
+            return None
+        return body if body.get("watchdog", {}).get("gave_up") else None
+
+    wd = wait_until(fallback, 15, "the in-process fallback never answered")["watchdog"]
+    assert wd["in_process_fallback"] is True and wd["restarts"] == MAX_RESTARTS, wd
+    res = probe("-t", _target(info), "backtrace", run_dir=run, timeout=30)
+    assert res.returncode == 0 and "train_forever" in res.stdout, res
+    res = probe("-t", _target(info), "info", run_dir=run, timeout=30)
+    assert "it kept dying, so the agent serves in-process now" in res.stderr, res
