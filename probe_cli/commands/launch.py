@@ -12,12 +12,16 @@ the others you set) in ``.deepspeed_env`` there.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import secrets
 import shutil
 from collections.abc import Mapping
 
 import click
+
+from ..targets import default_run_dir
 
 _TRACE = re.compile(r"^(on|off|every:[1-9][0-9]*)$")
 
@@ -49,6 +53,43 @@ def launch_env(
     return env
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def ensure_token_file(path: str) -> bool:
+    """A 0600 file holding a token at ``path``: made (True) when missing, else checked.
+
+    Made without ever replacing one: written to a private temporary file, then hard-linked in
+    place, which fails if another node's launch made it first (then that token is the job's).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+    except OSError as e:
+        raise click.UsageError(f"cannot use --token-file {path}: {e.strerror}") from None
+    if mode & 0o077:
+        raise click.UsageError(f"token file {path} is readable by other users "
+                               f"(mode {mode & 0o777:o}); run: chmod 600 {path}")
+    return False
+
+
 def _trace_mode(_: click.Context, __: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
@@ -66,11 +107,11 @@ def _trace_mode(_: click.Context, __: click.Parameter, value: str | None) -> str
               help="Base port: rank r on a node listens on PORT + LOCAL_RANK. 0 picks free "
                    "ports (find them with /v1/ranks). [default: 9700, or PROBE_PORT]")
 @click.option("--host", default=None,
-              help="Address the agents bind. [default: 127.0.0.1; anything else needs a token "
-                   "for eval, and exposes reads to that network]")
-@click.option("--token-file", type=click.Path(exists=True, dir_okay=False, readable=True),
-              default=None,
-              help="File holding the bearer token every request must carry. Its path, not the "
+              help="Address the agents bind. [default: 127.0.0.1; anything else serves TCP only "
+                   "with a token: one is made for the job if --token-file is not given]")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None,
+              help="File holding the job's token (mode 0600). Made, with a fresh token, when it "
+                   "does not exist; give every node the same (shared) file. Its path, not the "
                    "token, is passed to the ranks (PROBE_TOKEN_FILE).")
 @click.option("--trace", callback=_trace_mode, default=None,
               help="Module tracing at start: on, off or every:N. [default: every:10]")
@@ -92,6 +133,16 @@ def command(port: int | None, host: str | None, token_file: str | None, trace: s
     exe = shutil.which(args[0])
     if exe is None:
         raise click.UsageError(f"{args[0]}: command not found")
+    wanted_host = host or os.environ.get("PROBE_HOST", "127.0.0.1")
+    if token_file is None and not _is_loopback(wanted_host) and not (
+            os.environ.get("PROBE_TOKEN") or os.environ.get("PROBE_TOKEN_FILE")):
+        # issue 19: off loopback the agents serve TCP only with a token, so make the job one.
+        token_file = os.path.join(default_run_dir(), f"job-{os.getpid()}.token")
+    if token_file is not None:
+        made = ensure_token_file(token_file)
+        click.echo(f"probe: {'made the job token' if made else 'job token'} in {token_file} "
+                   f"(0600); from another host: probe --token-file {token_file} -t HOST:PORT …",
+                   err=True)
     env = launch_env(os.environ, port=port, host=host, token_file=token_file, trace=trace)
     shown_host = env.get("PROBE_HOST", "127.0.0.1")
     shown_port = env.get("PROBE_PORT", "9700")

@@ -1,6 +1,12 @@
-"""Pure parts of `probe straggler` and `probe launch` (no processes, no sockets)."""
+"""Pure parts of `probe straggler` and `probe launch` (the last test runs `probe launch`)."""
 
 from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -54,3 +60,27 @@ def test_launch_rejects_a_bad_trace_mode_and_a_missing_command():
     assert r.exit_code == 2 and "on, off or every:N" in r.output
     r = CliRunner().invoke(cli, ["launch", "--", "no-such-command-probe-test"])
     assert r.exit_code == 2 and "command not found" in r.output
+
+
+def test_launch_off_loopback_makes_a_job_token_file_and_passes_its_path(tmp_path):
+    """issue 19: agents off loopback serve TCP only with a token, so launch makes one."""
+    env = {**os.environ, "PROBE_RUN_DIR": str(tmp_path / "run")}
+    env.pop("PROBE_TOKEN", None)
+    env.pop("PROBE_TOKEN_FILE", None)
+    r = subprocess.run([sys.executable, "-m", "probe_cli", "launch", "--host", "0.0.0.0", "--",
+                        "sh", "-c", 'echo "$PROBE_TOKEN_FILE"; echo "${PROBE_TOKEN:-none}"'],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    path, token_env = r.stdout.split()
+    assert path.startswith(str(tmp_path / "run")) and token_env == "none"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and len(Path(path).read_text().strip()) >= 32
+    assert f"made the job token in {path}" in r.stderr
+    # a shared file given to a second node is used as it is, never replaced
+    r2 = subprocess.run([sys.executable, "-m", "probe_cli", "launch", "--token-file", path,
+                         "--", "true"], env=env, capture_output=True, text=True, timeout=60)
+    assert r2.returncode == 0 and f"job token in {path}" in r2.stderr
+    # and one that others can read is refused with the fix
+    os.chmod(path, 0o644)
+    r3 = subprocess.run([sys.executable, "-m", "probe_cli", "launch", "--token-file", path,
+                         "--", "true"], env=env, capture_output=True, text=True, timeout=60)
+    assert r3.returncode == 2 and f"chmod 600 {path}" in r3.stderr
