@@ -129,9 +129,16 @@ def write_atomic(path: str, obj: Any, tag: str, overwrite: bool = False) -> int:
     os.makedirs(parent, exist_ok=True)
     preflight(parent, needed)
     tmp = f"{path}.tmp-{tag}"
-    # O_EXCL | O_NOFOLLOW: never write through whatever already sits at the temporary name.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o666)
+    # O_EXCL | O_NOFOLLOW: never write through whatever already sits at the temporary name
+    # (and so never unlink it below: only a file this call created is removed).
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o666)
+    except OSError as e:  # out of inodes is ENOSPC too
+        full = disk_full(e, parent, needed)
+        if full is not None:
+            raise full from e
+        raise
     sink = _Sink(os.fdopen(fd, "wb"))
     try:
         with sink.f:
