@@ -188,7 +188,7 @@ def query_notes(results: Sequence[RankResult]) -> list[str]:
 
 # -- info -----------------------------------------------------------------------------------
 
-INFO_COLUMNS = ("rank", "host", "pid", "python", "torch", "version", "uptime")
+INFO_COLUMNS = ("rank", "host", "pid", "python", "torch", "version", "access", "uptime")
 
 
 def format_duration(seconds: Any) -> str:
@@ -217,10 +217,22 @@ def info_rows(
         up = d.get("uptime_s")
         rows.append([
             r.rank, d.get("host", r.host), d.get("pid", r.pid), d.get("python"),
-            d.get("torch") or ("" if raw else "-"), d.get("version"),
+            d.get("torch") or ("" if raw else "-"), d.get("version"), _access(d.get("access")),
             up if raw else format_duration(up),
         ])
     return cols, rows
+
+
+def _access(a: Any) -> str:
+    """``same-user + token, 3 refused``: who may reach the rank (issue 19)."""
+    if not isinstance(a, dict):
+        return "-"
+    text = str(a.get("mode") or "-")
+    if str(a.get("tcp", "")).startswith("off"):
+        text += ", no TCP"
+    if a.get("refused"):
+        text += f", {a['refused']} refused"
+    return text
 
 
 def render_info(results: Sequence[RankResult], colour: bool = False) -> list[str]:
