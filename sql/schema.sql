@@ -78,6 +78,8 @@ CREATE TABLE IF NOT EXISTS python.collectives (
 -- ---------------------------------------------------------------------------------------------
 -- kind: 'eval' for /v1/eval (the default), else the step-boundary action's kind:
 --   'step-eval' (eval --at-step/--next-step), 'lr', 'checkpoint', 'pause', 'resume', 'cancel'.
+--   'access' (issue 19): a request the access rule refused; code is 'METHOD /path', client the
+--   peer's address and uid, error the status and the reason.
 -- One action writes several rows as it moves on: outcome 'queued' (accepted), 'refused' (not
 --   accepted: no optimizer step seen, step already passed, ...), 'overrun' (still running past
 --   PROBE_ACTION_TIMEOUT_S), then exactly one of 'ok' | 'error' | 'cancelled' | 'skipped' (not
