@@ -38,6 +38,9 @@ IDLE_S = 60.0
 #: fresh (the agent's own timeouts, PROBE_QUERY_TIMEOUT_MS and PROBE_EVAL_TIMEOUT_S, end
 #: requests well before this).
 MAX_WAIT_S = 600.0
+#: A /v1/ranks answer up to this size is read whole to refresh the watchdog's copy (issue 20);
+#: 512 ranks take about 50 KB.
+RANKS_MAX_BYTES = 4 * 1024 * 1024
 MAX_CONNECTIONS = 512
 CHUNK = 64 * 1024
 
@@ -223,7 +226,28 @@ class Proxy:
             writer.write(self._error(502, f"rank {self.rank_no}'s agent did not answer "
                                      f"({type(e).__name__}: {e}); is it stopping?"))
             return True
+        if is_ranks and head.status == 200 and head.length is not None and \
+                head.length <= RANKS_MAX_BYTES:
+            # Every discovery refreshes the copy served while the agent cannot answer, not
+            # only the periodic snapshot: the newest ranks a client saw are the ones kept.
+            try:
+                data = await asyncio.wait_for(r.readexactly(head.length), IDLE_S)
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                return False  # the agent went away mid-body: the client sees the close
+            finally:
+                w.close()
+            self._remember_ranks(data)
+            writer.write(head.relay_head(False) + data)
+            return True
         return await self._relay(writer, head, r, w)
+
+    def _remember_ranks(self, data: bytes) -> None:
+        try:
+            body = json.loads(data)
+        except ValueError:
+            return
+        if isinstance(body, dict) and body.get("ok") and isinstance(body.get("ranks"), list):
+            self.ranks_cache = body
 
     def _known_ranks(self) -> dict[str, Any]:
         """/v1/ranks while the agent does not answer: its last answer, else this rank alone
