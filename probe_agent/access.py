@@ -292,13 +292,20 @@ class Policy:
 
 #: Open connections each class of peer may hold (issue 20): a flood from another uid or host
 #: cannot take the owner's share, and a half-open socket is dropped after REQUEST_TIMEOUT_S.
+#: The owner's TCP and unix connections are two classes, so that `probe PID` still answers
+#: when the owner's own dashboards fill the TCP share.
 OWNER_CONNECTIONS = 512
 PER_UID_CONNECTIONS = 32
 PER_REMOTE_CONNECTIONS = 64
 REMOTE_CONNECTIONS = 256
+#: Beyond a full owner class, this many more connections are let in for what an on-call
+#: engineer needs first: health and backtrace. Anything else on them gets the JSON 503.
+OWNER_RESERVE = 32
+RESERVED_ROUTES = frozenset({"/v1/health", "/v1/backtrace"})
 #: A request's head and body must arrive within this (slowloris); a keep-alive connection
 #: waits longer between requests, but only the owner's.
 REQUEST_TIMEOUT_S = 10.0
+RESERVE = "reserve"
 
 
 class ConnectionLimits:
@@ -311,18 +318,21 @@ class ConnectionLimits:
 
     def _keys(self, peer: Peer) -> list[tuple[str, int]]:
         if self.policy.is_owner(peer):
-            return [("owner", OWNER_CONNECTIONS)]
+            return [("owner-unix" if peer.kind == "unix" else "owner", OWNER_CONNECTIONS)]
         if peer.kind in ("local", "unix"):
             return [(f"uid:{peer.uid}", PER_UID_CONNECTIONS)]
         ip = peer.address.rsplit(":", 1)[0]
         return [("remote", REMOTE_CONNECTIONS), (f"ip:{ip}", PER_REMOTE_CONNECTIONS)]
 
     def admit(self, peer: Peer) -> list[str] | None:
-        """The keys to release later, or None when this peer's class is full."""
+        """The keys to release later, or None when this peer's class is full. A key list that
+        contains ``RESERVE`` is a reserve connection: health and backtrace only."""
         keys = self._keys(peer)
         if any(self.open.get(k, 0) >= cap for k, cap in keys):
-            self.turned_away += 1
-            return None
+            if not self.policy.is_owner(peer) or self.open.get(RESERVE, 0) >= OWNER_RESERVE:
+                self.turned_away += 1
+                return None
+            keys = [(RESERVE, OWNER_RESERVE)]
         for k, _ in keys:
             self.open[k] = self.open.get(k, 0) + 1
         return [k for k, _ in keys]
@@ -334,6 +344,14 @@ class ConnectionLimits:
                 self.open[k] = left
             else:
                 self.open.pop(k, None)
+
+
+def reserve_refusal(keys: list[str] | None, method: str, path: str) -> str | None:
+    """Why a request on a reserve connection is refused (None when it may go on)."""
+    if keys is None or RESERVE not in keys or (method == "GET" and path in RESERVED_ROUTES):
+        return None
+    return ("too many open connections of yours; this one is kept for health and backtrace: "
+            "close idle connections and retry")
 
 
 def overload_message(peer: Peer) -> str:
@@ -351,22 +369,31 @@ def header_map(pairs: list[tuple[bytes, bytes]] | list[tuple[str, str]]) -> dict
 
 
 class Gate:
-    """The agent server's side of the rule: the policy, the connection limits, and the peer of
-    each open TCP connection (filled when a connection is accepted, read per request)."""
+    """The agent server's side of the rule: the policy and the connection limits. The server's
+    protocol puts each connection's Peer and limit keys into the ASGI scope (``SCOPE_PEER``,
+    ``SCOPE_KEYS``), where app.py's Guard reads them per request."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.limits = ConnectionLimits(policy)
-        self.peers: dict[tuple[str, int], Peer] = {}
 
-    def peer_of(self, client: tuple[str, int] | list[Any] | None) -> Peer:
+    def peer_of(self, scope: dict[str, Any]) -> Peer:
+        peer = scope.get(SCOPE_PEER)
+        if peer is not None:
+            return peer  # type: ignore[no-any-return]
+        client = scope.get("client")
         if not client:
             # A unix socket: the server refused any peer that is not the owner when it
             # accepted the connection (SO_PEERCRED), and the watchdog forwards only what the
             # same rule let through.
             return Peer("unix", self.policy.owner_uid, "unix")
-        return self.peers.get((client[0], int(client[1]))) or Peer(
-            "remote", None, f"{client[0]}:{client[1]}")
+        # No uid read for this connection (uvicorn's h11 fallback has no hook): fail closed,
+        # as a peer from elsewhere.
+        return Peer("remote", None, f"{client[0]}:{client[1]}")
+
+
+SCOPE_PEER = "probe.peer"
+SCOPE_KEYS = "probe.limit_keys"
 
 
 class RefusalLog:

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .access import header_map
+from .access import SCOPE_KEYS, header_map, reserve_refusal
 from .errors import ProbeAgentError
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,14 @@ class Guard:
             return
         rank = self.agent.rank
         gate = self.agent.gate
-        peer = gate.peer_of(scope.get("client"))
-        refusal = gate.policy.check(peer, scope.get("method", ""), scope.get("path", ""),
-                                    header_map(scope.get("headers") or []))
+        peer = gate.peer_of(scope)
+        method, path = scope.get("method", ""), scope.get("path", "")
+        busy = reserve_refusal(scope.get(SCOPE_KEYS), method, path)
+        if busy is not None:
+            reply = JSONResponse(error_body(rank, 503, busy), status_code=503)
+            await reply(scope, receive, send)
+            return
+        refusal = gate.policy.check(peer, method, path, header_map(scope.get("headers") or []))
         if refusal is not None:
             self.agent.audit_refusal(peer.label(), scope.get("method", ""),
                                      scope.get("path", ""), refusal)

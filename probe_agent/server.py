@@ -38,6 +38,8 @@ except ImportError:  # pragma: no cover - httptools is in the agent extra; h11 s
 
 from .access import (
     REQUEST_TIMEOUT_S,
+    SCOPE_KEYS,
+    SCOPE_PEER,
     Gate,
     Peer,
     overload_message,
@@ -125,7 +127,7 @@ def _make_protocol(rank: int, gate: Gate) -> type[Any]:
 
     class _GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
         _probe_keys: list[str] | None = None
-        _probe_client: tuple[str, int] | None = None
+        _probe_peer: Peer | None = None
         _probe_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
@@ -148,19 +150,13 @@ def _make_protocol(rank: int, gate: Gate) -> type[Any]:
             if keys is None:
                 _refuse(transport, rank, 503, overload_message(peer))
                 return
-            self._probe_keys = keys
-            if peer.kind != "unix":
-                addr = transport.get_extra_info("peername")
-                self._probe_client = (str(addr[0]), int(addr[1]))
-                gate.peers[self._probe_client] = peer
+            self._probe_keys, self._probe_peer = keys, peer
             super().connection_made(transport)
             self._probe_arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
             gate.limits.release(self._probe_keys)
             self._probe_keys = None
-            if self._probe_client is not None:
-                gate.peers.pop(self._probe_client, None)
             self._probe_disarm()
             super().connection_lost(exc)
 
@@ -181,6 +177,9 @@ def _make_protocol(rank: int, gate: Gate) -> type[Any]:
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            # The Guard (app.py) reads who is asking, and on which share of the limits.
+            self.scope[SCOPE_PEER] = self._probe_peer
+            self.scope[SCOPE_KEYS] = self._probe_keys
             self._probe_arm()
 
         def on_message_complete(self) -> None:

@@ -29,7 +29,7 @@ class RefusalReport(BaseModel):
 @router.post("/access/refusals", include_in_schema=False)
 async def report_refusals(request: Request, body: RefusalReport) -> dict[str, Any]:
     agent = request.app.state.agent
-    if agent.gate.peer_of(request.scope.get("client")).kind != "unix":
+    if agent.gate.peer_of(request.scope).kind != "unix":
         raise ForbiddenError("only the rank's watchdog reports refusals (over the unix socket)")
     now = time.time()
     for r in body.refusals:

@@ -14,13 +14,25 @@ so a stuck request never delays the next one):
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import os
 import socket
-import struct
 import time
 from typing import Any
+
+from ..access import (
+    REQUEST_TIMEOUT_S,
+    ConnectionLimits,
+    Peer,
+    Policy,
+    Refusal,
+    header_map,
+    overload_message,
+    redact_locals,
+    reserve_refusal,
+    tcp_peer,
+    unix_peer_uid,
+)
 
 from .httpwire import (
     BadRequest,
@@ -33,7 +45,11 @@ from .httpwire import (
 from .rank import RankWatch
 from .reader import ReadError, StackReader, stop_note
 
+#: How long the owner's keep-alive connection may sit idle between requests; anyone else's gets
+#: REQUEST_TIMEOUT_S (access.py), so idle sockets cannot pile up against the connection limits.
 IDLE_S = 60.0
+#: Refusals kept for the next report to the agent (the rest are only counted).
+MAX_PENDING_REFUSALS = 100
 #: Longest a forwarded request may wait for the agent while the agent is alive and its heartbeat
 #: fresh (the agent's own timeouts, PROBE_QUERY_TIMEOUT_MS and PROBE_EVAL_TIMEOUT_S, end
 #: requests well before this).
@@ -41,16 +57,7 @@ MAX_WAIT_S = 600.0
 #: A /v1/ranks answer up to this size is read whole to refresh the watchdog's copy (issue 20);
 #: 512 ranks take about 50 KB.
 RANKS_MAX_BYTES = 4 * 1024 * 1024
-MAX_CONNECTIONS = 512
 CHUNK = 64 * 1024
-
-
-def _peer_uid(sock: socket.socket) -> int | None:
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return None
-    return struct.unpack("3i", creds)[1]
 
 
 class Proxy:
@@ -60,11 +67,16 @@ class Proxy:
         self.pid = cfg["pid"]
         self.host = cfg.get("hostname")
         self.inner = cfg["inner_path"]
-        self.token = cfg.get("token")
+        self.policy = Policy(owner_uid=os.getuid(), token=cfg.get("token"),
+                             host_names=frozenset(cfg.get("host_names") or ()))
+        self.limits = ConnectionLimits(self.policy)
+        self.port = cfg.get("port")
+        #: Refused requests not yet reported to the agent (see report_refusals).
+        self.pending_refusals: list[dict[str, str]] = []
+        self.unlisted_refusals = 0
         self.deadline_s = cfg["deadline_ms"] / 1000.0
         self.rank = rank
         self.reader = reader
-        self.connections = 0
         #: The agent's last /v1/ranks answer: served while it is frozen or dead, so that
         #: `probe -t this-rank ...` still reaches every other rank.
         self.ranks_cache: dict[str, Any] | None = None
@@ -73,64 +85,105 @@ class Proxy:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      kind: str) -> None:
         sock = writer.get_extra_info("socket")
+        keys: list[str] | None = None
         try:
-            self.connections += 1
-            if self.connections > MAX_CONNECTIONS:
-                writer.write(self._error(503, "the watchdog has too many open connections; "
-                                         "retry", close=True))
-                return
             if kind == "tcp":
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                peer = writer.get_extra_info("peername")
-                client = f"{peer[0]}:{peer[1]}" if peer else "tcp"
+                peer = tcp_peer(sock)
             else:
-                uid = _peer_uid(sock)
-                if uid not in (os.getuid(), 0):
-                    writer.write(self._error(
-                        403, f"uid {uid} may not use this agent's socket; run probe as uid "
-                        f"{os.getuid()} or root", close=True))
+                peer = Peer("unix", unix_peer_uid(sock), "unix")
+                if not self.policy.is_owner(peer):
+                    refusal = self.policy.check(peer, "", "", {})
+                    assert refusal is not None
+                    self._refused(peer, "CONNECT unix", refusal)
+                    writer.write(self._error(403, refusal.message, close=True))
                     return
-                client = "unix"
+            # Per-class limits (access.py): another uid's or host's flood cannot take the
+            # owner's connections. Checked before reading anything.
+            keys = self.limits.admit(peer)
+            if keys is None:
+                writer.write(self._error(503, overload_message(peer), close=True))
+                return
+            idle = IDLE_S if self.policy.is_owner(peer) else REQUEST_TIMEOUT_S
+            first = True
             while True:
                 try:
-                    req = await asyncio.wait_for(read_request(reader, writer), IDLE_S)
+                    # The first request must arrive whole within REQUEST_TIMEOUT_S (a half-open
+                    # socket is dropped then, not after a minute).
+                    req = await asyncio.wait_for(read_request(reader, writer),
+                                                 REQUEST_TIMEOUT_S if first else idle)
                 except BadRequest as e:
                     writer.write(self._error(e.status, e.message, close=True))
                     return
+                first = False
                 if req is None:
                     return
-                keep = await self.dispatch(req, writer, client) and req.keep_alive
+                busy = reserve_refusal(keys, req.method, req.path)
+                if busy is not None:
+                    writer.write(self._error(503, busy, close=True))
+                    return
+                keep = await self.dispatch(req, writer, peer) and req.keep_alive
                 await writer.drain()
                 if not keep:
                     return
         except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
-            self.connections -= 1
+            self.limits.release(keys)
             try:
                 await writer.drain()
             except (ConnectionError, RuntimeError):
                 pass
             writer.close()
 
-    def _error(self, status: int, message: str, *, close: bool = False, **extra: Any) -> bytes:
+    def _error(self, status: int, message: str, *, close: bool = False,
+               headers: tuple[tuple[str, str], ...] = (), **extra: Any) -> bytes:
         body = {"ok": False, "rank": self.rank_no, "status": status, "error": message, **extra}
-        return json_response(status, body, close=close)
+        return json_response(status, body, close=close, headers=headers)
 
-    def _authorised(self, req: Request) -> bool:
-        if self.token is None:
-            return True
-        sent = (req.header("authorization") or "").encode()
-        return hmac.compare_digest(sent, f"Bearer {self.token}".encode())
+    def _refused(self, peer: Peer, what: str, refusal: Refusal) -> None:
+        """Queue a refusal for the agent's audit table (report_refusals sends it)."""
+        if len(self.pending_refusals) >= MAX_PENDING_REFUSALS:
+            self.unlisted_refusals += 1
+            return
+        self.pending_refusals.append({
+            "client": peer.label()[:200], "what": what[:300], "reason": refusal.reason,
+            "message": f"HTTP {refusal.status}: {refusal.message}"[:1000]})
 
-    async def dispatch(self, req: Request, writer: asyncio.StreamWriter, client: str) -> bool:
+    async def report_refusals(self, every_s: float = 1.0) -> None:
+        """Every ``every_s``, hand what was refused to the agent: one audit path for both."""
+        while True:
+            await asyncio.sleep(every_s)
+            if not (self.pending_refusals or self.unlisted_refusals) or not self.rank.alive:
+                continue
+            batch, self.pending_refusals = self.pending_refusals, []
+            unlisted, self.unlisted_refusals = self.unlisted_refusals, 0
+            body = json.dumps({"refusals": batch, "unlisted": unlisted}).encode()
+            req = Request("POST", "/v1/access/refusals", "HTTP/1.1",
+                          [("content-type", "application/json"),
+                           ("content-length", str(len(body)))], body)
+            try:
+                head, r, w = await asyncio.wait_for(self._ask_agent(req, "watchdog"),
+                                                    self.deadline_s)
+                w.close()
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
+                self.unlisted_refusals += len(batch) + unlisted  # counted, if not listed
+
+    async def dispatch(self, req: Request, writer: asyncio.StreamWriter, peer: Peer) -> bool:
         """Answer one request; False when the connection must close afterwards."""
-        if not self._authorised(req):
-            why = "missing" if not req.header("authorization") else "wrong"
-            writer.write(json_response(
-                401, {"ok": False, "rank": self.rank_no, "status": 401,
-                      "error": f"{why} token: pass --token or set PROBE_TOKEN to the job's token"},
-                headers=(("WWW-Authenticate", "Bearer"),)))
+        refusal = self.policy.check(peer, req.method, req.path, header_map(req.headers))
+        if refusal is not None:
+            self._refused(peer, f"{req.method} {req.path}", refusal)
+            writer.write(self._error(refusal.status, refusal.message, close=True,
+                                     headers=refusal.headers))
+            return False
+        client = peer.label()
+        if req.method == "GET" and req.path == "/v1/health" and req.query.get("challenge"):
+            # The proof is the watchdog's to give: it holds the token and the port, and must
+            # give it while the agent's Python is frozen too.
+            proof = self.policy.health_extra(req.query, self.port)
+            writer.write(json_response(200, {"ok": True, "rank": self.rank_no, "status": "ok",
+                                             **proof}))
             return True
         is_backtrace = req.method == "GET" and req.path == "/v1/backtrace"
         if not self.rank.alive:
@@ -293,8 +346,6 @@ class Proxy:
 
     async def fetch(self, target: str) -> dict[str, Any] | None:
         req = Request("GET", target, "HTTP/1.1", [])
-        if self.token:
-            req.headers.append(("Authorization", f"Bearer {self.token}"))
         try:
             head, r, w = await asyncio.wait_for(self._ask_agent(req, "watchdog"),
                                                 self.deadline_s)
@@ -318,6 +369,10 @@ class Proxy:
             return self._error(503, f"rank {self.rank_no}: {reason}, and its stacks could not "
                                f"be read from outside: {e}", source="out-of-process")
         threads = [t for t in res["threads"] if show_all or not t.get("is_agent")]
+        show_secrets = req.flag("secrets")
+        for t in threads:  # py-spy's locals get the agent's redaction too (issue 19)
+            for f in t.get("frames") or ():
+                f["locals"] = redact_locals(f.get("locals"), show_secrets)
         threads.sort(key=lambda t: (not t.get("is_main"), bool(t.get("is_agent")),
                                     str(t.get("thread_name"))))
         for t in threads:
