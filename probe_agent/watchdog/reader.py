@@ -72,9 +72,19 @@ def stop_note(pid: int) -> str | None:
     if state == "t":
         tracer = next((line.split()[1] for line in _proc_text(f"/proc/{pid}/status").splitlines()
                        if line.startswith("TracerPid:")), "?")
+        if tracer.isdigit() and _ppid(int(tracer)) == os.getpid():
+            return None  # our own py-spy, pausing it for a moment to read it
         return (f"the rank is stopped by a tracer (state t: ptrace by pid {tracer}, a debugger); "
                 "it resumes when that tracer continues or detaches")
     return None
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().decode(errors="replace").rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def read_proc(pid: int) -> list[dict[str, Any]]:
