@@ -117,3 +117,16 @@ def test_disk_full_is_found_behind_torchs_runtime_error(tmp_path: Path) -> None:
     assert disk_full(RuntimeError("something else"), str(tmp_path), 1) is None
     quota = disk_full(OSError(122, "Disk quota exceeded"), str(tmp_path), None)
     assert quota is not None and str(quota).startswith("disk quota exceeded")
+
+
+def test_a_socket_and_a_fifo_are_refused_even_with_overwrite(tmp_path: Path) -> None:
+    import socket
+
+    sock_path, fifo = tmp_path / "s.sock", tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(sock_path))
+        for path, kind in ((sock_path, "a socket"), (fifo, "a FIFO")):
+            with pytest.raises(CheckpointError, match=f"is {kind}: a checkpoint is written"):
+                check_destination(str(path), overwrite=True, layout=None)
+        assert stat.S_ISSOCK(os.lstat(sock_path).st_mode)
