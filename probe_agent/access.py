@@ -305,6 +305,9 @@ RESERVED_ROUTES = frozenset({"/v1/health", "/v1/backtrace"})
 #: A request's head and body must arrive within this (slowloris); a keep-alive connection
 #: waits longer between requests, but only the owner's.
 REQUEST_TIMEOUT_S = 10.0
+#: After a refusal, how long a server reads (and drops) what the client still sends before it
+#: closes: a close with unread input is a TCP reset, which can destroy the answer in flight.
+LINGER_S = 1.0
 RESERVE = "reserve"
 
 

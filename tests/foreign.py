@@ -4,7 +4,8 @@ other uid, as the issue's tests ask (issue 19).
 ``os.fork`` rather than a new interpreter: /root is 0700 here, so uid 65534 could not even
 start this venv's Python. The child drops its groups and uids, runs a stdlib-only function,
 sends its JSON-able result through a pipe and ``_exit``s. Only root can do this: callers skip
-with ``need_root()``.
+with ``need_root()``. The child cannot import anything new (the interpreter's stdlib is under
+/root): import what ``fn`` needs before calling ``run_as``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import http.client
 import json
 import os
 import select
+import selectors
 import socket
 import time
 from collections.abc import Callable
@@ -137,3 +139,45 @@ def sweep(host: str, port: int, headers: dict[str, str] | None = None) -> dict[s
         out[f"{method} {path}"] = [status, reply.get("error") if isinstance(reply, dict) else None]
     out["GET /v1/health"] = http_request(host, port, "GET", "/v1/health", None, headers)[0]
     return out
+
+
+def burst(port: int, n: int) -> dict:
+    """``n`` connections opened at once, each sending one request; the answers, counted.
+    Every request is answered (``"200"``), refused with the JSON 503 (``"503"``), or counted as
+    what went wrong: ``"reset"``, ``"<status>-not-json"``, ``"unanswered"`` after 30 s."""
+    counts: dict[str, int] = {}
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.settimeout(10)
+        try:
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        except OSError as e:
+            counts[type(e).__name__] = counts.get(type(e).__name__, 0) + 1
+            s.close()
+            continue
+        socks.append(s)
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ, b"")
+    deadline = time.monotonic() + 30
+    while sel.get_map() and time.monotonic() < deadline:
+        for key, _ in sel.select(1):
+            try:
+                data = key.fileobj.recv(65536)
+            except ConnectionResetError:
+                data, counts["reset"] = b"", counts.get("reset", 0) + 1
+            if data:
+                sel.modify(key.fileobj, selectors.EVENT_READ, key.data + data)
+                continue
+            sel.unregister(key.fileobj)
+            got = key.data
+            status = got.split(b" ", 2)[1].decode() if got.startswith(b"HTTP/") else "none"
+            json_body = b'"status": 503' in got or status == "200"
+            counts[status if json_body else f"{status}-not-json"] = \
+                counts.get(status if json_body else f"{status}-not-json", 0) + 1
+            key.fileobj.close()
+    counts["unanswered"] = len(sel.get_map())
+    return counts

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from ..access import (
+    LINGER_S,
     REQUEST_TIMEOUT_S,
     ConnectionLimits,
     Peer,
@@ -60,6 +61,22 @@ RANKS_MAX_BYTES = 4 * 1024 * 1024
 CHUNK = 64 * 1024
 
 
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Half-close and drop what the client already sent, for up to LINGER_S, before the close:
+    a close with unread input is a TCP reset, which can destroy the answer just written."""
+    loop = asyncio.get_running_loop()
+    try:
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        deadline = loop.time() + LINGER_S
+        while (left := deadline - loop.time()) > 0:
+            if not await asyncio.wait_for(reader.read(CHUNK), left):
+                break
+    except (asyncio.TimeoutError, ConnectionError, OSError):
+        pass
+
+
 class Proxy:
     def __init__(self, cfg: dict[str, Any], rank: RankWatch, reader: StackReader) -> None:
         self.cfg = cfg
@@ -97,12 +114,14 @@ class Proxy:
                     assert refusal is not None
                     self._refused(peer, "CONNECT unix", refusal)
                     writer.write(self._error(403, refusal.message, close=True))
+                    await _linger(reader, writer)
                     return
             # Per-class limits (access.py): another uid's or host's flood cannot take the
             # owner's connections. Checked before reading anything.
             keys = self.limits.admit(peer)
             if keys is None:
                 writer.write(self._error(503, overload_message(peer), close=True))
+                await _linger(reader, writer)
                 return
             idle = IDLE_S if self.policy.is_owner(peer) else REQUEST_TIMEOUT_S
             first = True

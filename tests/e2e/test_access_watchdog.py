@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.e2e.procs import require_pyspy
-from tests.foreign import FOREIGN_UID, http_request, need_root, run_as, sweep
+from tests.foreign import FOREIGN_UID, burst, http_request, need_root, run_as, sweep
 from tests.support import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -111,3 +111,19 @@ def test_a_strangers_flood_on_the_watchdog_leaves_the_owner_served(gil_rank):
     assert all('"status": 503' in a for a in result["turned_away"])
     assert "reset" not in result["statuses"], result["statuses"]
     assert sum(result["statuses"].values()) == 200
+
+
+def test_a_burst_of_1000_connections_gets_answers_or_json_503s_never_resets(gil_rank):
+    need_root()
+    info, _go, _done = gil_rank()
+    port = _port(info)
+    # WHEN another uid opens 1000 connections at once, and the owner opens as many
+    stranger = run_as(FOREIGN_UID, burst, port, 1000)
+    owner = burst(port, 1000)
+    # THEN every one is answered: 200, or the JSON 503 of a full class; no reset, no silence
+    for counts in (stranger, owner):
+        assert set(counts) <= {"200", "503", "unanswered"}, counts
+        assert counts["unanswered"] == 0 and counts.get("200", 0) >= 32, counts
+        assert counts.get("200", 0) + counts.get("503", 0) == 1000, counts
+    # AND the owner's backtrace answers right after
+    assert httpx.get(info["url"] + "/v1/backtrace", timeout=5).status_code == 200
