@@ -2,7 +2,8 @@
 
 Queueing runs code on the training thread, so it follows /v1/eval's policy: off loopback it
 needs a token (the unix socket is always allowed). Nothing here blocks the event loop: submit
-and cancel only take the queue's lock; ``wait`` polls the action's state.
+runs in a worker thread (it checks a checkpoint path on the filesystem, issue 20), cancel only
+takes the queue's lock; ``wait`` polls the action's state.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool, model_validator
+from starlette.concurrency import run_in_threadpool
 
 from ..errors import ForbiddenError
 from .core import _agent, _client
@@ -129,7 +131,10 @@ async def submit(request: Request, body: ActionRequest) -> dict[str, Any]:
     for flag in ("force", "overwrite"):
         if getattr(body, flag):
             args[flag] = True
-    action = agent.actions.submit(
+    # In a worker thread: a checkpoint's path is checked with lstat/stat, which a hung network
+    # filesystem can block for minutes; the event loop must keep answering backtraces.
+    action = await run_in_threadpool(
+        agent.actions.submit,
         kind=body.kind, step=body.step, code=_describe(body), args=args,
         client=_client(request), requested_by=body.requested_by,
         action_id=body.id or uuid.uuid4().hex[:12], group=body.group,
