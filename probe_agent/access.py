@@ -273,7 +273,8 @@ class Policy:
                 "this agent has no token and serves only its owner on this machine; set "
                 "PROBE_TOKEN_FILE in the job's environment to reach it from other hosts"))
         return self._refuse(401, "token", "missing token: pass the job's token with "
-                            "--token-file FILE (or --token, PROBE_TOKEN)", (("WWW-Authenticate", "Bearer"),))
+                            "--token-file FILE (or --token, PROBE_TOKEN)",
+                            (("WWW-Authenticate", "Bearer"),))
 
     def _refuse(self, status: int, reason: str, message: str,
                 headers: tuple[tuple[str, str], ...] = ()) -> Refusal:

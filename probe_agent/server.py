@@ -23,7 +23,6 @@ import logging
 import os
 import socket
 import stat
-import struct
 import threading
 import time
 from typing import Any

@@ -34,7 +34,6 @@ from ..access import (
     tcp_peer,
     unix_peer_uid,
 )
-
 from .httpwire import (
     BadRequest,
     Request,
