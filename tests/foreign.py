@@ -181,3 +181,13 @@ def burst(port: int, n: int) -> dict:
             key.fileobj.close()
     counts["unanswered"] = len(sel.get_map())
     return counts
+
+
+def connections_of(uid: int, port: int) -> int:
+    """Open TCP connections owned by ``uid`` to local ``port`` (from /proc/net/tcp): a real
+    signal that a flood is under way."""
+    want = f":{port:04X}"
+    with open("/proc/net/tcp", encoding="ascii") as f:
+        rows = [line.split() for line in f][1:]
+    return sum(1 for r in rows if len(r) > 9 and r[2].endswith(want) and r[7] == str(uid)
+               and r[3] == "01")

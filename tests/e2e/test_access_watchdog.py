@@ -12,7 +12,16 @@ import httpx
 import pytest
 
 from tests.e2e.procs import require_pyspy
-from tests.foreign import FOREIGN_UID, burst, http_request, need_root, run_as, sweep
+from tests.e2e.training import probe
+from tests.foreign import (
+    FOREIGN_UID,
+    burst,
+    connections_of,
+    http_request,
+    need_root,
+    run_as,
+    sweep,
+)
 from tests.support import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -100,10 +109,11 @@ def test_a_strangers_flood_on_the_watchdog_leaves_the_owner_served(gil_rank):
     t = threading.Thread(target=lambda: result.update(run_as(FOREIGN_UID, flood, port, 40, 200)))
     t.start()
     try:
-        # WHILE the stranger holds its share of sockets, the owner is answered
-        with httpx.Client(base_url=info["url"], timeout=5) as owner:
-            for _ in range(5):
-                assert owner.get("/v1/backtrace").status_code == 200
+        # WHILE the stranger holds its share of sockets, the owner's `probe backtrace` answers
+        wait_until(lambda: connections_of(FOREIGN_UID, port) >= 32, 20, "no flood under way")
+        for _ in range(3):
+            bt = probe("-t", info["url"].removeprefix("http://"), "backtrace", timeout=30)
+            assert bt.returncode == 0 and "waiting_room" in bt.stdout, bt.stdout + bt.stderr
     finally:
         t.join(60)
     # THEN the stranger's extra sockets got the JSON error body, and its burst no resets
