@@ -220,6 +220,8 @@ class WatchdogLink:
             "deadline_ms": cfg.backtrace_deadline_ms, "grace_s": cfg.watchdog_grace_s,
             "snapshot_s": cfg.watchdog_snapshot_s,
             "tls_cert": cfg.tls_cert, "tls_key": cfg.tls_key,
+            # issue 19: the same access rule as the agent's (access.Policy), host names included.
+            "host_names": sorted(self.agent.gate.policy.host_names),
         }
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         boot = (f"import sys; sys.path.insert(0, {root!r}); "
