@@ -29,8 +29,11 @@ class RefusalReport(BaseModel):
 @router.post("/access/refusals", include_in_schema=False)
 async def report_refusals(request: Request, body: RefusalReport) -> dict[str, Any]:
     agent = request.app.state.agent
-    if agent.gate.peer_of(request.scope).kind != "unix":
-        raise ForbiddenError("only the rank's watchdog reports refusals (over the unix socket)")
+    # The watchdog sends these itself (x-probe-client: watchdog) over the private socket; it
+    # strips that header from what clients send, so a token holder cannot forge audit rows.
+    if agent.gate.peer_of(request.scope).kind != "unix" or \
+            request.headers.get("x-probe-client") != "watchdog":
+        raise ForbiddenError("only the rank's watchdog reports refusals")
     now = time.time()
     for r in body.refusals:
         agent.refusals.record(r.client, r.what, r.reason, r.message, now)

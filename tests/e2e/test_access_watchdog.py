@@ -41,6 +41,11 @@ def test_the_watchdog_refuses_a_stranger_on_every_route_even_while_the_gil_is_he
     assert stranger.pop("GET /v1/health") == 200
     assert {s for s, _ in stranger.values()} == {403}, stranger
     assert httpx.post(info["url"] + "/v1/eval", json={"code": "1"}).json()["result"] == "1"
+    # AND nobody but the watchdog itself may write the audit of refusals
+    forged = httpx.post(info["url"] + "/v1/access/refusals", json={"refusals": [
+        {"client": "x", "what": "GET /x", "reason": "uid", "message": "forged"}]},
+        headers={"x-probe-client": "watchdog"})
+    assert forged.status_code == 403, forged.text
     # AND a foreign Host header is refused by the watchdog too
     rebind = httpx.get(info["url"] + "/v1/backtrace?locals=1",
                        headers={"Host": "rebind.attacker.example"})
@@ -63,7 +68,7 @@ def test_the_watchdog_refuses_a_stranger_on_every_route_even_while_the_gil_is_he
     wait_until(done.exists, 20, "the C call never returned")
 
     def audited() -> list | None:
-        r = httpx.post(info["url"] + "/v1/query", json={
+        r = httpx.post(info["url"] + "/v1/query", timeout=30, json={
             "sql": "SELECT client, code FROM python.evals WHERE kind = 'access'"}).json()
         rows = r.get("rows") or []
         return rows if len(rows) >= len(stranger) + 2 else None
