@@ -191,3 +191,14 @@ def connections_of(uid: int, port: int) -> int:
         rows = [line.split() for line in f][1:]
     return sum(1 for r in rows if len(r) > 9 and r[2].endswith(want) and r[7] == str(uid)
                and r[3] == "01")
+
+
+def check_burst(port: int, n: int = 1000) -> None:
+    """``n`` connections at once from another uid, then from us: each is answered with 200 or
+    the JSON 503 of a full class; no reset, no silence (issue 20)."""
+    stranger = run_as(FOREIGN_UID, burst, port, n)
+    owner = burst(port, n)
+    for counts in (stranger, owner):
+        assert set(counts) <= {"200", "503", "unanswered"}, counts
+        assert counts["unanswered"] == 0 and counts.get("200", 0) >= 32, counts
+        assert counts.get("200", 0) + counts.get("503", 0) == n, counts
