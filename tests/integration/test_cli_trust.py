@@ -19,18 +19,11 @@ from probe_cli.targets import Endpoint
 from probe_cli.trust import check_agent
 from tests.foreign import FOREIGN_UID, need_root, run_as
 from tests.support import wait_until
+from tests.unit.cli_server import closed_port
 
 pytest.importorskip("duckdb")
 TOKEN = "squat-me-" + "x" * 16
 CODE = "open('/etc/shadow').read()"
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _squat(port: int, seconds: float) -> str:
@@ -65,7 +58,7 @@ def _squat(port: int, seconds: float) -> str:
 def squatter() -> Iterator[tuple[int, dict]]:
     """A uid-65534 process listening on a free port for 6 s: (port, {"received": text})."""
     need_root()
-    port = _free_port()
+    port = closed_port()  # free now; the squatter binds it
     out: dict = {}
     t = threading.Thread(target=lambda: out.update(received=run_as(FOREIGN_UID, _squat, port, 6)))
     t.start()
