@@ -23,6 +23,7 @@ from .errors import (
     http_error_class,
 )
 from .targets import Endpoint
+from .transport.wire import ArrowBody
 from .trust import check_agent
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -110,31 +111,38 @@ class ProbeClient:
         return body
 
     def info(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/info")
+        return self._json("GET", "/v1/info")
 
     def ranks(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/ranks")
+        return self._json("GET", "/v1/ranks")
 
     def query(self, sql: str, max_rows: int | None = None) -> dict[str, Any]:
-        return self.request("POST", "/v1/query", json=_query_body(sql, max_rows))
+        return self._json("POST", "/v1/query", json=_query_body(sql, max_rows))
 
     def query_arrow(self, sql: str, max_rows: int | None = None) -> dict[str, Any]:
-        """The result as an Arrow IPC stream: ``{"ok", "rank", "truncated", "arrow": bytes}``."""
+        """The result as an Arrow IPC stream: ``{"ok", "rank", "truncated", "arrow": bytes}``
+        (``wire.ArrowBody``)."""
         resp = self._send(
             "POST", "/v1/query", json=_query_body(sql, max_rows), headers={"Accept": ARROW_STREAM}
         )
         if not resp.headers.get("content-type", "").startswith(ARROW_STREAM):
             raise self._protocol_error(resp, "an Arrow stream")
         rank = resp.headers.get("x-probe-rank", "")
-        return {
-            "ok": True,
-            "rank": int(rank) if rank.lstrip("-").isdigit() else None,
-            "truncated": resp.headers.get("x-probe-truncated", "false").lower() == "true",
-            "arrow": resp.content,
-        }
+        return ArrowBody(
+            rank=int(rank) if rank.lstrip("-").isdigit() else None,
+            truncated=resp.headers.get("x-probe-truncated", "false").lower() == "true",
+            arrow=resp.content,
+        ).to_wire()
+
+    def canned(self, name: str, **params: Any) -> dict[str, Any]:
+        """A canned query of sql/queries/ by name; the body is a ``query`` body."""
+        return self._json("POST", f"/v1/queries/{name}", json={"params": params})
+
+    def queries(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/queries")
 
     def eval(self, code: str) -> dict[str, Any]:
-        return self.request("POST", "/v1/eval", json={"code": code})
+        return self._json("POST", "/v1/eval", json={"code": code})
 
     def backtrace(
         self, *, locals: bool = False, native: bool = False, all: bool = False,
@@ -143,11 +151,52 @@ class ProbeClient:
         params = {"locals": int(locals), "native": int(native), "all": int(all)}
         if secrets:
             params["secrets"] = 1
-        return self.request("GET", "/v1/backtrace", params=params)
+        return self._json("GET", "/v1/backtrace", params=params)
+
+    def collectives(self, *, limit: int = 200, state: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if state is not None:
+            params["state"] = state
+        return self._json("GET", "/v1/collectives", params=params)
+
+    def trace(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/trace")
+
+    def set_trace(self, mode: str) -> dict[str, Any]:
+        """``mode``: ``on``, ``off`` or ``every:N``; applies from the next optimizer step."""
+        return self._json("POST", "/v1/trace", json={"mode": mode})
+
+    def doctor(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/doctor")
+
+    def doctor_grads(self, wait: float) -> dict[str, Any]:
+        return self._json("POST", "/v1/doctor/grads", params={"wait": wait})
+
+    def step(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/step")
+
+    def submit_action(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Queue a step-boundary action (the ``POST /v1/actions`` body, id and step included)."""
+        return self._json("POST", "/v1/actions", json=request)
+
+    def actions(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/actions")
+
+    def action(self, action_id: str, *, wait: float | None = None) -> dict[str, Any]:
+        """One action; with ``wait``, the agent answers once it has finished or after that
+        many seconds (a long poll)."""
+        params = None if wait is None else {"wait": wait}
+        return self._json("GET", f"/v1/actions/{action_id}", params=params)
+
+    def cancel_action(self, action_id: str) -> dict[str, Any]:
+        return self._json("DELETE", f"/v1/actions/{action_id}")
+
+    def resume(self, requested_by: str) -> dict[str, Any]:
+        return self._json("POST", "/v1/resume", json={"requested_by": requested_by})
 
     # -- generic ------------------------------------------------------------------------------
 
-    def request(
+    def _json(
         self,
         method: str,
         path: str,
@@ -155,7 +204,8 @@ class ProbeClient:
         json: Any = None,
         params: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Any JSON route (for commands whose route has no method here yet)."""
+        """One JSON route. Private: a route the CLI uses gets a method above, so that no
+        command spells a path (issue 18)."""
         resp = self._send(method, path, json=json, params=params)
         body = _decode(resp)
         if body is None:

@@ -44,6 +44,7 @@ from .group import compact_ranges
 from .result import RankResult, result_order
 from .session import Session
 from .targets import Endpoint
+from .transport.wire import Envelope, RanksBody
 
 #: Requests in flight at once. 64 keeps a 512-rank job to 8 waves of short requests while
 #: staying far below a login node's file-descriptor limit.
@@ -89,28 +90,24 @@ _NO_ANSWER = (AgentUnreachableError, AgentTimeoutError, AuthError, ForbiddenErro
 
 def _expand(session: Session, ep: Endpoint) -> list[RankTarget]:
     try:
-        body = session.client(ep).ranks()
+        body = RanksBody.from_wire(session.client(ep).ranks())
     except _NO_ANSWER as e:
         return [RankTarget(None, ep, error=e)]
     except RankError:
         return [RankTarget(None, ep)]  # an agent without /v1/ranks: ask the target itself
-    me = body.get("rank")
-    entries = [e for e in body.get("ranks") or [] if isinstance(e, dict)]
+    me = body.rank
     out: list[RankTarget] = []
-    for entry in entries:
-        rank, url = entry.get("rank"), entry.get("url")
-        if not isinstance(rank, int):
-            continue
+    for entry in body.ranks:
+        rank = entry.rank
         if rank == me:
-            out.append(RankTarget(rank, ep, entry.get("host"), entry.get("pid")))
-        elif isinstance(url, str) and url:
-            endpoint = Endpoint(url.rstrip("/"))
-            out.append(RankTarget(rank, endpoint, entry.get("host"), entry.get("pid")))
+            out.append(RankTarget(rank, ep, entry.host, entry.pid))
+        elif entry.url:
+            out.append(RankTarget(rank, Endpoint(entry.url.rstrip("/")), entry.host, entry.pid))
         else:
             why = f"rank {rank} advertised no URL in {ep.label}/v1/ranks"
             err = ProtocolError(why, url=f"rank {rank}", reason="no URL advertised")
             out.append(RankTarget(rank, Endpoint("http://unknown"), error=err))
-    if isinstance(me, int) and all(t.rank != me for t in out):
+    if me is not None and all(t.rank != me for t in out):
         out.append(RankTarget(me, ep))
     note = _missing_ranks_note(body, ep, {t.rank for t in out})
     if note:
@@ -118,13 +115,20 @@ def _expand(session: Session, ep: Endpoint) -> list[RankTarget]:
     return _dedupe(out) or [RankTarget(None, ep)]
 
 
-def _missing_ranks_note(body: dict[str, Any], ep: Endpoint, found: set[int | None]) -> str | None:
+def _missing_ranks_note(body: RanksBody | dict[str, Any], ep: Endpoint,
+                        found: set[int | None]) -> str | None:
     """Say so when the answering agent knows fewer ranks than the job has, and why: a user who
-    sees 1 rank of a 64-rank job must not take it for the whole job."""
-    world = body.get("world_size")
-    if not isinstance(world, int) or len(found) >= world:
+    sees 1 rank of a 64-rank job must not take it for the whole job.
+
+    Args:
+        body: the ``GET /v1/ranks`` answer, typed or as it came.
+    """
+    if not isinstance(body, RanksBody):
+        body = RanksBody.from_wire(body)
+    world = body.world_size
+    if world is None or len(found) >= world:
         return None
-    disc = body.get("discovery") if isinstance(body.get("discovery"), dict) else {}
+    disc = body.discovery
     head = f"only {len(found)} of {world} ranks found through {ep.label}"
     fix = "pass every rank's agent with -t HOST:PORT,HOST:PORT or --hostfile"
     if disc.get("state") == "failing":
@@ -137,17 +141,15 @@ def _missing_ranks_note(body: dict[str, Any], ep: Endpoint, found: set[int | Non
 
 def _identify(session: Session, ep: Endpoint) -> RankTarget:
     try:
-        body = session.client(ep).ranks()
+        body = RanksBody.from_wire(session.client(ep).ranks())
     except _NO_ANSWER as e:
         return RankTarget(None, ep, error=e)
     except RankError:
         return RankTarget(None, ep)
-    me = body.get("rank")
-    if not isinstance(me, int):
+    if body.rank is None:
         return RankTarget(None, ep)
-    entries = [e for e in body.get("ranks") or [] if isinstance(e, dict)]
-    entry: dict[str, Any] = next((e for e in entries if e.get("rank") == me), {})
-    return RankTarget(me, ep, entry.get("host"), entry.get("pid"))
+    entry = body.entry(body.rank)
+    return RankTarget(body.rank, ep, entry.host if entry else None, entry.pid if entry else None)
 
 
 def _dedupe(targets: list[RankTarget]) -> list[RankTarget]:
@@ -256,26 +258,18 @@ def fan_out_target_first(session: Session, call: Call) -> list[RankResult]:
     return sorted(results, key=result_order)
 
 
-def run_on_ranks(
-    session: Session,
-    method: str,
-    path: str,
-    body: Any = None,
-    *,
-    params: dict[str, Any] | None = None,
-) -> list[RankResult]:
-    """The shared pipeline's first half: resolve the ranks and send each one request.
+def calling(method: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> Call:
+    """A fan-out call from a ``ProbeClient`` method and its arguments:
+    ``calling(ProbeClient.canned, "slow_modules", steps=20)`` sends that on every rank."""
+    return lambda client, _target: method(client, *args, **kwargs)
 
-    Args:
-        method: ``GET`` or ``POST``.
-        path: a route of docs/http-api.md, like ``/v1/query``.
-        body: the JSON request body (POST).
-        params: query-string parameters.
-    """
-    targets = resolve_ranks(session)
-    return fan_out(
-        session, targets, lambda c, t: c.request(method, path, json=body, params=params)
-    )
+
+def run_on_ranks(
+    session: Session, method: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any
+) -> list[RankResult]:
+    """The shared pipeline's first half: resolve the ranks and call one ``ProbeClient``
+    method (``ProbeClient.info``) with these arguments on each."""
+    return fan_out(session, resolve_ranks(session), calling(method, *args, **kwargs))
 
 
 def _call_one(session: Session, target: RankTarget, call: Call) -> RankResult:
@@ -283,11 +277,12 @@ def _call_one(session: Session, target: RankTarget, call: Call) -> RankResult:
         data = call(session.client(target.endpoint), target)
     except ProbeCLIError as e:
         return _failed(target, e)
-    rank = target.rank if target.rank is not None else _int(data.get("rank"))
+    env = Envelope.from_wire(data)
+    rank = target.rank if target.rank is not None else env.rank
     host = target.host or data.get("host")
     pid = target.pid or _int(data.get("pid"))
     if data.get("ok") is False:  # an error body behind a 2xx status: still a failure
-        msg = str(data.get("error") or "the agent answered ok: false")
+        msg = env.error or "the agent answered ok: false"
         err = ProtocolError(
             f"agent at {target.endpoint.label}: {msg}", url=target.endpoint.label, reason=msg
         )
@@ -297,7 +292,7 @@ def _call_one(session: Session, target: RankTarget, call: Call) -> RankResult:
 
 def _failed(target: RankTarget, error: ProbeCLIError | None) -> RankResult:
     data = error.body if isinstance(error, AgentHTTPError) else None
-    rank = target.rank if target.rank is not None else _int((data or {}).get("rank"))
+    rank = target.rank if target.rank is not None else Envelope.from_wire(data).rank
     return RankResult(rank, target.endpoint.label, False, data, error, target.host, target.pid)
 
 

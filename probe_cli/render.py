@@ -17,6 +17,7 @@ from typing import Any
 
 from .group import group_by, rank_label
 from .result import RankResult
+from .transport.wire import Envelope, EvalBody, InfoBody, QueryBody
 
 _STYLES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
 #: Longest cell shown in a human table; --json and --csv always carry the full value.
@@ -78,8 +79,9 @@ def format_table(
 def rank_header(r: RankResult, colour: bool = False, extra: str = "") -> str:
     """py-spy's process header, per rank: ``Rank 1 (host:pid) http://…``."""
     who = f"Rank {r.rank if r.rank is not None else '?'}"
-    host = r.host or (r.data or {}).get("host")
-    pid = r.pid or (r.data or {}).get("pid")
+    env = Envelope.from_wire(r.data)
+    host = r.host or env.host
+    pid = r.pid or env.pid
     where = ":".join(str(x) for x in (host, pid) if x is not None)
     text = f"{paint(who, 'bold cyan', colour)}{f' ({where})' if where else ''} {r.url}"
     return f"{text} {extra}".rstrip()
@@ -120,7 +122,7 @@ def wire_body(r: RankResult) -> dict[str, Any]:
 
 
 def same_columns(results: Sequence[RankResult]) -> bool:
-    cols = {tuple((r.data or {}).get("columns") or ()) for r in results}
+    cols = {QueryBody.from_wire(r.data).columns for r in results}
     return len(cols) == 1
 
 
@@ -128,16 +130,15 @@ def render_query_table(results: Sequence[RankResult], colour: bool = False) -> l
     """One rank: its table. Several with the same columns: one table with a leading ``rank``
     column. Several with different columns: a header and a table per rank."""
     if len(results) == 1:
-        d = results[0].data or {}
-        return format_table(d.get("columns") or [], d.get("rows") or [], colour=colour)
+        q = QueryBody.from_wire(results[0].data)
+        return format_table(q.columns, q.rows, colour=colour)
     if same_columns(results):
         cols, rows = with_rank_column(results)
         return format_table(cols, rows, colour=colour)
     out: list[str] = []
     for r in results:
-        d = r.data or {}
-        out += [rank_header(r, colour), *format_table(d.get("columns") or [], d.get("rows") or [],
-                                                     colour=colour), ""]
+        q = QueryBody.from_wire(r.data)
+        out += [rank_header(r, colour), *format_table(q.columns, q.rows, colour=colour), ""]
     return out[:-1]
 
 
@@ -154,11 +155,12 @@ def format_csv(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[st
 def with_rank_column(results: Sequence[RankResult]) -> tuple[list[str], list[list[Any]]]:
     """Every rank's rows under the first rank's columns, with a leading ``rank`` column unless
     the query already selected one (every probe table carries ``rank``)."""
-    cols = list((results[0].data or {}).get("columns") or []) if results else []
-    rows = [list(row) for r in results for row in (r.data or {}).get("rows") or []]
+    bodies = [QueryBody.from_wire(r.data) for r in results]
+    cols = list(bodies[0].columns) if bodies else []
+    rows = [list(row) for q in bodies for row in q.rows]
     if "rank" in cols:
         return cols, rows
-    ranks = [r.rank for r in results for _ in (r.data or {}).get("rows") or []]
+    ranks = [r.rank for r, q in zip(results, bodies) for _ in q.rows]
     return ["rank", *cols], [[rank, *row] for rank, row in zip(ranks, rows, strict=True)]
 
 
@@ -177,7 +179,7 @@ def _csv_value(v: Any) -> Any:
 
 def query_notes(results: Sequence[RankResult]) -> list[str]:
     """stderr notes: ranks whose result was cut at the agent's row cap."""
-    cut = [r.rank for r in results if (r.data or {}).get("truncated")]
+    cut = [r.rank for r in results if QueryBody.from_wire(r.data).truncated]
     if not cut:
         return []
     return [
@@ -214,11 +216,12 @@ def info_rows(
     rows = []
     for r in results:
         d = r.data or {}
-        up = d.get("uptime_s")
+        info = InfoBody.from_wire(d)
+        up = d.get("uptime_s")  # as sent: CSV keeps the agent's number unrounded
         rows.append([
-            r.rank, d.get("host", r.host), d.get("pid", r.pid), d.get("python"),
-            d.get("torch") or ("" if raw else "-"), d.get("version"), _access(d.get("access")),
-            up if raw else format_duration(up),
+            r.rank, info.host if "host" in d else r.host, info.pid if "pid" in d else r.pid,
+            info.python, info.torch or ("" if raw else "-"), info.version,
+            _access(info.access), up if raw else format_duration(up),
         ])
     return cols, rows
 
@@ -243,28 +246,29 @@ def render_info(results: Sequence[RankResult], colour: bool = False) -> list[str
 # -- eval -----------------------------------------------------------------------------------
 
 
-def eval_text(body: dict[str, Any]) -> list[str]:
+def eval_text(body: dict[str, Any] | None) -> list[str]:
     """What an eval showed: its printed output, then the repr of a trailing expression."""
-    lines = (body.get("stdout") or "").splitlines()
-    if body.get("result") is not None:
-        lines += str(body["result"]).splitlines() or [""]
+    ev = EvalBody.from_wire(body)
+    lines = ev.stdout.splitlines()
+    if ev.result is not None:
+        lines += ev.result.splitlines() or [""]
     return lines
 
 
 def _eval_key(r: RankResult) -> tuple[str, str, str]:
-    d = r.data or {}
-    return (d.get("stdout") or "", str(d.get("result")), str(d.get("traceback") or d.get("error")))
+    ev = EvalBody.from_wire(r.data)
+    return (ev.stdout, str(ev.result), str(ev.traceback or ev.error))
 
 
 def render_eval(results: Sequence[RankResult], colour: bool = False) -> list[str]:
     """One rank: its output as is (so ``$(probe PID eval x)`` works). Several: ranks with
     identical output grouped under ``ranks 0–6,8:``, in rank order."""
     if len(results) == 1:
-        return eval_text(results[0].data or {})
+        return eval_text(results[0].data)
     out: list[str] = []
     for g in group_by(results, _eval_key):
         label = rank_label([m.rank for m in g.members]) + ":"
-        out += [paint(label, "bold", colour), *(eval_text(g.first.data or {}) or ["(no output)"])]
+        out += [paint(label, "bold", colour), *(eval_text(g.first.data) or ["(no output)"])]
     return out
 
 
@@ -274,13 +278,13 @@ def render_eval_failures(
     """stderr: the traceback of each group of ranks whose code raised (with what it printed
     first), under its rank label unless ``labels`` is False (a single-rank job). Ranks that
     gave no eval answer at all are left to the summary."""
-    raised = [r for r in results if r.data and ("traceback" in r.data or "stdout" in r.data)]
+    raised = [r for r in results if EvalBody.raised(r.data)]
     out: list[str] = []
     for g in group_by(raised, _eval_key):
-        d = g.first.data or {}
+        ev = EvalBody.from_wire(g.first.data)
         if labels:
             out.append(paint(rank_label([m.rank for m in g.members]) + ":", "bold red", colour))
-        out += (d.get("stdout") or "").splitlines()
-        tb = d.get("traceback") or d.get("error") or ""
-        out += str(tb).rstrip("\n").splitlines()
+        out += ev.stdout.splitlines()
+        tb = ev.traceback or ev.error or ""
+        out += tb.rstrip("\n").splitlines()
     return out

@@ -10,6 +10,7 @@ from typing import Any
 
 from .render import format_table
 from .result import RankResult
+from .transport.wire import ActionBody, ActionListBody, FinishedAction, ResumeBody
 
 
 def human_bytes(n: Any) -> str:
@@ -27,7 +28,7 @@ def render_lr(results: Sequence[RankResult], colour: bool = False) -> list[str]:
     """Before and after, one row per rank, optimizer and param group; then the schedulers."""
     rows, sched_lines = [], []
     for r in results:
-        d = (r.data or {}).get("data") or {}
+        d = FinishedAction.from_wire(r.data).data
         for opt in d.get("optimizers", []):
             for i, g in enumerate(opt.get("groups", [])):
                 rows.append([r.rank, d.get("step"), f"{opt.get('class')}[{opt.get('index')}]",
@@ -51,12 +52,12 @@ def render_lr(results: Sequence[RankResult], colour: bool = False) -> list[str]:
 def render_checkpoint(results: Sequence[RankResult], colour: bool = False) -> list[str]:
     rows = []
     for r in results:
-        d = (r.data or {}).get("data") or {}
+        d = FinishedAction.from_wire(r.data).data
         for f in d.get("files", []):
             rows.append([r.rank, d.get("step"), d.get("mode"), f.get("path"),
                          human_bytes(f.get("bytes"))])
     out = format_table(["rank", "step", "mode", "path", "size"], rows, colour=colour)
-    names = next(((r.data or {}).get("data", {}).get("names") for r in results), None)
+    names = next((FinishedAction.from_wire(r.data).data.get("names") for r in results), None)
     if names:
         out.append("")
         out += [f"{k}: {', '.join(v) if v else '-'}" for k, v in names.items()]
@@ -64,15 +65,15 @@ def render_checkpoint(results: Sequence[RankResult], colour: bool = False) -> li
 
 
 def render_paused(results: Sequence[RankResult], colour: bool = False) -> list[str]:
-    rows = [[r.rank, ((r.data or {}).get("data") or {}).get("paused_at")] for r in results]
+    rows = [[r.rank, FinishedAction.from_wire(r.data).data.get("paused_at")] for r in results]
     return [*format_table(["rank", "paused_after_step"], rows, colour=colour), "",
             "training is held at the step boundary; query and eval work. `probe resume` "
             "releases it."]
 
 
 def render_resumed(results: Sequence[RankResult], colour: bool = False) -> list[str]:
-    rows = [[r.rank, (r.data or {}).get("was_paused_at"), (r.data or {}).get("note"),
-             ",".join((r.data or {}).get("cancelled") or []) or None] for r in results]
+    bodies = [(r, ResumeBody.from_wire(r.data)) for r in results]
+    rows = [[r.rank, b.was_paused_at, b.note, ",".join(b.cancelled) or None] for r, b in bodies]
     return format_table(["rank", "was_paused_at", "note", "cancelled_pauses"], rows,
                         colour=colour)
 
@@ -87,19 +88,19 @@ def _short(text: Any, n: int = 60) -> str | None:
 def render_action_list(results: Sequence[RankResult], colour: bool = False) -> list[str]:
     rows = []
     for r in results:
-        d = r.data or {}
-        for a in d.get("actions", []):
+        for a in ActionListBody.from_wire(r.data).actions:
             outcome = a.get("error") if a.get("state") != "ok" else a.get("result")
             rows.append([r.rank, a.get("id"), a.get("kind"), a.get("step"), a.get("state"),
                          _short(a.get("code"), 40), _short(outcome)])
     if not rows:
-        steps = ", ".join(f"rank {r.rank} at step {(r.data or {}).get('step')}" for r in results)
+        steps = ", ".join(f"rank {r.rank} at step {ActionListBody.from_wire(r.data).step}"
+                          for r in results)
         return [f"no actions ({steps})"]
     return format_table(["rank", "id", "kind", "step", "state", "what", "outcome"], rows,
                         colour=colour)
 
 
 def render_cancelled(results: Sequence[RankResult], colour: bool = False) -> list[str]:
-    rows = [[r.rank, ((r.data or {}).get("action") or {}).get("state"),
-             (r.data or {}).get("step")] for r in results]
+    bodies = [(r, ActionBody.from_wire(r.data)) for r in results]
+    rows = [[r.rank, b.state, b.step] for r, b in bodies]
     return format_table(["rank", "state", "current_step"], rows, colour=colour)

@@ -21,13 +21,13 @@ from typing import Any
 from .group import group_by, outliers_first, rank_label
 from .render import paint, rank_header
 from .result import RankResult
+from .transport.wire import BacktraceBody, Body
 
 IN_PROCESS = "in-process"
 
 
-def main_thread(body: dict[str, Any]) -> dict[str, Any] | None:
-    threads = [t for t in body.get("threads") or [] if isinstance(t, dict)]
-    return next((t for t in threads if t.get("is_main")), threads[0] if threads else None)
+def main_thread(body: Body | None) -> dict[str, Any] | None:
+    return BacktraceBody.from_wire(body).main_thread
 
 
 def _frames(thread: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -35,7 +35,7 @@ def _frames(thread: dict[str, Any] | None) -> list[dict[str, Any]]:
     return sorted(frames, key=lambda f: f.get("depth", 0))  # innermost (depth 0) first
 
 
-def stack_key(body: dict[str, Any]) -> tuple[tuple[Any, Any, Any], ...]:
+def stack_key(body: Body | None) -> tuple[tuple[Any, Any, Any], ...]:
     """The main thread's stack as comparable (func, file, lineno) triples, innermost first."""
     frames = _frames(main_thread(body))
     return tuple((f.get("func"), f.get("file"), f.get("lineno")) for f in frames)
@@ -80,27 +80,27 @@ def thread_header(thread: dict[str, Any], gil_holder: Any = None, colour: bool =
     return paint(text, "bold", colour) + "".join(f" [{t}]" for t in tags)
 
 
-def source_note(body: dict[str, Any]) -> str:
+def source_note(body: Body | None) -> str:
     """``[out-of-process via py-spy; GIL held by thread 7]`` for a stack not read in-process;
     empty for the usual in-process answer (or an agent that does not say)."""
-    if body.get("state") == "dead":  # answered by the dead rank's watchdog (issue 5)
+    bt = BacktraceBody.from_wire(body)
+    if bt.state == "dead":  # answered by the dead rank's watchdog (issue 5)
         return "[" + "; ".join(dead_facts(body)) + "]"
-    source = body.get("source")
-    if not source or source == IN_PROCESS:
+    if not bt.source or bt.source == IN_PROCESS:
         return ""
-    parts = [str(source) + (f" via {body['route']}" if body.get("route") else "")]
-    if body.get("gil_holder") is not None:
-        parts.append(f"GIL held by thread {body['gil_holder']}")
+    parts = [str(bt.source) + (f" via {bt.route}" if bt.route else "")]
+    if bt.gil_holder is not None:
+        parts.append(f"GIL held by thread {bt.gil_holder}")
     return "[" + "; ".join(parts) + "]"
 
 
-def dead_facts(body: dict[str, Any]) -> list[str]:
+def dead_facts(body: Body | None) -> list[str]:
     """``DEAD: killed by signal 9 (SIGKILL)``, the last step, where the last stack came from."""
-    e = body.get("exit") or {}
-    facts = ["DEAD: " + str(e.get("description") or "exited")]
-    if body.get("last_step") is not None:
-        facts.append(f"last step {body['last_step']}")
-    route = (body.get("last_backtrace") or {}).get("route")
+    bt = BacktraceBody.from_wire(body)
+    facts = ["DEAD: " + str(bt.exit.get("description") or "exited")]
+    if bt.last_step is not None:
+        facts.append(f"last step {bt.last_step}")
+    route = bt.last_backtrace.get("route")
     if route:
         facts.append(f"last stack: {route}")
     return facts
@@ -110,10 +110,10 @@ def render_rank_stacks(
     r: RankResult, *, show_locals: bool = False, colour: bool = False
 ) -> list[str]:
     """One rank in full: its header, then every thread it reported."""
-    body = r.data or {}
-    out = [rank_header(r, colour, source_note(body))]
-    gil = body.get("gil_holder")
-    for t in body.get("threads") or []:
+    bt = BacktraceBody.from_wire(r.data)
+    out = [rank_header(r, colour, source_note(r.data))]
+    gil = bt.gil_holder
+    for t in bt.threads:
         out.append(thread_header(t, gil, colour))
         out += format_frames(_frames(t), show_locals=show_locals, colour=colour)
     return out
@@ -134,21 +134,21 @@ def render_backtrace(
             out += [*render_rank_stacks(r, show_locals=show_locals, colour=colour), ""]
         return out[:-1]
     total = len(results)
-    groups = outliers_first(group_by(results, lambda r: stack_key(r.data or {})), lambda r: r.rank)
+    groups = outliers_first(group_by(results, lambda r: stack_key(r.data)), lambda r: r.rank)
     for g in groups:
         members = list(g.members)
         head = f"{rank_label([m.rank for m in members])} ({len(members)}/{total} ranks) main thread"
-        dead = [m for m in members if (m.data or {}).get("state") == "dead"]
-        other = [m for m in members if source_note(m.data or {}) and m not in dead]
+        dead = [m for m in members if BacktraceBody.from_wire(m.data).state == "dead"]
+        other = [m for m in members if source_note(m.data) and m not in dead]
         if dead:
-            head += f" [{dead_facts(dead[0].data or {})[0]}: {rank_label([m.rank for m in dead])}]"
+            head += f" [{dead_facts(dead[0].data)[0]}: {rank_label([m.rank for m in dead])}]"
         if other:
-            source = (other[0].data or {}).get("source")
+            source = BacktraceBody.from_wire(other[0].data).source
             head += f" [{source}: {rank_label([m.rank for m in other])}]"
         if show_locals and len(members) > 1:
             head += f" (locals from rank {g.first.rank})"
         out.append(paint(head + ":", "bold", colour))
-        frames = _frames(main_thread(g.first.data or {}))
+        frames = _frames(main_thread(g.first.data))
         out += format_frames(frames, show_locals=show_locals, colour=colour) or ["    (no frames)"]
         out.append("")
     return out[:-1]

@@ -25,15 +25,17 @@ import getpass
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .client import ProbeClient
 from .errors import AgentHTTPError, ProbeCLIError, RankError
-from .fanout import RankTarget, fan_out, resolve_ranks
+from .fanout import RankTarget, calling, fan_out, resolve_ranks
 from .group import rank_label
 from .result import RankResult
 from .session import Session
+from .transport.wire import ActionBody, FinishedAction, StepBody
 
 #: --next-step retries when a rank stepped past the chosen target while it was being queued.
 RETRIES = 3
@@ -64,35 +66,45 @@ def requested_by() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def choose_next_step(bodies: list[dict[str, Any]]) -> int | None:
+def choose_next_step(bodies: Sequence[Mapping[str, Any] | None]) -> int | None:
     """The smallest step no rank has passed: ``max + 1``; the common step if all are paused
-    there. None when no rank has taken a step yet (the agents will refuse and say why)."""
-    steps: list[int] = [b["step"] for b in bodies if isinstance(b.get("step"), int)]
+    there. None when no rank has taken a step yet (the agents will refuse and say why).
+
+    Args:
+        bodies: every rank's ``GET /v1/step`` body.
+    """
+    clocks = [StepBody.from_wire(b) for b in bodies]
+    steps: list[int] = [c.step for c in clocks if c.step is not None]
     if not steps:
         return None
-    paused = {b.get("paused_at") for b in bodies}
+    paused = {c.paused_at for c in clocks}
     if len(paused) == 1 and None not in paused and paused == {max(steps)}:
         return max(steps)
     return max(steps) + 1
 
 
-def _send(session: Session, targets: list[RankTarget], method: str, path: str,
-          body: Any = None, params: dict[str, Any] | None = None) -> list[RankResult]:
-    """One request per target; the answers in the order of ``targets`` (fan_out sorts)."""
+def _send(session: Session, targets: list[RankTarget], method: Callable[..., dict[str, Any]],
+          *args: Any, **kwargs: Any) -> list[RankResult]:
+    """``method`` (a ``ProbeClient`` method) on every target; the answers in the order of
+    ``targets`` (fan_out sorts by rank)."""
     if not targets:
         return []
-    answers = fan_out(session, targets,
-                      lambda c, t: c.request(method, path, json=body, params=params))
+    answers = fan_out(session, targets, calling(method, *args, **kwargs))
     by_url = {r.url: r for r in answers}
     return [by_url[t.endpoint.label] for t in targets]
 
 
-def _body(r: RankResult) -> dict[str, Any]:
+def _raw(r: RankResult) -> dict[str, Any]:
     if r.data is not None:
         return r.data
     if isinstance(r.error, AgentHTTPError):
         return r.error.body
     return {}
+
+
+def _body(r: RankResult) -> ActionBody:
+    """The action answer of a rank, or of its refusal (a 409's error body carries ``reason``)."""
+    return ActionBody.from_wire(_raw(r))
 
 
 def run_step_action(
@@ -111,25 +123,25 @@ def run_step_action(
     for attempt in range(RETRIES + 1):
         target = at_step
         if target is None:
-            steps = _send(session, targets, "GET", "/v1/step")
+            steps = _send(session, targets, ProbeClient.step)
             bad = [r for r in steps if not r.ok]
             if bad:
                 return StepOutcome("", None, steps, [
                     "probe: cannot choose the next step without every rank's step; nothing was "
                     "queued"])
-            target = choose_next_step([_body(r) for r in steps])
+            target = choose_next_step([_raw(r) for r in steps])
             if target is not None and attempt:
                 # Steps faster than our round trip: lead by 2, 4, 8 steps on the retries.
                 target += 2 ** attempt - 1
         action_id = uuid.uuid4().hex[:12]
         body = {**request, "id": action_id, "step": target, "group": group,
                 "requested_by": requested_by()}
-        posted = _send(session, targets, "POST", "/v1/actions", body)
+        posted = _send(session, targets, ProbeClient.submit_action, body)
         if all(r.ok for r in posted):
             return _wait(session, targets, action_id, target, wait_s)
         queued = [t for t, r in zip(targets, posted) if r.ok]
         _cancel(session, queued, action_id)
-        past = [r for r in posted if _body(r).get("reason") == "past"]
+        past = [r for r in posted if _body(r).reason == "past"]
         if past and at_step is None and attempt < RETRIES:
             continue  # a rank stepped past the target while we queued: choose again
         note = "probe: nothing ran" + (
@@ -148,17 +160,16 @@ def _wait(session: Session, targets: list[RankTarget], action_id: str, target: i
     final: dict[int, RankResult] = {}
     pending = list(targets)
     last: dict[int, RankResult] = {}
-    path = f"/v1/actions/{action_id}"
     while pending:
         left = deadline - time.monotonic()
         if left <= 0:
             break
         hold = max(0.0, min(left, session.timeout * 0.5, 2.0))
-        answers = _send(session, pending, "GET", path, params={"wait": round(hold, 2)})
+        answers = _send(session, pending, ProbeClient.action, action_id, wait=round(hold, 2))
         still = []
         for t, r in zip(pending, answers):
             last[id(t)] = r
-            if r.ok and _body(r).get("action", {}).get("state") in TERMINAL:
+            if r.ok and _body(r).state in TERMINAL:
                 final[id(t)] = r
             else:
                 still.append(t)
@@ -168,16 +179,16 @@ def _wait(session: Session, targets: list[RankTarget], action_id: str, target: i
         cancelled = _cancel(session, pending, action_id)
         # Ranks that were agreeing abort on every rank; give them a moment to say "skipped".
         settle = [t for t, r in zip(pending, cancelled)
-                  if _body(r).get("action", {}).get("state") not in TERMINAL]
+                  if _body(r).state not in TERMINAL]
         end = time.monotonic() + SETTLE_S
         while settle and time.monotonic() < end:
-            answers = _send(session, settle, "GET", path, params={"wait": 0.5})
+            answers = _send(session, settle, ProbeClient.action, action_id, wait=0.5)
             for t, r in zip(settle, answers):
                 cancelled[pending.index(t)] = r
             settle = [t for t, r in zip(settle, answers)
-                      if _body(r).get("action", {}).get("state") not in TERMINAL]
+                      if _body(r).state not in TERMINAL]
         for t, r in zip(pending, cancelled):
-            final[id(t)] = r if _body(r).get("action") else last.get(id(t), r)
+            final[id(t)] = r if _body(r).action else last.get(id(t), r)
         notes.append(f"probe: gave up waiting after {wait_s:g} s (--wait); the action was "
                      f"cancelled on {rank_label([t.rank for t in pending])}")
     results = [_finish(final[id(t)], target) for t in targets]
@@ -185,20 +196,22 @@ def _wait(session: Session, targets: list[RankTarget], action_id: str, target: i
 
 
 def _cancel(session: Session, targets: list[RankTarget], action_id: str) -> list[RankResult]:
-    return _send(session, targets, "DELETE", f"/v1/actions/{action_id}")
+    return _send(session, targets, ProbeClient.cancel_action, action_id)
 
 
 def _finish(r: RankResult, target: int | None) -> RankResult:
     """A rank's final answer as a RankResult: ok only if its action ran and succeeded."""
-    body = _body(r)
-    action = body.get("action")
+    raw = _raw(r)
+    action = _body(r).action
     if action is None:
         return r if not r.ok else _as_failed(r, "no action state came back")
-    data = {"ok": action.get("state") == "ok", "rank": body.get("rank", r.rank),
-            "current_step": body.get("step"), **action}
+    # What the CLI keeps per rank (wire.FinishedAction): the action, its rank and the step the
+    # rank was at; --json prints it as is.
+    data = {"ok": action.get("state") == "ok", "rank": raw.get("rank", r.rank),
+            "current_step": raw.get("step"), **action}
     if action.get("state") == "ok":
         return RankResult(r.rank, r.url, True, data, None, r.host, r.pid)
-    why = _why(action, body.get("step"), target)
+    why = _why(action, raw.get("step"), target)
     err = StepActionError(f"rank {r.rank}: {why}", url=r.url, reason=why)
     return RankResult(r.rank, r.url, False, data, err, r.host, r.pid)
 
@@ -232,7 +245,8 @@ def _skipped(targets: list[RankTarget], why: str) -> list[RankResult]:
 
 def header(outcome: StepOutcome) -> list[str]:
     """stderr: where it ran."""
-    ran = [r.rank for r in outcome.results if (r.data or {}).get("state") in ("ok", "error")]
+    ran = [r.rank for r in outcome.results
+           if FinishedAction.from_wire(r.data).state in ("ok", "error")]
     if not ran or outcome.target is None:
         return []
     return [f"probe: action {outcome.action_id} ran at step {outcome.target} on "

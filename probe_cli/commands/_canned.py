@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..client import ProbeClient
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
 from ..render import query_notes, render_query_csv, render_query_table
 from ..result import RankResult
 from ..session import Session
+from ..transport.wire import QueryBody
 
 
 def run_canned(session: Session, name: str, **params: Any) -> list[RankResult]:
     """One canned query on every rank: ``list[RankResult]`` in rank order."""
-    return run_on_ranks(session, "POST", f"/v1/queries/{name}", {"params": params})
+    return run_on_ranks(session, ProbeClient.canned, name, **params)
 
 
 def render_rows(session: Session, ok: list[RankResult]) -> list[str]:
@@ -35,6 +37,6 @@ def canned_outcome(session: Session, name: str, empty_hint: str, **params: Any) 
     out = finish(session, results, lambda ok: render_rows(session, ok))
     ok = [r for r in results if r.ok]
     out.stderr[:0] = query_notes(ok)
-    if ok and not any((r.data or {}).get("rows") for r in ok) and session.output == "text":
+    if ok and not any(QueryBody.from_wire(r.data).rows for r in ok) and session.output == "text":
         out.stderr.insert(0, f"probe: no rows yet: {empty_hint}")
     return out

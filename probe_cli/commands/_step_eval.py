@@ -6,6 +6,7 @@ from ..outcome import Outcome
 from ..render import render_eval, render_eval_failures
 from ..session import Session
 from ..steps import run_step_action, step_outcome
+from ..transport.wire import FinishedAction
 
 
 def step_eval(session: Session, code: str, at_step: int | None, wait_s: float) -> Outcome:
@@ -17,7 +18,8 @@ def step_eval(session: Session, code: str, at_step: int | None, wait_s: float) -
         lambda ok: render_eval(ok, session.colour),
         # Only ranks whose code raised show a traceback; the rest are in the summary.
         render_failed=lambda failed: render_eval_failures(
-            [r for r in failed if (r.data or {}).get("state") == "error"], session.colour,
+            [r for r in failed if FinishedAction.from_wire(r.data).state == "error"],
+            session.colour,
             labels=many,
         ),
     )

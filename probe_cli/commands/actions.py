@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..client import ProbeClient
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
 from ..render_actions import render_action_list, render_cancelled
@@ -19,7 +20,7 @@ def actions(ctx: click.Context) -> Outcome | None:
         return None
     session = ctx.find_object(Session)
     assert session is not None  # main.py's group always sets it
-    results = run_on_ranks(session, "GET", "/v1/actions")
+    results = run_on_ranks(session, ProbeClient.actions)
     return finish(session, results, lambda ok: render_action_list(ok, session.colour))
 
 
@@ -31,7 +32,7 @@ def _cancel_command() -> click.Command:
     def cancel(session: Session, action_id: str) -> Outcome:
         """Cancel action ID on every rank. A queued action is dropped; one whose ranks are
         still agreeing is skipped on all of them; a running one cannot be interrupted."""
-        results = run_on_ranks(session, "DELETE", f"/v1/actions/{action_id}")
+        results = run_on_ranks(session, ProbeClient.cancel_action, action_id)
         return finish(session, results, lambda ok: render_cancelled(ok, session.colour))
 
     return cancel

@@ -13,6 +13,7 @@ from ..render import format_csv
 from ..render_stacks import render_backtrace
 from ..result import RankResult
 from ..session import Session
+from ..transport.wire import BacktraceBody
 from . import pass_session
 
 CSV_COLUMNS = ("rank", "thread_id", "thread_name", "is_main", "depth", "func", "file", "lineno",
@@ -61,17 +62,14 @@ def command(session: Session, show_locals: bool, show_secrets: bool, native: boo
 
 def _stopped_notes(ok: list[RankResult]) -> list[str]:
     """A stopped rank (SIGSTOP, a debugger) looks hung; say so, and how to resume it."""
-    return [
-        f"note: rank {r.rank} (pid {(r.data or {}).get('pid') or r.pid}): "
-        f"{(r.data or {})['stopped']}"
-        for r in ok
-        if (r.data or {}).get("stopped")
-    ]
+    bodies = [(r, BacktraceBody.from_wire(r.data)) for r in ok]
+    return [f"note: rank {r.rank} (pid {b.pid or r.pid}): {b.stopped}" for r, b in bodies
+            if b.stopped]
 
 
 def _native_notes(ok: list[RankResult]) -> list[str]:
     """Say so when --native was asked for but a rank's route reads Python frames only."""
-    without = [r.rank for r in ok if (r.data or {}).get("native") is False]
+    without = [r.rank for r in ok if BacktraceBody.from_wire(r.data).native is False]
     if not without:
         return []
     return [
@@ -82,7 +80,7 @@ def _native_notes(ok: list[RankResult]) -> list[str]:
 
 def _frame_rows(results: list[RankResult]) -> Any:
     for r in results:
-        for t in (r.data or {}).get("threads") or []:
+        for t in BacktraceBody.from_wire(r.data).threads:
             for f in t.get("frames") or []:
                 yield [r.rank, t.get("thread_id"), t.get("thread_name"), t.get("is_main"),
                        f.get("depth"), f.get("func"), f.get("file"), f.get("lineno"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..client import ProbeClient
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
 from ..render import render_eval, render_eval_failures
@@ -38,7 +39,7 @@ def command(session: Session, code: str, at_step: int | None, next_step: bool,
         from ._step_eval import step_eval
 
         return step_eval(session, code, at_step, wait_s)
-    results = run_on_ranks(session, "POST", "/v1/eval", {"code": code})
+    results = run_on_ranks(session, ProbeClient.eval, code)
     return finish(
         session,
         results,

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
+from ..client import ProbeClient
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
 from ..render import format_csv, format_duration, info_rows, render_info
 from ..result import RankResult
 from ..session import Session
+from ..transport.wire import InfoBody
 from . import pass_session
 
 
@@ -18,7 +18,7 @@ from . import pass_session
 @pass_session
 def command(session: Session) -> Outcome:
     """Every rank's host, pid, Python, torch and probe versions, and agent uptime."""
-    results = run_on_ranks(session, "GET", "/v1/info")
+    results = run_on_ranks(session, ProbeClient.info)
 
     def render(ok: list[RankResult]) -> list[str]:
         if session.output == "csv":
@@ -33,13 +33,13 @@ def command(session: Session) -> Outcome:
 def watchdog_note(r: RankResult) -> str | None:
     """``note: rank 0: its watchdog was restarted 2 times (last: killed by SIGKILL, 5s ago)``:
     a restarted watchdog (issue 20) means something kills processes on that node."""
-    d: dict[str, Any] = r.data or {}
-    wd = d.get("watchdog") if isinstance(d.get("watchdog"), dict) else {}
+    info = InfoBody.from_wire(r.data)
+    wd = info.watchdog
     restarts = wd.get("restarts") or 0
     if not restarts and not wd.get("gave_up"):
         return None
     last = str(wd.get("last_death") or "cause unknown")
-    at, now = wd.get("last_death_at"), _agent_now(d)
+    at, now = wd.get("last_death_at"), info.now
     if isinstance(at, (int, float)) and now is not None:
         last += f", {format_duration(max(0.0, now - at))} ago"
     times = "time" if restarts == 1 else "times"
@@ -49,11 +49,3 @@ def watchdog_note(r: RankResult) -> str | None:
                  "out-of-process backtrace (see the rank's <pid>.watchdog.log)")
     return text
 
-
-def _agent_now(d: dict[str, Any]) -> float | None:
-    """The agent's clock now (its start plus its uptime): ages computed on it are immune to
-    clock skew between this machine and the rank's."""
-    start, up = d.get("started_at"), d.get("uptime_s")
-    if isinstance(start, (int, float)) and isinstance(up, (int, float)):
-        return float(start) + float(up)
-    return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..client import ProbeClient
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
 from ..render_actions import render_paused, render_resumed
@@ -32,5 +33,5 @@ def pause(session: Session, at_step: int | None, wait_s: float) -> Outcome:
 @pass_session
 def resume(session: Session) -> Outcome:
     """Release ranks held by `probe pause` (and cancel pauses not reached yet)."""
-    results = run_on_ranks(session, "POST", "/v1/resume", {"requested_by": requested_by()})
+    results = run_on_ranks(session, ProbeClient.resume, requested_by())
     return finish(session, results, lambda ok: render_resumed(ok, session.colour))

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import click
 
+from ..client import ProbeClient
 from ..errors import EXIT_FAILURE, ProbeCLIError, UsageProblemError
 from ..fanout import fan_out, resolve_ranks, run_on_ranks
 from ..group import rank_label
@@ -58,7 +58,7 @@ def command(
     if gather_sql is not None or fmt in BINARY:
         out = _via_arrow(session, sql, fmt, out_path, gather_sql, max_rows)
     else:
-        results = run_on_ranks(session, "POST", "/v1/query", _body(sql, max_rows))
+        results = run_on_ranks(session, ProbeClient.query, sql, max_rows)
         out = finish(session, results, lambda ok: _render(session, ok, fmt), as_json=fmt == "json")
         out.stderr[:0] = query_notes([r for r in results if r.ok])
     if out_path and out.stdout and fmt not in BINARY:
@@ -66,10 +66,6 @@ def command(
         out.stderr.insert(0, f"wrote {out_path}")
         out.stdout = []
     return out
-
-
-def _body(sql: str, max_rows: int | None) -> dict[str, Any]:
-    return {"sql": sql} if max_rows is None else {"sql": sql, "max_rows": max_rows}
 
 
 def _render(session: Session, ok: list[RankResult], fmt: str) -> list[str]:

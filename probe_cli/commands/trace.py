@@ -7,6 +7,7 @@ import json
 
 import click
 
+from ..client import ProbeClient
 from ..errors import ProbeCLIError, UsageProblemError
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
@@ -14,6 +15,7 @@ from ..perfetto import build_trace
 from ..render import format_csv, format_table, query_notes
 from ..result import RankResult
 from ..session import Session
+from ..transport.wire import QueryBody, TraceBody
 from . import pass_session
 from ._canned import run_canned
 
@@ -49,15 +51,16 @@ def command(session: Session, mode: str | None, every: int | None, perfetto: boo
     if mode != "every" and every is not None:
         raise UsageProblemError(f"`{mode or 'trace'}` takes no number; did you mean every {every}?")
     if mode is None:
-        results = run_on_ranks(session, "GET", "/v1/trace")
+        results = run_on_ranks(session, ProbeClient.trace)
     else:
         wanted = f"every:{every}" if mode == "every" else mode
-        results = run_on_ranks(session, "POST", "/v1/trace", {"mode": wanted})
+        results = run_on_ranks(session, ProbeClient.set_trace, wanted)
     return finish(session, results, lambda ok: _render_state(session, ok))
 
 
 def _render_state(session: Session, ok: list[RankResult]) -> list[str]:
-    rows = [[(r.data or {}).get(c) if c != "rank" else r.rank for c in STATE_COLUMNS] for r in ok]
+    rows = [[r.rank if c == "rank" else getattr(TraceBody.from_wire(r.data), c)
+             for c in STATE_COLUMNS] for r in ok]
     if session.output == "csv":
         return format_csv(STATE_COLUMNS, rows)
     return format_table(STATE_COLUMNS, rows, colour=session.colour)
@@ -70,8 +73,8 @@ def _export(session: Session, path: str, steps: int) -> Outcome:
     out.stderr[:0] = query_notes(ok)
     if not ok:
         return out
-    columns = (ok[0].data or {}).get("columns") or []
-    rows = [row for r in ok for row in (r.data or {}).get("rows") or []]
+    columns = list(QueryBody.from_wire(ok[0].data).columns)
+    rows = [row for r in ok for row in QueryBody.from_wire(r.data).rows]
     if not rows:
         out.stderr.insert(0, "probe: no traced steps yet; `probe trace on` traces every step")
         return out

@@ -34,7 +34,7 @@ def test_one_target_reaches_every_rank_it_lists():
         # GIVEN a 4-rank job and only rank 2's address
         s = session_for(agents[2].address)
         # WHEN a request fans out
-        results = run_on_ranks(s, "GET", "/v1/info")
+        results = run_on_ranks(s, ProbeClient.info)
         s.close()
     # THEN all four ranks answered, in rank order, each labelled with its own URL
     assert [r.rank for r in results] == [0, 1, 2, 3]
@@ -46,7 +46,7 @@ def test_one_target_reaches_every_rank_it_lists():
 def test_rank_filter_and_unknown_rank():
     with canned_job(4) as agents:
         s = session_for(agents[0].address, rank_filter=[1, 3])
-        assert [r.rank for r in run_on_ranks(s, "GET", "/v1/info")] == [1, 3]
+        assert [r.rank for r in run_on_ranks(s, ProbeClient.info)] == [1, 3]
         # untouched ranks were never asked
         assert "GET /v1/info" not in agents[2].requests
         s.close()
@@ -60,7 +60,7 @@ def test_several_targets_are_exactly_those_agents_deduplicated():
     with canned_job(4) as agents:
         # GIVEN ranks 3 and 1 named explicitly, rank 1 twice under different spellings
         s = session_for(agents[3].address, agents[1].address, agents[1].url)
-        results = run_on_ranks(s, "GET", "/v1/info")
+        results = run_on_ranks(s, ProbeClient.info)
         s.close()
     # THEN only those two ranks, once each, in rank order
     assert [r.rank for r in results] == [1, 3]
@@ -74,7 +74,7 @@ def test_unreachable_rank_is_a_failed_result_not_an_exception():
             a.peers[1] = {**a.peers[1], "url": dead}
         s = session_for(agents[0].address)
         # WHEN fanning out
-        results = run_on_ranks(s, "GET", "/v1/info")
+        results = run_on_ranks(s, ProbeClient.info)
         s.close()
     # THEN rank 0 answered and rank 1 failed with the unreachable error and its remediation
     assert [r.ok for r in results] == [True, False]
@@ -86,7 +86,7 @@ def test_unreachable_rank_is_a_failed_result_not_an_exception():
 
 def test_unreachable_single_target_fails_once_without_retrying():
     s = session_for(f"127.0.0.1:{closed_port()}")
-    results = run_on_ranks(s, "GET", "/v1/info")
+    results = run_on_ranks(s, ProbeClient.info)
     s.close()
     assert len(results) == 1 and results[0].rank is None
     assert isinstance(results[0].error, AgentUnreachableError)
@@ -97,7 +97,7 @@ def test_silent_rank_times_out_and_the_rest_answer():
     with canned_job(3, overrides={2: {"delay": 30}}) as agents:
         # Its own /v1/ranks would time out too, so ask rank 0.
         s = session_for(agents[0].address, timeout=0.5)
-        results = run_on_ranks(s, "POST", "/v1/eval", {"code": "1+1"})
+        results = run_on_ranks(s, ProbeClient.eval, "1+1")
         s.close()
     assert [r.ok for r in results] == [True, True, False]
     assert results[2].silent and isinstance(results[2].error, AgentTimeoutError)
@@ -120,7 +120,7 @@ def test_wrong_token_is_an_auth_error_with_the_agents_body():
 def test_http_error_keeps_the_body_on_the_result():
     with canned_job(2) as agents:
         s = session_for(agents[0].address)
-        results = run_on_ranks(s, "POST", "/v1/eval", {"code": "1/0"})
+        results = run_on_ranks(s, ProbeClient.eval, "1/0")
         s.close()
     assert not any(r.ok for r in results)
     assert all("ZeroDivisionError" in r.data["traceback"] for r in results)
@@ -131,7 +131,7 @@ def test_not_a_probe_agent_is_a_protocol_error():
         c = ProbeClient(Endpoint(agents[0].url), timeout=5)
         # A 404 body from the canned agent is a probe error body; a non-JSON answer is not.
         with pytest.raises(Exception) as e:
-            c.request("GET", "/nope")
+            c._json("GET", "/nope")
         c.close()
     assert "HTTP 404" in str(e.value)
 
@@ -149,7 +149,7 @@ def test_unix_socket_target(tmp_path):
     try:
         # WHEN `probe PID info` resolves and fans out
         s = Session(endpoints=parse_endpoints([str(os.getpid())], str(tmp_path)))
-        results = run_on_ranks(s, "GET", "/v1/info")
+        results = run_on_ranks(s, ProbeClient.info)
         s.close()
     finally:
         server.shutdown()
