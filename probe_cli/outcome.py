@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .errors import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL, ProbeCLIError, RankError
 from .group import compact_ranges, group_by
-from .render import render_json
+from .render.text import render_json
 from .result import RankResult
 from .session import Session
 

@@ -12,7 +12,7 @@ from typing import Any
 from ..client import ProbeClient
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
-from ..render import query_notes, render_query_csv, render_query_table
+from ..render.text import query_notes, render_query_csv, render_query_table
 from ..result import RankResult
 from ..session import Session
 from ..transport.wire import QueryBody

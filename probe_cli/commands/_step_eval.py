@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..outcome import Outcome
-from ..render import render_eval, render_eval_failures
+from ..render.text import render_eval, render_eval_failures
 from ..session import Session
 from ..steps import run_step_action, step_outcome
 from ..transport.wire import FinishedAction

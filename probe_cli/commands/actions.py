@@ -7,7 +7,7 @@ import click
 from ..client import ProbeClient
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
-from ..render_actions import render_action_list, render_cancelled
+from ..render.actions import render_action_list, render_cancelled
 from ..session import Session
 from . import pass_session
 

@@ -9,8 +9,8 @@ import click
 from ..fanout import fan_out_target_first
 from ..group import rank_label
 from ..outcome import Outcome, finish
-from ..render import format_csv
-from ..render_stacks import render_backtrace
+from ..render.stacks import render_backtrace
+from ..render.text import format_csv
 from ..result import RankResult
 from ..session import Session
 from ..transport.wire import BacktraceBody

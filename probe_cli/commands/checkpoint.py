@@ -7,7 +7,7 @@ import os
 import click
 
 from ..outcome import Outcome
-from ..render_actions import render_checkpoint
+from ..render.actions import render_checkpoint
 from ..session import Session
 from ..steps import at_step_option, run_step_action, step_outcome, wait_option
 from . import pass_session

@@ -7,7 +7,7 @@ import click
 from ..client import ProbeClient
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
-from ..render import render_eval, render_eval_failures
+from ..render.text import render_eval, render_eval_failures
 from ..session import Session
 from ..steps import at_step_option, check_exclusive, wait_option
 from . import pass_session

@@ -7,7 +7,7 @@ import click
 from ..client import ProbeClient
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
-from ..render import format_csv, format_duration, info_rows, render_info
+from ..render.text import format_csv, format_duration, info_rows, render_info
 from ..result import RankResult
 from ..session import Session
 from ..transport.wire import InfoBody

@@ -15,7 +15,7 @@ import click
 
 from ..errors import EXIT_USAGE, ProbeCLIError
 from ..outcome import Outcome
-from ..render_actions import render_lr
+from ..render.actions import render_lr
 from ..session import Session
 from ..steps import at_step_option, run_step_action, step_outcome, wait_option
 from . import pass_session

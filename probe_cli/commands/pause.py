@@ -7,7 +7,7 @@ import click
 from ..client import ProbeClient
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
-from ..render_actions import render_paused, render_resumed
+from ..render.actions import render_paused, render_resumed
 from ..session import Session
 from ..steps import at_step_option, requested_by, run_step_action, step_outcome, wait_option
 from . import pass_session

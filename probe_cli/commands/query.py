@@ -11,7 +11,7 @@ from ..errors import EXIT_FAILURE, ProbeCLIError, UsageProblemError
 from ..fanout import fan_out, resolve_ranks, run_on_ranks
 from ..group import rank_label
 from ..outcome import Outcome, exit_code, failure_summary, finish
-from ..render import (
+from ..render.text import (
     format_csv,
     format_table,
     json_default,

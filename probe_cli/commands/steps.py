@@ -6,7 +6,7 @@ import click
 
 from ..fanout import fan_out, resolve_ranks
 from ..outcome import Outcome, finish
-from ..render import render_query_table
+from ..render.text import render_query_table
 from ..result import RankResult
 from ..session import Session
 from . import pass_session

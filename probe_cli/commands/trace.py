@@ -11,8 +11,8 @@ from ..client import ProbeClient
 from ..errors import ProbeCLIError, UsageProblemError
 from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
-from ..perfetto import build_trace
-from ..render import format_csv, format_table, query_notes
+from ..render.perfetto import build_trace
+from ..render.text import format_csv, format_table, query_notes
 from ..result import RankResult
 from ..session import Session
 from ..transport.wire import QueryBody, TraceBody

@@ -8,7 +8,8 @@ import pytest
 
 from probe_cli.errors import AgentHTTPError, AgentTimeoutError
 from probe_cli.group import compact_ranges, group_by, outliers_first, rank_label
-from probe_cli.render import (
+from probe_cli.render.stacks import render_backtrace, source_note, stack_key
+from probe_cli.render.text import (
     format_cell,
     format_duration,
     format_table,
@@ -21,7 +22,6 @@ from probe_cli.render import (
     render_query_csv,
     render_query_table,
 )
-from probe_cli.render_stacks import render_backtrace, source_note, stack_key
 from probe_cli.result import RankResult
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .render import format_table
-from .result import RankResult
-from .transport.wire import ActionBody, ActionListBody, FinishedAction, ResumeBody
+from ..result import RankResult
+from ..transport.wire import ActionBody, ActionListBody, FinishedAction, ResumeBody
+from .text import format_table
 
 
 def human_bytes(n: Any) -> str:

@@ -18,10 +18,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .group import group_by, outliers_first, rank_label
-from .render import paint, rank_header
-from .result import RankResult
-from .transport.wire import BacktraceBody, Body
+from ..group import group_by, outliers_first, rank_label
+from ..result import RankResult
+from ..transport.wire import BacktraceBody, Body
+from .text import paint, rank_header
 
 IN_PROCESS = "in-process"
 

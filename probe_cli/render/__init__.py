@@ -1,0 +1,12 @@
+"""Rendering: results and verdicts -> lines of text, tables, CSV and JSON. Pure and stdlib only;
+nothing here prints (main.py does) and nothing here decides (diagnose/ does).
+
+- ``text``: cells, tables, CSV, the ``--json`` array, rank headers; query, info and eval results
+- ``stacks``: backtraces in py-spy's shape
+- ``actions``: step-boundary actions (lr, checkpoint, pause, the queue)
+- ``perfetto``: traced steps as Chrome/Perfetto trace JSON
+"""
+
+# commands/ps.py still imports this from here; it is being changed for issue 20 and moves with
+# the transport/ commit, which drops this line.
+from .text import format_table  # noqa: E402,F401
