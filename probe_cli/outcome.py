@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from .errors import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL, ProbeCLIError, RankError
+from .errors import EXIT_FAILURE, EXIT_FINDING, EXIT_OK, EXIT_PARTIAL, ProbeCLIError, RankError
 from .group import compact_ranges, group_by
 from .render.text import render_json
 from .result import RankResult
@@ -32,6 +33,35 @@ def exit_code(results: list[RankResult]) -> int:
     if results and n_ok == len(results):
         return EXIT_OK
     return EXIT_PARTIAL if n_ok else EXIT_FAILURE
+
+
+class Verdict(Protocol):
+    """What every diagnosis returns (diagnose/): ``problem`` is set when it found one."""
+
+    @property
+    def problem(self) -> bool: ...
+
+
+def verdict_exit_code(verdict: Verdict, results: list[RankResult]) -> int:
+    """The one rule for diagnosis commands (hang, straggler, doctor): 4 when the verdict found a
+    problem (a rank that did not answer can be the problem: the hang verdict blames it); else 3
+    when some rank did not answer, so the all-clear covers only part of the job; else 0."""
+    if verdict.problem:
+        return EXIT_FINDING
+    return EXIT_PARTIAL if any(not r.ok for r in results) else EXIT_OK
+
+
+def verdict_outcome(
+    session: Session, verdict: Verdict, results: list[RankResult], lines: list[str], *,
+    summary: bool = True,
+) -> Outcome:
+    """A diagnosis command's Outcome: its rendered ``lines`` on stdout, the failure summary on
+    stderr (unless ``summary`` is False: the hang verdict names silent ranks itself), and the
+    exit code of ``verdict_exit_code``."""
+    out = Outcome(stdout=lines, exit_code=verdict_exit_code(verdict, results))
+    if summary:
+        out.stderr = failure_summary(results, session.timeout, session.target_note)
+    return out
 
 
 def who(results: list[RankResult]) -> str:

@@ -4,9 +4,9 @@ next command to run.
 Data, two rounds of fan-out: (1) ``gather_hang`` of `probe hang` (backtraces and collectives of
 every rank) gives the hang verdict, and its collectives feed the straggler and collective-wait
 checks; (2) per rank ``GET /v1/doctor`` (loop state, optimizers), ``POST /v1/doctor/grads`` (a
-one-shot NaN/Inf check of the gradients at the next step) and the ``doctor_*`` canned queries.
+one-shot NaN/Inf check of the gradients at the next step) and the canned queries below.
 A query over a table this agent does not record becomes a "not checked" line, never a failure.
--> ``doctor_health.diagnose`` (pure) -> ``render`` lines -> printed by main.py.
+-> ``diagnose.doctor.diagnose`` (pure) -> ``render.doctor`` -> printed by main.py.
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from typing import Any
 import click
 
 from ..client import ProbeClient
-from ..doctor import RankDoc, rows_of
-from ..doctor_health import diagnose, render, render_json
-from ..errors import EXIT_FAILURE, EXIT_FINDING, EXIT_OK, EXIT_PARTIAL, RankError
-from ..fanout import RankTarget, fan_out, resolve_ranks
-from ..group import rank_label
-from ..outcome import Outcome, failure_summary
+from ..diagnose.doctor import diagnose, rank_doc, steps_seen
+from ..diagnose.hang import rank_state
+from ..errors import EXIT_FAILURE, RankError
+from ..fanout import Call, RankTarget, fan_out, resolve_ranks
+from ..outcome import Outcome, failure_summary, verdict_outcome
+from ..render.doctor import doctor_header, render, render_json
+from ..render.verdicts import rank_answers
 from ..session import Session
+from ..transport.wire import QueryBody
 from . import pass_session
-from .hang import gather_hang, rank_state
+from .hang import gather_hang
 
 #: (key, canned query, params): what each rank is asked in the second round.
 QUERIES = (
@@ -35,25 +37,23 @@ QUERIES = (
 )
 
 
-def _second_round(last: int, grad_wait: float) -> Any:
+def _second_round(last: int, grad_wait: float) -> Call:
     def call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
         out: dict[str, Any] = {"ok": True, "rank": target.rank, "errors": {}}
         try:
-            out["state"] = client.request("GET", "/v1/doctor")
+            out["state"] = client.doctor()
         except RankError as e:
             out["errors"]["state"] = e.reason
         if out.get("state") is not None:
             try:
-                out["grads"] = client.request("POST", "/v1/doctor/grads",
-                                              params={"wait": grad_wait})
+                out["grads"] = client.doctor_grads(grad_wait)
             except RankError as e:
                 out["errors"]["grads"] = e.reason
         values = {"last_steps": last, "top": 5}
         for key, name, params in QUERIES:
             try:
-                body = client.request("POST", f"/v1/queries/{name}",
-                                      json={"params": {p: values[p] for p in params}})
-                out[key] = rows_of(body)
+                body = client.canned(name, **{p: values[p] for p in params})
+                out[key] = QueryBody.from_wire(body).records()
             except RankError as e:
                 out["errors"][key] = _short(e)
         return out
@@ -99,28 +99,11 @@ def command(session: Session, last: int, min_wait: float) -> Outcome:
     second = {r.rank: r for r in fan_out(session, targets, _second_round(last, grad_wait))}
     docs = []
     for r in answered:
-        s = rank_state(r)
         d = second.get(r.rank)
-        data = d.data if d is not None and d.ok and d.data else {}
-        docs.append(RankDoc(
-            rank=s.rank, state=data.get("state"), grads=data.get("grads"),
-            loop=data.get("loop"), memory=data.get("memory"), metrics=data.get("metrics"),
-            slow=data.get("slow"), frames=s.frames, collectives=s.collectives,
-            errors=data.get("errors") or {}))
+        docs.append(rank_doc(rank_state(r), d.data if d is not None and d.ok else None))
     report = diagnose(verdict, docs, min_wait)
-    steps = sorted({(d.state or {}).get("clock", {}).get("step") for d in docs} - {None})
-    at = f", step {steps[-1]}" if len(steps) == 1 else (
-        f", steps {steps[0]}-{steps[-1]}" if steps else "")
-    header = f"probe doctor: {rank_label([r.rank for r in answered])} answered{at}"
-    out = Outcome()
     if session.output == "json":
-        ranks = [{"rank": r.rank, "url": r.url, "ok": r.ok,
-                  "error": None if r.ok else getattr(r.error, "reason", str(r.error))}
-                 for r in first]
-        out.stdout.append(render_json(report, ranks))
+        lines = [render_json(report, rank_answers(first))]
     else:
-        out.stdout = render(report, header)
-    out.stderr = failure_summary(first, session.timeout, session.target_note)
-    out.exit_code = EXIT_FINDING if report.problem else (EXIT_PARTIAL if out.stderr else EXIT_OK)
-    return out
-
+        lines = render(report, doctor_header([r.rank for r in answered], steps_seen(docs)))
+    return verdict_outcome(session, report, first, lines)

@@ -1,27 +1,23 @@
 """`probe hang`: one verdict for a stuck job, from every rank's collectives and main stack.
 
-Data (fan-out: ``/v1/backtrace`` + ``/v1/collectives`` per rank) -> ``hang.diagnose`` (pure) ->
-``hang.render_verdict`` lines -> printed here.
+Data (fan-out: ``/v1/backtrace`` + ``/v1/collectives`` per rank) -> ``diagnose.hang.diagnose``
+(pure) -> ``render.verdicts`` lines -> printed by main.py.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
 from ..client import ProbeClient
-from ..errors import EXIT_FINDING, AgentUnreachableError
+from ..diagnose.hang import Verdict, diagnose, rank_state
 from ..fanout import RankTarget, fan_out, resolve_ranks
-from ..hang import RankState, Verdict, diagnose, render_verdict
-from ..outcome import Outcome
+from ..outcome import Outcome, verdict_outcome
+from ..render.verdicts import hang_json, render_verdict
 from ..result import RankResult
 from ..session import Session
 from . import pass_session
-
-#: Exit code when the diagnosis found a problem: a hang, a failed collective, a silent rank.
-EXIT_PROBLEM = EXIT_FINDING
 
 #: Recent collectives asked of each rank: enough to see the last done and every pending one.
 RECENT = 64
@@ -29,49 +25,14 @@ RECENT = 64
 
 def _both(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
     bt = client.backtrace()
-    coll = client.request("GET", "/v1/collectives", params={"limit": RECENT})
+    coll = client.collectives(limit=RECENT)
     return {"ok": True, "rank": bt.get("rank"), "pid": bt.get("pid"), "host": bt.get("host"),
             "backtrace": bt, "collectives": coll}
-
-
-def rank_state(r: RankResult) -> RankState:
-    rank = r.rank if r.rank is not None else -1
-    if not r.ok or r.data is None:
-        err = r.error
-        reason = getattr(err, "reason", None) or str(err)
-        dead = isinstance(err, AgentUnreachableError) and reason == "connection refused"
-        body = getattr(err, "body", None) or {}
-        if body.get("state") == "dead":  # its watchdog reports the death (issue 5)
-            cause = (body.get("exit") or {}).get("description") or "exited"
-            step = body.get("last_step")
-            at = f" at step {step}" if step is not None else ""
-            return RankState(rank, error=f"is dead: {cause}{at} (its watchdog reports it)",
-                             dead=True)
-        return RankState(rank, error=reason, dead=dead)
-    threads = r.data["backtrace"].get("threads", ())
-    main = next((t for t in threads if t.get("is_main")), None)
-    coll = r.data["collectives"]
-    return RankState(
-        rank,
-        frames=tuple(main.get("frames", ())) if main else (),
-        collectives=tuple(coll.get("collectives", ())),
-        now=float(coll.get("now") or 0.0),
-    )
 
 
 def gather_hang(session: Session, min_wait: float) -> tuple[Verdict, list[RankResult]]:
     results = fan_out(session, resolve_ranks(session), _both)
     return diagnose([rank_state(r) for r in results], min_wait_s=min_wait), results
-
-
-def verdict_json(verdict: Verdict, results: list[RankResult]) -> str:
-    body: dict[str, Any] = verdict.to_json()
-    body["ranks"] = [
-        {"rank": r.rank, "url": r.url, "ok": r.ok,
-         "error": None if r.ok else getattr(r.error, "reason", str(r.error))}
-        for r in results
-    ]
-    return json.dumps(body, indent=2)
 
 
 @click.command("hang")
@@ -88,7 +49,8 @@ def command(session: Session, min_wait: float) -> Outcome:
     """
     verdict, results = gather_hang(session, min_wait)
     if session.output == "json":
-        lines = [verdict_json(verdict, results)]
+        lines = [hang_json(verdict, results)]
     else:
         lines = render_verdict(verdict)
-    return Outcome(stdout=lines, exit_code=EXIT_PROBLEM if verdict.problem else 0)
+    # The verdict names silent ranks itself: no failure summary under it.
+    return verdict_outcome(session, verdict, results, lines, summary=False)

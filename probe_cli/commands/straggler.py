@@ -1,33 +1,31 @@
 """`probe straggler`: which rank the others wait for, by how much, and each rank's step split.
 
 Data (fan-out: ``/v1/collectives`` and the ``straggler_steps`` canned query per rank) ->
-``straggler.diagnose_stragglers`` / ``straggler.step_table`` (pure) -> printed by main.py.
+``diagnose.straggler.diagnose_stragglers`` (pure) -> ``render.verdicts`` -> printed by main.py.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
 from ..client import ProbeClient
+from ..diagnose.straggler import diagnose_stragglers
 from ..errors import RankError
-from ..fanout import RankTarget, fan_out, resolve_ranks
-from ..outcome import Outcome, failure_summary
+from ..fanout import Call, RankTarget, fan_out, resolve_ranks
+from ..outcome import Outcome, verdict_outcome
+from ..render.verdicts import render_straggler, straggler_json
 from ..session import Session
-from ..straggler import diagnose_stragglers, step_table
+from ..transport.wire import CollectivesBody, QueryBody
 from . import pass_session
-from .hang import EXIT_PROBLEM
 
 
-def _gather(last: int) -> Any:
+def _gather(last: int) -> Call:
     def call(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
-        coll = client.request("GET", "/v1/collectives", params={"limit": min(10_000, 4 * last)})
+        coll = client.collectives(limit=min(10_000, 4 * last))
         try:
-            steps: dict[str, Any] | None = client.request(
-                "POST", "/v1/queries/straggler_steps", json={"params": {"last_steps": last}}
-            )
+            steps: dict[str, Any] | None = client.canned("straggler_steps", last_steps=last)
         except RankError:  # python.steps not recorded by this agent (tracing not built/on)
             steps = None
         return {"ok": True, "rank": coll.get("rank"), "collectives": coll, "steps": steps}
@@ -50,21 +48,12 @@ def command(session: Session, last: int, min_share: float) -> Outcome:
     data: dict[int, dict[str, Any]] = {
         r.rank: r.data for r in results if r.ok and r.data and r.rank is not None
     }
-    rows = {k: list(d["collectives"].get("collectives", ())) for k, d in data.items()}
+    rows = {k: list(CollectivesBody.from_wire(d["collectives"]).collectives)
+            for k, d in data.items()}
     verdict = diagnose_stragglers(rows, last=4 * last, min_share=min_share)
     steps = {k: d["steps"] for k, d in data.items() if d.get("steps")}
-    out = Outcome()
     if session.output == "json":
-        body = verdict.to_json()
-        body["steps"] = {str(k): v for k, v in steps.items()}
-        out.stdout.append(json.dumps(body, indent=2))
+        lines = [straggler_json(verdict, steps)]
     else:
-        out.stdout += [verdict.headline, *(f"  {d}" for d in verdict.details)]
-        if steps:
-            columns = next(iter(steps.values()))["columns"]
-            out.stdout += ["", *step_table({k: v["rows"] for k, v in steps.items()}, columns)]
-        else:
-            out.stdout.append("step split: no rank records python.steps (module tracing off?)")
-    out.stderr = failure_summary(results, session.timeout, session.target_note)
-    out.exit_code = EXIT_PROBLEM if verdict.problem else (3 if out.stderr else 0)
-    return out
+        lines = render_straggler(verdict, {k: QueryBody.from_wire(v) for k, v in steps.items()})
+    return verdict_outcome(session, verdict, results, lines)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from probe_cli.doctor import RankDoc
-from probe_cli.doctor_health import diagnose, render
-from probe_cli.hang import Verdict
+from probe_cli.diagnose.doctor import diagnose
+from probe_cli.diagnose.findings import RankDoc
+from probe_cli.diagnose.hang import Verdict
+from probe_cli.render.doctor import render
 
 NO_HANG = Verdict(False, "no hang: none of 2 ranks has waited 5 s or more in a collective")
 NOW = 1000.0

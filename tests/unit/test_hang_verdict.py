@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from probe_cli.hang import RankState, diagnose, render_verdict
+from probe_cli.diagnose.hang import RankState, diagnose
+from probe_cli.render.verdicts import render_verdict
 
 NOW = 1_000.0
 TRAIN = {"func": "train_step", "file": "/job/train.py", "lineno": 47}

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from probe_cli.commands.launch import launch_env
 from probe_cli.main import cli
-from probe_cli.straggler import diagnose_stragglers
+from probe_cli.diagnose.straggler import diagnose_stragglers
 
 
 def lockstep(n_ranks, slow, lag, steps=50, period=0.06):

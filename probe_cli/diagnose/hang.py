@@ -1,5 +1,6 @@
 """The hang verdict: pure functions from every rank's collective state and main-thread stack to a
-diagnosis (``diagnose``) and its text (``render_verdict``). No I/O here; ``probe hang`` gathers.
+diagnosis (``diagnose``), a ``Verdict``. No I/O here; ``probe hang`` gathers, and
+render/verdicts.py writes it.
 
 The model
 ---------
@@ -19,7 +20,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .group import rank_label
+from ..errors import AgentUnreachableError
+from ..group import rank_label
+from ..result import RankResult
+from ..transport.wire import BacktraceBody, CollectivesBody
 
 #: Frames from these path fragments are library internals, not "where the rank is".
 _LIBRARY = (os.sep + "site-packages" + os.sep, os.sep + "lib" + os.sep + "python",
@@ -214,5 +218,29 @@ def diagnose(states: list[RankState], min_wait_s: float = 5.0) -> Verdict:
                           "or more in a collective", [])
 
 
-def render_verdict(v: Verdict) -> list[str]:
-    return [v.headline, *(f"  {d}" for d in v.details)]
+def rank_state(r: RankResult) -> RankState:
+    """What one rank's answer to ``probe hang``'s round (``{"backtrace": ..., "collectives":
+    ...}``, or its failure) says about it. A rank whose watchdog reports it dead (issue 5) is
+    dead, as is one that refuses connections (nothing listens)."""
+    rank = r.rank if r.rank is not None else -1
+    if not r.ok or r.data is None:
+        err = r.error
+        reason = getattr(err, "reason", None) or str(err)
+        dead = isinstance(err, AgentUnreachableError) and reason == "connection refused"
+        body = BacktraceBody.from_wire(getattr(err, "body", None))
+        if body.state == "dead":  # its watchdog reports the death (issue 5)
+            cause = body.exit.get("description") or "exited"
+            at = f" at step {body.last_step}" if body.last_step is not None else ""
+            return RankState(rank, error=f"is dead: {cause}{at} (its watchdog reports it)",
+                             dead=True)
+        return RankState(rank, error=reason, dead=dead)
+    threads = BacktraceBody.from_wire(r.data["backtrace"]).threads
+    # Only a thread marked main: a stack from another thread would put the rank somewhere false.
+    main = next((t for t in threads if t.get("is_main")), None)
+    coll = CollectivesBody.from_wire(r.data["collectives"])
+    return RankState(
+        rank,
+        frames=tuple(main.get("frames", ())) if main else (),
+        collectives=coll.collectives,
+        now=coll.now,
+    )

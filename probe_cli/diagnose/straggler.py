@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .group import rank_label
+from ..group import rank_label
 
 
 @dataclass(slots=True)
@@ -121,28 +121,3 @@ def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: 
                       f"rank did in the last "
                       f"{span:.1f} s ({len(window)} collectives on {rank_label(per_rank)})")
     return v
-
-
-def step_table(rows_by_rank: dict[int, list[list[Any]]], columns: list[str]) -> list[str]:
-    """Per-rank step time and forward/backward/optimizer split (the straggler_steps query), with
-    each rank's step time against the median rank's."""
-    if not rows_by_rank:
-        return []
-    idx = {c: i for i, c in enumerate(columns)}
-    data = {r: rows[0] for r, rows in rows_by_rank.items() if rows and rows[0][idx["steps"]]}
-    if not data:
-        return ["step times: none recorded yet (python.steps is empty)"]
-    med = statistics.median(float(row[idx["step_ms"]]) for row in data.values())
-    header = f"{'rank':>5} {'steps':>6} {'step ms':>9} {'vs median':>10} {'forward':>9} " \
-             f"{'backward':>9} {'optimizer':>9} {'other':>9}"
-    lines = [header]
-    for r, row in sorted(data.items()):
-        def ms(name: str) -> str:
-            value = row[idx[name]]
-            return f"{float(value):9.1f}" if value is not None else f"{'-':>9}"
-
-        delta = float(row[idx["step_ms"]]) - med
-        lines.append(f"{r:>5} {row[idx['steps']]:>6} {ms('step_ms')} {delta:>+10.1f} "
-                     f"{ms('forward_ms')} {ms('backward_ms')} {ms('optimizer_ms')} "
-                     f"{ms('other_ms')}")
-    return lines

@@ -1,45 +1,29 @@
-"""`probe doctor`'s checks of the numbers (memory, NaN/Inf, learning rate and clipping, module
-time), ``diagnose`` (every check, in order) and the text rendering. Pure; see doctor.py."""
+"""`probe doctor`'s checks of the numbers: memory growth and OOMs, NaN/Inf in gradients and
+logged metrics, the learning rate and gradient clipping. Pure; see time_checks.py for the shape
+of a check.
+"""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
 from typing import Any
 
-from .doctor import (
-    CLIP_SHARE,
-    CRITICAL,
-    GROWTH_FRACTION,
-    GROWTH_MIB,
-    INFO,
-    OOM_STEPS,
-    WARNING,
-    Finding,
-    RankDoc,
-    Report,
-    _first,
-    check_collective_wait,
-    check_data_wait,
-    check_hang,
-    check_stalls,
-    check_straggler,
-    num,
-)
-from .group import rank_label
-from .hang import Verdict
+from ..group import rank_label
+from .findings import CRITICAL, INFO, WARNING, Finding, RankDoc, Report, first_loop, num, unrecorded
 
-
-def _unrecorded(docs: list[RankDoc], key: str) -> str:
-    errs = sorted({d.errors.get(key, "") for d in docs} - {""})
-    return errs[0] if errs else "no rank answered"
+#: Memory growth: at least this many MiB over the window, and this fraction of the start.
+GROWTH_MIB = 16.0
+GROWTH_FRACTION = 0.05
+#: Clipping on at least this share of the steps that clipped at all: the LR may be too high.
+CLIP_SHARE = 0.9
+#: CUDA: warn when fewer than this many steps of growth are left before the device is full.
+OOM_STEPS = 1000
 
 
 def check_memory(report: Report, docs: list[RankDoc]) -> None:
     have = [d for d in docs if d.memory]
     if not have:
-        report.unchecked.append(f"memory: python.memory has no rows ({_unrecorded(docs, 'memory')})"
+        report.unchecked.append(f"memory: python.memory has no rows ({unrecorded(docs, 'memory')})"
                                 if any(d.memory is None for d in docs) else
                                 "memory: no steps past the first 10 yet (warm-up is left out)")
         return
@@ -108,7 +92,7 @@ def check_nonfinite(report: Report, docs: list[RankDoc]) -> None:
                             f"{m.get('first_step')}{before}")
             ranks.add(d.rank)
             first.append(int(num(m.get("first_step")) or 0))
-        loop = _first(d)
+        loop = first_loop(d)
         if int(num(loop.get("nonfinite_grad_steps")) or 0):
             evidence.append(f"rank {d.rank}: clip_grad_norm_ saw a NaN/Inf gradient norm on "
                             f"{loop['nonfinite_grad_steps']} of the last {loop.get('steps')} "
@@ -165,7 +149,7 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
     evidence = [f"{rank_label(rs)}: {x}" for x, rs in _by_value(lines)]
     problems, ranks = [], set()
     for d in docs:
-        loop = _first(d)
+        loop = first_loop(d)
         clip_steps = int(num(loop.get("clip_steps")) or 0)
         if clip_steps:
             clipped = int(num(loop.get("clipped_steps")) or 0)
@@ -212,83 +196,3 @@ def _by_value(values: dict[int, str]) -> list[tuple[str, list[int]]]:
     for r, v in sorted(values.items()):
         out.setdefault(v, []).append(r)
     return list(out.items())
-
-
-def check_modules(report: Report, docs: list[RankDoc]) -> None:
-    per: dict[str, list[dict[str, Any]]] = {}
-    for d in docs:
-        for row in d.slow or []:
-            if (num(row.get("share")) or 0.0) > 1.0:
-                continue  # a wrapper around the root model (DDP): it contains the whole model
-            per.setdefault(str(row.get("module")), []).append(row)
-    if not per:
-        why = ("no traced steps yet (PROBE_TRACE=every:N; `probe trace on`)"
-               if any(d.slow is not None for d in docs) else _unrecorded(docs, "slow"))
-        report.unchecked.append(f"slowest modules: {why}")
-        return
-
-    def avg(rows: list[dict[str, Any]], key: str) -> float:
-        vals = [num(r.get(key)) or 0.0 for r in rows]
-        return sum(vals) / len(vals)
-
-    top = sorted(per.items(), key=lambda kv: -avg(kv[1], "self_ms"))[:3]
-    evidence = [f"{name}: {avg(rows, 'self_ms'):.1f} ms per step of its own "
-                f"(forward {avg(rows, 'forward_ms'):.1f}, backward "
-                f"{avg(rows, 'backward_ms'):.1f}), {avg(rows, 'share'):.0%} of the model's time"
-                for name, rows in top]
-    name = top[0][0]
-    nxt = "probe slow" if importlib.util.find_spec("probe_cli.commands.slow") else \
-        'probe query "SELECT module, stage, median(duration) FROM python.torch_trace GROUP BY ALL' \
-        ' ORDER BY 3 DESC LIMIT 10"'
-    # Always info: per-module times are attributions (backward spans include the autograd work
-    # between modules), so "slowest" is where to look first, not a verdict.
-    report.findings.append(Finding(INFO, "modules", f"slowest modules: {name} first", evidence,
-                                   nxt))
-
-
-def diagnose(verdict: Verdict, docs: list[RankDoc], min_wait: float) -> Report:
-    report = Report()
-    check_hang(report, verdict)
-    if not verdict.problem:
-        check_stalls(report, docs, min_wait)
-    check_nonfinite(report, docs)
-    check_memory(report, docs)
-    if verdict.problem:  # timings from before a hang describe the past, and would distract
-        report.unchecked.append("straggler, collective wait: the job is hung (see above)")
-    else:
-        check_straggler(report, docs)
-        check_collective_wait(report, docs)
-    if any(f.check == "stall" for f in report.findings):
-        report.unchecked.append("DataLoader wait share: a rank is stalled (see above)")
-    else:
-        check_data_wait(report, docs)
-    check_lr_clip(report, docs)
-    check_modules(report, docs)
-    return report
-
-
-def render(report: Report, header: str) -> list[str]:
-    ranked = report.ranked()
-    n = sum(f.severity != INFO for f in ranked)
-    lines = [f"{header}; {n} problem{'s' if n != 1 else ''} found" if n else
-             f"{header}; no problem found", ""]
-    for i, f in enumerate(ranked, 1):
-        lines.append(f"{i}. [{f.severity}] {f.title}")
-        lines.extend(f"     {e}" for e in f.evidence)
-        if f.next:
-            lines.append(f"     next: {f.next}")
-    if report.fine:
-        lines += ["", "fine:", *(f"  {x}" for x in report.fine)]
-    if report.unchecked:
-        lines += ["", "not checked:", *(f"  {x}" for x in report.unchecked)]
-    return lines
-
-
-def render_json(report: Report, ranks: list[dict[str, Any]]) -> str:
-    return json.dumps({"problem": report.problem,
-                       "findings": [f.to_json() for f in report.ranked()],
-                       "fine": report.fine, "unchecked": report.unchecked, "ranks": ranks},
-                      indent=2)
-
-
-__all__ = ["diagnose", "render", "render_json", "WARNING"]

@@ -1,119 +1,30 @@
-"""`probe doctor`'s diagnoses: pure functions from what every rank answered to ranked findings.
-
-No I/O here; ``commands/doctor.py`` gathers. Each check looks at one thing a user would otherwise
-have to know to ask about, and returns ``Finding``s (something to look at, with its evidence and
-the next command to run) or a one-line ``fine`` note (checked, nothing wrong), or says why it
-could not check (``unchecked``: the table is not recorded, the rank did not answer).
-
-Severity: ``critical`` (the job is stuck or its numbers are garbage: a hang, a stalled rank,
-NaN/Inf, CUDA OOMs), ``warning`` (it runs, but worse than it should: a straggler, data-bound or
-collective-bound steps, memory growing step over step, clipping on almost every step, a zero
-or non-finite LR), ``info`` (the state worth knowing: learning rate and clipping, the slowest
-modules by their own time; module times are attributions, so they inform, never alarm).
-``probe doctor`` exits 4 when any finding is critical or a warning.
+"""`probe doctor`'s checks of where the time goes: a hang, a stalled rank, a straggler, waiting
+in collectives and in the DataLoader, and the slowest modules. Each check looks at one thing a
+user would otherwise have to know to ask about, and adds ``Finding``s to the report, or a
+one-line ``fine`` note (checked, nothing wrong), or says why it could not check
+(``unchecked``: the table is not recorded, the rank did not answer). Pure; no I/O.
 
 Thresholds are module constants, chosen so a healthy toy job on 2 busy cores stays quiet.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+import importlib.util
 from typing import Any
 
-from .group import rank_label
+from ..group import rank_label
+from .findings import CRITICAL, INFO, WARNING, Finding, RankDoc, Report, first_loop, num, unrecorded
 from .hang import Verdict, where
 from .straggler import arrivals, diagnose_stragglers
-
-CRITICAL, WARNING, INFO = "critical", "warning", "info"
-_ORDER = {CRITICAL: 0, WARNING: 1, INFO: 2}
 
 #: DataLoader wait above this share of step time is a finding.
 DATA_WAIT_SHARE = 0.3
 #: Time inside explicit collectives above this share of wall time is a finding.
 COLLECTIVE_SHARE = 0.3
-#: Memory growth: at least this many MiB over the window, and this fraction of the start.
-GROWTH_MIB = 16.0
-GROWTH_FRACTION = 0.05
 #: A rank with no optimizer step for max(STALL_STEPS × its median step, min_wait) is stalled.
 STALL_STEPS = 20
-#: Clipping on at least this share of the steps that clipped at all: the LR may be too high.
-CLIP_SHARE = 0.9
 #: A straggler the others wait for at least this share of the time (`probe straggler`: 5%).
 STRAGGLER_SHARE = 0.2
-#: CUDA: warn when fewer than this many steps of growth are left before the device is full.
-OOM_STEPS = 1000
-
-
-@dataclass(slots=True)
-class Finding:
-    severity: str
-    check: str
-    title: str
-    evidence: list[str] = field(default_factory=list)
-    next: str = ""
-    ranks: list[int] = field(default_factory=list)
-    score: float = 0.0  # orders findings of one severity: bigger first
-
-    def to_json(self) -> dict[str, Any]:
-        return {"severity": self.severity, "check": self.check, "title": self.title,
-                "evidence": self.evidence, "next": self.next, "ranks": self.ranks}
-
-
-@dataclass(slots=True)
-class RankDoc:
-    """What one rank answered to doctor's second round. Each ``*_rows`` is a list of dicts
-    (a canned query's rows) or None when that query failed; ``errors`` says why."""
-
-    rank: int
-    state: dict[str, Any] | None = None
-    grads: dict[str, Any] | None = None
-    loop: list[dict[str, Any]] | None = None
-    memory: list[dict[str, Any]] | None = None
-    metrics: list[dict[str, Any]] | None = None
-    slow: list[dict[str, Any]] | None = None
-    frames: tuple[dict[str, Any], ...] = ()
-    collectives: tuple[dict[str, Any], ...] = ()
-    errors: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Report:
-    findings: list[Finding] = field(default_factory=list)
-    fine: list[str] = field(default_factory=list)
-    unchecked: list[str] = field(default_factory=list)
-
-    @property
-    def problem(self) -> bool:
-        return any(f.severity != INFO for f in self.findings)
-
-    def ranked(self) -> list[Finding]:
-        return sorted(self.findings, key=lambda f: (_ORDER[f.severity], -f.score))
-
-
-def num(v: Any) -> float | None:
-    """A wire number (NaN and ±Inf arrive as strings) as float; None stays None."""
-    if v is None or isinstance(v, bool):
-        return None
-    if isinstance(v, str):
-        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(v)
-    return float(v)
-
-
-def rows_of(body: dict[str, Any]) -> list[dict[str, Any]]:
-    cols = body.get("columns") or []
-    return [dict(zip(cols, row)) for row in body.get("rows") or []]
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
-def _first(doc: RankDoc) -> dict[str, Any]:
-    return (doc.loop or [{}])[0]
-
-
-# -- the checks ---------------------------------------------------------------------------
 
 
 def check_hang(report: Report, verdict: Verdict) -> None:
@@ -134,7 +45,7 @@ def check_stalls(report: Report, docs: list[RankDoc], min_wait: float) -> None:
         last = num(clock.get("last_step_at"))
         if last is None or now is None:
             continue
-        step_ms = num(_first(d).get("step_ms")) or 0.0
+        step_ms = num(first_loop(d).get("step_ms")) or 0.0
         idle = now - last
         if idle >= max(min_wait, STALL_STEPS * step_ms / 1e3):
             stalled.append((d, idle, step_ms))
@@ -222,7 +133,7 @@ def check_collective_wait(report: Report, docs: list[RankDoc]) -> None:
 
 
 def check_data_wait(report: Report, docs: list[RankDoc]) -> None:
-    got = {d.rank: _first(d) for d in docs if d.loop and num(_first(d).get("steps"))}
+    got = {d.rank: first_loop(d) for d in docs if d.loop and num(first_loop(d).get("steps"))}
     if not got:
         report.unchecked.append("DataLoader wait: no steps in python.step_stats yet")
         return
@@ -245,3 +156,35 @@ def check_data_wait(report: Report, docs: list[RankDoc]) -> None:
         evidence,
         'probe query "SELECT step, round(data_wait * 1e3, 1) AS data_wait_ms, batches '
         'FROM python.step_stats ORDER BY step DESC LIMIT 10"', sorted(high), score=top))
+
+
+def check_modules(report: Report, docs: list[RankDoc]) -> None:
+    per: dict[str, list[dict[str, Any]]] = {}
+    for d in docs:
+        for row in d.slow or []:
+            if (num(row.get("share")) or 0.0) > 1.0:
+                continue  # a wrapper around the root model (DDP): it contains the whole model
+            per.setdefault(str(row.get("module")), []).append(row)
+    if not per:
+        why = ("no traced steps yet (PROBE_TRACE=every:N; `probe trace on`)"
+               if any(d.slow is not None for d in docs) else unrecorded(docs, "slow"))
+        report.unchecked.append(f"slowest modules: {why}")
+        return
+
+    def avg(rows: list[dict[str, Any]], key: str) -> float:
+        vals = [num(r.get(key)) or 0.0 for r in rows]
+        return sum(vals) / len(vals)
+
+    top = sorted(per.items(), key=lambda kv: -avg(kv[1], "self_ms"))[:3]
+    evidence = [f"{name}: {avg(rows, 'self_ms'):.1f} ms per step of its own "
+                f"(forward {avg(rows, 'forward_ms'):.1f}, backward "
+                f"{avg(rows, 'backward_ms'):.1f}), {avg(rows, 'share'):.0%} of the model's time"
+                for name, rows in top]
+    name = top[0][0]
+    nxt = "probe slow" if importlib.util.find_spec("probe_cli.commands.slow") else \
+        'probe query "SELECT module, stage, median(duration) FROM python.torch_trace GROUP BY ALL' \
+        ' ORDER BY 3 DESC LIMIT 10"'
+    # Always info: per-module times are attributions (backward spans include the autograd work
+    # between modules), so "slowest" is where to look first, not a verdict.
+    report.findings.append(Finding(INFO, "modules", f"slowest modules: {name} first", evidence,
+                                   nxt))
