@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from ..fanout import fan_out, resolve_ranks
+from ..client import ProbeClient
+from ..fanout import RankTarget, fan_out, resolve_ranks
 from ..outcome import Outcome, finish
 from ..render.text import render_query_table
 from ..result import RankResult
 from ..session import Session
+from ..transport.wire import QueryBody
 from . import pass_session
 
 TREND, OUTLIERS = "steps_trend", "steps_outliers"
@@ -27,10 +31,9 @@ def command(session: Session, steps: int, factor: float, limit: int) -> Outcome:
     slower (trend_pct: newer half against older half) and samples/s; then the outlier steps,
     slowest first, and whether they were traced. From python.steps."""
 
-    def both(client, _target):  # type: ignore[no-untyped-def]
-        trend = client.request("POST", f"/v1/queries/{TREND}", json={"params": {"steps": steps}})
-        outliers = client.request("POST", f"/v1/queries/{OUTLIERS}", json={
-            "params": {"steps": steps, "factor": factor, "limit": limit}})
+    def both(client: ProbeClient, _target: RankTarget) -> dict[str, Any]:
+        trend = client.canned(TREND, steps=steps)
+        outliers = client.canned(OUTLIERS, steps=steps, factor=factor, limit=limit)
         return {"ok": True, "rank": trend.get("rank"), "trend": trend, "outliers": outliers}
 
     results = fan_out(session, resolve_ranks(session), both)
@@ -38,7 +41,7 @@ def command(session: Session, steps: int, factor: float, limit: int) -> Outcome:
     def render(ok: list[RankResult]) -> list[str]:
         lines = render_query_table([_part(r, "trend") for r in ok], session.colour)
         out = [_part(r, "outliers") for r in ok]
-        if any((r.data or {}).get("rows") for r in out):
+        if any(QueryBody.from_wire(r.data).rows for r in out):
             lines += ["", f"Outlier steps (> {factor:g}x the rank's median):"]
             lines += render_query_table(out, session.colour)
         else:
