@@ -38,7 +38,6 @@ How it works
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -207,7 +206,3 @@ def _optimizer_step_count(optimizer: Any) -> int | None:
         best = value if best is None else max(best, value)
     return best
 
-
-def is_torch_file(filename: str) -> bool:
-    """Frames in torch's own package (optimizer wrappers, hooks) are not the training script."""
-    return f"{os.sep}torch{os.sep}" in filename

@@ -74,7 +74,7 @@ CREATE TABLE IF NOT EXISTS python.collectives (
 );
 
 -- ---------------------------------------------------------------------------------------------
--- issue 6: step-boundary actions (probe_agent/actions.py) share the audit table python.evals.
+-- issue 6: step-boundary actions (probe_agent/actions/) share the audit table python.evals.
 -- ---------------------------------------------------------------------------------------------
 -- kind: 'eval' for /v1/eval (the default), else the step-boundary action's kind:
 --   'step-eval' (eval --at-step/--next-step), 'lr', 'checkpoint', 'pause', 'resume', 'cancel'.

@@ -38,7 +38,7 @@ import os
 import stat
 from typing import Any
 
-from .errors import ProbeAgentError
+from ..errors import ProbeAgentError
 
 #: Added to the tensors' bytes in a size estimate, as measured with torch 2.13: pickled Python
 #: state (an RNG file with numpy's is 14 KiB), and per tensor its zip records, 64-byte

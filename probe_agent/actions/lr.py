@@ -47,7 +47,7 @@ import math
 import numbers
 from typing import Any
 
-from .errors import ProbeAgentError
+from ..errors import ProbeAgentError
 
 #: How many times the current largest LR a change may reach without ``force`` (issue 20).
 MAX_FACTOR = 10.0

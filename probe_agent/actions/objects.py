@@ -20,34 +20,16 @@ training thread at a step boundary, so it may look at live objects without racin
 from __future__ import annotations
 
 import gc
-import os
 import sys
 from typing import Any
 
-from .stepclock import is_torch_file
-
-_AGENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+from ..operator_code import script_namespace
 
 
 def training_namespace() -> dict[str, Any]:
-    """Names the training code sees here: frame locals of *this* thread (innermost wins),
-    overlaid by ``__main__`` globals. Called on the training thread, so the script's own frames
-    are the callers of ``optimizer.step()``; torch's and the agent's frames are skipped."""
-    ns: dict[str, Any] = {}
-    chain = []
-    frame: Any = sys._getframe(1)
-    while frame is not None:
-        chain.append(frame)
-        frame = frame.f_back
-    for f in reversed(chain):
-        name = f.f_code.co_filename
-        if f.f_code.co_name == "<module>" or is_torch_file(name) or name.startswith(_AGENT_DIR):
-            continue
-        ns.update(f.f_locals)
-    main = sys.modules.get("__main__")
-    if main is not None:
-        ns.update(vars(main))
-    return ns
+    """Names the training code sees here. Called on the training thread, so the script's own
+    frames are the callers of ``optimizer.step()`` (operator_code.script_namespace)."""
+    return script_namespace(sys._getframe(1))
 
 
 def resolve_name(ns: dict[str, Any], dotted: str) -> Any:

@@ -27,21 +27,19 @@ Model
 
 from __future__ import annotations
 
-import builtins
 import itertools
 import logging
 import sys
 import threading
 import time
-import traceback
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import ConflictError, NotFoundError
+from ..operator_code import compile_code, user_traceback
 from .agreement import StepAgreement
-from .errors import ConflictError, NotFoundError
-from .evaluator import CappedBuffer, full_repr
-from .objects import find_models, find_schedulers, training_namespace
+from .runners import RUNNERS
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +88,8 @@ class ActionQueue:
 
     def __init__(self, agent: Any) -> None:
         self.agent = agent
+        self.rank = agent.rank
+        self.evaluator = agent.evaluator  # its session: names step-evals and evals share
         self.clock = agent.stepclock
         self.timeout_s = agent.config.action_timeout_s
         self.agreement = StepAgreement()
@@ -126,10 +126,10 @@ class ActionQueue:
     def submit(self, *, kind: str, step: int | None, code: str, args: dict[str, Any],
                client: str, requested_by: str | None, action_id: str,
                group: list[int] | None) -> Action:
-        rank = self.agent.rank
+        rank = self.rank
         try:
             if kind == "step-eval":
-                self.agent.evaluator.compile(code)  # a SyntaxError is a 400 now, not later
+                compile_code(code)  # a SyntaxError is a 400 now, not later
             self._refuse_unless_ready()
             self._check_args(kind, args)
             with self._cond:
@@ -159,7 +159,7 @@ class ActionQueue:
         return a
 
     def _refuse_unless_ready(self) -> None:
-        rank = self.agent.rank
+        rank = self.rank
         if "torch" not in sys.modules:
             raise ConflictError(
                 f"torch is not imported on rank {rank}: step-boundary actions ride on torch's "
@@ -186,12 +186,12 @@ class ActionQueue:
         elif kind == "checkpoint":
             from .checkpoint_target import check_args
             dist = self.agreement.distributed()
-            check_args(args, self.agent.rank, dist.get_world_size() if dist is not None else 1)
+            check_args(args, self.rank, dist.get_world_size() if dist is not None else 1)
 
     def get(self, action_id: str) -> Action:
         a = self._all.get(action_id)
         if a is None:
-            raise NotFoundError(f"no action {action_id} on rank {self.agent.rank}; "
+            raise NotFoundError(f"no action {action_id} on rank {self.rank}; "
                                 "`probe actions` lists them")
         return a
 
@@ -203,7 +203,7 @@ class ActionQueue:
             a = self.get(action_id)
             if a.state == "running":
                 raise ConflictError(
-                    f"action {a.id} is running on rank {self.agent.rank}'s training thread and "
+                    f"action {a.id} is running on rank {self.rank}'s training thread and "
                     "cannot be cancelled: stopping code mid-way there could leave the model "
                     "half-updated or end the job", reason="running",
                     current_step=self.clock.current_step,
@@ -263,9 +263,14 @@ class ActionQueue:
             if a.kind == "pause" and a.state == "ok" and not self._holding:
                 self._hold_loop(step)
 
+    def hold_at(self, step: int) -> None:
+        """The pause action: hold the training thread after ``step`` until ``resume()``."""
+        with self._cond:
+            self._hold, self.paused_at = True, step
+
     def _hold_loop(self, step: int) -> None:
         log.warning("probe agent: rank %d paused after step %d; `probe resume` releases it",
-                    self.agent.rank, step)
+                    self.rank, step)
         self._holding = True
         try:
             while True:
@@ -279,7 +284,7 @@ class ActionQueue:
         finally:
             with self._cond:
                 self._holding, self._hold, self.paused_at = False, False, None
-            log.warning("probe agent: rank %d resumed after step %d", self.agent.rank, step)
+            log.warning("probe agent: rank %d resumed after step %d", self.rank, step)
 
     def _run(self, a: Action, step: int) -> None:
         a.state = "waiting"
@@ -306,7 +311,7 @@ class ActionQueue:
             raise
         except BaseException as e:  # operator code may raise anything (SystemExit too)
             a.state, a.error = "error", f"{type(e).__name__}: {e}"
-            a.traceback = _user_traceback(e)
+            a.traceback = user_traceback(e)
         finally:
             timer.cancel()
             a.elapsed_ms = round((time.perf_counter() - t1) * 1e3, 3)
@@ -321,7 +326,7 @@ class ActionQueue:
             "probe agent: action %s (%s) has held rank %d's training thread for more than "
             "PROBE_ACTION_TIMEOUT_S=%g s; it cannot be stopped safely from outside (that could "
             "leave the model half-updated or end the job), so training waits until it returns",
-            a.id, a.kind, self.agent.rank, self.timeout_s,
+            a.id, a.kind, self.rank, self.timeout_s,
         )
         self._audit(a, "overrun")
 
@@ -344,80 +349,3 @@ class ActionQueue:
         done = [k for k, a in self._all.items() if a.state in TERMINAL]
         for k in done[: max(0, len(done) - KEEP_FINISHED)]:
             del self._all[k]
-
-
-# -- runners (training thread) -----------------------------------------------------------------
-def _run_code(q: ActionQueue, a: Action, step: int) -> None:
-    ev = q.agent.evaluator
-    body, tail = ev.compile(a.code)
-    out, err = CappedBuffer(ev.output_cap), CappedBuffer(ev.output_cap)
-
-    def eval_print(*args: Any, file: Any = None, **kw: Any) -> None:
-        target = err if file is sys.stderr else out if file in (None, sys.stdout) else file
-        builtins.print(*args, file=target, **kw)
-
-    g = dict(ev.session)
-    g.update(training_namespace())
-    g.update(print=eval_print, probe_step=step, probe_optimizers=q.clock.optimizers())
-    g.setdefault("__builtins__", builtins)
-    before = {k: id(v) for k, v in g.items()}
-    main_globals = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
-    try:
-        exec(body, g)
-        value = eval(tail, g) if tail is not None else None
-        a.result = None if value is None else full_repr(value, ev.output_cap)
-    finally:
-        a.stdout, a.stderr = out.text(), err.text()
-        for k, v in g.items():  # same write-through rules as /v1/eval (evaluator.py)
-            if k in ("print", "__builtins__", "probe_step", "probe_optimizers"):
-                continue
-            if before.get(k) != id(v):
-                (main_globals if k in main_globals else ev.session)[k] = v
-
-
-def _run_lr(q: ActionQueue, a: Action, step: int) -> None:
-    from .lr import change_lr
-
-    opts = q.clock.optimizers()
-    report = change_lr(opts, find_schedulers(opts), scale=a.args.get("scale"),
-                       set_to=a.args.get("set"), force=bool(a.args.get("force")))
-    report["step"] = step
-    a.data = report
-    a.result = ", ".join(
-        f"{o['class']}[{i}] {g['before']:.6g} -> {g['after']:.6g}"
-        for o in report["optimizers"] for i, g in enumerate(o["groups"])
-    )
-
-
-def _run_checkpoint(q: ActionQueue, a: Action, step: int) -> None:
-    from .checkpoint import save
-
-    opts = q.clock.optimizers()
-    models = find_models(opts, training_namespace(), a.args.get("model"))
-    dist = q.agreement.distributed()
-    world = dist.get_world_size() if dist is not None else 1
-    a.data = save(str(a.args["path"]), step=step, rank=q.agent.rank, world_size=world,
-                  tag=a.id, models=models, optimizers=opts, schedulers=find_schedulers(opts),
-                  overwrite=bool(a.args.get("overwrite")))
-    a.result = ", ".join(f"{f['path']} ({f['bytes']} bytes)" for f in a.data["files"]) or (
-        "nothing to write on this rank")
-
-
-def _run_pause(q: ActionQueue, a: Action, step: int) -> None:
-    with q._cond:
-        q._hold, q.paused_at = True, step
-    a.data = {"paused_at": step}
-    a.result = f"held after step {step}"
-
-
-RUNNERS = {"step-eval": _run_code, "lr": _run_lr, "checkpoint": _run_checkpoint,
-           "pause": _run_pause}
-
-
-def _user_traceback(e: BaseException) -> str:
-    """From the operator's code (``<probe eval>``) down; the whole chain for built-ins."""
-    tb = e.__traceback__
-    first = tb
-    while tb is not None and tb.tb_frame.f_code.co_filename != "<probe eval>":
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(e), e, tb or first))

@@ -173,7 +173,7 @@ def test_pause_checkpoint_resume_round_trip_reproduces_the_next_steps(
                    "training did not resume")
 
     # THEN the checkpoint holds exactly the in-memory state of step p
-    from probe_agent.checkpoint import load
+    from probe_agent.actions.checkpoint import load
 
     for r in (0, 1):
         state = load(str(ckpt), r)

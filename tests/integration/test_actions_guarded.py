@@ -166,8 +166,8 @@ def test_enospc_during_the_write_is_reported_and_the_tmp_removed(
 ) -> None:
     """When statvfs showed room but the write still ran out (another writer, a quota), torch's
     ``enforce fail at inline_container.cc`` becomes the disk-full line."""
-    import probe_agent.checkpoint as ck
-    from probe_agent.checkpoint_target import CheckpointError
+    import probe_agent.actions.checkpoint as ck
+    from probe_agent.actions.checkpoint_target import CheckpointError
 
     # GIVEN another writer that fills the disk right after the preflight check
     monkeypatch.setattr(ck, "preflight", lambda directory, needed: fill(full_disk, 4096))

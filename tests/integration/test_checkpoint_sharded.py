@@ -20,8 +20,8 @@ import os, sys
 import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from probe_agent.checkpoint import save
-from probe_agent.checkpoint_target import CheckpointError
+from probe_agent.actions.checkpoint import save
+from probe_agent.actions.checkpoint_target import CheckpointError
 
 d = sys.argv[1]
 dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)

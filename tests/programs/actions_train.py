@@ -12,7 +12,7 @@ first step. It trains until ``--stop-file`` exists, or for ``--steps`` steps.
   without blocking the other). Otherwise the model is wrapped in DistributedDataParallel.
 - ``--hang-rank R --hang-after-step K``: rank R stops making progress after step K (it sleeps
   until the stop file appears), like a rank stuck outside any collective.
-- ``--resume PATH``: load a probe checkpoint (probe_agent.checkpoint.load), finish the
+- ``--resume PATH``: load a probe checkpoint (probe_agent.actions.checkpoint.load), finish the
   iteration it was taken in (the scheduler step that follows optimizer.step()), and continue.
 """
 
@@ -95,7 +95,7 @@ def main() -> None:
     step = 0
     torch.manual_seed(100 + rank)  # this rank's data and dropout
     if args.resume:
-        from probe_agent.checkpoint import load, restore_rng
+        from probe_agent.actions.checkpoint import load, restore_rng
 
         state = load(args.resume, rank)
         net.load_state_dict(state["model"])

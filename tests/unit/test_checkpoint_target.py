@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from probe_agent.checkpoint_target import (
+from probe_agent.actions.checkpoint_target import (
     CheckpointError,
     check_destination,
     commit_directory,

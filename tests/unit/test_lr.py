@@ -1,4 +1,4 @@
-"""probe_agent.lr: an LR change survives every supported scheduler's later steps (issue 6).
+"""probe_agent.actions.lr: an LR change survives every supported scheduler's later steps (issue 6).
 
 Each case runs a scheduler for K steps, scales the LR by 0.1 right after optimizer step K (as
 the step-boundary action does), and checks every later LR against 0.1 x an unmodified run.
@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.optim import lr_scheduler as ls  # noqa: E402
 
-from probe_agent.lr import change_lr  # noqa: E402
+from probe_agent.actions.lr import change_lr  # noqa: E402
 
 SCHEDULERS = {
     "StepLR": lambda o: ls.StepLR(o, step_size=3, gamma=0.5),
@@ -44,7 +44,7 @@ def run(make, scale_at: int | None) -> list[float]:
         seen.append(opt.param_groups[0]["lr"])
         opt.step()
         if step == scale_at:
-            from probe_agent.objects import find_schedulers
+            from probe_agent.actions.objects import find_schedulers
 
             change_lr([opt], find_schedulers([opt]), scale=0.1)
         sched.step()
