@@ -18,6 +18,8 @@ import click
 from ..client import ProbeClient
 from ..diagnose.doctor import diagnose, rank_doc, steps_seen
 from ..diagnose.hang import rank_state
+from ..diagnose.number_checks import MEMORY_WARMUP_STEPS
+from ..diagnose.time_checks import TOP_MODULES
 from ..errors import EXIT_FAILURE, RankError
 from ..fanout import Call, RankTarget, fan_out, resolve_ranks
 from ..outcome import Outcome, failure_summary, verdict_outcome
@@ -28,12 +30,14 @@ from ..transport.wire import QueryBody
 from . import pass_session
 from .hang import gather_hang
 
-#: (key, canned query, params): what each rank is asked in the second round.
+#: (key, canned query, params): what each rank is asked in the second round. Memory growth and
+#: the slowest modules are the queries `probe memory` and `probe slow` run, so the commands
+#: cannot disagree with doctor (issue 18); doctor only picks the window.
 QUERIES = (
     ("loop", "doctor_loop", ("last_steps",)),
-    ("memory", "doctor_memory", ("last_steps",)),
+    ("memory", "memory_growth", ("steps", "warmup")),
     ("metrics", "doctor_metrics", ()),
-    ("slow", "doctor_slow_modules", ("last_steps", "top")),
+    ("slow", "slow_modules", ("steps", "limit")),
 )
 
 
@@ -49,7 +53,8 @@ def _second_round(last: int, grad_wait: float) -> Call:
                 out["grads"] = client.doctor_grads(grad_wait)
             except RankError as e:
                 out["errors"]["grads"] = e.reason
-        values = {"last_steps": last, "top": 5}
+        values = {"last_steps": last, "steps": last, "warmup": MEMORY_WARMUP_STEPS,
+                  "limit": TOP_MODULES}
         for key, name, params in QUERIES:
             try:
                 body = client.canned(name, **{p: values[p] for p in params})

@@ -18,8 +18,12 @@ from ._canned import canned_outcome
                    "of growth per step.")
 @click.option("--limit", type=click.IntRange(min=1), default=15, show_default=True,
               help="With --modules: modules shown per rank.")
+@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Leave out the first N steps each rank recorded (optimizer state and caches "
+                   "grow there). `probe doctor` leaves out 10: --warmup 10 --steps 50 shows "
+                   "the numbers its memory check judged.")
 @pass_session
-def command(session: Session, steps: int, by_module: bool, limit: int) -> Outcome:
+def command(session: Session, steps: int, by_module: bool, limit: int, warmup: int) -> Outcome:
     """Memory growth per step on every rank and device: RSS, and CUDA allocated/reserved, with
     the growth per step (a steady positive rss_mib_per_step or allocated_mib_per_step is a
     leak), peak, alloc retries and OOMs. From python.memory (canned query memory_growth)."""
@@ -32,5 +36,5 @@ def command(session: Session, steps: int, by_module: bool, limit: int) -> Outcom
     return canned_outcome(
         session, "memory_growth",
         "no optimizer step seen yet (python.memory gets one row per optimizer step)",
-        steps=steps,
+        steps=steps, warmup=warmup,
     )

@@ -11,6 +11,9 @@ from typing import Any
 from ..group import rank_label
 from .findings import CRITICAL, INFO, WARNING, Finding, RankDoc, Report, first_loop, num, unrecorded
 
+#: Steps each rank recorded first that the memory check leaves out: optimizer state and caches
+#: are allocated there, and would read as a leak in a young job (`probe memory --warmup 10`).
+MEMORY_WARMUP_STEPS = 10
 #: Memory growth: at least this many MiB over the window, and this fraction of the start.
 GROWTH_MIB = 16.0
 GROWTH_FRACTION = 0.05
@@ -25,16 +28,20 @@ def check_memory(report: Report, docs: list[RankDoc]) -> None:
     if not have:
         report.unchecked.append(f"memory: python.memory has no rows ({unrecorded(docs, 'memory')})"
                                 if any(d.memory is None for d in docs) else
-                                "memory: no steps past the first 10 yet (warm-up is left out)")
+                                f"memory: no steps past the first {MEMORY_WARMUP_STEPS} yet "
+                                "(warm-up is left out)")
         return
     grows, fine, ooms = [], [], []
     for d in have:
         for row in d.memory or []:
             dev = row.get("device") or "?"
             cuda = dev.startswith("cuda")
-            col, label = ("allocated", "CUDA allocated") if cuda else ("rss", "RSS")
-            first, last = num(row.get(f"{col}_first")), num(row.get(f"{col}_last"))
-            slope = num(row.get(f"{col}_per_step")) or 0.0
+            # memory_growth's columns (the query `probe memory` shows)
+            label, col_first, col_last, col_slope = (
+                ("CUDA allocated", "allocated_first_mib", "allocated_mib", "allocated_mib_per_step")
+                if cuda else ("RSS", "rss_first_mib", "rss_last_mib", "rss_mib_per_step"))
+            first, last = num(row.get(col_first)), num(row.get(col_last))
+            slope = num(row.get(col_slope)) or 0.0
             steps = int(num(row.get("steps")) or 0)
             if int(num(row.get("ooms")) or 0) > 0:
                 ooms.append(f"rank {d.rank} {dev}: {int(num(row['ooms']) or 0)} CUDA OOMs, "
@@ -45,7 +52,7 @@ def check_memory(report: Report, docs: list[RankDoc]) -> None:
             line = (f"rank {d.rank} {dev}: {label} {first:.1f} -> {last:.1f} MiB over steps "
                     f"{row.get('first_step')}-{row.get('last_step')} ({slope:+.2f} MiB/step)")
             total = num(((d.state or {}).get("cuda_total_mib") or {}).get(dev))
-            reserved = num(row.get("reserved_last"))
+            reserved = num(row.get("reserved_mib"))
             if cuda and total and reserved is not None:
                 left = total - reserved
                 line += f"; headroom {left:.0f} of {total:.0f} MiB"

@@ -25,6 +25,8 @@ COLLECTIVE_SHARE = 0.3
 STALL_STEPS = 20
 #: A straggler the others wait for at least this share of the time (`probe straggler`: 5%).
 STRAGGLER_SHARE = 0.2
+#: Slowest modules asked of each rank (slow_modules' limit) and shown.
+TOP_MODULES = 5
 
 
 def check_hang(report: Report, verdict: Verdict) -> None:
@@ -159,11 +161,12 @@ def check_data_wait(report: Report, docs: list[RankDoc]) -> None:
 
 
 def check_modules(report: Report, docs: list[RankDoc]) -> None:
+    """The slowest modules by self time, from slow_modules: the numbers `probe slow` shows.
+    Self time is nested-call time subtracted, so a wrapper (DDP around the model) costs only
+    its own work and needs no special case."""
     per: dict[str, list[dict[str, Any]]] = {}
     for d in docs:
         for row in d.slow or []:
-            if (num(row.get("share")) or 0.0) > 1.0:
-                continue  # a wrapper around the root model (DDP): it contains the whole model
             per.setdefault(str(row.get("module")), []).append(row)
     if not per:
         why = ("no traced steps yet (PROBE_TRACE=every:N; `probe trace on`)"
@@ -177,8 +180,8 @@ def check_modules(report: Report, docs: list[RankDoc]) -> None:
 
     top = sorted(per.items(), key=lambda kv: -avg(kv[1], "self_ms"))[:3]
     evidence = [f"{name}: {avg(rows, 'self_ms'):.1f} ms per step of its own "
-                f"(forward {avg(rows, 'forward_ms'):.1f}, backward "
-                f"{avg(rows, 'backward_ms'):.1f}), {avg(rows, 'share'):.0%} of the model's time"
+                f"(forward {avg(rows, 'fwd_self_ms'):.1f}, backward "
+                f"{avg(rows, 'bwd_self_ms'):.1f}), {avg(rows, 'pct'):.0f}% of the traced time"
                 for name, rows in top]
     name = top[0][0]
     nxt = "probe slow" if importlib.util.find_spec("probe_cli.commands.slow") else \

@@ -1,5 +1,5 @@
 -- name: slow_modules
--- description: Slowest modules over the last $steps traced steps of each rank, by self time (a module's time minus the time of the calls nested in it), forward against backward, per step. The optimizer step appears as its class (stage 'step'). Activation-checkpoint recompute calls are left out.
+-- description: Slowest modules over the last $steps traced steps of each rank, by self time (a module's time minus the time of the calls nested in it), forward against backward, per step. The optimizer step appears as its class (stage 'step'). Activation-checkpoint recompute calls are left out. The one slowest-modules query: `probe slow` and `probe doctor` both read it (issue 18).
 -- params: steps, limit
 WITH recent AS (
     SELECT rank, step FROM (SELECT DISTINCT rank, step FROM python.torch_trace)

@@ -22,9 +22,10 @@ def _tables_in_schema() -> set[str]:
 def test_canned_query_runs_on_an_empty_database(name):
     q = QUERIES[name]
     missing = set(_TABLE.findall(q.sql)) - _tables_in_schema()
-    if missing:
-        pytest.skip(f"{name} reads python.{', python.'.join(sorted(missing))}, not in schema.sql "
-                    "yet (issue 3)")
+    # A failure, not a skip: a query over a table the schema lacks is broken on every agent
+    # (issue 18); a skip here once hid exactly that.
+    assert not missing, (f"{name} reads python.{', python.'.join(sorted(missing))}, which "
+                         "sql/schema.sql does not create")
     con = duckdb.connect()
     con.execute(load_schema())
     con.execute("SET search_path = 'python,main'")

@@ -34,8 +34,8 @@ def checks(report) -> dict[str, str]:
 
 def test_a_healthy_job_has_no_problem():
     # GIVEN two ranks stepping, flat memory, finite numbers
-    flat = [{"device": "cpu", "steps": 50, "rss_first": 400.0, "rss_last": 401.0,
-             "rss_per_step": 0.02, "first_step": 1, "last_step": 50}]
+    flat = [{"device": "cpu", "steps": 50, "rss_first_mib": 400.0, "rss_last_mib": 401.0,
+             "rss_mib_per_step": 0.02, "first_step": 1, "last_step": 50}]
     report = diagnose(NO_HANG, [doc(0, memory=flat), doc(1, memory=flat)], 5.0)
     # THEN nothing but the LR information, and render says so
     assert not report.problem, report
@@ -75,8 +75,8 @@ def test_nan_anywhere_is_critical_and_ranked_first(bad):
 
 
 def test_memory_growth_and_cuda_headroom():
-    rows = [{"device": "cuda:0", "steps": 50, "allocated_first": 1000.0,
-             "allocated_last": 4200.0, "allocated_per_step": 64.0, "reserved_last": 4600.0,
+    rows = [{"device": "cuda:0", "steps": 50, "allocated_first_mib": 1000.0,
+             "allocated_mib": 4200.0, "allocated_mib_per_step": 64.0, "reserved_mib": 4600.0,
              "first_step": 1, "last_step": 50, "ooms": 0}]
     report = diagnose(NO_HANG, [doc(0, memory=rows)], 5.0)
     mem = next(f for f in report.findings if f.check == "memory")
@@ -85,8 +85,8 @@ def test_memory_growth_and_cuda_headroom():
 
 
 def test_oom_already_hit_is_critical():
-    rows = [{"device": "cuda:0", "steps": 50, "allocated_first": 1000.0, "allocated_last": 1000.0,
-             "allocated_per_step": 0.0, "first_step": 1, "last_step": 50, "ooms": 2,
+    rows = [{"device": "cuda:0", "steps": 50, "allocated_first_mib": 1000.0,
+             "allocated_mib": 1000.0, "allocated_mib_per_step": 0.0, "first_step": 1, "last_step": 50, "ooms": 2,
              "alloc_retries": 7}]
     report = diagnose(NO_HANG, [doc(0, memory=rows)], 5.0)
     assert checks(report)["oom"] == "critical"
