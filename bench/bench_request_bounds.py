@@ -47,17 +47,29 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-class RssSampler:
-    """Peak RSS of ``pid`` over a window, sampled every 10 ms from this process."""
+def disk_mb(path: Path) -> float:
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            total += p.stat().st_size if p.is_file() else 0
+        except OSError:  # a temp file removed while we look
+            pass
+    return total / 1e6
 
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak, self._stop = pid, 0.0, threading.Event()
+
+class RssSampler:
+    """Peak RSS of ``pid`` and peak bytes under ``cwd`` over a window, sampled every 10 ms."""
+
+    def __init__(self, pid: int, cwd: Path) -> None:
+        self.pid, self.cwd, self.peak, self.disk = pid, cwd, 0.0, 0.0
+        self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self.peak = max(self.peak, rss_mb(self.pid))
+                self.disk = max(self.disk, disk_mb(self.cwd))
             except OSError:
                 return
             self._stop.wait(0.01)
@@ -179,18 +191,18 @@ def main() -> int:
             url = json.loads((tmp / "rank0.json").read_text())["url"]
             sql(url, "SELECT 1")
             time.sleep(2.0)  # past start-up (imports, first steps)
-            windows: list[tuple[str, float, float, list, float, float]] = []
+            windows: list[tuple[str, float, float, list, float, float, float]] = []
             base_rss = rss_mb(proc.pid)
             t0 = time.time()
-            with RssSampler(proc.pid) as s:
+            with RssSampler(proc.pid, cwd) as s:
                 time.sleep(args.quiet_s)
-            windows.append(("quiet", t0, time.time(), [], s.peak, rss_mb(proc.pid)))
+            windows.append(("quiet", t0, time.time(), [], s.peak, rss_mb(proc.pid), s.disk))
             for name, fn in chosen.items():
                 t0 = time.time()
-                with RssSampler(proc.pid) as s:
+                with RssSampler(proc.pid, cwd) as s:
                     answers = fn(url)  # type: ignore[operator]
                     time.sleep(0.5)  # the step that was running when the answer came
-                windows.append((name, t0, time.time(), answers, s.peak, rss_mb(proc.pid)))
+                windows.append((name, t0, time.time(), answers, s.peak, rss_mb(proc.pid), s.disk))
                 time.sleep(1.0)
             steps = step_times(url)
             alive = proc.poll() is None
@@ -207,8 +219,8 @@ def main() -> int:
         print(f"baseline: {len(quiet)} steps, median step {median * 1e3:.1f} ms, "
               f"RSS {base_rss:.0f} MB; training alive after all attacks: {alive}")
         print(f"{'window':<13} {'answers':<44} {'stall':>7} {'median':>7} "
-              f"{'peak RSS':>9} {'RSS after':>9}  files under cwd")
-        for name, a, b, answers, peak, after in windows:
+              f"{'peak RSS':>9} {'RSS after':>9}  peak MB under cwd")
+        for name, a, b, answers, peak, after, disk in windows:
             dts = [dt for end, dt in steps if a <= end <= b + 0.5]
             stall = max(dts) / median if dts else float("nan")
             med = statistics.median(dts) / median if dts else float("nan")
@@ -222,7 +234,7 @@ def main() -> int:
             shown = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in statuses.items()) or "-"
             print(f"{name:<13} {shown[:44]:<44} {stall:7.2f} {med:7.2f} "
                   f"{peak - base_rss:+8.0f}M {after - base_rss:+8.0f}M  "
-                  f"{len(files_under(cwd))}")
+                  f"{disk:.0f}")
         for name, a, b, answers, *_ in windows:
             for status, summary, n in answers[:2]:
                 if summary.get("error"):

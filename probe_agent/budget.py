@@ -15,6 +15,14 @@ threads to a share of one core, as a token bucket:
   refused or lost; the wait shows up as latency and in the ``X-Probe-Queued-Ms`` header.
 
 A request's CPU is known only after it ran, so the share holds on average, not per request.
+
+Bytes as well as CPU (issue 20): four clients pulling 100 MB results slowed training by 69%
+with PROBE_SERVE_CPU at its default. Two reasons. A request found the bucket empty only while
+another was in flight, so one-at-a-time requests were never held back; now a request waits
+whenever the bucket is in debt (the debt is capped at ``burst_s``, so a lone operator after a
+heavy query waits at most ``burst_s / share``: 50 s at the default). And much of a big reply's
+cost is not the agent's CPU: the kernel's copies and the client's decoding on a shared machine.
+So each reply's bytes are charged (``BYTE_COST_S`` each) before it is sent.
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ import time
 #: Threads whose CPU is the cost of serving: uvicorn's loops, the query and eval pools, the
 #: eval thread. The writer, the rank registry and the heartbeat run whether or not anyone asks.
 SERVING_PREFIXES = ("probe-agent.http", "probe-agent.query", "probe-agent.eval")
+#: Budget seconds per reply byte: 10 ns, so a reply at the 16 MiB PROBE_MAX_RESULT_BYTES cap
+#: costs 0.17 s, and at the default 2% share big replies flow at ~2 MB/s on average.
+BYTE_COST_S = 1e-8
 
 
 class ServeBudget:
@@ -72,7 +83,13 @@ class ServeBudget:
         self._last = now
         used = self.cpu_since_last()
         self.used_s += used
-        self.tokens -= used
+        self.tokens = max(-self.burst_s, self.tokens - used)
+
+    def charge_bytes(self, nbytes: int) -> None:
+        """Take a reply's ``nbytes`` out of the bucket before it is sent (the next request
+        waits for them; this one is already running)."""
+        if self.enabled:
+            self.tokens = max(-self.burst_s, self.tokens - nbytes * BYTE_COST_S)
 
     def _owed(self) -> float:
         """What the requests admitted but not finished will cost, at the mean so far."""
@@ -87,8 +104,9 @@ class ServeBudget:
                 self._refill()
                 # Requests already admitted have not been charged yet (their CPU is measured
                 # after they ran): count them at the mean cost, or a burst of arrivals would
-                # all pass on one full bucket.
-                while self.inflight and self.tokens - self._owed() < 0:
+                # all pass on one full bucket. A bucket in debt holds a request even when
+                # nothing else is in flight (issue 20: else back-to-back requests are free).
+                while self.tokens - self._owed() < 0:
                     await asyncio.sleep(min(0.5, max(0.005, (self._owed() - self.tokens)
                                                      / self.share)))
                     self._refill()

@@ -79,6 +79,18 @@ class AgentConfig:
     max_rows: int = 10_000
     """PROBE_MAX_ROWS: rows returned per query before ``truncated`` is set."""
 
+    max_result_bytes: int = 16 << 20
+    """PROBE_MAX_RESULT_BYTES: bytes of one query's result (JSON or Arrow) before ``truncated``
+    is set. Measured in DuckDB before a value reaches Python, so a huge value never does."""
+
+    max_sql_bytes: int = 64 << 10
+    """PROBE_MAX_SQL_BYTES: longest SQL text a query may send; longer is refused (HTTP 413)
+    before it is parsed. Bounds the parse, which DuckDB's checker does holding the GIL."""
+
+    max_eval_bytes: int = 64 << 10
+    """PROBE_MAX_EVAL_BYTES: longest code an eval may send; longer is refused (HTTP 413)
+    before it is compiled (CPython compiles holding the GIL)."""
+
     db_memory_mb: int = 512
     """PROBE_DB_MEMORY_MB: DuckDB's memory_limit; a query needing more fails, not the rank."""
 
@@ -148,6 +160,9 @@ class AgentConfig:
         for name, value in (
             ("PROBE_QUERY_TIMEOUT_MS", self.query_timeout_ms),
             ("PROBE_MAX_ROWS", self.max_rows),
+            ("PROBE_MAX_RESULT_BYTES", self.max_result_bytes),
+            ("PROBE_MAX_SQL_BYTES", self.max_sql_bytes),
+            ("PROBE_MAX_EVAL_BYTES", self.max_eval_bytes),
             ("PROBE_DB_MEMORY_MB", self.db_memory_mb),
             ("PROBE_DB_THREADS", self.db_threads),
             ("PROBE_RETENTION_MB", self.retention_mb),
@@ -240,6 +255,9 @@ class AgentConfig:
         for key, name in (
             ("query_timeout_ms", "PROBE_QUERY_TIMEOUT_MS"),
             ("max_rows", "PROBE_MAX_ROWS"),
+            ("max_result_bytes", "PROBE_MAX_RESULT_BYTES"),
+            ("max_sql_bytes", "PROBE_MAX_SQL_BYTES"),
+            ("max_eval_bytes", "PROBE_MAX_EVAL_BYTES"),
             ("db_memory_mb", "PROBE_DB_MEMORY_MB"),
             ("db_threads", "PROBE_DB_THREADS"),
             ("retention_mb", "PROBE_RETENTION_MB"),

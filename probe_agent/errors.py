@@ -10,6 +10,7 @@ One exception handler in ``app.py`` turns any of these into the wire error body
     ├── QueryError (400)       bad SQL, a statement that is not a read
     │   └── QueryTimeoutError (408)   PROBE_QUERY_TIMEOUT_MS elapsed
     ├── EvalError (400)        the code raised or did not compile
+    ├── TooLargeError (413)    SQL or eval code over its size cap
     ├── AuthError (401)        missing or wrong bearer token
     ├── ForbiddenError (403)   refused by policy (eval without a token off loopback, peer uid)
     ├── NotFoundError (404)    unknown rank, action, route
@@ -54,6 +55,13 @@ class QueryTimeoutError(QueryError):
 
 class EvalError(ProbeAgentError):
     status = 400
+
+
+class TooLargeError(ProbeAgentError):
+    """A request over a size cap (PROBE_MAX_SQL_BYTES, PROBE_MAX_EVAL_BYTES): refused before
+    it is parsed (issue 20)."""
+
+    status = 413
 
 
 class AuthError(ProbeAgentError):

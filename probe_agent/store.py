@@ -24,10 +24,22 @@ Sandbox
 ``enable_external_access=false`` (no files, no network, no extension loading), no Python
 replacement scans, bounded threads and memory, ``lock_configuration=true``. Because DuckDB still
 allows CREATE/DROP after the lock, statements are allow-listed (``readonly.py``).
+
+No spill to disk (issue 20): DuckDB's default ``temp_directory`` is ``<cwd>/.tmp``, and
+``enable_external_access=false`` does not stop spilling there (a hash join over range(150M)
+wrote 3.2 GiB into the training job's directory in 10 s). ``temp_directory=''`` and
+``max_temp_directory_size=0`` turn it off; a query that needs more than PROBE_DB_MEMORY_MB then
+fails with DuckDB's own "Out of Memory Error". DuckDB refuses to change ``temp_directory`` once
+external access is off, hence the order below.
+
+Bounded requests (issue 20): the SQL text is capped before it is parsed, and classified on the
+reader's cursor under the deadline (``readonly.py``); results are cut at a row and a byte cap
+inside DuckDB before they reach Python (``results.py``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -46,8 +58,8 @@ from .catalog import load_schema
 from .config import AgentConfig
 from .deadlines import Deadlines
 from .errors import QueryError, QueryTimeoutError
-from .jsonsafe import jsonable
-from .readonly import ReadOnlyCheck, one_line
+from .readonly import ReadOnlyCheck, check_sql_text, one_line
+from .results import Bounded, arrow_stream, json_rows
 from .retention import enforce_retention
 
 log = logging.getLogger(__name__)
@@ -96,7 +108,8 @@ class Store:
         self._root = duckdb.connect(
             ":memory:",
             config={
-                "enable_external_access": False,
+                "temp_directory": "",  # never spill (see the module docstring)
+                "max_temp_directory_size": "0B",
                 "autoload_known_extensions": False,
                 "autoinstall_known_extensions": False,
                 "python_enable_replacements": False,
@@ -105,6 +118,7 @@ class Store:
             },
         )
         self._root.execute(load_schema())
+        self._root.execute("SET enable_external_access = false")
         self._root.execute("SET lock_configuration = true")
         self._root_lock = threading.Lock()
         self._writer_lock = threading.Lock()  # the writer cursor's SQL vs a stopped writer's
@@ -367,8 +381,32 @@ class Store:
 
     # -- reading ----------------------------------------------------------------------------
     def check_read_only(self, sql: str) -> None:
-        """Raise QueryError unless ``sql`` is exactly one allowed read statement."""
-        self._read_only_check(sql)
+        """Raise QueryError unless ``sql`` is one allowed read statement within
+        PROBE_MAX_SQL_BYTES (TooLargeError over it). Parses on this thread's read cursor, under
+        the query deadline."""
+        check_sql_text(sql, self.config.max_sql_bytes)
+        cur = self._read_cursor()
+        self._under_deadline(cur, lambda: self._read_only_check(sql, cur))
+
+    def _under_deadline(self, cur: duckdb.DuckDBPyConnection, fn: Callable[[], Any]) -> Any:
+        """``fn()`` with ``cur`` interrupted at PROBE_QUERY_TIMEOUT_MS; DuckDB's errors become
+        QueryError (QueryTimeoutError when interrupted)."""
+        deadline = self._deadlines.arm(self.config.query_timeout_ms / 1000.0, cur.interrupt)
+        try:
+            return fn()
+        except duckdb.InterruptException:
+            raise QueryTimeoutError(
+                f"query stopped after {self.config.query_timeout_ms} ms "
+                "(PROBE_QUERY_TIMEOUT_MS); add a LIMIT or a WHERE on step"
+            ) from None
+        except duckdb.OutOfMemoryException as e:
+            raise QueryError(
+                f"{one_line(e)} (the agent never spills to disk: add a WHERE or a LIMIT, or "
+                "raise PROBE_DB_MEMORY_MB)") from None
+        except duckdb.Error as e:
+            raise QueryError(one_line(e)) from None
+        finally:
+            self._deadlines.disarm(deadline)
 
     def _materialize(self, cur: duckdb.DuckDBPyConnection, tables: frozenset[str]) -> None:
         for table, fn in self._materializers.items():
@@ -408,61 +446,47 @@ class Store:
             self.flush(_SYNC_WAIT_S, appended)
         cur = self._read_cursor()
         t0 = time.perf_counter()
-        deadline = None
         try:
             self._materialize(cur, named)
-            deadline = self._deadlines.arm(self.config.query_timeout_ms / 1000.0, cur.interrupt)
-            return consume(cur, sql, params or [], max_rows, t0)
-        except duckdb.InterruptException:
-            raise QueryTimeoutError(
-                f"query stopped after {self.config.query_timeout_ms} ms "
-                "(PROBE_QUERY_TIMEOUT_MS); add a LIMIT or a WHERE on step"
-            ) from None
         except duckdb.Error as e:
             raise QueryError(one_line(e)) from None
-        finally:
-            if deadline is not None:
-                self._deadlines.disarm(deadline)
+        return self._under_deadline(cur, lambda: consume(cur, sql, params or [], max_rows, t0))
 
     def query(
         self, sql: str, params: list[Any] | None = None, max_rows: int | None = None
     ) -> QueryResult:
-        """Run one read statement; at most ``max_rows`` (≤ PROBE_MAX_ROWS) rows come back."""
+        """Run one read statement; at most ``max_rows`` (≤ PROBE_MAX_ROWS) rows and
+        PROBE_MAX_RESULT_BYTES bytes come back, as JSON-safe Python values."""
+        res = self.query_json(sql, params, max_rows)
+        rows = json.loads(b"[" + b"".join(res.parts) + b"]")
+        return QueryResult(res.columns, res.types, rows, res.truncated, res.elapsed_ms)
+
+    def query_json(
+        self, sql: str, params: list[Any] | None = None, max_rows: int | None = None
+    ) -> Bounded:
+        """Like ``query``, but the rows stay encoded: ``parts`` joined are the inside of the
+        JSON ``rows`` array (what the HTTP route sends without decoding)."""
         cap = min(max_rows or self.config.max_rows, self.config.max_rows)
 
         def consume(
             cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any], cap: int, t0: float
-        ) -> QueryResult:
-            cur.execute(sql, params)
-            columns = [d[0] for d in cur.description] if cur.description else []
-            types = [str(d[1]) for d in cur.description] if cur.description else []
-            rows = cur.fetchmany(cap + 1)
-            truncated = len(rows) > cap
-            body = [[jsonable(v) for v in r] for r in rows[:cap]]
-            return QueryResult(columns, types, body, truncated, (time.perf_counter() - t0) * 1e3)
+        ) -> Bounded:
+            res = json_rows(cur, sql, params, cap, self.config.max_result_bytes)
+            res.elapsed_ms = (time.perf_counter() - t0) * 1e3
+            return res
 
         return self._run_read(sql, params, cap, consume)
 
-    def query_arrow(self, sql: str, max_rows: int | None = None) -> tuple[pa.Table, bool]:
-        """Like ``query`` but returns an Arrow table and whether it was truncated."""
+    def query_arrow(self, sql: str, max_rows: int | None = None) -> Bounded:
+        """Like ``query_json`` but ``parts`` joined are an Arrow IPC stream."""
         cap = min(max_rows or self.config.max_rows, self.config.max_rows)
 
         def consume(
             cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any], cap: int, t0: float
-        ) -> tuple[pa.Table, bool]:
-            rel = cur.sql(sql)
-            batch = min(cap + 1, 65536)
-            reader = rel.to_arrow_reader(batch) if hasattr(rel, "to_arrow_reader") else (
-                rel.record_batch(batch)
-            )
-            batches, n = [], 0
-            for batch in reader:
-                batches.append(batch)
-                n += batch.num_rows
-                if n > cap:
-                    break
-            tbl = pa.Table.from_batches(batches, schema=reader.schema)
-            return tbl.slice(0, cap), n > cap
+        ) -> Bounded:
+            res = arrow_stream(cur, sql, cap, self.config.max_result_bytes)
+            res.elapsed_ms = (time.perf_counter() - t0) * 1e3
+            return res
 
         return self._run_read(sql, None, cap, consume)
 

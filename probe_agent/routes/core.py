@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from ..collectors import stacks
 from ..errors import ForbiddenError
+from ..readonly import too_large
+from .bodies import openapi_body, read_body
 
 router = APIRouter(prefix="/v1")
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -27,13 +30,20 @@ class EvalRequest(BaseModel):
     code: str = Field(description="Python source; the repr of a trailing expression is returned")
 
 
-def _arrow_bytes(table: Any) -> bytes:
-    import pyarrow as pa
+def _streamed(parts: list[bytes], media_type: str, headers: dict[str, str]) -> Response:
+    """Send ``parts`` in order, without joining them into one more copy of the result."""
+    async def chunks() -> Any:  # an async iterator: no thread-pool hop per chunk
+        for part in parts:
+            yield part
 
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return StreamingResponse(chunks(), media_type=media_type, headers=headers)
+
+
+def _charge(request: Request, nbytes: int) -> None:
+    """Charge a reply's bytes to the serving budget before it is sent (budget.py)."""
+    budget = getattr(_agent(request), "serve_budget", None)
+    if budget is not None:
+        budget.charge_bytes(nbytes)
 
 
 def _agent(request: Request) -> Any:
@@ -75,38 +85,49 @@ async def ranks(request: Request) -> dict[str, Any]:
             "discovery": discovery}
 
 
-@router.post("/query", response_model=None)
-async def query(request: Request, body: QueryRequest) -> Response:
+@router.post("/query", response_model=None, openapi_extra=openapi_body(QueryRequest))
+async def query(request: Request) -> Response:
+    """Rows within PROBE_MAX_ROWS and PROBE_MAX_RESULT_BYTES; ``truncated_by`` names the cap
+    that cut them. The SQL text is capped at PROBE_MAX_SQL_BYTES before it is parsed."""
     agent = _agent(request)
+    body = await read_body(request, QueryRequest, "sql", agent.config.max_sql_bytes,
+                           "PROBE_MAX_SQL_BYTES")
     loop = asyncio.get_running_loop()
     if ARROW_STREAM in request.headers.get("accept", ""):
-        table, truncated = await loop.run_in_executor(
+        res = await loop.run_in_executor(
             agent.query_pool, agent.store.query_arrow, body.sql, body.max_rows
         )
-        return Response(
-            _arrow_bytes(table),
-            media_type=ARROW_STREAM,
-            headers={"X-Probe-Truncated": str(truncated).lower(), "X-Probe-Rank": str(agent.rank)},
-        )
+        _charge(request, res.nbytes)
+        headers = {"X-Probe-Truncated": str(res.truncated).lower(),
+                   "X-Probe-Rank": str(agent.rank)}
+        if res.limit:
+            headers["X-Probe-Truncated-By"] = res.limit
+        return _streamed(res.parts, ARROW_STREAM, headers)
     res = await loop.run_in_executor(
-        agent.query_pool, lambda: agent.store.query(body.sql, max_rows=body.max_rows)
+        agent.query_pool, lambda: agent.store.query_json(body.sql, max_rows=body.max_rows)
     )
-    # A JSONResponse as is: rows are JSON-safe already (jsonsafe.jsonable), and FastAPI's
-    # jsonable_encoder walking every cell again cost more than the query (~0.5 ms per request).
-    return JSONResponse({
-        "ok": True,
-        "rank": agent.rank,
-        "columns": res.columns,
-        "types": res.types,
-        "rows": res.rows,
-        "truncated": res.truncated,
-        "elapsed_ms": round(res.elapsed_ms, 3),
-    })
+    _charge(request, res.nbytes)
+    # The rows arrive encoded (results.py): the body is written around them, never re-encoded.
+    # truncated comes after rows, as always; the head and tail are plain JSON.
+    head = json.dumps({"ok": True, "rank": agent.rank, "columns": res.columns,
+                       "types": res.types}, ensure_ascii=False,
+                      separators=(",", ":"))[:-1] + ',"rows":['
+    tail = {"truncated": res.truncated, "elapsed_ms": round(res.elapsed_ms, 3)}
+    if res.limit:
+        tail["truncated_by"] = res.limit
+    parts = [head.encode(), *res.parts, b"]," + json.dumps(tail, separators=(",", ":"))[1:].encode()]
+    return _streamed(parts, "application/json", {})
 
 
-@router.post("/eval")
-async def eval_code(request: Request, body: EvalRequest) -> dict[str, Any]:
+@router.post("/eval", openapi_extra=openapi_body(EvalRequest))
+async def eval_code(request: Request) -> dict[str, Any]:
+    """Code is capped at PROBE_MAX_EVAL_BYTES before it is compiled."""
     agent = _agent(request)
+    body = await read_body(request, EvalRequest, "code", agent.config.max_eval_bytes,
+                           "PROBE_MAX_EVAL_BYTES")
+    if len(body.code.encode()) > agent.config.max_eval_bytes:
+        raise too_large("code", len(body.code.encode()), agent.config.max_eval_bytes,
+                        "PROBE_MAX_EVAL_BYTES")
     client = _client(request)
     # eval is remote code execution. Off loopback it needs a token; the unix socket is
     # already restricted to our uid (SO_PEERCRED), so it is always allowed.

@@ -399,7 +399,7 @@ def test_timestamps_with_time_zone_come_back_as_iso_text(client):
     assert body["rows"][0][0].startswith("1970-01-01")
 
 
-@pytest.mark.parametrize("code", ["(" * 5000 + ")" * 5000, "x = 1\x00", "-" * 200000 + "1"],
+@pytest.mark.parametrize("code", ["(" * 5000 + ")" * 5000, "x = 1\x00", "-" * 60000 + "1"],
                          ids=["deep-nesting", "null-byte", "long-unary"])
 def test_eval_of_uncompilable_code_is_400_not_500(client, code):
     r = client.post("/v1/eval", json={"code": code})
