@@ -39,6 +39,11 @@ def _stats(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def _threads(pid: int) -> set[str]:
+    """The target's OS threads (task ids)."""
+    return set(os.listdir(f"/proc/{pid}/task"))
+
+
 def test_inject_then_query_eval_backtrace(plain_train, tmp_path):
     # GIVEN a training loop started without probe
     pid, stats, _ = plain_train()
@@ -72,6 +77,7 @@ def test_inject_into_gil_holding_target_times_out_cleanly(plain_train, tmp_path)
     go.touch()
     wait_until(lambda: not go.exists(), 20, "the target never started its C call")
     before = _stats(stats)["steps"]
+    threads_before = _threads(pid)
     # WHEN we inject with a short wait
     t0 = time.monotonic()
     r = probe("inject", str(pid), "--port", "0", "--wait", "1.5", run_dir=tmp_path / "run")
@@ -82,7 +88,13 @@ def test_inject_into_gil_holding_target_times_out_cleanly(plain_train, tmp_path)
     # AND the target continues once its C call returns, and no agent starts late
     wait_until(lambda: _stats(stats)["steps"] > before, 30, "the target did not continue")
     assert proc.poll() is None
-    time.sleep(0.5)  # the late bootstrap, if it ran, would have made its socket by now
+    # The bootstrap runs on the thread the injector started, once that thread gets the GIL; it
+    # writes its status before anything else, then the thread ends. So once the target has no
+    # thread it did not have before (the ptrace route; sys.remote_exec runs it on the main
+    # thread before the step counted above), the bootstrap has run: nothing it wrote means it
+    # did nothing (issue 18: a real signal, not a sleep).
+    wait_until(lambda: _threads(pid) <= threads_before, 30,
+               "the injected thread is still alive: the bootstrap has not run")
     assert not (tmp_path / "run" / f"{pid}.sock").exists()
     status = tmp_path / "run" / f"{pid}.inject.json"
     assert not status.exists(), status.read_text()
