@@ -215,7 +215,7 @@ PATHS = ["python", "native"]
 
 def load_native() -> str:
     """Build or load the C++ hot path before measuring, so that no run mixes the two paths."""
-    from probe_agent.collectors.trace_native import LOADER
+    from probe_agent.collectors.tracer.trace_native import LOADER
 
     if NATIVE == "off":
         return "python"

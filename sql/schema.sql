@@ -93,7 +93,7 @@ ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS at_step BIGINT;
 ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS requested_by VARCHAR;
 
 -- ---------------------------------------------------------------------------------------------
--- issue 3: torch tracing (probe_agent/collectors/modules.py, trace_rows.py, steps.py)
+-- issue 3: torch tracing (probe_agent/collectors/tracer/, and steps.py)
 -- ---------------------------------------------------------------------------------------------
 -- Steps: rows of the work leading up to optimizer step N (forward, backward, the step itself)
 -- carry step = N, where N is the agent's StepClock count (one global optimizer step hook; the

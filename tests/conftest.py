@@ -44,14 +44,16 @@ def make_agent(run_dir: str) -> Iterator[Callable[..., object]]:
 @pytest.fixture(scope="session")
 def native_hot_path() -> object:
     """The tracer's C++ hot path, built (once per machine and torch) and loaded. Skips only
-    where there is no C++ compiler; a build that fails on a machine with one fails the test."""
+    where there is no C++ compiler; a build that fails on a machine with one fails the test.
+    Waits as long as the build itself may take (``BUILD_TIMEOUT_S``); the tests that may pay
+    for the build get that much more time (``pytest_collection_modifyitems``)."""
     torch = pytest.importorskip("torch")
-    from probe_agent.collectors.trace_native import LOADER, compiler
+    from probe_agent.collectors.tracer.trace_native import BUILD_TIMEOUT_S, LOADER, compiler
 
     if compiler() is None:
         pytest.skip("no C++ compiler: the tracer keeps its Python hot path")
     LOADER.request(torch, "auto")
-    LOADER.ready.wait(900)
+    LOADER.ready.wait(BUILD_TIMEOUT_S)
     assert LOADER.module is not None, LOADER.status
     return LOADER.module
 
@@ -77,7 +79,25 @@ def client(agent: object) -> Iterator[object]:
         yield c
 
 
+def _may_build_native(item: pytest.Item) -> bool:
+    """Whether this test may be the first to need the C++ hot path (and so wait for its build)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return ("native_hot_path" in getattr(item, "fixturenames", ())
+            or params.get("hot_path") == "native")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The first test to use the C++ hot path waits for its build, which may take up to the
+    # build's own limit (trace_native.BUILD_TIMEOUT_S, 900 s): its timeout is its own plus that,
+    # so a slow build fails on the fixture's assertion (with the loader's status), not on a
+    # pytest-timeout kill at 120-300 s.
+    building = [item for item in items if _may_build_native(item)]
+    if building:
+        from probe_agent.collectors.tracer.trace_native import BUILD_TIMEOUT_S
+    for item in building:
+        own = item.get_closest_marker("timeout")
+        base = own.args[0] if own and own.args else float(config.getini("timeout") or 0)
+        item.add_marker(pytest.mark.timeout(base + BUILD_TIMEOUT_S), append=False)
     if cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none visible (torch.cuda.is_available())")

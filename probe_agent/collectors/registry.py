@@ -18,7 +18,7 @@ FACTORIES: dict[str, str] = {
     # issue 3: python.steps/memory/metrics, then torch tracing (python.torch_trace). "steps"
     # comes first so its step subscriber sees whether the step just finished was traced.
     "steps": ".steps:build_recorder",
-    "modules": ".modules:build_tracer",
+    "modules": ".tracer.tracer:build_tracer",
     # issue 7: DataLoader wait, gradient clipping and LR per step (python.step_stats).
     "trainloop": ".trainloop:build_monitor",
 }

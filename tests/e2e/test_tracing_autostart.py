@@ -17,10 +17,9 @@ pytest.importorskip("duckdb")
 
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("native", ["off", "auto"])
-def test_agent_started_before_torch_traces_after_the_import(tmp_path, native, request):
-    if native == "auto":
-        request.getfixturevalue("native_hot_path")  # built and cached on this machine
+def test_agent_started_before_torch_traces_after_the_import(tmp_path, hot_path):
+    # hot_path "native": the C++ hot path is built and cached on this machine (conftest)
+    native = "auto" if hot_path == "native" else "off"
     out = tmp_path / "out.json"
     env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(tmp_path / "run"),
                      PROBE_WATCHDOG="0", PROBE_TRACE="on", PROBE_TRACE_NATIVE=native)

@@ -26,11 +26,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_wheel_ships_sql_autostart_hook_and_cpp_sources(wheel):
-    from probe_agent.collectors.trace_native import SOURCES
+    from probe_agent.collectors.tracer.trace_native import SOURCES
 
     names = set(zipfile.ZipFile(wheel).namelist())
     # the tracer's C++ hot path is built from these on the user's machine
-    assert {f"probe_agent/collectors/{src.name}" for src in SOURCES} <= names
+    assert {f"probe_agent/collectors/tracer/{src.name}" for src in SOURCES} <= names
     assert "probe_agent/sql/schema.sql" in names
     assert any(n.startswith("probe_agent/sql/queries/") for n in names) or not list(
         (ROOT / "sql" / "queries").glob("*.sql")

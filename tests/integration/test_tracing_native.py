@@ -14,7 +14,7 @@ pytest.importorskip("duckdb")
 
 import torch.nn as nn  # noqa: E402
 
-from probe_agent.collectors.trace_native import NativeLoader, ext_name  # noqa: E402
+from probe_agent.collectors.tracer.trace_native import NativeLoader, ext_name  # noqa: E402
 from probe_agent.config import AgentConfig  # noqa: E402
 from probe_agent.errors import ConfigError  # noqa: E402
 from tests.integration.tracing_support import rows  # noqa: E402

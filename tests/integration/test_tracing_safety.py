@@ -171,7 +171,7 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
     assert clip_grad._clip_grads_with_norm_ is clip_before
     assert nn.Module.__call__ is call_before
     assert dict(torch.autograd.Function.__dict__) == function_dict_before
-    from probe_agent.collectors.trace_native import LOADER
+    from probe_agent.collectors.tracer.trace_native import LOADER
 
     assert LOADER.module is None or LOADER.module.state()[2] is False  # no backward callback
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

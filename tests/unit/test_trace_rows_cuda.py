@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("pyarrow")
 nn = pytest.importorskip("torch.nn")
 
-from probe_agent.collectors.trace_columns import FORWARD, PASS_END  # noqa: E402
-from probe_agent.collectors.trace_rows import RowResolver  # noqa: E402
+from probe_agent.collectors.tracer.trace_columns import FORWARD, PASS_END  # noqa: E402
+from probe_agent.collectors.tracer.trace_rows import RowResolver  # noqa: E402
 
 
 class Event:

@@ -157,7 +157,7 @@ def _build(name: str, directory: Path) -> None:
             log.warning("probe agent: removed a stale build lock %s", lock)
     except FileNotFoundError:
         pass
-    cmd = [sys.executable, "-m", "probe_agent.collectors.trace_native", name, str(directory)]
+    cmd = [sys.executable, "-m", "probe_agent.collectors.tracer.trace_native", name, str(directory)]
     if shutil.which("nice"):
         cmd = ["nice", "-n", "19", *cmd]
     env = dict(os.environ, PROBE="0", MAX_JOBS="1")  # no agent in the builder; one core
@@ -166,7 +166,7 @@ def _build(name: str, directory: Path) -> None:
                                               env.get("PATH")) if p)
     # the child imports this module from where this process found it
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p)
+        p for p in (str(Path(__file__).resolve().parents[3]), env.get("PYTHONPATH")) if p)
     env.pop("PYTHONSTARTUP", None)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
                           stdin=subprocess.DEVNULL)

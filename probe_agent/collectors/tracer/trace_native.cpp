@@ -16,7 +16,7 @@
 namespace {
 
 // Training-thread state (GIL).
-PyObject* g_tracer = nullptr;  // the ModuleTracer recording, or null: pass through
+PyObject* g_tracer = nullptr;  // the TorchTracer recording, or null: pass through
 PyObject* g_orig_call = nullptr;  // nn.Module.__call__ as found
 bool g_direct = false;  // it is torch's own: call self._call_impl directly
 bool g_recording = false;
@@ -258,7 +258,7 @@ PyObject* unbind(PyObject*, PyObject*) {
 }
 
 // sync(step, recording, root, boundary): the tracer's step state; at a step boundary also
-// depth 0 and no backward running (as ModuleTracer._apply does for the Python path).
+// depth 0 and no backward running (as TorchTracer._apply does for the Python path).
 PyObject* sync(PyObject*, PyObject* args) {
   long long step;
   int recording, boundary;

@@ -1,6 +1,6 @@
 """RowResolver: the tracer's records -> Arrow tables for ``python.torch_trace`` (writer thread).
 
-The training thread records numbers only (``modules.py``, formats in ``trace_columns.py``): two
+The training thread records numbers only (``tracer.py``, formats in ``trace_columns.py``): two
 ``perf_counter_ns`` stamps, step, kind and depth per call, the sequence number of the call's
 output ``grad_fn``, and per backward event the time a ``grad_fn`` pre-hook fired and for which
 node. Everything else happens here, in SQL on a private in-memory DuckDB, which runs without

@@ -13,7 +13,7 @@ from .trace_columns import pack_bw
 
 
 class CudaRecords:
-    """Mixed into ``ModuleTracer``: needs its ``_torch``, ``clock``, ``bw``, ``bcuda`` and
+    """Mixed into ``TorchTracer``: needs its ``_torch``, ``clock``, ``bw``, ``bcuda`` and
     ``_events`` (the pool of spare events)."""
 
     _torch: Any

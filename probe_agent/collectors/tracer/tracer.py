@@ -1,4 +1,4 @@
-"""ModuleTracer: forward, backward and optimizer-step time of every ``nn.Module`` -> torch_trace.
+"""TorchTracer: forward, backward and optimizer-step time of every ``nn.Module`` -> torch_trace.
 
 What gets captured (issue 3)
 ----------------------------
@@ -54,8 +54,9 @@ import time
 from array import array
 from typing import Any
 
-from . import Guard, trace_hot
-from .torch_import import TorchImportWatcher, torch_ready
+from .. import Guard
+from ..torch_import import TorchImportWatcher, torch_ready
+from . import trace_hot
 from .trace_columns import (
     BUFFER_ROWS,
     BW_CUDA,
@@ -100,7 +101,7 @@ def parse_mode(mode: str) -> tuple[str, int]:
     return m.group(1), 1
 
 
-class ModuleTracer(CudaRecords):
+class TorchTracer(CudaRecords):
     """Collector for ``python.torch_trace``; see the module docstring.
 
     Args:
@@ -435,5 +436,5 @@ def _take(buf: Any, n: int) -> Any:
     return out
 
 
-def build_tracer(agent: Any) -> ModuleTracer:
-    return ModuleTracer(agent)
+def build_tracer(agent: Any) -> TorchTracer:
+    return TorchTracer(agent)

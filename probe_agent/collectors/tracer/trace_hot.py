@@ -1,8 +1,8 @@
 """The tracer's hot path: the ``nn.Module.__call__`` wrapper and the backward pre-hook.
 
 Everything here runs on the training thread once per module call or backward node, so every
-line is paid ~100 times a step; ``ModuleTracer`` (modules.py) owns the state and binds it here
-(``bind``). What it records and why: modules.py; the record formats: trace_columns.py.
+line is paid ~100 times a step; ``TorchTracer`` (tracer.py) owns the state and binds it here
+(``bind``). What it records and why: tracer.py; the record formats: trace_columns.py.
 
 Costs measured on this 2-core VM with ``timeit`` (warm caches):
 ``torch.compiler.is_compiling()`` 116 ns, ``perf_counter_ns`` 83 ns,
@@ -25,7 +25,7 @@ from .trace_columns import BW_MAX, FORWARD, FW_MAX, PASS_END, RECOMPUTE, pack_bw
 _HOOK_KEY = -1
 
 # Module globals are the cheapest reads in Python; ``bind`` sets them.
-_tracer: Any = None  # the active ModuleTracer, or None: the wrapper passes through
+_tracer: Any = None  # the active TorchTracer, or None: the wrapper passes through
 _orig_call: Any = None  # nn.Module.__call__ as found (torch's, or someone's wrapper of it)
 _direct = False  # _orig_call is torch's _wrapped_call_impl: call self._call_impl directly
 _is_compiling: Any = None
