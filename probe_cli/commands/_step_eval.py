@@ -5,8 +5,9 @@ from __future__ import annotations
 from ..outcome import Outcome
 from ..render.text import render_eval, render_eval_failures
 from ..session import Session
-from ..steps import run_step_action, step_outcome
+from ..transport.step_actions import run_step_action
 from ..transport.wire import FinishedAction
+from ._step_options import step_outcome
 
 
 def step_eval(session: Session, code: str, at_step: int | None, wait_s: float) -> Outcome:

@@ -9,8 +9,9 @@ import click
 from ..outcome import Outcome
 from ..render.actions import render_checkpoint
 from ..session import Session
-from ..steps import at_step_option, run_step_action, step_outcome, wait_option
+from ..transport.step_actions import run_step_action
 from . import pass_session
+from ._step_options import at_step_option, step_outcome, wait_option
 
 
 def resolve(path: str) -> tuple[str, str]:

@@ -9,8 +9,8 @@ from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
 from ..render.text import render_eval, render_eval_failures
 from ..session import Session
-from ..steps import at_step_option, check_exclusive, wait_option
 from . import pass_session
+from ._step_options import at_step_option, check_exclusive, wait_option
 
 
 @click.command("eval")

@@ -17,8 +17,9 @@ from ..errors import EXIT_USAGE, ProbeCLIError
 from ..outcome import Outcome
 from ..render.actions import render_lr
 from ..session import Session
-from ..steps import at_step_option, run_step_action, step_outcome, wait_option
+from ..transport.step_actions import run_step_action
 from . import pass_session
+from ._step_options import at_step_option, step_outcome, wait_option
 
 #: The agents' bound (probe_agent/lr.py MAX_FACTOR): more than this times the current LR
 #: needs --force.

@@ -9,8 +9,9 @@ from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
 from ..render.actions import render_paused, render_resumed
 from ..session import Session
-from ..steps import at_step_option, requested_by, run_step_action, step_outcome, wait_option
+from ..transport.step_actions import requested_by, run_step_action
 from . import pass_session
+from ._step_options import at_step_option, step_outcome, wait_option
 
 
 @click.command("pause")

@@ -6,11 +6,15 @@ Stdlib only; nothing here prints (main.py does).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..group import rank_label
 from ..result import RankResult
 from ..transport.wire import ActionBody, ActionListBody, FinishedAction, ResumeBody
 from .text import format_table
+
+if TYPE_CHECKING:  # the protocol module needs httpx; rendering stays stdlib only
+    from ..transport.step_actions import StepOutcome
 
 
 def human_bytes(n: Any) -> str:
@@ -104,3 +108,13 @@ def render_cancelled(results: Sequence[RankResult], colour: bool = False) -> lis
     bodies = [(r, ActionBody.from_wire(r.data)) for r in results]
     rows = [[r.rank, b.state, b.step] for r, b in bodies]
     return format_table(["rank", "state", "current_step"], rows, colour=colour)
+
+
+def render_step_header(outcome: StepOutcome) -> list[str]:
+    """stderr: where a step-boundary action ran (``probe: action ID ran at step N on ...``)."""
+    ran = [r.rank for r in outcome.results
+           if FinishedAction.from_wire(r.data).state in ("ok", "error")]
+    if not ran or outcome.target is None:
+        return []
+    return [f"probe: action {outcome.action_id} ran at step {outcome.target} on "
+            f"{rank_label(ran)}"]

@@ -29,10 +29,10 @@ for m in pkgutil.walk_packages(probe_cli.__path__, "probe_cli."):
     names.append(m.name)
 for extra in sys.argv[1:]:
     importlib.import_module(extra)
-forbidden = %r
+forbidden = FORBIDDEN
 loaded = sorted(n for n in sys.modules if n.split(".")[0] in forbidden)
 print(json.dumps({"imported": names, "forbidden": loaded}))
-""" % (FORBIDDEN,)
+""".replace("FORBIDDEN", repr(FORBIDDEN))
 
 
 def _import_all(*extra: str) -> dict:

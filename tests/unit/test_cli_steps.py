@@ -1,10 +1,11 @@
-"""probe_cli.steps.choose_next_step: "the smallest step that no rank has passed yet" (issue 6)."""
+"""probe_cli.transport.step_actions.choose_next_step: "the smallest step that no rank has
+passed yet" (issue 6)."""
 
 from __future__ import annotations
 
 import pytest
 
-from probe_cli.steps import choose_next_step
+from probe_cli.transport.step_actions import choose_next_step
 
 
 @pytest.mark.parametrize(

@@ -86,8 +86,8 @@ def test_memory_growth_and_cuda_headroom():
 
 def test_oom_already_hit_is_critical():
     rows = [{"device": "cuda:0", "steps": 50, "allocated_first_mib": 1000.0,
-             "allocated_mib": 1000.0, "allocated_mib_per_step": 0.0, "first_step": 1, "last_step": 50, "ooms": 2,
-             "alloc_retries": 7}]
+             "allocated_mib": 1000.0, "allocated_mib_per_step": 0.0, "first_step": 1,
+             "last_step": 50, "ooms": 2, "alloc_retries": 7}]
     report = diagnose(NO_HANG, [doc(0, memory=rows)], 5.0)
     assert checks(report)["oom"] == "critical"
 

@@ -29,13 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import ProbeClient
-from .errors import AgentHTTPError, ProbeCLIError, RankError
-from .fanout import RankTarget, calling, fan_out, resolve_ranks
-from .group import rank_label
-from .result import RankResult
-from .session import Session
-from .transport.wire import ActionBody, FinishedAction, StepBody
+from ..client import ProbeClient
+from ..errors import AgentHTTPError, RankError
+from ..fanout import RankTarget, calling, fan_out, resolve_ranks
+from ..group import rank_label
+from ..result import RankResult
+from ..session import Session
+from .wire import ActionBody, StepBody
 
 #: --next-step retries when a rank stepped past the chosen target while it was being queued.
 RETRIES = 3
@@ -241,52 +241,3 @@ def _skipped(targets: list[RankTarget], why: str) -> list[RankResult]:
     return [RankResult(t.rank, t.endpoint.label, False, None,
                        StepActionError(f"rank {t.rank}: {why}", url=t.endpoint.label, reason=why))
             for t in targets]
-
-
-def header(outcome: StepOutcome) -> list[str]:
-    """stderr: where it ran."""
-    ran = [r.rank for r in outcome.results
-           if FinishedAction.from_wire(r.data).state in ("ok", "error")]
-    if not ran or outcome.target is None:
-        return []
-    return [f"probe: action {outcome.action_id} ran at step {outcome.target} on "
-            f"{rank_label(ran)}"]
-
-
-Render = Callable[[list[RankResult]], list[str]]
-
-
-def check_exclusive(at_step: int | None, next_step: bool) -> None:
-    if at_step is not None and next_step:
-        raise ProbeCLIError("give --at-step N or --next-step, not both", exit_code=2)
-
-
-def step_outcome(session: Session, so: StepOutcome, render_ok: Render,
-                 render_failed: Render | None = None) -> Any:
-    """StepOutcome -> the shared Outcome (exit code, failure summary), plus where it ran."""
-    from .outcome import finish
-
-    out = finish(session, so.results, render_ok, render_failed=render_failed)
-    out.stderr[:0] = header(so) + so.notes
-    return out
-
-
-def wait_option(fn: Any) -> Any:
-    import click
-
-    return click.option(
-        "--wait", "wait_s", type=click.FloatRange(min=0, min_open=True), default=120.0,
-        show_default=True, metavar="SECONDS",
-        help="How long to wait for every rank to reach the step and finish. Ranks that have "
-             "not got there by then have the action cancelled (it then runs on no rank).",
-    )(fn)
-
-
-def at_step_option(fn: Any) -> Any:
-    import click
-
-    return click.option(
-        "--at-step", type=click.IntRange(min=0), default=None, metavar="N",
-        help="Run right after optimizer step N on every rank. Default: the next step (the "
-             "smallest step no rank has passed yet).",
-    )(fn)
