@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from ..client import ProbeClient
-from ..diagnose.hang import Verdict, diagnose, rank_state
+from ..diagnose.hang import HangVerdict, diagnose, rank_state
 from ..fanout import RankTarget, fan_out, resolve_ranks
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import hang_json, render_verdict
@@ -30,7 +30,7 @@ def _both(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
             "backtrace": bt, "collectives": coll}
 
 
-def gather_hang(session: Session, min_wait: float) -> tuple[Verdict, list[RankResult]]:
+def gather_hang(session: Session, min_wait: float) -> tuple[HangVerdict, list[RankResult]]:
     results = fan_out(session, resolve_ranks(session), _both)
     return diagnose([rank_state(r) for r in results], min_wait_s=min_wait), results
 

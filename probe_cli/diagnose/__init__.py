@@ -3,7 +3,9 @@ dataclasses; no I/O, no printing, no click. commands/ gather the answers; render
 verdicts into text and JSON (the dashboard renders the same objects); outcome.py turns a
 verdict's ``problem`` into the exit code.
 
-- ``hang``: who the others wait for, in which collective (``Verdict``)
+- ``verdict``: ``Verdict``, what a single-question diagnosis returns (``problem``, headline,
+  details, culprits)
+- ``hang``: who the others wait for, in which collective (``HangVerdict``)
 - ``straggler``: which rank arrives last at collectives, and what it costs (``StragglerVerdict``)
 - ``doctor``: every check in order -> ``findings.Report``; the checks are in ``time_checks``
   (hang, stall, straggler, collective and DataLoader wait, slowest modules) and

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .findings import RankDoc, Report
-from .hang import RankState, Verdict
+from .hang import HangVerdict, RankState
 from .number_checks import check_lr_clip, check_memory, check_nonfinite
 from .time_checks import (
     check_collective_wait,
@@ -32,7 +32,7 @@ def rank_doc(state: RankState, answer: dict[str, Any] | None) -> RankDoc:
         errors=data.get("errors") or {})
 
 
-def diagnose(verdict: Verdict, docs: list[RankDoc], min_wait: float) -> Report:
+def diagnose(verdict: HangVerdict, docs: list[RankDoc], min_wait: float) -> Report:
     report = Report()
     check_hang(report, verdict)
     if not verdict.problem:

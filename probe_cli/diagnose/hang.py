@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import AgentUnreachableError
 from ..group import rank_label
 from ..result import RankResult
 from ..transport.wire import BacktraceBody, CollectivesBody
+from .verdict import Verdict
 
 #: Frames from these path fragments are library internals, not "where the rank is".
 _LIBRARY = (os.sep + "site-packages" + os.sep, os.sep + "lib" + os.sep + "python",
@@ -56,17 +57,12 @@ class RankState:
 
 
 @dataclass(slots=True)
-class Verdict:
-    problem: bool
-    headline: str
-    details: list[str] = field(default_factory=list)
-    #: ranks the verdict blames (odd, failed or silent), for --json and tests.
-    culprits: list[int] = field(default_factory=list)
+class HangVerdict(Verdict):
+    #: the collective most ranks wait in: {pg, seq, op, ranks, age_s}; None without a hang.
     waiting: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"problem": self.problem, "headline": self.headline, "details": self.details,
-                "culprits": self.culprits, "waiting": self.waiting}
+        return {**Verdict.to_json(self), "waiting": self.waiting}
 
 
 def _ranks_word(ranks: list[int]) -> str:
@@ -133,7 +129,7 @@ def _silent_reason(s: RankState) -> str:
     return f"did not answer ({s.error}): alive but silent, or unreachable"
 
 
-def diagnose(states: list[RankState], min_wait_s: float = 5.0) -> Verdict:
+def diagnose(states: list[RankState], min_wait_s: float = 5.0) -> HangVerdict:
     """The verdict for one moment of the job; ``min_wait_s`` ignores collectives younger than
     that (a healthy job is in some all_reduce at any instant)."""
     answered = [s for s in states if s.answered]
@@ -145,7 +141,7 @@ def diagnose(states: list[RankState], min_wait_s: float = 5.0) -> Verdict:
               if s.collectives and s.collectives[-1].get("state") == "failed"}
 
     if not answered:
-        return Verdict(True, f"no rank answered ({len(states)} tried)",
+        return HangVerdict(True, f"no rank answered ({len(states)} tried)",
                        [f"rank {s.rank} {_silent_reason(s)}" for s in silent],
                        [s.rank for s in silent])
 
@@ -197,7 +193,7 @@ def diagnose(states: list[RankState], min_wait_s: float = 5.0) -> Verdict:
         else:
             headline += f"{_ranks_word(odd)} {'is' if len(odd) == 1 else 'are'} not in it"
         site = _short_site(sample.get("callsite"))
-        return Verdict(True, headline, [f"waiting at {site}", *details], odd,
+        return HangVerdict(True, headline, [f"waiting at {site}", *details], odd,
                        {"pg": pg, "seq": seq, "op": op, "ranks": waiting, "age_s": round(age, 3)})
 
     if failed or silent:
@@ -212,9 +208,9 @@ def diagnose(states: list[RankState], min_wait_s: float = 5.0) -> Verdict:
             parts.append(f"{_ranks_word([s.rank for s in silent])} did not answer")
         if failed:
             parts.append(f"a collective failed on {_ranks_word(sorted(failed))}")
-        return Verdict(True, "PROBLEM: " + "; ".join(parts), details, culprits)
+        return HangVerdict(True, "PROBLEM: " + "; ".join(parts), details, culprits)
 
-    return Verdict(False, f"no hang: none of {len(answered)} ranks has waited {min_wait_s:g} s "
+    return HangVerdict(False, f"no hang: none of {len(answered)} ranks has waited {min_wait_s:g} s "
                           "or more in a collective", [])
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..group import rank_label
+from .verdict import Verdict
 
 
 @dataclass(slots=True)
@@ -33,19 +34,14 @@ class Lateness:
 
 
 @dataclass(slots=True)
-class StragglerVerdict:
-    problem: bool
-    headline: str
-    details: list[str] = field(default_factory=list)
-    culprits: list[int] = field(default_factory=list)
+class StragglerVerdict(Verdict):
     window_s: float = 0.0
     collectives: int = 0
     per_rank: dict[int, Lateness] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "problem": self.problem, "headline": self.headline, "details": self.details,
-            "culprits": self.culprits, "window_s": round(self.window_s, 4),
+            **Verdict.to_json(self), "window_s": round(self.window_s, 4),
             "collectives": self.collectives,
             "ranks": [{"rank": r.rank, "arrived_last": r.last,
                        "others_waited_s": round(r.caused_s, 4),

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..group import rank_label
 from .findings import CRITICAL, INFO, WARNING, Finding, RankDoc, Report, first_loop, num, unrecorded
-from .hang import Verdict, where
+from .hang import HangVerdict, where
 from .straggler import arrivals, diagnose_stragglers
 
 #: DataLoader wait above this share of step time is a finding.
@@ -29,7 +29,7 @@ STRAGGLER_SHARE = 0.2
 TOP_MODULES = 5
 
 
-def check_hang(report: Report, verdict: Verdict) -> None:
+def check_hang(report: Report, verdict: HangVerdict) -> None:
     if verdict.problem:
         report.findings.append(Finding(
             CRITICAL, "hang", verdict.headline, list(verdict.details), "probe hang",

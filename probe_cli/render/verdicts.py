@@ -8,13 +8,14 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from ..diagnose.hang import Verdict
+from ..diagnose.hang import HangVerdict
 from ..diagnose.straggler import StragglerVerdict
+from ..diagnose.verdict import Verdict
 from ..result import RankResult
 from ..transport.wire import QueryBody
 
 
-def render_verdict(v: Verdict | StragglerVerdict) -> list[str]:
+def render_verdict(v: Verdict) -> list[str]:
     """The headline, then each detail indented under it."""
     return [v.headline, *(f"  {d}" for d in v.details)]
 
@@ -28,7 +29,7 @@ def rank_answers(results: Sequence[RankResult]) -> list[dict[str, Any]]:
     ]
 
 
-def hang_json(verdict: Verdict, results: Sequence[RankResult]) -> str:
+def hang_json(verdict: HangVerdict, results: Sequence[RankResult]) -> str:
     body: dict[str, Any] = verdict.to_json()
     body["ranks"] = rank_answers(results)
     return json.dumps(body, indent=2)

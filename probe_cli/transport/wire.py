@@ -271,20 +271,21 @@ class StepBody:
 
     @classmethod
     def from_wire(cls, body: Body | None) -> StepBody:
-        b = body or {}
-        return cls(rank=_int(b.get("rank")), step=_int(b.get("step")),
-                   paused_at=_int(b.get("paused_at")))
+        return cls(**_step_fields(body or {}))
+
+
+def _step_fields(b: Body) -> dict[str, Any]:
+    """The step clock's fields, which every action answer carries too."""
+    return {"rank": _int(b.get("rank")), "step": _int(b.get("step")),
+            "paused_at": _int(b.get("paused_at"))}
 
 
 @dataclass(frozen=True, slots=True)
-class ActionBody:
+class ActionBody(StepBody):
     """``POST /v1/actions``, ``GET|DELETE /v1/actions/{id}``: the rank's step and one action
     (``action`` is None when the answer carried none: a refusal's error body). ``reason`` is
     set on a 409 refusal (``past``, ``duplicate``, ``running``, ``no-step-hook``)."""
 
-    rank: int | None
-    step: int | None = None
-    paused_at: int | None = None
     action: dict[str, Any] | None = None
     reason: str | None = None
 
@@ -292,9 +293,8 @@ class ActionBody:
     def from_wire(cls, body: Body | None) -> ActionBody:
         b = body or {}
         action = b.get("action")
-        return cls(rank=_int(b.get("rank")), step=_int(b.get("step")),
-                   paused_at=_int(b.get("paused_at")),
-                   action=action if isinstance(action, dict) else None, reason=b.get("reason"))
+        return cls(**_step_fields(b), action=action if isinstance(action, dict) else None,
+                   reason=b.get("reason"))
 
     @property
     def state(self) -> str | None:
@@ -302,18 +302,15 @@ class ActionBody:
 
 
 @dataclass(frozen=True, slots=True)
-class ActionListBody:
+class ActionListBody(StepBody):
     """``GET /v1/actions``: queued, running and the last finished actions of one rank."""
 
-    rank: int | None
-    step: int | None = None
     actions: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def from_wire(cls, body: Body | None) -> ActionListBody:
         b = body or {}
-        return cls(rank=_int(b.get("rank")), step=_int(b.get("step")),
-                   actions=_dicts(b.get("actions")))
+        return cls(**_step_fields(b), actions=_dicts(b.get("actions")))
 
 
 @dataclass(frozen=True, slots=True)

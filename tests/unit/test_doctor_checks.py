@@ -7,10 +7,10 @@ import pytest
 
 from probe_cli.diagnose.doctor import diagnose
 from probe_cli.diagnose.findings import RankDoc
-from probe_cli.diagnose.hang import Verdict
+from probe_cli.diagnose.hang import HangVerdict
 from probe_cli.render.doctor import render
 
-NO_HANG = Verdict(False, "no hang: none of 2 ranks has waited 5 s or more in a collective")
+NO_HANG = HangVerdict(False, "no hang: none of 2 ranks has waited 5 s or more in a collective")
 NOW = 1000.0
 
 
@@ -115,7 +115,7 @@ def test_waiting_for_peers_in_collectives():
 
 
 def test_a_hang_hides_the_timing_checks():
-    hang = Verdict(True, "HANG: rank 0 waits in all_reduce #5 (group 0) for 9.0 s; rank 1 is "
+    hang = HangVerdict(True, "HANG: rank 0 waits in all_reduce #5 (group 0) for 9.0 s; rank 1 is "
                    "not in it", ["rank 1 has not reached all_reduce #5"], [1])
     report = diagnose(hang, [doc(0, last_step_at=NOW - 60), doc(1)], 5.0)
     assert [f.check for f in report.ranked()][0] == "hang"
