@@ -46,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .collectors import Guard
+from .collectors.torch_import import imported
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +90,8 @@ class StepClock:
     @staticmethod
     def torch_ready() -> bool:
         """True once the program has fully imported torch.optim.optimizer (never imports it)."""
-        mod = sys.modules.get("torch.optim.optimizer")
-        if mod is None or not hasattr(mod, "register_optimizer_step_post_hook"):
-            return False
-        spec = getattr(mod, "__spec__", None)
-        return not getattr(spec, "_initializing", False)
+        mod = imported("torch.optim.optimizer")
+        return mod is not None and hasattr(mod, "register_optimizer_step_post_hook")
 
     def poll(self) -> bool:
         """Arm if torch is ready; cheap after that. Returns whether the clock is armed."""

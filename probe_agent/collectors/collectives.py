@@ -42,6 +42,7 @@ from collections import deque
 from typing import Any
 
 from . import Guard
+from .torch_import import imported
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +108,10 @@ class CollectiveRecorder:
         """Install the wrappers once ``torch.distributed`` is fully imported."""
         if self._armed or self._stopped:
             return
-        c10d = sys.modules.get("torch.distributed.distributed_c10d")
-        dist = sys.modules.get("torch.distributed")
+        c10d = imported("torch.distributed.distributed_c10d")
+        dist = imported("torch.distributed")
         if c10d is None or dist is None:
-            return
-        for mod in (c10d, dist):
-            if getattr(getattr(mod, "__spec__", None), "_initializing", False):
-                return  # still being imported on another thread
+            return  # not imported, or still being imported on another thread
         with self._lock:
             if not self._armed and not self._stopped:
                 self._install(c10d, dist)

@@ -67,9 +67,20 @@ class TorchImportWatcher(importlib.abc.MetaPathFinder):
             pass
 
 
+def imported(name: str) -> Any:
+    """The module ``name`` once the program has fully imported it, else None (never imports it).
+
+    A module is in ``sys.modules`` from the start of its import: while another thread is still
+    executing it (``__spec__._initializing``), its attributes are half there. Every collector that
+    waits for part of torch asks this, not ``sys.modules``."""
+    mod = sys.modules.get(name)
+    if mod is None or getattr(getattr(mod, "__spec__", None), "_initializing", False):
+        return None
+    return mod
+
+
 def torch_ready() -> bool:
     """True once the program has fully imported torch (never imports it)."""
-    torch = sys.modules.get("torch")
-    if torch is None or getattr(getattr(torch, "__spec__", None), "_initializing", False):
-        return False
-    return "torch.optim.optimizer" in sys.modules and hasattr(torch, "compiler")
+    torch = imported("torch")
+    return torch is not None and "torch.optim.optimizer" in sys.modules and hasattr(
+        torch, "compiler")

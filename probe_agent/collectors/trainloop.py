@@ -39,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import Guard
+from .torch_import import imported
 
 BUFFER = 100_000
 
@@ -50,13 +51,6 @@ STEP_STATS = pa.schema([
 
 _DL_MODULE = "torch.utils.data.dataloader"
 _CLIP_MODULE = "torch.nn.utils.clip_grad"
-
-
-def _ready(name: str) -> Any:
-    """The module once the program has fully imported it (never imports it ourselves)."""
-    mod = sys.modules.get(name)
-    spec = getattr(mod, "__spec__", None)
-    return None if mod is None or getattr(spec, "_initializing", False) else mod
 
 
 class GradCheck:
@@ -128,7 +122,7 @@ class LoopMonitor:
         """Wrap what the program has imported so far; cheap once both are wrapped."""
         if self._stopped:
             return
-        if self._dl_cls is None and (dl := _ready(_DL_MODULE)) is not None:
+        if self._dl_cls is None and (dl := imported(_DL_MODULE)) is not None:
             cls = dl._BaseDataLoaderIter
             orig = cls.__dict__["__next__"]
             monitor = self
@@ -146,7 +140,7 @@ class LoopMonitor:
             __next__.__wrapped__ = orig  # type: ignore[attr-defined]
             self._dl_orig, self._dl_cls = orig, cls
             cls.__next__ = __next__
-        if self._clip_mod is None and (cg := _ready(_CLIP_MODULE)) is not None:
+        if self._clip_mod is None and (cg := imported(_CLIP_MODULE)) is not None:
             orig_clip = getattr(cg, "_clip_grads_with_norm_", None)
             if orig_clip is not None:
                 monitor = self

@@ -72,7 +72,7 @@ def test_a_raising_hook_is_counted_and_switches_tracing_off_not_training(make_ag
     assert "is broken on purpose" in state["last_error"]
     warned = [r for r in caplog.records if "module tracer failed" in r.getMessage()]
     assert len(warned) == 1
-    from probe_agent.collectors import trace_hot
+    from probe_agent.collectors.tracer import trace_hot
 
     assert torch.nn.Module.__call__ not in (trace_hot.traced_call, trace_hot.native_call)
     # rows of the calls that worked (the inner Linear) were still recorded before that
