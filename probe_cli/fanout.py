@@ -279,9 +279,9 @@ def _call_one(session: Session, target: RankTarget, call: Call) -> RankResult:
         return _failed(target, e)
     env = Envelope.from_wire(data)
     rank = target.rank if target.rank is not None else env.rank
-    host = target.host or data.get("host")
-    pid = target.pid or _int(data.get("pid"))
-    if data.get("ok") is False:  # an error body behind a 2xx status: still a failure
+    host = target.host or env.host
+    pid = target.pid or env.pid
+    if env.ok is False:  # an error body behind a 2xx status: still a failure
         msg = env.error or "the agent answered ok: false"
         err = ProtocolError(
             f"agent at {target.endpoint.label}: {msg}", url=target.endpoint.label, reason=msg
@@ -294,7 +294,3 @@ def _failed(target: RankTarget, error: ProbeCLIError | None) -> RankResult:
     data = error.body if isinstance(error, AgentHTTPError) else None
     rank = target.rank if target.rank is not None else Envelope.from_wire(data).rank
     return RankResult(rank, target.endpoint.label, False, data, error, target.host, target.pid)
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -12,6 +12,7 @@ from typing import Any
 
 from .errors import MissingDependencyError, ProbeCLIError
 from .result import RankResult
+from .transport.wire import ArrowBody
 
 
 def _pyarrow(why: str) -> Any:
@@ -36,7 +37,7 @@ def combine(results: Sequence[RankResult], why: str = "--format arrow") -> Any:
     pa = _pyarrow(why)
     tables = []
     for r in results:
-        table = pa.ipc.open_stream(r.data["arrow"]).read_all()  # type: ignore[index]
+        table = pa.ipc.open_stream(ArrowBody.from_wire(r.data).arrow).read_all()
         if "rank" not in table.column_names:  # every probe table has one; a SELECT may not
             rank = pa.array([r.rank] * table.num_rows, type=pa.int64())
             table = table.add_column(0, "rank", rank)

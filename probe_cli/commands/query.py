@@ -21,6 +21,7 @@ from ..render.text import (
 )
 from ..result import RankResult
 from ..session import Session
+from ..transport.wire import GatheredBody
 from . import pass_session
 
 FORMATS = ("table", "json", "csv", "arrow", "parquet")
@@ -106,9 +107,8 @@ def _via_arrow(
     else:
         cols, types, rows = merge.table_rows(table)
         if fmt == "json":
-            ranks = [r.rank for r in ok]
-            body = {"ok": True, "ranks": ranks, "columns": cols, "types": types, "rows": rows}
-            out.stdout = [json.dumps(body, ensure_ascii=False, default=json_default)]
+            body = GatheredBody(tuple(r.rank for r in ok), tuple(cols), tuple(types), tuple(rows))
+            out.stdout = [json.dumps(body.to_wire(), ensure_ascii=False, default=json_default)]
         elif fmt == "csv":
             out.stdout = format_csv(cols, rows)
         else:

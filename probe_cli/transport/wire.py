@@ -43,7 +43,8 @@ def _dict(value: Any) -> dict[str, Any]:
 class Envelope:
     """What every body carries: ``ok``, ``rank``; error bodies add ``status`` and ``error``."""
 
-    ok: bool
+    ok: bool | None
+    """As sent: True, False, or None when the body did not say (not a probe body)."""
     rank: int | None
     status: int | None = None
     error: str | None = None
@@ -56,7 +57,9 @@ class Envelope:
     def from_wire(cls, body: Body | None) -> Envelope:
         b = body or {}
         err = b.get("error")
-        return cls(ok=b.get("ok") is True, rank=_int(b.get("rank")), status=_int(b.get("status")),
+        ok = b.get("ok")
+        return cls(ok=ok if isinstance(ok, bool) else None, rank=_int(b.get("rank")),
+                   status=_int(b.get("status")),
                    error=None if err is None else str(err), host=b.get("host"),
                    pid=_int(b.get("pid")))
 
@@ -106,6 +109,21 @@ class ArrowBody:
         b = body or {}
         return cls(rank=_int(b.get("rank")), truncated=bool(b.get("truncated")),
                    arrow=b.get("arrow") or b"")
+
+
+@dataclass(frozen=True, slots=True)
+class GatheredBody:
+    """``probe query --gather SQL --json``: not an agent's body but the CLI's own answer, every
+    rank's rows merged and queried again locally; ``ranks`` are the ranks it came from."""
+
+    ranks: tuple[int | None, ...]
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    rows: tuple[list[Any], ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"ok": True, "ranks": list(self.ranks), "columns": list(self.columns),
+                "types": list(self.types), "rows": list(self.rows)}
 
 
 @dataclass(frozen=True, slots=True)
