@@ -31,7 +31,7 @@ def combine(results: Sequence[RankResult], why: str = "--format arrow") -> Any:
     ``rank`` column unless the query selected one.
 
     Args:
-        results: ranks whose ``data["arrow"]`` holds an Arrow IPC stream (client.query_arrow).
+        results: ranks whose answer is an ``ArrowBody`` (client.query_arrow).
         why: the option that needed pyarrow, for the error when it is missing.
     """
     pa = _pyarrow(why)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..errors import ProbeCLIError
+from ..errors import EXIT_USAGE, ProbeCLIError
 from ..outcome import Outcome, finish
 from ..render.actions import render_step_header
 from ..result import RankResult
@@ -21,7 +21,7 @@ Render = Callable[[list[RankResult]], list[str]]
 
 def check_exclusive(at_step: int | None, next_step: bool) -> None:
     if at_step is not None and next_step:
-        raise ProbeCLIError("give --at-step N or --next-step, not both", exit_code=2)
+        raise ProbeCLIError("give --at-step N or --next-step, not both", exit_code=EXIT_USAGE)
 
 
 def step_outcome(session: Session, so: StepOutcome, render_ok: Render,
