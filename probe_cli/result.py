@@ -1,4 +1,4 @@
-"""RankResult: what one rank answered (or why it did not). Stdlib only, so render.py and its
+"""RankResult: what one rank answered (or why it did not). Stdlib only, so render/ and its
 tests need neither httpx nor a server."""
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def command(session: Session, code: str, at_step: int | None, next_step: bool,
     if code == "-":
         code = click.get_text_stream("stdin").read()
     check_exclusive(at_step, next_step)
-    if at_step is not None or next_step:  # issue 6: a step-boundary action, see steps.py
+    if at_step is not None or next_step:  # issue 6: a step-boundary action (step_actions.py)
         from ._step_eval import step_eval
 
         return step_eval(session, code, at_step, wait_s)

@@ -2,7 +2,7 @@
 
 Nothing here prints; main.py does. Colour is decided once in main.py and passed in as
 ``colour``; with it False the output is plain ASCII-safe text fit for pipes. Backtraces are in
-``render_stacks.py``.
+``stacks.py``.
 """
 
 from __future__ import annotations
