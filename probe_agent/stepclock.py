@@ -45,7 +45,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .collectors import Guard
+from .collectors import Guard, Sink
 from .collectors.torch_import import imported
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class StepClock:
         self._lock = threading.Lock()
 
     # -- collector protocol ------------------------------------------------------------------
-    def start(self, sink: Any) -> None:
+    def start(self, sink: Sink) -> None:
         self.poll()
         if not self.armed:
             sink.add_ticker(self.poll)

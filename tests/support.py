@@ -80,3 +80,20 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def ddl_schemas() -> dict[str, object]:
+    """Every table of sql/schema.sql as the Arrow schema DuckDB gives it (``pa.Schema``), by
+    qualified name: what collectors must build their batches with."""
+    import duckdb
+
+    from probe_agent.catalog import load_schema
+
+    con = duckdb.connect()
+    try:
+        con.execute(load_schema())
+        tables = [t for (t,) in con.execute(
+            "SELECT schema_name || '.' || table_name FROM duckdb_tables()").fetchall()]
+        return {t: con.sql(f"SELECT * FROM {t} LIMIT 0").to_arrow_table().schema for t in tables}
+    finally:
+        con.close()

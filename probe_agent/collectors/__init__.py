@@ -1,4 +1,8 @@
-"""Collectors feed the store. Each has ``start(sink)`` and ``stop()``, nothing else.
+"""Collectors feed the store. Each has ``start(sink)`` and ``stop()``, nothing else; each is
+built from what it uses (the step clock, the rank, the config), not from the Agent
+(registry.py wires them).
+
+``Sink`` is everything a collector may ask of the store: the store (store.py) is the only sink.
 
 ``Guard`` is the one sanctioned way for code that runs on the *training* thread (hooks) to fail:
 the failure is counted, logged once, and after ``limit`` failures the collector switches itself
@@ -8,15 +12,31 @@ off. Training never sees the exception.
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class Sink(Protocol):
-    def append(self, table: str, data: Any) -> None: ...
+    def arrow_schema(self, table: str) -> pa.Schema:
+        """``table``'s columns as schema.sql declares them: build every batch with it."""
 
-    def add_flusher(self, fn: Any) -> None: ...
+    def append(self, table: str, data: pa.Table | pa.RecordBatch) -> None:
+        """Queue a batch for ``table``; never blocks, never raises."""
 
-    def reader_waiting(self, table: str) -> bool: ...
+    def add_flusher(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the writer thread every PROBE_FLUSH_MS and before every read."""
+
+    def add_ticker(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the writer thread now and then (housekeeping; no appends)."""
+
+    def add_materializer(self, table: str, fn: Callable[[], pa.Table]) -> None:
+        """Replace ``table``'s rows with ``fn()`` before any query that names it."""
+
+    def reader_waiting(self, table: str) -> bool:
+        """Whether a query naming ``table`` waits for the next flush."""
 
 
 class Collector(Protocol):

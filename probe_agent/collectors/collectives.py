@@ -41,7 +41,7 @@ import time
 from collections import deque
 from typing import Any
 
-from . import Guard
+from . import Guard, Sink
 from .torch_import import imported
 
 log = logging.getLogger(__name__)
@@ -56,10 +56,7 @@ WRAPPED = (
 )
 P2P = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
                  "recv_object_list"})
-COLUMNS = (
-    "rank", "pg", "pg_desc", "group_ranks", "seq", "op", "is_p2p", "shapes", "dtype",
-    "start_time", "end_time", "duration", "state", "error", "thread_name", "callsite", "source",
-)
+TABLE = "python.collectives"
 _TORCH_DIR = os.sep + "torch" + os.sep
 
 # Wrapper record slots (a list, not an object: cheaper to build on the training thread).
@@ -76,8 +73,9 @@ class CollectiveRecorder:
             2,000 (``TORCH_FR_BUFFER_SIZE``).
     """
 
-    def __init__(self, agent: Any, capacity: int = 4096) -> None:
-        self.agent = agent
+    def __init__(self, rank: int, capacity: int = 4096) -> None:
+        self.rank = rank
+        self._schema: Any = None  # python.collectives as Arrow, from the sink
         self.records: deque[list[Any]] = deque(maxlen=capacity)
         self.guard = Guard("collective recorder")
         self._local = threading.local()
@@ -88,9 +86,10 @@ class CollectiveRecorder:
         self._lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self, sink: Any) -> None:
+    def start(self, sink: Sink) -> None:
+        self._schema = sink.arrow_schema(TABLE)
         sink.add_flusher(self.tick)
-        sink.add_materializer("python.collectives", self.snapshot)
+        sink.add_materializer(TABLE, self.snapshot)
         self.tick()
 
     def stop(self) -> None:
@@ -181,21 +180,8 @@ class CollectiveRecorder:
         import pyarrow as pa
 
         rows = self.rows()
-        return pa.table(
-            {c: [r[c] for r in rows] for c in COLUMNS},
-            schema=pa.schema(
-                [
-                    ("rank", pa.int32()), ("pg", pa.string()), ("pg_desc", pa.string()),
-                    ("group_ranks", pa.list_(pa.int32())), ("seq", pa.int64()),
-                    ("op", pa.string()), ("is_p2p", pa.bool_()), ("shapes", pa.string()),
-                    ("dtype", pa.string()), ("start_time", pa.float64()),
-                    ("end_time", pa.float64()), ("duration", pa.float64()),
-                    ("state", pa.string()), ("error", pa.string()),
-                    ("thread_name", pa.string()), ("callsite", pa.string()),
-                    ("source", pa.string()),
-                ]
-            ),
-        )
+        return pa.table({c: [r[c] for r in rows] for c in self._schema.names},
+                        schema=self._schema)
 
     def rows(self) -> list[dict[str, Any]]:
         records = [list(r) for r in list(self.records)]
@@ -230,7 +216,7 @@ class CollectiveRecorder:
                 }
             )
         for row in out:
-            row["rank"] = self.agent.rank
+            row["rank"] = self.rank
             row["group_ranks"] = groups.get(row["pg"])
             end, start = row.get("end_time"), row.get("start_time")
             row["duration"] = end - start if end is not None and start is not None else None
@@ -393,6 +379,3 @@ def _match(entries: list[dict[str, Any]], records: list[list[Any]]) -> list[list
             unmatched.append(rec)
     return unmatched
 
-
-def build_recorder(agent: Any) -> CollectiveRecorder:
-    return CollectiveRecorder(agent)

@@ -1,39 +1,79 @@
-"""Which collectors an agent runs. Each entry builds one from the agent, or returns None
-when it does not apply (tracing off and not switchable, no torch, ...)."""
+"""Which collectors an agent runs, built from what each one uses, in the order they start.
+
+Modules are imported here, at agent start, never at ``import probe_agent``. A collector that
+cannot be built (no torch, a broken import) is left out with one warning; the others still run.
+"""
 
 from __future__ import annotations
 
-import importlib
 import logging
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+    from ..ranks import RankRegistry
+    from .collectives import CollectiveRecorder
+    from .steps import StepRecorder
+    from .tracer.tracer import TorchTracer
+    from .trainloop import LoopMonitor
 
 log = logging.getLogger(__name__)
-
-#: name -> "module:factory"; the factory takes the agent and returns a Collector or None.
-#: Modules are imported only here, at agent start, never at ``import probe_agent``.
-FACTORIES: dict[str, str] = {
-    # issue 4: rank discovery through the job's c10d store, and python.collectives.
-    "ranks": "..ranks:build_registry",
-    "collectives": ".collectives:build_recorder",
-    # issue 3: python.steps/memory/metrics, then torch tracing (python.torch_trace). "steps"
-    # comes first so its step subscriber sees whether the step just finished was traced.
-    "steps": ".steps:build_recorder",
-    "modules": ".tracer.tracer:build_tracer",
-    # issue 7: DataLoader wait, gradient clipping and LR per step (python.step_stats).
-    "trainloop": ".trainloop:build_monitor",
-}
+T = TypeVar("T")
 
 
-def build_collectors(agent: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, spec in FACTORIES.items():
-        module_name, factory = spec.split(":")
-        try:
-            module = importlib.import_module(module_name, __package__)
-            collector = getattr(module, factory)(agent)
-        except Exception as e:  # one broken collector must not keep the others from starting
-            log.warning("probe agent: collector %s unavailable: %s", name, e)
-            continue
-        if collector is not None:
-            out[name] = collector
-    return out
+@dataclass
+class Collectors:
+    """The collectors of one agent; a field is None when that collector is not running.
+
+    The fields are in start order, which matters once: ``steps`` starts before ``tracer``.
+    Both subscribe to the step clock, and the step recorder must read whether the step that
+    just finished was traced before the tracer's subscriber moves on to the next step.
+    """
+
+    ranks: RankRegistry | None = None  # issue 4: rank discovery through the job's c10d store
+    collectives: CollectiveRecorder | None = None  # issue 4: python.collectives
+    steps: StepRecorder | None = None  # issue 3: python.steps, memory, metrics
+    tracer: TorchTracer | None = None  # issue 3: python.torch_trace
+    trainloop: LoopMonitor | None = None  # issue 7: python.step_stats, the doctor's loop state
+
+    def running(self) -> list[tuple[str, Any]]:
+        """``(name, collector)`` of those running, in start order."""
+        return [(name, c) for name in _ORDER if (c := getattr(self, name)) is not None]
+
+
+_ORDER = tuple(Collectors.__dataclass_fields__)
+
+
+def build_collectors(agent: Agent) -> dict[str, Any]:
+    """The running collectors by name, in start order, for an Agent that keeps them in a dict.
+    TODO(issue 18): Agent holds ``Collectors`` itself once agent.py is free to change."""
+    names = {"tracer": "modules"}  # the tracer's old key, which agent.info() still reads
+    return {names.get(name, name): c for name, c in build(agent).running()}
+
+
+def build(agent: Agent) -> Collectors:
+    from ..ranks import build_registry
+    from .collectives import CollectiveRecorder
+    from .steps import StepRecorder
+    from .tracer.tracer import TorchTracer
+    from .trainloop import LoopMonitor
+
+    clock, rank = agent.stepclock, agent.rank
+    tracer = _build("tracer", lambda: TorchTracer(clock, rank, agent.config))
+    return Collectors(
+        ranks=_build("ranks", lambda: build_registry(agent)),  # ranks.py: issue 4
+        collectives=_build("collectives", lambda: CollectiveRecorder(rank)),
+        steps=_build("steps", lambda: StepRecorder(clock, rank, tracer)),
+        tracer=tracer,
+        trainloop=_build("trainloop", lambda: LoopMonitor(clock, rank)),
+    )
+
+
+def _build(name: str, factory: Callable[[], T]) -> T | None:
+    try:
+        return factory()
+    except Exception as e:  # one broken collector must not keep the others from starting
+        log.warning("probe agent: collector %s unavailable: %s", name, e)
+        return None

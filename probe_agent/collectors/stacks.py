@@ -93,7 +93,8 @@ def snapshot(*, with_locals: bool = False, include_agent: bool = False,
         is_agent = name.startswith(AGENT_THREAD_PREFIX) or tid == me
         if is_agent and not include_agent:
             continue
-        stacks.append(ThreadStack(tid, name, tid == main_id, is_agent, _frames(frame, with_locals, show_secrets)))
+        stacks.append(ThreadStack(tid, name, tid == main_id, is_agent,
+                                  _frames(frame, with_locals, show_secrets)))
     stacks.sort(key=lambda s: (not s.is_main, s.is_agent, s.thread_name))
     return stacks
 

@@ -26,44 +26,35 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from . import Guard
+from . import Guard, Sink
+
+if TYPE_CHECKING:
+    from ..stepclock import StepClock
+    from .tracer.tracer import TorchTracer
 
 _MIB = 1.0 / (1 << 20)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 BUFFER = 100_000
-
-STEPS = pa.schema([
-    ("rank", pa.int32()), ("step", pa.int64()), ("start_time", pa.float64()),
-    ("end_time", pa.float64()), ("duration", pa.float64()), ("samples", pa.int64()),
-    ("samples_per_s", pa.float64()), ("traced", pa.bool_()),
-])
-MEMORY = pa.schema([
-    ("timestamp", pa.float64()), ("rank", pa.int32()), ("step", pa.int64()),
-    ("device", pa.string()), ("allocated", pa.float64()), ("reserved", pa.float64()),
-    ("active", pa.float64()), ("peak", pa.float64()), ("alloc_retries", pa.int64()),
-    ("ooms", pa.int64()), ("rss", pa.float64()),
-])
-METRICS = pa.schema([
-    ("timestamp", pa.float64()), ("rank", pa.int32()), ("step", pa.int64()),
-    ("name", pa.string()), ("value", pa.float64()),
-])
+TABLES = ("python.steps", "python.memory", "python.metrics")
 
 
 class StepRecorder:
     """Collector for python.steps / python.memory / python.metrics.
 
     Args:
-        agent: its StepClock drives the rows; its ``collectors["modules"]`` (the tracer), when
-            present, says which steps were traced and how many samples they saw.
+        clock: the agent's step clock; its steps drive the rows.
+        rank: written into every row.
+        tracer: when present, says which steps were traced and how many samples they saw.
     """
 
-    def __init__(self, agent: Any) -> None:
-        self.agent = agent
-        self.rank = agent.rank
+    def __init__(self, clock: StepClock, rank: int, tracer: TorchTracer | None) -> None:
+        self.clock = clock
+        self.rank = rank
+        self.tracer = tracer
         self.guard = Guard("step recorder")
         self.steps: list[tuple[Any, ...]] = []
         self.memory: list[tuple[Any, ...]] = []
@@ -72,18 +63,20 @@ class StepRecorder:
         self._last_end: float | None = None
         self._statm: int | None = None
         self._unsubscribe: Any = None
-        self.sink: Any = None
+        self.sink: Sink | None = None
+        self._schemas: dict[str, pa.Schema] = {}
         self._pending: list[Any] | None = None
         self._lock = threading.Lock()
 
     # -- collector protocol ------------------------------------------------------------------
-    def start(self, sink: Any) -> None:
+    def start(self, sink: Sink) -> None:
         self.sink = sink
+        self._schemas = {t: sink.arrow_schema(t) for t in TABLES}
         try:
             self._statm = os.open("/proc/self/statm", os.O_RDONLY)
         except OSError:
             self._statm = None
-        self._unsubscribe = self.agent.stepclock.subscribe(self._on_step, "step recorder")
+        self._unsubscribe = self.clock.subscribe(self._on_step, "step recorder")
         sink.add_flusher(self.flush)
 
     def stop(self) -> None:
@@ -107,7 +100,7 @@ class StepRecorder:
     def _on_step(self, step: int, optimizer: Any) -> None:
         now = time.time()
         start, self._last_end = self._last_end, now
-        tracer = self.agent.collectors.get("modules")
+        tracer = self.tracer
         samples = None
         traced = False
         if tracer is not None:
@@ -171,11 +164,9 @@ class StepRecorder:
     def default_step(self) -> int:
         """The last finished optimizer step (``log`` usually follows ``optimizer.step()``);
         without an optimizer, the tracer's count of root-model calls."""
-        clock = self.agent.stepclock
-        if clock.seen_step:
-            return int(clock.current_step)
-        tracer = self.agent.collectors.get("modules")
-        return int(getattr(tracer, "step", 0))
+        if self.clock.seen_step:
+            return int(self.clock.current_step)
+        return int(getattr(self.tracer, "step", 0))
 
     # -- writer thread -----------------------------------------------------------------------
     def flush(self, final: bool = False) -> None:
@@ -184,21 +175,23 @@ class StepRecorder:
             p = self._pending
             if p is not None and (final or time.time() - p[2] > 1.0):
                 self._finish_pending()
+        rank, sink, schema = self.rank, self.sink, self._schemas
+        if sink is None:
+            return  # not started: nothing recorded yet
         steps, memory, metrics = _drain(self.steps), _drain(self.memory), _drain(self.metrics)
-        rank = self.rank
         if steps:
             cols = list(zip(*steps))
-            self.sink.append("python.steps", pa.table(
-                [[rank] * len(steps), *cols], schema=STEPS))
+            sink.append("python.steps", pa.table(
+                [[rank] * len(steps), *cols], schema=schema["python.steps"]))
         if memory:
             cols = list(zip(*memory))
-            self.sink.append("python.memory", pa.table(
-                [cols[0], [rank] * len(memory), *cols[1:]], schema=MEMORY))
+            sink.append("python.memory", pa.table(
+                [cols[0], [rank] * len(memory), *cols[1:]], schema=schema["python.memory"]))
         if metrics:
             values = [_number(v) for _, _, _, v in metrics]
-            self.sink.append("python.metrics", pa.table(
+            sink.append("python.metrics", pa.table(
                 [[m[0] for m in metrics], [rank] * len(metrics), [m[1] for m in metrics],
-                 [m[2] for m in metrics], values], schema=METRICS))
+                 [m[2] for m in metrics], values], schema=schema["python.metrics"]))
 
 
 def _drain(buf: list[Any]) -> list[Any]:
@@ -216,6 +209,3 @@ def _number(value: Any) -> float | None:
     except (TypeError, ValueError, RuntimeError, OverflowError):
         return math.nan
 
-
-def build_recorder(agent: Any) -> StepRecorder:
-    return StepRecorder(agent)

@@ -34,20 +34,19 @@ import math
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from . import Guard
+from . import Guard, Sink
 from .torch_import import imported
+
+if TYPE_CHECKING:
+    from ..stepclock import StepClock
 
 BUFFER = 100_000
 
-STEP_STATS = pa.schema([
-    ("timestamp", pa.float64()), ("rank", pa.int32()), ("step", pa.int64()),
-    ("data_wait", pa.float64()), ("batches", pa.int64()), ("lr", pa.float64()),
-    ("grad_norm", pa.float64()), ("clip_max_norm", pa.float64()), ("clip_calls", pa.int64()),
-])
+TABLE = "python.step_stats"
 
 _DL_MODULE = "torch.utils.data.dataloader"
 _CLIP_MODULE = "torch.nn.utils.clip_grad"
@@ -66,14 +65,21 @@ class GradCheck:
 
 
 class LoopMonitor:
-    """Collector for python.step_stats and the live loop state of ``GET /v1/doctor``."""
+    """Collector for python.step_stats and the live loop state of ``GET /v1/doctor``.
 
-    def __init__(self, agent: Any) -> None:
-        self.agent = agent
-        self.rank = agent.rank
+    Args:
+        clock: the agent's step clock: one row per step, and the optimizers whose gradients
+            a check reads.
+        rank: written into every row.
+    """
+
+    def __init__(self, clock: StepClock, rank: int) -> None:
+        self.clock = clock
+        self.rank = rank
         self.guard = Guard("training-loop monitor")
         self.rows: list[tuple[Any, ...]] = []
-        self.sink: Any = None
+        self.sink: Sink | None = None
+        self._schema: pa.Schema | None = None
         # Accumulated on the training thread since the last step (plain floats: no lock needed,
         # a torn read only shifts a few µs between two steps).
         self.data_wait = 0.0
@@ -92,9 +98,9 @@ class LoopMonitor:
         self._stopped = False
 
     # -- collector protocol ------------------------------------------------------------------
-    def start(self, sink: Any) -> None:
-        self.sink = sink
-        self._unsubscribe = self.agent.stepclock.subscribe(self._on_step, "loop monitor")
+    def start(self, sink: Sink) -> None:
+        self.sink, self._schema = sink, sink.arrow_schema(TABLE)
+        self._unsubscribe = self.clock.subscribe(self._on_step, "loop monitor")
         self.install()
         sink.add_flusher(self.flush)
 
@@ -172,7 +178,7 @@ class LoopMonitor:
     def _check_grads(self, step: int, check: GradCheck) -> None:
         torch = sys.modules["torch"]
         try:
-            params = [p for o in self.agent.stepclock.optimizers()
+            params = [p for o in self.clock.optimizers()
                       for g in o.param_groups for p in g["params"]]
             grads = [p.grad for p in params if p.grad is not None]
             check.params, check.without_grad = len(params), len(params) - len(grads)
@@ -216,14 +222,14 @@ class LoopMonitor:
     def flush(self) -> None:
         self.install()
         n = len(self.rows)
-        if not n:
+        if not n or self.sink is None:
             return
         rows, self.rows[:n] = self.rows[:n], []
         cols = list(zip(*rows))
-        self.sink.append("python.step_stats", pa.table([
+        self.sink.append(TABLE, pa.table([
             cols[0], [self.rank] * n, cols[1], cols[2], cols[3], [_number(v) for v in cols[4]],
             [_number(v) for v in cols[5]], [_number(v) for v in cols[6]], cols[7],
-        ], schema=STEP_STATS))
+        ], schema=self._schema))
 
 
 def _number(value: Any) -> float | None:
@@ -255,6 +261,3 @@ def optimizer_state(optimizers: list[Any]) -> list[dict[str, Any]]:
         out.append({"index": i, "class": type(opt).__name__, "groups": groups})
     return out
 
-
-def build_monitor(agent: Any) -> LoopMonitor:
-    return LoopMonitor(agent)

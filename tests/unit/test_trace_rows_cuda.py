@@ -11,7 +11,6 @@ are the only calls the resolver makes on it.
 from __future__ import annotations
 
 from array import array
-from types import SimpleNamespace
 
 import pytest
 
@@ -20,6 +19,7 @@ nn = pytest.importorskip("torch.nn")
 
 from probe_agent.collectors.tracer.trace_columns import FORWARD, PASS_END  # noqa: E402
 from probe_agent.collectors.tracer.trace_rows import RowResolver  # noqa: E402
+from tests.support import ddl_schemas  # noqa: E402
 
 
 class Event:
@@ -56,7 +56,7 @@ def resolve(resolver: RowResolver, rows: list[tuple], objs: list, events: list[t
 
 def test_cuda_rows_take_event_durations_and_memory_and_wait_for_unfinished_events():
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
-    resolver = RowResolver(0, SimpleNamespace())
+    resolver = RowResolver(0, ddl_schemas()["python.torch_trace"])
     late = Event(0.030, done=False)
     rows = [(10, 20, 1, -1, (Event(0.010), Event(0.020))),
             (21, 30, 1, -1, (Event(0.021), late)),
@@ -85,7 +85,7 @@ def test_cuda_rows_take_event_durations_and_memory_and_wait_for_unfinished_event
 
 def test_rows_without_an_event_pair_keep_host_time_beside_cuda_rows():
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
-    resolver = RowResolver(0, SimpleNamespace())
+    resolver = RowResolver(0, ddl_schemas()["python.torch_trace"])
     # WHEN one row recorded no events (the CPU side of a CUDA step) and one did
     got = resolve(resolver, [(10, 20, 1, -1, None), (21, 30, 1, -1, (Event(0.0), Event(0.5)))],
                   [model[0], model[1]], [], model)

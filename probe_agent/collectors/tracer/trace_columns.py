@@ -45,28 +45,6 @@ BW_MAX = BUFFER_ROWS * BW_N
 pack_fw = struct.Struct(f"{FW_N}q").pack
 pack_bw = struct.Struct(f"{BW_N}q").pack
 
-SCHEMA = pa.schema(
-    [
-        ("timestamp", pa.float64()),
-        ("rank", pa.int32()),
-        ("step", pa.int64()),
-        ("seq", pa.int32()),
-        ("module", pa.string()),
-        ("stage", pa.string()),
-        ("duration", pa.float64()),
-        ("cpu_duration", pa.float64()),
-        ("allocated", pa.float64()),
-        ("max_allocated", pa.float64()),
-        ("cached", pa.float64()),
-        ("max_cached", pa.float64()),
-        ("root", pa.string()),
-        ("recompute", pa.bool_()),
-        ("device", pa.string()),
-        ("depth", pa.int32()),
-    ]
-)
-
-
 def records(buf: array, width: int) -> pa.FixedSizeListArray:
     """``buf`` (flat int64 records of ``width`` numbers) as Arrow, without a copy. ``buf`` must
     not grow while Arrow holds it: pass the writer's own slice, never a live buffer."""

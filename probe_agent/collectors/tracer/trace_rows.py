@@ -44,7 +44,6 @@ from .trace_columns import (
     OPT_STEP,
     PASS_END,
     RECOMPUTE,
-    SCHEMA,
     records,
 )
 from .trace_names import ModuleNames
@@ -143,8 +142,9 @@ class RowResolver:
     """Resolves one flush of records at a time; keeps what later flushes need (the last
     steps' forward rows, names, rows whose CUDA events are still running)."""
 
-    def __init__(self, rank: int, config: Any) -> None:
+    def __init__(self, rank: int, schema: pa.Schema) -> None:
         self.rank = rank
+        self.schema = schema  # python.torch_trace as the store has it (schema.sql)
         self.torch: Any = None
         # perf_counter_ns -> nanoseconds since the epoch
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
@@ -229,7 +229,7 @@ class RowResolver:
             self._bev.clear()
         if not out.num_rows:
             return []
-        return [out.select(SCHEMA.names).cast(SCHEMA)]
+        return [out.select(self.schema.names).cast(self.schema)]
 
     def _cuda(self, out: pa.Table, recycle: Callable[[list[Any]], None]) -> pa.Table:
         """Rows with CUDA events take the GPU duration and the allocator's numbers once their

@@ -52,9 +52,9 @@ import sys
 import threading
 import time
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import Guard
+from .. import Guard, Sink
 from ..torch_import import TorchImportWatcher, torch_ready
 from . import trace_hot
 from .trace_columns import (
@@ -73,6 +73,10 @@ from .trace_columns import (
 from .trace_cuda import CudaRecords
 from .trace_native import LOADER
 from .trace_rows import RowResolver
+
+if TYPE_CHECKING:
+    from ...config import AgentConfig
+    from ...stepclock import StepClock
 
 log = logging.getLogger(__name__)
 
@@ -105,16 +109,19 @@ class TorchTracer(CudaRecords):
     """Collector for ``python.torch_trace``; see the module docstring.
 
     Args:
-        agent: supplies the config (``trace``: the start mode), the rank and the StepClock.
+        stepclock: the agent's step clock: traced steps follow its numbering.
+        rank: written into every row.
+        config: ``trace`` (the start mode) and ``trace_native`` (whether to use the C++ path).
     """
 
-    def __init__(self, agent: Any) -> None:
-        self.agent = agent
-        self.rank = agent.rank
-        self.mode = agent.config.trace
+    def __init__(self, stepclock: StepClock, rank: int, config: AgentConfig) -> None:
+        self.stepclock = stepclock
+        self.rank = rank
+        self.mode = config.trace
         self._kind, self._every = parse_mode(self.mode)
         self.guard = Guard("module tracer")
-        self.resolver = RowResolver(agent.rank, agent.config)
+        self.sink: Sink | None = None
+        self.resolver: RowResolver | None = None  # made at start, with the sink's schema
         # hot-path state (training thread)
         self.depth = 0
         self.recording = False
@@ -153,13 +160,14 @@ class TorchTracer(CudaRecords):
         self._stopped = False
         self._torch: Any = None
         self.queue_callback: Any = None
-        self.native_mode = agent.config.trace_native  # auto | off, read at each step boundary
+        self.native_mode = config.trace_native  # auto | off, read at each step boundary
         self.native: Any = None  # the C++ hot path once bound to it (trace_native.py)
         self.on_native = False  # installed steps use it
 
     # -- collector protocol ------------------------------------------------------------------
-    def start(self, sink: Any) -> None:
+    def start(self, sink: Sink) -> None:
         self.sink = sink
+        self.resolver = RowResolver(self.rank, sink.arrow_schema(_TABLE))
         sink.add_flusher(self.tick)
         if torch_ready():
             self.arm()
@@ -182,12 +190,13 @@ class TorchTracer(CudaRecords):
             trace_hot.unbind(self)
             self.armed = False
             self.flush()
-            self.resolver.close()
+            if self.resolver is not None:
+                self.resolver.close()
 
     # -- arming ------------------------------------------------------------------------------
     def _on_torch_imported(self) -> None:
         try:
-            self.agent.stepclock.poll()
+            self.stepclock.poll()
             self.arm()
         except Exception as e:  # noqa: BLE001 - runs inside the program's `import torch`
             self.failed(e)
@@ -210,13 +219,14 @@ class TorchTracer(CudaRecords):
                 register_optimizer_step_pre_hook(self._on_opt_pre),
                 register_optimizer_step_post_hook(self._on_opt_post),
             ]
-            clock = self.agent.stepclock
+            clock = self.stepclock
             clock.poll()
             self._unsubscribe = clock.subscribe(self._on_step, "module tracer")
             if clock.seen_step:
                 self.fallback = False
                 self.step = clock.current_step + 1
-            self.resolver.torch = torch
+            if self.resolver is not None:
+                self.resolver.torch = torch
             trace_hot.bind(self, torch)
             self.armed = True
             self._apply(self.mode, boundary=True)
@@ -376,6 +386,8 @@ class TorchTracer(CudaRecords):
         if self.native is not None:
             _, _, _, n_fw, events = self.native.state()
             records += n_fw
+        if self.sink is None:
+            return
         if (self.sink.reader_waiting(_TABLE) or records >= RESOLVE_ROWS
                 or events >= RESOLVE_EVENTS or time.monotonic() - self._resolved_at >= RESOLVE_S):
             self.flush()
@@ -405,6 +417,8 @@ class TorchTracer(CudaRecords):
             objs += nobjs
             roots += nroots
             self.dropped += fw_dropped + bw_dropped
+        if self.resolver is None or self.sink is None:
+            return  # never started: nothing was recorded
         for table in self.resolver.resolve(fw, objs, roots, fcuda, bw, bcuda, self.recycle):
             self.sink.append(_TABLE, table)
 
@@ -435,6 +449,3 @@ def _take(buf: Any, n: int) -> Any:
     del buf[:n]
     return out
 
-
-def build_tracer(agent: Any) -> TorchTracer:
-    return TorchTracer(agent)
