@@ -17,6 +17,7 @@ from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import hang_json, render_verdict
 from ..result import RankResult
 from ..session import Session
+from ..transport.wire import Envelope
 from . import pass_session
 
 #: Recent collectives asked of each rank: enough to see the last done and every pending one.
@@ -26,7 +27,8 @@ RECENT = 64
 def _both(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
     bt = client.backtrace()
     coll = client.collectives(limit=RECENT)
-    return {"ok": True, "rank": bt.get("rank"), "pid": bt.get("pid"), "host": bt.get("host"),
+    who = Envelope.from_wire(bt)
+    return {"ok": True, "rank": who.rank, "pid": who.pid, "host": who.host,
             "backtrace": bt, "collectives": coll}
 
 

@@ -12,7 +12,7 @@ from ..outcome import Outcome, finish
 from ..render.text import render_query_table
 from ..result import RankResult
 from ..session import Session
-from ..transport.wire import QueryBody
+from ..transport.wire import Envelope, QueryBody
 from . import pass_session
 
 TREND, OUTLIERS = "steps_trend", "steps_outliers"
@@ -34,7 +34,8 @@ def command(session: Session, steps: int, factor: float, limit: int) -> Outcome:
     def both(client: ProbeClient, _target: RankTarget) -> dict[str, Any]:
         trend = client.canned(TREND, steps=steps)
         outliers = client.canned(OUTLIERS, steps=steps, factor=factor, limit=limit)
-        return {"ok": True, "rank": trend.get("rank"), "trend": trend, "outliers": outliers}
+        rank = Envelope.from_wire(trend).rank
+        return {"ok": True, "rank": rank, "trend": trend, "outliers": outliers}
 
     results = fan_out(session, resolve_ranks(session), both)
 

@@ -17,7 +17,7 @@ from ..fanout import Call, RankTarget, fan_out, resolve_ranks
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import render_straggler, straggler_json
 from ..session import Session
-from ..transport.wire import CollectivesBody, QueryBody
+from ..transport.wire import CollectivesBody, Envelope, QueryBody
 from . import pass_session
 
 
@@ -28,7 +28,8 @@ def _gather(last: int) -> Call:
             steps: dict[str, Any] | None = client.canned("straggler_steps", last_steps=last)
         except RankError:  # python.steps not recorded by this agent (tracing not built/on)
             steps = None
-        return {"ok": True, "rank": coll.get("rank"), "collectives": coll, "steps": steps}
+        rank = Envelope.from_wire(coll).rank
+        return {"ok": True, "rank": rank, "collectives": coll, "steps": steps}
 
     return call
 
