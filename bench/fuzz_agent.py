@@ -1,7 +1,10 @@
 """Fuzz the agent's served OpenAPI spec with schemathesis while a training job runs.
 
 Starts tests/programs/toy_train.py with the agent (once without a token, once with one), runs
-`schemathesis run <url>/openapi.json --checks not_a_server_error`, and checks that
+`schemathesis run <url>/openapi.json --checks not_a_server_error`, then sends every POST route
+the bodies schemathesis does not make (issue 20, item 7): lone surrogates (``"\udcff"`` is
+valid JSON, not text) in every string field, a 100k-deep JSON array, a 20 MB body, invalid
+UTF-8 and a body that is not JSON, and checks that
 - no response had a 5xx status (schemathesis exits non-zero otherwise), and
 - the training process kept stepping throughout (trainer.current_step before and after).
 
@@ -25,6 +28,47 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "tests" / "programs" / "toy_train.py"
+
+
+def hostile_bodies(spec: dict) -> list[tuple[str, bytes]]:
+    """(name, body) for one POST route of ``spec``: what a JSON generator never makes."""
+    out = [("deep-json", b"[" * 100_000 + b"]" * 100_000),
+           ("deep-object", b'{"a":' * 50_000 + b"1" + b"}" * 50_000),
+           ("huge-20MB", b'{"x": "' + b"a" * (20 << 20) + b'"}'),
+           ("invalid-utf8", b'{"sql": "\xff\xfe", "code": "\xc3\x28"}'),
+           ("not-json", b"SELECT 1"),
+           ("surrogate-key", b'{"\\udcff": 1}')]
+    fields = spec.get("properties", {})
+    strings = [k for k, v in fields.items()
+               if v.get("type") == "string" or any(a.get("type") == "string"
+                                                   for a in v.get("anyOf", []))]
+    if strings:  # json.dumps writes a lone surrogate as the escape "\udcff": valid JSON
+        out.append(("lone-surrogate", json.dumps({k: "\udcff" for k in strings}).encode()))
+        out.append(("high-surrogate", json.dumps({k: "x\ud800y" for k in strings}).encode()))
+    return out
+
+
+def send_hostile(url: str, headers: dict[str, str]) -> list[str]:
+    """Send ``hostile_bodies`` to every POST route; the 5xx answers, as lines."""
+    spec = httpx.get(f"{url}/openapi.json", headers=headers, timeout=30).json()
+    failures = []
+    for path, ops in spec["paths"].items():
+        if "post" not in ops or "{" in path:
+            continue
+        body_spec = (ops["post"].get("requestBody", {}).get("content", {})
+                     .get("application/json", {}).get("schema", {}))
+        if "$ref" in body_spec:
+            body_spec = spec["components"]["schemas"][body_spec["$ref"].split("/")[-1]]
+        for name, body in hostile_bodies(body_spec):
+            try:
+                r = httpx.post(url + path, content=body, timeout=60, headers={
+                    **headers, "content-type": "application/json"})
+            except httpx.HTTPError as e:
+                failures.append(f"POST {path} {name}: {type(e).__name__}: {e}")
+                continue
+            if r.status_code >= 500:
+                failures.append(f"POST {path} {name}: {r.status_code} {r.text[:200]}")
+    return failures
 
 
 def run_once(token: str | None, max_examples: int, seed: int = 1) -> tuple[bool, str]:
@@ -78,6 +122,7 @@ def run_once(token: str | None, max_examples: int, seed: int = 1) -> tuple[bool,
             if token:
                 cmd += ["-H", f"Authorization: Bearer {token}"]
             fz = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            hostile = send_hostile(url, headers) if proc.poll() is None else []
             alive = proc.poll() is None
             if not alive:
                 # Report why the training process ended: that is the finding, not the ConnectError.
@@ -86,11 +131,13 @@ def run_once(token: str | None, max_examples: int, seed: int = 1) -> tuple[bool,
                                f"schemathesis said:\n{fz.stdout[-3000:]}")
             after = step()
             summary = [ln for ln in fz.stdout.splitlines() if "generated" in ln or "passed" in ln]
-            ok = fz.returncode == 0 and alive and after > before
+            ok = fz.returncode == 0 and alive and after > before and not hostile
             return ok, (
                 f"token={'yes' if token else 'no'}: schemathesis exit {fz.returncode} "
-                f"({'; '.join(s.strip() for s in summary[-2:])}); training steps {before} -> {after}, "
+                f"({'; '.join(s.strip() for s in summary[-2:])}); hostile bodies: "
+                f"{len(hostile)} 5xx; training steps {before} -> {after}, "
                 f"alive={alive}" + ("" if fz.returncode == 0 else "\n" + fz.stdout[-3000:])
+                + "".join("\n  " + h for h in hostile)
             )
         finally:
             (tmp / "stop").touch()

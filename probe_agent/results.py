@@ -36,6 +36,9 @@ SIZE_COLUMN = "__probe_bytes"
 #: (only the rows within the caps go on to Python), so a batch of rows just under the cap each
 #: is this many times the cap in Arrow memory; DuckDB's own chunk of 2048 rows is 8x that.
 _ARROW_BATCH = 256
+#: Bytes converted to Python and encoded per C call (``_slices``): 16 MB in one call held the GIL
+#: for ~90 ms, a step of the training loop (bench/bench_request_bounds.py, pull_4x).
+_GIL_SLICE = 1 << 20
 
 
 @dataclass(slots=True)
@@ -93,11 +96,29 @@ def json_rows(cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None
         return out
     by_rows, by_bytes = _limits(max_rows, max_bytes)
     reader = rel.to_arrow_reader(_ARROW_BATCH)
-    for batch in _arrow_batches(reader, out, max_rows, max_bytes, by_rows, by_bytes, sized):
-        cols = [c.to_pylist() for c in batch.columns]
-        rows = [[jsonable(v) for v in r] for r in zip(*cols)] if cols else []
-        _append(out, rows, max_bytes, by_bytes)
+    try:
+        for batch, sizes in _arrow_batches(reader, out, max_rows, max_bytes, by_rows, by_bytes,
+                                           sized):
+            for part in _slices(batch, sizes):
+                cols = [c.to_pylist() for c in part.columns]
+                rows = [[jsonable(v) for v in r] for r in zip(*cols)] if cols else []
+                _append(out, rows, max_bytes, by_bytes)
+    finally:
+        reader.close()  # a result cut short lets go of DuckDB's rest of it now
     return out
+
+
+def _slices(batch: pa.RecordBatch, sizes: list[float]) -> Any:
+    """``batch`` in slices of about ``_GIL_SLICE`` bytes: each slice's conversion and encoding
+    is one C call holding the GIL, and the training thread waits for the GIL between them."""
+    start, acc = 0, 0.0
+    for i, size in enumerate(sizes):
+        acc += size or 0
+        if acc >= _GIL_SLICE:
+            yield batch.slice(start, i + 1 - start)
+            start, acc = i + 1, 0.0
+    if start < len(sizes):
+        yield batch.slice(start)
 
 
 def _append(out: Bounded, rows: list[list[Any]], max_bytes: int, by_bytes: str) -> None:
@@ -128,9 +149,9 @@ def _add(out: Bounded, encoded: bytes, n: int) -> None:
 
 def _arrow_batches(reader: Any, out: Bounded, max_rows: int, max_bytes: int, by_rows: str,
                    by_bytes: str, sized: bool = False) -> Any:
-    """Batches of ``reader`` within the caps (SIZE_COLUMN dropped when ``sized``: then a row's
-    size is its JSON size from DuckDB, else its share of the batch's Arrow buffers). Sets
-    ``out.limit`` when it cuts."""
+    """(batch, its rows' sizes) of ``reader`` within the caps (SIZE_COLUMN dropped when
+    ``sized``: then a row's size is its JSON size from DuckDB, else its share of the batch's
+    Arrow buffers). Sets ``out.limit`` when it cuts."""
     rows = 0
     nbytes = 0.0
     for batch in reader:
@@ -151,7 +172,7 @@ def _arrow_batches(reader: Any, out: Bounded, max_rows: int, max_bytes: int, by_
             keep += 1
         rows += keep
         if keep:
-            yield batch.slice(0, keep)
+            yield batch.slice(0, keep), sizes[:keep]
         if out.limit is not None:
             return
 
@@ -172,9 +193,9 @@ def arrow_stream(cur: duckdb.DuckDBPyConnection, sql: str, max_rows: int,
     reader = rel.to_arrow_reader(_ARROW_BATCH)
     fields = list(reader.schema)[1:] if sized else list(reader.schema)
     schema = _named(pa.schema(fields), columns)
-    with pa.ipc.new_stream(sink, schema) as writer:
-        for batch in _arrow_batches(reader, out, max_rows + 1, max_bytes, by_rows, by_bytes,
-                                    sized):
+    with reader, pa.ipc.new_stream(sink, schema) as writer:
+        for batch, _ in _arrow_batches(reader, out, max_rows + 1, max_bytes, by_rows, by_bytes,
+                                       sized):
             if out.rows + batch.num_rows > max_rows:
                 batch = batch.slice(0, max_rows - out.rows)
                 out.limit = by_rows

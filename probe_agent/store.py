@@ -386,14 +386,32 @@ class Store:
         the query deadline."""
         check_sql_text(sql, self.config.max_sql_bytes)
         cur = self._read_cursor()
-        self._under_deadline(cur, lambda: self._read_only_check(sql, cur))
+        self._guarded(cur, lambda: self._read_only_check(sql, cur))
 
     def _under_deadline(self, cur: duckdb.DuckDBPyConnection, fn: Callable[[], Any]) -> Any:
-        """``fn()`` with ``cur`` interrupted at PROBE_QUERY_TIMEOUT_MS; DuckDB's errors become
-        QueryError (QueryTimeoutError when interrupted)."""
+        """``fn()`` with ``cur`` interrupted at PROBE_QUERY_TIMEOUT_MS; after a failure, DuckDB
+        is made to release what the query held."""
         deadline = self._deadlines.arm(self.config.query_timeout_ms / 1000.0, cur.interrupt)
         try:
             return fn()
+        except duckdb.Error:
+            self._deadlines.disarm(deadline)
+            # A failed query's memory goes back only when DuckDB runs its next statement
+            # (closing the cursor does not do it): a join stopped at PROBE_DB_MEMORY_MB kept
+            # 500 MB of the training process's RSS until someone queried again.
+            try:
+                cur.execute("SELECT 1").fetchall()
+            except duckdb.Error:  # the cursor itself is broken: the next read will say so
+                pass
+            raise
+        finally:
+            self._deadlines.disarm(deadline)
+
+    def _guarded(self, cur: duckdb.DuckDBPyConnection, fn: Callable[[], Any]) -> Any:
+        """``_under_deadline``, with DuckDB's errors as QueryError (QueryTimeoutError when
+        interrupted)."""
+        try:
+            return self._under_deadline(cur, fn)
         except duckdb.InterruptException:
             raise QueryTimeoutError(
                 f"query stopped after {self.config.query_timeout_ms} ms "
@@ -405,8 +423,6 @@ class Store:
                 "raise PROBE_DB_MEMORY_MB)") from None
         except duckdb.Error as e:
             raise QueryError(one_line(e)) from None
-        finally:
-            self._deadlines.disarm(deadline)
 
     def _materialize(self, cur: duckdb.DuckDBPyConnection, tables: frozenset[str]) -> None:
         for table, fn in self._materializers.items():
@@ -450,7 +466,7 @@ class Store:
             self._materialize(cur, named)
         except duckdb.Error as e:
             raise QueryError(one_line(e)) from None
-        return self._under_deadline(cur, lambda: consume(cur, sql, params or [], max_rows, t0))
+        return self._guarded(cur, lambda: consume(cur, sql, params or [], max_rows, t0))
 
     def query(
         self, sql: str, params: list[Any] | None = None, max_rows: int | None = None
