@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .access import SCOPE_KEYS, header_map, reserve_refusal
 from .errors import ProbeAgentError
+from .serving.wire import error_body
 
 log = logging.getLogger(__name__)
 
@@ -26,17 +27,6 @@ _UNBUDGETED = frozenset({"/v1/health", "/v1/step", "/v1/backtrace"})
 
 #: Feature routers, by module under probe_agent.routes. Each module exposes ``router``.
 ROUTERS = ("core", "trace", "cluster", "actions", "doctor", "access")
-
-
-def error_body(rank: int, status: int, message: str, **extra: Any) -> dict[str, Any]:
-    """The wire error contract. Four keys are always present:
-
-    - ``ok``: always False;
-    - ``rank``: the answering rank;
-    - ``status``: the HTTP status, repeated for clients that only see the body;
-    - ``error``: one line saying what went wrong and, where we know, what to do.
-    """
-    return {"ok": False, "rank": rank, "status": status, "error": message, **extra}
 
 
 class Guard:

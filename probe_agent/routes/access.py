@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from ..errors import ForbiddenError
+from ..serving.wire import ok_body
 
 router = APIRouter(prefix="/v1")
 
@@ -39,4 +40,4 @@ async def report_refusals(request: Request, body: RefusalReport) -> dict[str, An
         agent.refusals.record(r.client, r.what, r.reason, r.message, now)
     agent.refusals.count += body.unlisted
     agent.refusals.unlogged += body.unlisted
-    return {"ok": True, "rank": agent.rank, "recorded": len(body.refusals)}
+    return ok_body(agent.rank, recorded=len(body.refusals))

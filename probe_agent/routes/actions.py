@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, Field, StrictBool, model_valida
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import ForbiddenError
+from ..serving.wire import ok_body
 from .core import _agent, _client
 
 router = APIRouter(prefix="/v1")
@@ -105,15 +106,15 @@ def _require_eval_rights(request: Request, what: str) -> None:
 
 
 def _envelope(agent: Any, **body: Any) -> dict[str, Any]:
-    return {"ok": True, "rank": agent.rank, "step": agent.stepclock.current_step,
-            "paused_at": agent.actions.paused_at, **body}
+    return ok_body(agent.rank, step=agent.stepclock.current_step,
+                   paused_at=agent.actions.paused_at, **body)
 
 
 @router.get("/step")
 async def step(request: Request) -> dict[str, Any]:
     """This rank's step clock: ``step`` (null before the first optimizer step), ``paused_at``."""
     agent = _agent(request)
-    return {"ok": True, "rank": agent.rank, **agent.actions.status(), "now": time.time()}
+    return ok_body(agent.rank, **agent.actions.status(), now=time.time())
 
 
 @router.get("/actions")
@@ -168,5 +169,4 @@ async def resume(request: Request, body: ResumeRequest) -> dict[str, Any]:
     """Release a paused training thread now (and cancel pauses not reached yet)."""
     agent = _agent(request)
     _require_eval_rights(request, "resume")
-    return {"ok": True, "rank": agent.rank, **agent.actions.resume(_client(request),
-                                                                   body.requested_by)}
+    return ok_body(agent.rank, **agent.actions.resume(_client(request), body.requested_by))

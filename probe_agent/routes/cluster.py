@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from ..errors import NotFoundError, QueryError
+from ..serving.wire import ok_body, query_body
 
 router = APIRouter(prefix="/v1")
 
@@ -42,7 +43,7 @@ async def collectives(
     body = await asyncio.get_running_loop().run_in_executor(
         agent.query_pool, _collective_rows, agent, state, limit
     )
-    return {"ok": True, "rank": agent.rank, **body}
+    return ok_body(agent.rank, **body)
 
 
 class CannedRequest(BaseModel):
@@ -73,10 +74,10 @@ async def list_queries(request: Request) -> dict[str, Any]:
     from ..catalog import load_queries
 
     agent = request.app.state.agent
-    return {"ok": True, "rank": agent.rank, "queries": [
+    return ok_body(agent.rank, queries=[
         {"name": q.name, "description": q.description, "params": list(q.params)}
         for q in load_queries().values()
-    ]}
+    ])
 
 
 @router.post("/queries/{name}")
@@ -86,5 +87,5 @@ async def run_query(request: Request, name: str, body: CannedRequest) -> dict[st
     res = await asyncio.get_running_loop().run_in_executor(
         agent.query_pool, _canned, agent, name, body.params
     )
-    return {"ok": True, "rank": agent.rank, "columns": res.columns, "types": res.types,
-            "rows": res.rows, "truncated": res.truncated, "elapsed_ms": round(res.elapsed_ms, 3)}
+    return query_body(agent.rank, res.columns, res.types, res.rows, res.truncated,
+                      res.elapsed_ms)

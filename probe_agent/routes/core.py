@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from typing import Any
@@ -15,6 +14,7 @@ from pydantic import BaseModel, Field
 from ..collectors import stacks
 from ..errors import ForbiddenError
 from ..readonly import too_large
+from ..serving.wire import ok_body, query_parts
 from .bodies import openapi_body, read_body
 
 router = APIRouter(prefix="/v1")
@@ -66,13 +66,13 @@ async def health(request: Request, challenge: str | None = None) -> dict[str, An
     before a client sends it the token (issue 19)."""
     agent = _agent(request)
     proof = agent.gate.policy.health_extra({"challenge": challenge or ""}, agent.tcp_port)
-    return {"ok": True, "rank": agent.rank, "status": "ok", **proof}
+    return ok_body(agent.rank, status="ok", **proof)
 
 
 @router.get("/info")
 async def info(request: Request) -> dict[str, Any]:
     agent = _agent(request)
-    return {"ok": True, **agent.info()}
+    return ok_body(**agent.info())
 
 
 @router.get("/ranks")
@@ -81,8 +81,7 @@ async def ranks(request: Request) -> dict[str, Any]:
     registry = agent.collectors.get("ranks")
     world = max(getattr(registry, "world_size", 0), agent.identity.world_size)
     discovery = registry.describe() if registry is not None else {"state": "off"}
-    return {"ok": True, "rank": agent.rank, "ranks": agent.known_ranks(), "world_size": world,
-            "discovery": discovery}
+    return ok_body(agent.rank, ranks=agent.known_ranks(), world_size=world, discovery=discovery)
 
 
 @router.post("/query", response_model=None, openapi_extra=openapi_body(QueryRequest))
@@ -108,14 +107,8 @@ async def query(request: Request) -> Response:
     )
     _charge(request, res.nbytes)
     # The rows arrive encoded (results.py): the body is written around them, never re-encoded.
-    # truncated comes after rows, as always; the head and tail are plain JSON.
-    head = json.dumps({"ok": True, "rank": agent.rank, "columns": res.columns,
-                       "types": res.types}, ensure_ascii=False,
-                      separators=(",", ":"))[:-1] + ',"rows":['
-    tail = {"truncated": res.truncated, "elapsed_ms": round(res.elapsed_ms, 3)}
-    if res.limit:
-        tail["truncated_by"] = res.limit
-    parts = [head.encode(), *res.parts, b"]," + json.dumps(tail, separators=(",", ":"))[1:].encode()]
+    parts = query_parts(agent.rank, res.columns, res.types, res.parts, res.truncated,
+                        res.elapsed_ms, res.limit)
     return _streamed(parts, "application/json", {})
 
 
@@ -140,14 +133,8 @@ async def eval_code(request: Request) -> dict[str, Any]:
         )
     loop = asyncio.get_running_loop()
     out = await loop.run_in_executor(agent.eval_pool, agent.run_eval, body.code, client)
-    return {
-        "ok": True,
-        "rank": agent.rank,
-        "result": out.result,
-        "stdout": out.stdout,
-        "stderr": out.stderr,
-        "elapsed_ms": round(out.elapsed_ms, 3),
-    }
+    return ok_body(agent.rank, result=out.result, stdout=out.stdout, stderr=out.stderr,
+                   elapsed_ms=round(out.elapsed_ms, 3))
 
 
 @router.get("/backtrace")
@@ -165,15 +152,14 @@ async def backtrace(
         )
     else:
         snap = stacks.snapshot(include_agent=all)
-    return JSONResponse({  # plain strings and numbers: no jsonable_encoder pass (see query)
-        "ok": True,
-        "rank": agent.rank,
-        "pid": agent.identity.pid,
-        "host": agent.identity.host,
-        "source": "in-process",
-        "route": "sys._current_frames",
-        "native": False,
-        "python": sys.version.split()[0],
-        "threads": stacks.to_dicts(snap),
-        "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
-    })
+    return JSONResponse(ok_body(  # plain strings and numbers: no jsonable_encoder pass
+        agent.rank,
+        pid=agent.identity.pid,
+        host=agent.identity.host,
+        source="in-process",
+        route="sys._current_frames",
+        native=False,
+        python=sys.version.split()[0],
+        threads=stacks.to_dicts(snap),
+        elapsed_ms=round((time.perf_counter() - t0) * 1e3, 3),
+    ))

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Query, Request
 
 from ..collectors.trainloop import optimizer_state
 from ..jsonsafe import jsonable
+from ..serving.wire import ok_body
 
 router = APIRouter(prefix="/v1")
 
@@ -39,15 +40,14 @@ def _state(agent: Any) -> dict[str, Any]:
     monitor = agent.collectors.get("trainloop")
     clock = agent.stepclock
     clock.poll()
-    return jsonable({
-        "ok": True,
-        "rank": agent.rank,
-        "now": time.time(),
-        "clock": clock.state(),
-        "loop": monitor.state() if monitor is not None else None,
-        "optimizers": optimizer_state(clock.optimizers()),
-        "cuda_total_mib": _cuda_totals(),
-    })
+    return jsonable(ok_body(
+        agent.rank,
+        now=time.time(),
+        clock=clock.state(),
+        loop=monitor.state() if monitor is not None else None,
+        optimizers=optimizer_state(clock.optimizers()),
+        cuda_total_mib=_cuda_totals(),
+    ))
 
 
 @router.get("/doctor")
@@ -72,4 +72,4 @@ async def grads(
     else:
         body = await asyncio.get_running_loop().run_in_executor(
             agent.query_pool, monitor.request_grad_check, wait)
-    return jsonable({"ok": True, "rank": agent.rank, **body})
+    return jsonable(ok_body(agent.rank, **body))

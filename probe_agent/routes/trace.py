@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from ..errors import ConflictError, QueryError
+from ..serving.wire import ok_body
 
 router = APIRouter(prefix="/v1")
 
@@ -41,7 +42,7 @@ def _tracer(request: Request) -> Any:
 async def get_trace(request: Request) -> dict[str, Any]:
     """The tracing mode, whether the current step is traced, and failure counts."""
     agent, tracer = _tracer(request)
-    return {"ok": True, "rank": agent.rank, **tracer.state()}
+    return ok_body(agent.rank, **tracer.state())
 
 
 @router.post("/trace")
@@ -52,4 +53,4 @@ async def set_trace(request: Request, body: TraceRequest) -> dict[str, Any]:
         state = tracer.set_mode(body.mode)
     except ValueError as e:
         raise QueryError(str(e)) from None
-    return {"ok": True, "rank": agent.rank, **state}
+    return ok_body(agent.rank, **state)

@@ -9,10 +9,11 @@ connection is then closed too.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from ..serving.wire import encode
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 64 * 1024 * 1024
@@ -114,7 +115,7 @@ def forward_head(req: Request, client: str) -> bytes:
 
 def json_response(status: int, body: dict[str, Any], *, close: bool = False,
                   headers: tuple[tuple[str, str], ...] = ()) -> bytes:
-    data = json.dumps(body, default=str).encode()
+    data = encode(body)
     lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}",
              "content-type: application/json", f"content-length: {len(data)}"]
     lines += [f"{k}: {v}" for k, v in headers]

@@ -34,6 +34,7 @@ from ..access import (
     tcp_peer,
     unix_peer_uid,
 )
+from ..serving.wire import error_body, ok_body
 from .httpwire import (
     BadRequest,
     Request,
@@ -156,8 +157,8 @@ class Proxy:
 
     def _error(self, status: int, message: str, *, close: bool = False,
                headers: tuple[tuple[str, str], ...] = (), **extra: Any) -> bytes:
-        body = {"ok": False, "rank": self.rank_no, "status": status, "error": message, **extra}
-        return json_response(status, body, close=close, headers=headers)
+        return json_response(status, error_body(self.rank_no, status, message, **extra),
+                             close=close, headers=headers)
 
     def _refused(self, peer: Peer, what: str, refusal: Refusal) -> None:
         """Queue a refusal for the agent's audit table (report_refusals sends it)."""
@@ -200,8 +201,7 @@ class Proxy:
             # The proof is the watchdog's to give: it holds the token and the port, and must
             # give it while the agent's Python is frozen too.
             proof = self.policy.health_extra(req.query, self.port)
-            writer.write(json_response(200, {"ok": True, "rank": self.rank_no, "status": "ok",
-                                             **proof}))
+            writer.write(json_response(200, ok_body(self.rank_no, status="ok", **proof)))
             return True
         is_backtrace = req.method == "GET" and req.path == "/v1/backtrace"
         if not self.rank.alive:
@@ -326,8 +326,8 @@ class Proxy:
         if self.ranks_cache:
             return {**self.ranks_cache, "cached": True}
         me = {"rank": self.rank_no, "url": None, "host": self.host, "pid": self.pid}
-        return {"ok": True, "rank": self.rank_no, "ranks": [me], "cached": True,
-                "discovery": {"state": "unknown", "error": "the agent did not answer in time"}}
+        return ok_body(self.rank_no, ranks=[me], cached=True, discovery={
+            "state": "unknown", "error": "the agent did not answer in time"})
 
     async def backtrace(self, req: Request, writer: asyncio.StreamWriter, client: str) -> bool:
         started = time.monotonic()
@@ -405,18 +405,17 @@ class Proxy:
         if res.get("stopped") and res["stopped"] not in reason:
             reason = f"{res['stopped']}; {reason}"
         hb = self.rank.heartbeat()
-        body = {
-            "ok": True, "rank": self.rank_no, "pid": self.pid, "host": self.host,
-            "source": "out-of-process", "route": res["route"], "reason": reason,
-            "native": native and res["route"] == "py-spy" and not res.get("stopped"),
-            "state": "stopped" if res.get("stopped") else "alive", "stopped": res.get("stopped"),
-            "gil_holder": res.get("gil_holder"),
-            "gil_held": res.get("gil_holder") is not None if res["route"] == "py-spy" else None,
-            "heartbeat_age_s": round(hb[0], 3) if hb else None,
-            "step": self.rank.last_step, "threads": threads,
-            "elapsed_ms": round((time.monotonic() - started) * 1e3, 3),
-        }
-        return json_response(200, body)
+        return json_response(200, ok_body(
+            self.rank_no, pid=self.pid, host=self.host,
+            source="out-of-process", route=res["route"], reason=reason,
+            native=native and res["route"] == "py-spy" and not res.get("stopped"),
+            state="stopped" if res.get("stopped") else "alive", stopped=res.get("stopped"),
+            gil_holder=res.get("gil_holder"),
+            gil_held=res.get("gil_holder") is not None if res["route"] == "py-spy" else None,
+            heartbeat_age_s=round(hb[0], 3) if hb else None,
+            step=self.rank.last_step, threads=threads,
+            elapsed_ms=round((time.monotonic() - started) * 1e3, 3),
+        ))
 
     def _dead(self, req: Request, is_backtrace: bool) -> bytes:
         e = self.rank.exit or {}
@@ -431,8 +430,7 @@ class Proxy:
         if is_backtrace:
             threads = [t for t in (last or {}).get("threads") or []
                        if req.flag("all") or not t.get("is_agent")]
-            body = {"ok": True, "rank": self.rank_no, "source": "watchdog",
-                    "route": (last or {}).get("route"), "reason": message, **facts,
-                    "threads": threads}
-            return json_response(200, body)
+            return json_response(200, ok_body(
+                self.rank_no, source="watchdog", route=(last or {}).get("route"),
+                reason=message, **facts, threads=threads))
         return self._error(410, message + "; `probe backtrace` shows its last stack", **facts)

@@ -1,0 +1,95 @@
+"""The wire contract (docs/http-api.md) from both sides, in one place (issue 18, item 1).
+
+The agent builds its bodies through probe_agent/serving/wire.py; the CLI reads them through
+probe_cli/transport/wire.py. The two share no code, so this test holds each to the page: the
+documented error body is what ``error_body`` builds, a real agent's answers carry exactly the
+keys the routes table lists, and the CLI's ``from_wire`` types read those very answers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from probe_agent.serving.wire import error_body, query_body, query_parts
+from probe_cli.transport.wire import Envelope, EvalBody, QueryBody
+from tests.support import ROOT
+
+PAGE = (ROOT / "docs" / "http-api.md").read_text()
+ENVELOPE = ("ok", "rank")
+ERROR_KEYS = ("ok", "rank", "status", "error")
+
+
+def documented_error_body() -> dict:
+    section = PAGE[PAGE.index("## Error body"):]
+    return json.loads(re.search(r"```json\n(.*?)\n```", section, re.S).group(1))
+
+
+def documented_keys(route: str) -> tuple[str, ...]:
+    """The success body's keys for ``route`` (``POST /v1/query``), from the routes table,
+    after the envelope: the backticked names of its last column, in order."""
+    for line in PAGE.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] == f"`{route}`":
+            names = re.findall(r"`([^`]*)`", cells[2])
+            return ENVELOPE + tuple(k.strip() for n in names for k in n.split(",")
+                                    if re.fullmatch(r"\s*[a-z_]+\s*", k))
+    raise AssertionError(f"{route} is not in docs/http-api.md's routes table")
+
+
+def test_the_documented_error_body_is_what_the_agent_builds():
+    doc = documented_error_body()
+    built = error_body(doc["rank"], doc["status"], doc["error"])
+    assert built == doc and list(built) == list(doc) == list(ERROR_KEYS)
+    # AND the CLI reads it as an error of that status
+    env = Envelope.from_wire(built)
+    assert (env.ok, env.rank, env.status, env.error) == (False, 0, 400, doc["error"])
+
+
+def test_the_streamed_query_body_is_the_same_body():
+    """``/v1/query`` writes its body around pre-encoded rows: byte for byte the same JSON."""
+    args = (3, ["module", "n"], ["VARCHAR", "BIGINT"])
+    parts = query_parts(*args, [b'["fc1",12]', b',["fc2",3]'], True, 1.23456, "PROBE_MAX_ROWS")
+    body = json.loads(b"".join(parts))
+    assert body == query_body(*args, [["fc1", 12], ["fc2", 3]], True, 1.23456, "PROBE_MAX_ROWS")
+    assert list(body) == [*documented_keys("POST /v1/query"), "truncated_by"]
+
+
+@pytest.fixture
+def answers(client: httpx.Client) -> dict[str, httpx.Response]:
+    return {
+        "health": client.get("/v1/health"),
+        "query": client.post("/v1/query", json={"sql": "SELECT 42 AS n, 'x' AS s"}),
+        "bad query": client.post("/v1/query", json={"sql": "SELCT 1"}),
+        "eval": client.post("/v1/eval", json={"code": "print('hi')\n1 + 1"}),
+        "bad eval": client.post("/v1/eval", json={"code": "1 / 0"}),
+        "no route": client.get("/v1/nothing-here"),
+    }
+
+
+def test_a_real_agents_bodies_carry_the_documented_keys(answers):
+    health, query, ev = answers["health"].json(), answers["query"].json(), answers["eval"].json()
+    assert list(health) == [*ENVELOPE, "status"] and health["status"] == "ok"
+    assert list(query) == list(documented_keys("POST /v1/query"))
+    assert list(ev) == list(documented_keys("POST /v1/eval"))
+    for name in ("bad query", "bad eval", "no route"):
+        r = answers[name]
+        body = r.json()
+        assert r.status_code >= 400 and list(body)[:4] == list(ERROR_KEYS), (name, body)
+        assert body["ok"] is False and body["status"] == r.status_code and body["error"]
+
+
+def test_the_clis_wire_types_read_a_real_agents_bodies(answers):
+    q = QueryBody.from_wire(answers["query"].json())
+    assert (q.rank, q.columns, q.types) == (0, ("n", "s"), ("INTEGER", "VARCHAR"))
+    assert q.records() == [{"n": 42, "s": "x"}] and q.truncated is False
+    ev = EvalBody.from_wire(answers["eval"].json())
+    assert (ev.result, ev.stdout, ev.error) == ("2", "hi\n", None)
+    bad = EvalBody.from_wire(answers["bad eval"].json())
+    assert bad.error.startswith("ZeroDivisionError") and "<probe eval>" in bad.traceback
+    for name in ("bad query", "no route"):
+        env = Envelope.from_wire(answers[name].json())
+        assert (env.ok, env.rank, env.status) == (False, 0, answers[name].status_code)
