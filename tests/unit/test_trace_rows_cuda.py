@@ -1,6 +1,6 @@
 """The resolver's CUDA-row bookkeeping, without a GPU.
 
-CI has no GPU, so the real CUDA path (``tests/integration/test_tracing_safety.py``) skips there.
+CI has no GPU, so the real CUDA path (``tests/integration/tracing/test_tracing_safety.py``) skips there.
 The resolver's handling of records that carry CUDA events is plain Python and SQL, though: rows
 wait until their end event completes, take their duration from the event pair and their memory
 columns from the allocator snapshot, and the first such row of a flush must not lose either

@@ -3,8 +3,6 @@ rows, seq for repeated calls, shared modules, several roots, activation checkpoi
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,12 +12,6 @@ import httpx  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from tests.integration.tracing_support import TinyGPT, named_modules, rows, train  # noqa: E402
-
-
-@pytest.fixture
-def make_agent(make_agent, hot_path):
-    """Every test here runs on the Python and on the C++ hot path."""
-    return functools.partial(make_agent, trace_native="auto" if hot_path == "native" else "off")
 
 
 def test_every_module_of_every_traced_step_has_forward_and_backward_rows(make_agent):

@@ -3,7 +3,6 @@ the real CLI against a real agent (issue 3): probe slow, memory, steps, trace.""
 
 from __future__ import annotations
 
-import functools
 import json
 
 import pytest
@@ -16,12 +15,6 @@ import torch.nn as nn  # noqa: E402
 import probe_agent  # noqa: E402
 from probe_cli.main import main  # noqa: E402
 from tests.integration.tracing_support import Sleepy, TinyGPT, batch, rows, train  # noqa: E402
-
-
-@pytest.fixture
-def make_agent(make_agent, hot_path):
-    """Every test here runs on the Python and on the C++ hot path."""
-    return functools.partial(make_agent, trace_native="auto" if hot_path == "native" else "off")
 
 
 def run(capsys, agent, *argv: str) -> tuple[int, str, str]:

@@ -3,8 +3,6 @@ torch.compile'd model, byte retention, CUDA events (skipped without a GPU)."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,12 +12,6 @@ import torch.nn as nn  # noqa: E402
 
 from tests.integration.tracing_support import TinyGPT, rows, train  # noqa: E402
 from tests.support import wait_until  # noqa: E402
-
-
-@pytest.fixture
-def make_agent(make_agent, hot_path):
-    """Every test here runs on the Python and on the C++ hot path."""
-    return functools.partial(make_agent, trace_native="auto" if hot_path == "native" else "off")
 
 
 class BadDict(dict):
