@@ -87,7 +87,7 @@ def ddl_schemas() -> dict[str, object]:
     qualified name: what collectors must build their batches with."""
     import duckdb
 
-    from probe_agent.catalog import load_schema
+    from probe_agent.store.catalog import load_schema
 
     con = duckdb.connect()
     try:

@@ -52,7 +52,7 @@ class CannedRequest(BaseModel):
 
 
 def _canned(agent: Any, name: str, params: dict[str, Any]) -> Any:
-    from ..catalog import load_queries
+    from ..store.catalog import load_queries
 
     queries = load_queries()
     q = queries.get(name)
@@ -71,7 +71,7 @@ def _canned(agent: Any, name: str, params: dict[str, Any]) -> Any:
 @router.get("/queries")
 async def list_queries(request: Request) -> dict[str, Any]:
     """The canned diagnostics of sql/queries/ (name, description, params)."""
-    from ..catalog import load_queries
+    from ..store.catalog import load_queries
 
     agent = request.app.state.agent
     return ok_body(agent.rank, queries=[

@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field
 
 from ..collectors import stacks
 from ..errors import ForbiddenError
-from ..readonly import too_large
 from ..serving.wire import ok_body, query_parts
+from ..store.readonly import too_large
 from .bodies import openapi_body, read_body
 
 router = APIRouter(prefix="/v1")
@@ -106,7 +106,7 @@ async def query(request: Request) -> Response:
         agent.query_pool, lambda: agent.store.query_json(body.sql, max_rows=body.max_rows)
     )
     _charge(request, res.nbytes)
-    # The rows arrive encoded (results.py): the body is written around them, never re-encoded.
+    # The rows arrive encoded (store/results.py): the body is written around them, never re-encoded.
     parts = query_parts(agent.rank, res.columns, res.types, res.parts, res.truncated,
                         res.elapsed_ms, res.limit)
     return _streamed(parts, "application/json", {})

@@ -52,9 +52,9 @@ def query_body(rank: int, columns: Sequence[str], types: Sequence[str], rows: li
 def query_parts(rank: int, columns: Sequence[str], types: Sequence[str],
                 encoded_rows: Iterable[bytes], truncated: bool, elapsed_ms: float,
                 truncated_by: str | None = None) -> list[bytes]:
-    """The same answer as ``query_body``, around rows that arrive already encoded (results.py
-    writes them a chunk at a time: a large result is never encoded twice). ``encoded_rows``
-    are comma-joined JSON arrays, as they go between ``[`` and ``]``."""
+    """The same answer as ``query_body``, around rows that arrive already encoded
+    (store/results.py writes them a chunk at a time: a large result is never encoded twice).
+    ``encoded_rows`` are comma-joined JSON arrays, as they go between ``[`` and ``]``."""
     head = json.dumps(_query_head(rank, columns, types), ensure_ascii=False,
                       separators=(",", ":"))[:-1] + ',"rows":['
     tail = json.dumps(_query_tail(truncated, elapsed_ms, truncated_by), separators=(",", ":"))

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from probe_agent.catalog import load_queries, load_schema
+from probe_agent.store.catalog import load_queries, load_schema
 
 duckdb = pytest.importorskip("duckdb")
 QUERIES = load_queries()

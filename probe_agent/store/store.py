@@ -54,10 +54,10 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("probe_agent needs the agent extra: pip install 'probe[agent]'") from e
 
+from ..config import AgentConfig
+from ..errors import QueryError, QueryTimeoutError
 from .catalog import load_schema
-from .config import AgentConfig
 from .deadlines import Deadlines
-from .errors import QueryError, QueryTimeoutError
 from .readonly import ReadOnlyCheck, check_sql_text, one_line
 from .results import Bounded, arrow_stream, json_rows
 from .retention import enforce_retention

@@ -21,7 +21,7 @@ import threading
 
 import duckdb
 
-from .errors import QueryError, TooLargeError
+from ..errors import QueryError, TooLargeError
 
 #: Statement types a client may run. DESCRIBE, SHOW, SUMMARIZE, VALUES and FROM-first queries
 #: all parse as SELECT. EXPLAIN is allowed only around a SELECT (EXPLAIN ANALYZE executes).

@@ -27,7 +27,7 @@ def sql_dir() -> Path:
     packaged = resources.files("probe_agent") / "sql"
     if packaged.is_dir():
         return Path(str(packaged))
-    source = Path(__file__).resolve().parent.parent / "sql"
+    source = Path(str(resources.files("probe_agent"))).parent / "sql"  # a source checkout
     if source.is_dir():
         return source
     raise FileNotFoundError(

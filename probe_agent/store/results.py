@@ -29,7 +29,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from .jsonsafe import jsonable
+from ..jsonsafe import jsonable
 
 SIZE_COLUMN = "__probe_bytes"
 #: Rows per Arrow batch read from DuckDB's streaming result. A batch is converted whole to Arrow
