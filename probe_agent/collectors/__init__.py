@@ -2,7 +2,8 @@
 built from what it uses (the step clock, the rank, the config), not from the Agent
 (registry.py wires them).
 
-``Sink`` is everything a collector may ask of the store: the store (store/store.py) is the only sink.
+``Sink`` is everything a collector may ask of the store; the Store (store/store.py) is the
+only sink.
 
 ``Guard`` is the one sanctioned way for code that runs on the *training* thread (hooks) to fail:
 the failure is counted, logged once, and after ``limit`` failures the collector switches itself
