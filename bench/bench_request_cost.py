@@ -17,8 +17,8 @@ import time
 import httpx
 
 import probe_agent
-from probe_agent.budget import ServeBudget
 from probe_agent.config import AgentConfig
+from probe_agent.serving.budget import ServeBudget
 
 REQUESTS = {
     "health": ("GET", "/v1/health", None),

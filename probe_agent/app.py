@@ -1,8 +1,8 @@
 """create_app(agent) -> FastAPI: authentication, the error contract, and the feature routers.
 
-Routes live in ``probe_agent/routes/<feature>.py``, each an ``APIRouter`` listed in ``ROUTERS``;
-they reach the agent through ``request.app.state.agent``. Routes translate HTTP to and from the
-store, the evaluator and the collectors, and nothing more.
+Routes live in ``probe_agent/serving/routes/<feature>.py``, each an ``APIRouter`` listed in
+``ROUTERS``; they reach the agent through ``request.app.state.agent``. Routes translate HTTP to
+and from the store, the evaluator and the collectors, and nothing more.
 """
 
 from __future__ import annotations
@@ -22,17 +22,18 @@ from .serving.wire import error_body
 
 log = logging.getLogger(__name__)
 
-#: Cheap GETs that skip the serving budget (budget.py).
+#: Cheap GETs that skip the serving budget (serving/budget.py).
 _UNBUDGETED = frozenset({"/v1/health", "/v1/step", "/v1/backtrace"})
 
-#: Feature routers, by module under probe_agent.routes. Each module exposes ``router``.
+#: Feature routers, by module under ROUTES. Each module exposes ``router``.
+ROUTES = "probe_agent.serving.routes"
 ROUTERS = ("core", "trace", "cluster", "actions", "doctor", "access")
 
 
 class Guard:
     """Pure ASGI middleware (Starlette's ``BaseHTTPMiddleware`` costs a task group and a
     memory stream per request): the access rule (access.py: owner or token, Host and Origin;
-    refusals are audited), the serving CPU budget (probe_agent/budget.py),
+    refusals are audited), the serving CPU budget (serving/budget.py),
     and a JSON 500 for a route's bug, so that a bug never disturbs training."""
 
     def __init__(self, app: Any, agent: Any, budget: Any) -> None:
@@ -107,7 +108,7 @@ def create_app(agent: Any) -> FastAPI:
     app.state.agent = agent
     rank = agent.rank
 
-    from .budget import ServeBudget
+    from .serving.budget import ServeBudget
 
     agent.serve_budget = ServeBudget(agent.config.serve_cpu)
     app.add_middleware(Guard, agent=agent, budget=agent.serve_budget)
@@ -137,9 +138,9 @@ def create_app(agent: Any) -> FastAPI:
 
     for name in ROUTERS:
         try:
-            module = importlib.import_module(f".routes.{name}", __package__)
+            module = importlib.import_module(f"{ROUTES}.{name}")
         except ModuleNotFoundError as e:
-            if e.name == f"{__package__}.routes.{name}":
+            if e.name == f"{ROUTES}.{name}":
                 continue  # that feature is not part of this build
             raise
         app.include_router(module.router)

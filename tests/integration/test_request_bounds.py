@@ -241,7 +241,7 @@ def test_the_store_never_spills_and_says_so(make_agent, tmp_path, monkeypatch):
 # -- reply bytes are charged to the serving budget -------------------------------------------
 
 def test_reply_bytes_put_the_budget_in_debt_and_the_next_request_waits():
-    from probe_agent.budget import BYTE_COST_S, ServeBudget
+    from probe_agent.serving.budget import BYTE_COST_S, ServeBudget
 
     budget = ServeBudget(0.5, burst_s=0.05)
     budget.cpu_since_last()
@@ -255,7 +255,7 @@ def test_reply_bytes_put_the_budget_in_debt_and_the_next_request_waits():
 
 
 def test_an_unlimited_budget_ignores_bytes():
-    from probe_agent.budget import ServeBudget
+    from probe_agent.serving.budget import ServeBudget
 
     budget = ServeBudget(1.0)
     budget.charge_bytes(1 << 30)

@@ -21,8 +21,8 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from ..errors import ProbeAgentError, TooLargeError
-from ..store.readonly import bad_text
+from ...errors import ProbeAgentError, TooLargeError
+from ...store.readonly import bad_text
 
 Model = TypeVar("Model", bound=BaseModel)
 #: JSON escapes a byte as at most six (``\u0001``); a body within this of the text cap may

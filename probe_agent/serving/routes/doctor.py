@@ -16,9 +16,9 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-from ..collectors.trainloop import optimizer_state
-from ..jsonsafe import jsonable
-from ..serving.wire import ok_body
+from ...collectors.trainloop import optimizer_state
+from ...jsonsafe import jsonable
+from ..wire import ok_body
 
 router = APIRouter(prefix="/v1")
 

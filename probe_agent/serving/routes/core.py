@@ -11,10 +11,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
-from ..collectors import stacks
-from ..errors import ForbiddenError
-from ..serving.wire import ok_body, query_parts
-from ..store.readonly import too_large
+from ...collectors import stacks
+from ...errors import ForbiddenError
+from ...store.readonly import too_large
+from ..wire import ok_body, query_parts
 from .bodies import openapi_body, read_body
 
 router = APIRouter(prefix="/v1")

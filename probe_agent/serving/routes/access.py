@@ -9,8 +9,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from ..errors import ForbiddenError
-from ..serving.wire import ok_body
+from ...errors import ForbiddenError
+from ..wire import ok_body
 
 router = APIRouter(prefix="/v1")
 

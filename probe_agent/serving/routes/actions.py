@@ -18,8 +18,8 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool, model_validator
 from starlette.concurrency import run_in_threadpool
 
-from ..errors import ForbiddenError
-from ..serving.wire import ok_body
+from ...errors import ForbiddenError
+from ..wire import ok_body
 from .core import _agent, _client
 
 router = APIRouter(prefix="/v1")

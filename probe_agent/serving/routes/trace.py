@@ -13,8 +13,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from ..errors import ConflictError, QueryError
-from ..serving.wire import ok_body
+from ...errors import ConflictError, QueryError
+from ..wire import ok_body
 
 router = APIRouter(prefix="/v1")
 

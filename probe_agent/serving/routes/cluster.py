@@ -13,8 +13,8 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from ..errors import NotFoundError, QueryError
-from ..serving.wire import ok_body, query_body
+from ...errors import NotFoundError, QueryError
+from ..wire import ok_body, query_body
 
 router = APIRouter(prefix="/v1")
 
@@ -52,7 +52,7 @@ class CannedRequest(BaseModel):
 
 
 def _canned(agent: Any, name: str, params: dict[str, Any]) -> Any:
-    from ..store.catalog import load_queries
+    from ...store.catalog import load_queries
 
     queries = load_queries()
     q = queries.get(name)
@@ -71,7 +71,7 @@ def _canned(agent: Any, name: str, params: dict[str, Any]) -> Any:
 @router.get("/queries")
 async def list_queries(request: Request) -> dict[str, Any]:
     """The canned diagnostics of sql/queries/ (name, description, params)."""
-    from ..store.catalog import load_queries
+    from ...store.catalog import load_queries
 
     agent = request.app.state.agent
     return ok_body(agent.rank, queries=[
