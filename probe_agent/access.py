@@ -403,7 +403,7 @@ def header_map(pairs: list[tuple[bytes, bytes]] | list[tuple[str, str]]) -> dict
 class Gate:
     """The agent server's side of the rule: the policy and the connection limits. The server's
     protocol puts each connection's Peer and limit keys into the ASGI scope (``SCOPE_PEER``,
-    ``SCOPE_KEYS``), where app.py's Guard reads them per request."""
+    ``SCOPE_KEYS``), where app.py's AdmissionMiddleware reads them per request."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy

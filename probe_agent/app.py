@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +19,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .access import SCOPE_KEYS, header_map, reserve_refusal
 from .errors import ProbeAgentError
 from .serving.wire import error_body
+
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .serving.budget import ServeBudget
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +34,13 @@ ROUTES = "probe_agent.serving.routes"
 ROUTERS = ("core", "trace", "cluster", "actions", "doctor", "access")
 
 
-class Guard:
+class AdmissionMiddleware:
     """Pure ASGI middleware (Starlette's ``BaseHTTPMiddleware`` costs a task group and a
     memory stream per request): the access rule (access.py: owner or token, Host and Origin;
     refusals are audited), the serving CPU budget (serving/budget.py),
     and a JSON 500 for a route's bug, so that a bug never disturbs training."""
 
-    def __init__(self, app: Any, agent: Any, budget: Any) -> None:
+    def __init__(self, app: Any, agent: Agent, budget: ServeBudget) -> None:
         self.app = app
         self.agent = agent
         self.budget = budget
@@ -97,7 +101,7 @@ class Guard:
                 self.budget.done()
 
 
-def create_app(agent: Any) -> FastAPI:
+def create_app(agent: Agent) -> FastAPI:
     from . import __version__
 
     app = FastAPI(
@@ -111,7 +115,7 @@ def create_app(agent: Any) -> FastAPI:
     from .serving.budget import ServeBudget
 
     agent.serve_budget = ServeBudget(agent.config.serve_cpu)
-    app.add_middleware(Guard, agent=agent, budget=agent.serve_budget)
+    app.add_middleware(AdmissionMiddleware, agent=agent, budget=agent.serve_budget)
 
     @app.exception_handler(ProbeAgentError)
     async def probe_error(_: Request, exc: ProbeAgentError) -> JSONResponse:

@@ -34,12 +34,15 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, NotFoundError
 from ..operator_code import compile_code, user_traceback
 from .agreement import StepAgreement
 from .runners import RUNNERS
+
+if TYPE_CHECKING:
+    from ..agent import Agent
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,7 @@ class Action:
 class ActionQueue:
     """Per-rank queue of step-boundary actions. See the module docstring."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.rank = agent.rank
         self.evaluator = agent.evaluator  # its session: names step-evals and evals share

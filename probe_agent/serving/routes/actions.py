@@ -12,7 +12,7 @@ import asyncio
 import math
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool, model_validator
@@ -21,6 +21,9 @@ from starlette.concurrency import run_in_threadpool
 from ...errors import ForbiddenError
 from ..wire import ok_body
 from .core import _agent, _client
+
+if TYPE_CHECKING:
+    from ...agent import Agent
 
 router = APIRouter(prefix="/v1")
 
@@ -105,7 +108,7 @@ def _require_eval_rights(request: Request, what: str) -> None:
         )
 
 
-def _envelope(agent: Any, **body: Any) -> dict[str, Any]:
+def _envelope(agent: Agent, **body: Any) -> dict[str, Any]:
     return ok_body(agent.rank, step=agent.stepclock.current_step,
                    paused_at=agent.actions.paused_at, **body)
 

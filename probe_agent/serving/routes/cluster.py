@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
@@ -16,10 +16,13 @@ from pydantic import BaseModel, Field
 from ...errors import NotFoundError, QueryError
 from ..wire import ok_body, query_body
 
+if TYPE_CHECKING:
+    from ...agent import Agent
+
 router = APIRouter(prefix="/v1")
 
 
-def _collective_rows(agent: Any, state: str | None, limit: int) -> dict[str, Any]:
+def _collective_rows(agent: Agent, state: str | None, limit: int) -> dict[str, Any]:
     recorder = agent.collectors.get("collectives")
     rows = recorder.rows() if recorder is not None else []
     if state:
@@ -51,7 +54,7 @@ class CannedRequest(BaseModel):
                                    description="values for the query's `-- params:` names")
 
 
-def _canned(agent: Any, name: str, params: dict[str, Any]) -> Any:
+def _canned(agent: Agent, name: str, params: dict[str, Any]) -> Any:
     from ...store.catalog import load_queries
 
     queries = load_queries()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -16,6 +16,9 @@ from ...errors import ForbiddenError
 from ...store.readonly import too_large
 from ..wire import ok_body, query_parts
 from .bodies import openapi_body, read_body
+
+if TYPE_CHECKING:
+    from ...agent import Agent
 
 router = APIRouter(prefix="/v1")
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -46,7 +49,7 @@ def _charge(request: Request, nbytes: int) -> None:
         budget.charge_bytes(nbytes)
 
 
-def _agent(request: Request) -> Any:
+def _agent(request: Request) -> Agent:
     return request.app.state.agent
 
 

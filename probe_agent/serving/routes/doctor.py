@@ -12,13 +12,16 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Query, Request
 
 from ...collectors.trainloop import optimizer_state
 from ...jsonsafe import jsonable
 from ..wire import ok_body
+
+if TYPE_CHECKING:
+    from ...agent import Agent
 
 router = APIRouter(prefix="/v1")
 
@@ -36,7 +39,7 @@ def _cuda_totals() -> dict[str, float]:
     return out
 
 
-def _state(agent: Any) -> dict[str, Any]:
+def _state(agent: Agent) -> dict[str, Any]:
     monitor = agent.collectors.get("trainloop")
     clock = agent.stepclock
     clock.poll()
