@@ -19,8 +19,9 @@ A request's CPU is known only after it ran, so the share holds on average, not p
 Bytes as well as CPU (issue 20): four clients pulling 100 MB results slowed training by 69%
 with PROBE_SERVE_CPU at its default. Two reasons. A request found the bucket empty only while
 another was in flight, so one-at-a-time requests were never held back; now a request waits
-whenever the bucket is in debt (the debt is capped at ``burst_s``, so a lone operator after a
-heavy query waits at most ``burst_s / share``: 50 s at the default). And much of a big reply's
+whenever the bucket is in debt, but with nothing else in flight at most ``LONE_WAIT_S`` (an
+operator's next command after a heavy query must not hit the CLI's timeout). Back-to-back
+heavy requests thus get at most one per ``LONE_WAIT_S`` plus their own cost. And much of a big reply's
 cost is not the agent's CPU: the kernel's copies and the client's decoding on a shared machine.
 So each reply's bytes are charged (``BYTE_COST_S`` each) before it is sent.
 """
@@ -37,6 +38,8 @@ SERVING_PREFIXES = ("probe-agent.http", "probe-agent.query", "probe-agent.eval")
 #: Budget seconds per reply byte: 10 ns, so a reply at the 16 MiB PROBE_MAX_RESULT_BYTES cap
 #: costs 0.17 s, and at the default 2% share big replies flow at ~2 MB/s on average.
 BYTE_COST_S = 1e-8
+#: Longest a request waits for the bucket's debt when no other request is in flight.
+LONE_WAIT_S = 2.0
 
 
 class ServeBudget:
@@ -105,8 +108,11 @@ class ServeBudget:
                 # Requests already admitted have not been charged yet (their CPU is measured
                 # after they ran): count them at the mean cost, or a burst of arrivals would
                 # all pass on one full bucket. A bucket in debt holds a request even when
-                # nothing else is in flight (issue 20: else back-to-back requests are free).
+                # nothing else is in flight, for up to LONE_WAIT_S (issue 20: else
+                # back-to-back requests were free).
                 while self.tokens - self._owed() < 0:
+                    if not self.inflight and time.monotonic() - t0 >= LONE_WAIT_S:
+                        break
                     await asyncio.sleep(min(0.5, max(0.005, (self._owed() - self.tokens)
                                                      / self.share)))
                     self._refill()
