@@ -58,19 +58,14 @@ from .. import Guard, Sink
 from ..torch_import import TorchImportWatcher, torch_ready
 from . import trace_hot
 from .trace_columns import (
-    BUFFER_ROWS,
-    BW_CUDA,
-    BW_GSEQ,
-    BW_N,
     FORWARD,
-    FW_CUDA,
     FW_MAX,
-    FW_N,
     OPT_STEP,
-    PASS_END,
     pack_fw,
 )
 from .trace_cuda import CudaRecords
+from .trace_flush import TABLE as _TABLE
+from .trace_flush import WriterSide
 from .trace_native import LOADER
 from .trace_rows import RowResolver
 
@@ -80,15 +75,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The writer resolves the buffers when a read waits, or at RESOLVE_ROWS forward records, or
-#: RESOLVE_EVENTS backward events of the C++ path (one per named node and pass end: ~1 per
-#: module call; half its buffer), or RESOLVE_S after the last resolve. A resolve costs ~30 ms
-#: of writer CPU whatever its size: at a ~240 ms step every 10 s made that 1.4 ms per traced
-#: step, more than the C++ path costs the training thread; reads are exact either way.
-RESOLVE_ROWS = 20_000
-RESOLVE_EVENTS = 100_000
-RESOLVE_S = 30.0
-_TABLE = "python.torch_trace"
 #: Without an optimizer step, the first FALLBACK_AFTER calls of the root model are step 1 (so
 #: gradient accumulation in the first step is not split), then every call is one step (so an
 #: inference loop still gets steps, which retention needs).
@@ -105,7 +91,7 @@ def parse_mode(mode: str) -> tuple[str, int]:
     return m.group(1), 1
 
 
-class TorchTracer(CudaRecords):
+class TorchTracer(CudaRecords, WriterSide):
     """Collector for ``python.torch_trace``; see the module docstring.
 
     Args:
@@ -368,60 +354,6 @@ class TorchTracer(CudaRecords):
             self.cuda = False
             trace_hot.unbind(self)  # the wrapper becomes a pass-through at once
 
-    # -- writer thread -----------------------------------------------------------------------
-    def flush(self) -> None:
-        """Resolve the buffered records into the store now. The writer thread calls ``tick``
-        every PROBE_FLUSH_MS and before every read; tests and ``stop()`` call this directly."""
-        if not self.armed and not self._stopped and self._watcher is not None and torch_ready():
-            self._on_torch_imported()  # imported by a route the watcher did not see
-        with self._flush_lock:  # the resolver's state is not shared between two flushers
-            self._resolved_at = time.monotonic()
-            self._flush()
-
-    def tick(self) -> None:
-        """The writer's pass: resolve only when a read waits, when RESOLVE_ROWS records or
-        RESOLVE_EVENTS events are buffered, or RESOLVE_S after the last resolve (batching: a
-        resolve costs ~30 ms of mostly GIL-free DuckDB time whatever its size)."""
-        records, events = len(self.fw) // FW_N, 0
-        if self.native is not None:
-            _, _, _, n_fw, events = self.native.state()
-            records += n_fw
-        if self.sink is None:
-            return
-        if (self.sink.reader_waiting(_TABLE) or records >= RESOLVE_ROWS
-                or events >= RESOLVE_EVENTS or time.monotonic() - self._resolved_at >= RESOLVE_S):
-            self.flush()
-
-    def _flush(self) -> None:
-        # Events first, rows second: every backward event taken then refers to forward rows
-        # that were recorded before it, so they are in this take (or an earlier one).
-        # Backward spans end at the next event: only take events up to the last pass end.
-        n = len(self.bw) // BW_N
-        gseqs = self.bw[BW_GSEQ:n * BW_N:BW_N]
-        gseqs.reverse()
-        cut = n - gseqs.index(PASS_END) if PASS_END in gseqs else 0
-        if cut == 0 and n > BUFFER_ROWS // 2:
-            cut = n  # a backward that never ends (or a lost callback): do not grow forever
-        bw = _take(self.bw, cut * BW_N)
-        bcuda = _take(self.bcuda, bw[BW_CUDA::BW_N].count(1))
-        n = len(self.fw) // FW_N  # records come after their objects: the lists hold >= n
-        fw = _take(self.fw, n * FW_N)
-        objs, roots = _take(self.objs, n), _take(self.roots, n)
-        fcuda = _take(self.fcuda, fw[FW_CUDA::FW_N].count(1))
-        if self.native is not None:
-            # after the Python path's: the native records come from later steps, or from the
-            # same step with other kinds (optimizer rows are Python's), and carry no CUDA
-            nbw, nfw, nobjs, nroots, fw_dropped, bw_dropped = self.native.take()
-            bw.frombytes(nbw)
-            fw.frombytes(nfw)
-            objs += nobjs
-            roots += nroots
-            self.dropped += fw_dropped + bw_dropped
-        if self.resolver is None or self.sink is None:
-            return  # never started: nothing was recorded
-        for table in self.resolver.resolve(fw, objs, roots, fcuda, bw, bcuda, self.recycle):
-            self.sink.append(_TABLE, table)
-
     def state(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
@@ -437,15 +369,4 @@ class TorchTracer(CudaRecords):
             "hot_path": "native" if self.on_native else "python",
             "native_build": LOADER.status,
         }
-
-
-def _take(buf: Any, n: int) -> Any:
-    """Remove and return the first ``n`` items of a list or array. Lock-free: ``buf[:n]`` and
-    ``del buf[:n]`` are single C calls under the GIL, and the training thread only appends
-    (at index >= n), each record with one ``frombytes``."""
-    if n <= 0:
-        return buf[:0]
-    out = buf[:n]
-    del buf[:n]
-    return out
 
