@@ -21,9 +21,9 @@ with PROBE_SERVE_CPU at its default. Two reasons. A request found the bucket emp
 another was in flight, so one-at-a-time requests were never held back; now a request waits
 whenever the bucket is in debt, but with nothing else in flight at most ``LONE_WAIT_S`` (an
 operator's next command after a heavy query must not hit the CLI's timeout). Back-to-back
-heavy requests thus get at most one per ``LONE_WAIT_S`` plus their own cost. And much of a big reply's
-cost is not the agent's CPU: the kernel's copies and the client's decoding on a shared machine.
-So each reply's bytes are charged (``BYTE_COST_S`` each) before it is sent.
+heavy requests thus get at most one per ``LONE_WAIT_S`` plus their own cost. And much of a
+big reply's cost is not the agent's CPU: the kernel's copies and the client's decoding on a
+shared machine. So each reply's bytes are charged (``BYTE_COST_S`` each) before it is sent.
 """
 
 from __future__ import annotations
