@@ -85,7 +85,8 @@ def run_once(token: str | None, max_examples: int, seed: int = 1) -> tuple[bool,
         log_path = tmp / "train.log"
         log_file = open(log_path, "w")  # noqa: SIM115 - closed in finally
         proc = subprocess.Popen(
-            [sys.executable, str(PROGRAM), "--ready-dir", str(tmp), "--stop-file", str(tmp / "stop")],
+            [sys.executable, str(PROGRAM), "--ready-dir", str(tmp),
+             "--stop-file", str(tmp / "stop")],
             env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=tmp,
             start_new_session=True,
         )

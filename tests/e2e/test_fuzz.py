@@ -18,7 +18,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(
-    shutil.which("schemathesis") is None and not Path(sys.executable).with_name("schemathesis").exists(),
+    shutil.which("schemathesis") is None
+    and not Path(sys.executable).with_name("schemathesis").exists(),
     reason="schemathesis not installed (pip install 'probe[test]')",
 )
 def test_fuzz_finds_no_server_errors_and_training_continues():
