@@ -16,7 +16,10 @@ from urllib.parse import parse_qs, urlsplit
 from ..serving.wire import encode
 
 MAX_HEAD = 64 * 1024
-MAX_BODY = 64 * 1024 * 1024
+#: The largest request body relayed: the agent's biggest legitimate body (a query or an eval at
+#: its 64 KiB cap, JSON-escaped: 6 x 64 KiB + 4 KiB) with room to spare. A 64 MB body used to be
+#: read and relayed whole (issue 20).
+MAX_BODY = 1024 * 1024
 REASONS = {
     100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
     404: "Not Found", 410: "Gone", 413: "Payload Too Large", 500: "Internal Server Error",
@@ -95,7 +98,8 @@ async def read_request(
     except ValueError:
         raise BadRequest(400, "bad Content-Length") from None
     if length < 0 or length > MAX_BODY:
-        raise BadRequest(413, f"request body over {MAX_BODY} bytes")
+        raise BadRequest(413, f"request body over {MAX_BODY} bytes; queries and eval code are "
+                              "capped far below that (PROBE_MAX_SQL_BYTES, PROBE_MAX_EVAL_BYTES)")
     if length and (req.header("expect") or "").lower() == "100-continue":
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     if length:
