@@ -32,12 +32,11 @@ _fork_handler_registered = False
 
 class Agent:
     def __init__(self, config: AgentConfig, identity: Identity) -> None:
+        from .access import Gate, Policy, RefusalLog
         from .actions import ActionQueue
         from .evaluator import Evaluator
         from .stepclock import StepClock
         from .store import Store
-
-        from .access import Gate, Policy, RefusalLog
 
         self.config = config
         self.identity = identity
@@ -77,6 +76,8 @@ class Agent:
         from .collectors import stacks
         from .server import AgentServer, bind_unix
 
+        if self.config.unix_socket:
+            self._settle_run_dir()
         sockets = []
         try:
             if self.config.tcp and not self.config.loopback_only and self.config.token is None:
@@ -88,7 +89,8 @@ class Agent:
                     "set PROBE_TOKEN_FILE (a 0600 file) to serve other hosts. The unix socket "
                     "still answers on this machine (`probe ps`).\n")
             elif self.config.tcp:
-                tcp = _bind_tcp_reclaiming(self.config, self.rank)
+                tcp = _bind_tcp_reclaiming(self.config, self.rank,
+                                           self.identity.local_world_size)
                 sockets.append(tcp)
                 host, port = tcp.getsockname()[:2]
                 self.tcp_port = port
@@ -135,6 +137,20 @@ class Agent:
         self.actions.start()
         self._start_collectors()
         self._write_info_file()
+
+    def _settle_run_dir(self) -> None:
+        """A run dir that cannot be used falls back to a private one, with one warning, and
+        dead jobs' files are cleared from it (issue 20; rundir.py)."""
+        from . import rundir
+
+        path, warning = rundir.choose(self.config.run_dir)
+        if warning is not None:
+            log.warning("probe agent on rank %d: %s", self.rank, warning)
+            self.config = self.config.with_(run_dir=path)
+        removed = rundir.sweep(path, keep=self.identity.pid)
+        if removed:
+            log.info("probe agent: removed %d files of dead processes from %s", len(removed),
+                     path)
 
     def _start_collectors(self) -> None:
         from .collectors.registry import build_collectors
@@ -294,20 +310,42 @@ class Agent:
         return out
 
 
-def _bind_tcp_reclaiming(config: AgentConfig, rank: int) -> Any:
+#: How many other ports a rank tries when its own is taken (another job on the node).
+PORT_TRIES = 64
+
+
+def _bind_tcp_reclaiming(config: AgentConfig, rank: int, local_world: int) -> Any:
     """bind_tcp; a port still held by the watchdog of this rank's dead predecessor (a restart
-    on the same node) is asked back once (issue 5)."""
+    on the same node) is asked back once (issue 5). A port another job holds (two jobs on one
+    node with the default base, issue 20) is not an error: the rank takes the next free one in
+    steps of the node's rank count, so that rank r of the second job does not take the port
+    rank r+1 of that job wants, and registers it for discovery as usual."""
     from .errors import BindError
     from .server import bind_tcp
 
     try:
         return bind_tcp(config.host, config.port, rank)
-    except BindError:
+    except BindError as first:
         from .watchdog.link import reclaim_port
 
-        if config.port == 0 or not reclaim_port(config.run_dir, config.port):
+        if config.port == 0:
             raise
-        return bind_tcp(config.host, config.port, rank)
+        if reclaim_port(config.run_dir, config.port):
+            return bind_tcp(config.host, config.port, rank)
+        step = max(1, local_world)
+        for k in range(1, PORT_TRIES + 1):
+            port = config.port + k * step
+            if port > 65535:
+                break
+            try:
+                sock = bind_tcp(config.host, port, rank)
+            except BindError:
+                continue
+            log.warning("probe agent on rank %d: port %d is taken (another job?); listening "
+                        "on %d instead (`probe ps` and /v1/ranks show it)", rank, config.port,
+                        port)
+            return sock
+        raise first
 
 
 def start(config: AgentConfig | None = None, environ: Mapping[str, str] | None = None) -> Agent:

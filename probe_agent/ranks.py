@@ -29,6 +29,8 @@ class Identity:
     world_size: int
     host: str
     pid: int
+    #: Ranks on this node (torchrun's LOCAL_WORLD_SIZE, srun's, Open MPI's); 1 when unknown.
+    local_world_size: int = 1
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Identity:
@@ -44,6 +46,8 @@ class Identity:
             world_size=num(first_set(environ, WORLD_SIZE_VARS), 1),
             host=socket.gethostname(),
             pid=os.getpid(),
+            local_world_size=max(1, num(first_set(environ, (
+                "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE")), 1)),
         )
 
 

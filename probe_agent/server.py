@@ -100,6 +100,8 @@ def bind_unix(
             os.umask(old)
         os.chmod(path, 0o600)
         sock.listen(64)
+    except BindError:
+        raise  # BindError is an OSError too: keep its own message (it read "(None)")
     except OSError as e:
         raise BindError(
             f"probe agent on rank {rank} could not create {path} ({e.strerror}); "

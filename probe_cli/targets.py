@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +43,40 @@ def default_run_dir(environ: dict[str, str] | os._Environ[str] | None = None) ->
     """The agents' socket directory: ``$PROBE_RUN_DIR`` or ``/tmp/probe-<uid>``."""
     env = os.environ if environ is None else environ
     return env.get("PROBE_RUN_DIR") or os.path.join("/tmp", f"probe-{os.getuid()}")
+
+
+def local_run_dirs(run_dir: str) -> list[str]:
+    """``run_dir``, then where an agent goes when its run dir cannot be used (the agent's
+    probe_agent/rundir.py; the two share no code): ``$XDG_RUNTIME_DIR/probe`` and private
+    ``/tmp/probe-<uid>-*`` directories. Only directories of ours, never a symlink."""
+    cands = [run_dir]
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg):
+        cands.append(os.path.join(xdg, "probe"))
+    try:
+        prefix = f"probe-{os.getuid()}-"
+        cands += sorted(os.path.join("/tmp", n) for n in os.listdir("/tmp")
+                        if n.startswith(prefix))
+    except OSError:
+        pass
+    out = []
+    for d in cands:
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and d not in out:
+            out.append(d)
+    return out
+
+
+def socket_of(pid: int, run_dir: str) -> str | None:
+    """The unix socket of ``pid``'s agent, in ``run_dir`` or a fallback run dir."""
+    for d in local_run_dirs(run_dir):
+        path = os.path.join(d, f"{pid}.sock")
+        if os.path.exists(path):
+            return path
+    return None
 
 
 def looks_like_endpoint(text: str) -> bool:
@@ -79,7 +114,7 @@ def parse_endpoint(
     kind = _kind(text)
     if kind == "pid":
         pid = int(text)
-        path = os.path.join(run_dir, f"{pid}.sock")
+        path = socket_of(pid, run_dir) or os.path.join(run_dir, f"{pid}.sock")
         if check_pid and not os.path.exists(path):
             raise _no_agent(pid, path)
         return Endpoint("http://localhost", uds=path, pid=pid)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from typing import Any
 
@@ -42,3 +43,56 @@ def ask_socket(path: str, route: str = "/v1/health", timeout: float = 1.0) -> An
 def agent_answers(path: str) -> bool:
     body = ask_socket(path)
     return isinstance(body, dict) and "rank" in body
+
+
+def _started_after(pid: int, when: float) -> bool:
+    """True when process ``pid`` started after ``when`` (its pid was reused since)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
+    return boot + ticks / os.sysconf("SC_CLK_TCK") > when + 1.0
+
+
+def dead_files(run_dir: str) -> list[str]:
+    """Paths in ``run_dir`` that belong to processes that are gone: neither the pid nor its
+    watchdog (``<pid>.watchdog.json``) runs, or the pid now belongs to a newer process. The
+    agent clears the same at start-up (probe_agent/rundir.py)."""
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return []
+    groups: dict[int, list[str]] = {}
+    for n in names:
+        head = n.split(".", 1)[0]
+        if head.isdigit() and "." in n:
+            groups.setdefault(int(head), []).append(os.path.join(run_dir, n))
+    out = []
+    for pid, paths in groups.items():
+        try:
+            newest = max(os.lstat(p).st_mtime for p in paths)
+        except OSError:
+            continue
+        owners = [pid]
+        rec = os.path.join(run_dir, f"{pid}.watchdog.json")
+        try:
+            with open(rec) as f:
+                owners.append(int(json.load(f)["watchdog_pid"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if not any(_runs(p) and not _started_after(p, newest) for p in owners):
+            out += paths
+    return out
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

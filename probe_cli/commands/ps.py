@@ -12,9 +12,9 @@ import click
 from ..outcome import Outcome
 from ..render import format_table
 from ..session import Session
-from ..targets import default_run_dir
+from ..targets import default_run_dir, local_run_dirs
 from . import pass_session
-from ._local import ask_socket, run_dir_of
+from ._local import ask_socket, dead_files, run_dir_of
 
 _PY = re.compile(r"(?:^|/)(?:lib)?python(3\.\d+)(t?)(?:\.so|$)")
 COLUMNS = ("PID", "AGENT", "RANK", "PYTHON", "ADDRESS", "COMMAND")
@@ -66,10 +66,17 @@ def _injectable(version: str | None) -> bool:
 
 
 def list_processes(run_dir: str) -> list[dict]:
-    """One dict per process: pid, agent (answering | dead: ... | stale | injectable | no),
-    rank, python, address, command."""
-    me, uid = os.getpid(), os.geteuid()
+    """One dict per process: pid, agent (answering | dead: ... | stale socket | injectable |
+    no), rank, python, address, command. Agents in fallback run dirs are listed too."""
     rows: dict[int, dict] = {}
+    for d in local_run_dirs(run_dir):
+        _agents_in(d, rows)
+    _other_pythons(rows)
+    order = {"answering": 0, "stale socket": 2, "injectable": 3, "no": 4}
+    return sorted(rows.values(), key=lambda r: (order.get(r["agent"], 1), r["pid"]))
+
+
+def _agents_in(run_dir: str, rows: dict[int, dict]) -> None:
     names = os.listdir(run_dir) if os.path.isdir(run_dir) else []
     for name in names:
         if name.endswith(".watchdog.json"):
@@ -93,6 +100,10 @@ def list_processes(run_dir: str) -> list[dict]:
                      "rank": info.get("rank"), "python": info.get("python"),
                      "address": info.get("url") or f"unix:{os.path.join(run_dir, name)}",
                      "command": _cmdline(pid)}
+
+
+def _other_pythons(rows: dict[int, dict]) -> None:
+    me, uid = os.getpid(), os.geteuid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in rows or int(entry) == me:
             continue
@@ -107,18 +118,37 @@ def list_processes(run_dir: str) -> list[dict]:
             continue  # not Python, or a watchdog (it is listed under its rank)
         rows[pid] = {"pid": pid, "agent": "injectable" if _injectable(version) else "no",
                      "rank": None, "python": version, "address": None, "command": _cmdline(pid)}
-    order = {"answering": 0, "stale socket": 2, "injectable": 3, "no": 4}
-    return sorted(rows.values(), key=lambda r: (order.get(r["agent"], 1), r["pid"]))
 
 
 @click.command("ps")
+@click.option("--clean", is_flag=True,
+              help="First remove the run-dir files of processes that are gone (their sockets, "
+                   "records and forensics). Agents also do this when they start.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also list stale sockets of processes that are gone. Default: counted on "
+                   "stderr, with the command that removes them.")
 @pass_session
-def command(session: Session) -> Outcome:
+def command(session: Session, clean: bool, show_all: bool) -> Outcome:
     """Local Python processes: with an agent (answering, or dead and reported by its watchdog),
     and those `probe inject PID` can attach to (yours, Python 3.11+)."""
     run_dir = run_dir_of(click.get_current_context()) or default_run_dir()
-    rows = list_processes(run_dir)
     out = Outcome()
+    if clean:
+        removed = 0
+        for d in local_run_dirs(run_dir):
+            for path in dead_files(d):
+                try:
+                    os.unlink(path)
+                    removed += 1
+                except OSError:
+                    pass
+        out.stderr.append(f"probe: removed {removed} files of processes that are gone")
+    rows = list_processes(run_dir)
+    stale = [r for r in rows if r["agent"] == "stale socket"]
+    if stale and not show_all:
+        rows = [r for r in rows if r["agent"] != "stale socket"]
+        out.stderr.append(f"probe: {len(stale)} stale agent sockets of processes that are gone "
+                          "not shown (--all lists them; `probe ps --clean` removes them)")
     if session.output == "json":
         out.stdout.append(json.dumps(rows))
         return out

@@ -30,10 +30,10 @@ def training_job(
     ready = tmp / "ready"
     ready.mkdir(exist_ok=True)
     stop = tmp / "stop"
-    child_env = python_env(
-        PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(tmp / "run"), PROBE_WATCHDOG="0",
+    child_env = python_env(**{
+        "PROBE": "1", "PROBE_PORT": "0", "PROBE_RUN_DIR": str(tmp / "run"), "PROBE_WATCHDOG": "0",
         **(env or {}),
-    )
+    })
     cmd = [sys.executable]
     if nproc:
         cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={nproc}",

@@ -311,15 +311,46 @@ def test_unix_socket_permissions_and_info_file(agent, run_dir):
         assert u.get("/v1/health").json()["ok"]
 
 
-def test_port_in_use_fails_at_once_with_advice(make_agent):
+def test_a_taken_port_moves_the_agent_to_the_next_free_one(make_agent, caplog):
+    """Another job on the node holds the base port (issue 20): the agent comes up anyway."""
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
+    base = taken.getsockname()[1]
     try:
-        with pytest.raises(BindError, match=r"could not bind 127.0.0.1:\d+ .*PROBE_PORT=0"):
-            make_agent(port=taken.getsockname()[1])
+        agent = make_agent(port=base)
+        port = int(agent.url.rsplit(":", 1)[1])
+        assert base < port <= base + 64
+        assert f"port {base} is taken" in caplog.text and f"listening on {port}" in caplog.text
     finally:
         taken.close()
+
+
+def test_port_in_use_fails_at_once_with_advice_when_no_port_near_it_is_free(make_agent):
+    from probe_agent.agent import PORT_TRIES
+
+    held = []
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    held.append(taken)
+    base = taken.getsockname()[1]
+    for k in range(1, PORT_TRIES + 1):
+        if base + k > 65535:
+            break
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", base + k))  # if it fails, someone else holds it: taken too
+            s.listen()
+            held.append(s)
+        except OSError:
+            s.close()
+    try:
+        with pytest.raises(BindError, match=r"could not bind 127.0.0.1:\d+ .*PROBE_PORT=0"):
+            make_agent(port=base)
+    finally:
+        for s in held:
+            s.close()
 
 
 def test_start_twice_is_an_error(agent, make_agent):
