@@ -36,9 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from probe_cli.fanout import fan_out, resolve_ranks  # noqa: E402
-from probe_cli.session import Session  # noqa: E402
-from probe_cli.targets import Endpoint  # noqa: E402
+from probe_cli.transport.fanout import fan_out, resolve_ranks  # noqa: E402
+from probe_cli.transport.session import Session  # noqa: E402
+from probe_cli.transport.targets import Endpoint  # noqa: E402
 
 AGENT = r"""
 import os, sys, threading

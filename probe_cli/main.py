@@ -20,12 +20,12 @@ from typing import IO
 import click
 from click.core import ParameterSource
 
-from .client import ssl_context
 from .commands import register_commands
 from .errors import EXIT_FAILURE, ProbeCLIError, UsageProblemError
 from .outcome import Outcome
-from .session import Progress, Session
-from .targets import (
+from .transport.client import ssl_context
+from .transport.session import Progress, Session
+from .transport.targets import (
     default_endpoint,
     default_run_dir,
     parse_endpoints,

@@ -14,7 +14,7 @@ from .errors import EXIT_FAILURE, EXIT_FINDING, EXIT_OK, EXIT_PARTIAL, ProbeCLIE
 from .group import compact_ranges, group_by
 from .render.text import render_json
 from .result import RankResult
-from .session import Session
+from .transport.session import Session
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ import pkgutil
 
 import click
 
-from ..session import Session
+from ..transport.session import Session
 
 #: ``@pass_session`` gives a command the invocation's Session (targets, ranks, output mode).
 pass_session = click.make_pass_decorator(Session)

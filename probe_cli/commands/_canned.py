@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..client import ProbeClient
-from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
 from ..render.text import query_notes, render_query_csv, render_query_table
 from ..result import RankResult
-from ..session import Session
+from ..transport.client import ProbeClient
+from ..transport.fanout import run_on_ranks
+from ..transport.session import Session
 from ..transport.wire import QueryBody
 
 

@@ -13,7 +13,7 @@ from ..errors import EXIT_USAGE, ProbeCLIError
 from ..outcome import Outcome, finish
 from ..render.actions import render_step_header
 from ..result import RankResult
-from ..session import Session
+from ..transport.session import Session
 from ..transport.step_actions import StepOutcome
 
 Render = Callable[[list[RankResult]], list[str]]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ..client import ProbeClient
-from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
 from ..render.actions import render_action_list, render_cancelled
-from ..session import Session
+from ..transport.client import ProbeClient
+from ..transport.fanout import run_on_ranks
+from ..transport.session import Session
 from . import pass_session
 
 

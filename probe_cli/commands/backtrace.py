@@ -6,13 +6,13 @@ from typing import Any
 
 import click
 
-from ..fanout import fan_out_target_first
 from ..group import rank_label
 from ..outcome import Outcome, finish
 from ..render.stacks import render_backtrace
 from ..render.text import format_csv
 from ..result import RankResult
-from ..session import Session
+from ..transport.fanout import fan_out_target_first
+from ..transport.session import Session
 from ..transport.wire import BacktraceBody
 from . import pass_session
 

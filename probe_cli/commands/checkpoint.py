@@ -8,7 +8,7 @@ import click
 
 from ..outcome import Outcome
 from ..render.actions import render_checkpoint
-from ..session import Session
+from ..transport.session import Session
 from ..transport.step_actions import run_step_action
 from . import pass_session
 from ._step_options import at_step_option, step_outcome, wait_option

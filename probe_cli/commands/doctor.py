@@ -15,17 +15,17 @@ from typing import Any
 
 import click
 
-from ..client import ProbeClient
 from ..diagnose.doctor import diagnose, rank_doc, steps_seen
 from ..diagnose.hang import rank_state
 from ..diagnose.number_checks import MEMORY_WARMUP_STEPS
 from ..diagnose.time_checks import TOP_MODULES
 from ..errors import EXIT_FAILURE, RankError
-from ..fanout import Call, RankTarget, fan_out, resolve_ranks
 from ..outcome import Outcome, failure_summary, verdict_outcome
 from ..render.doctor import doctor_header, render, render_json
 from ..render.verdicts import rank_answers
-from ..session import Session
+from ..transport.client import ProbeClient
+from ..transport.fanout import Call, RankTarget, fan_out, resolve_ranks
+from ..transport.session import Session
 from ..transport.wire import QueryBody
 from . import pass_session
 from .hang import gather_hang

@@ -10,13 +10,13 @@ from typing import Any
 
 import click
 
-from ..client import ProbeClient
 from ..diagnose.hang import HangVerdict, diagnose, rank_state
-from ..fanout import RankTarget, fan_out, resolve_ranks
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import hang_json, render_verdict
 from ..result import RankResult
-from ..session import Session
+from ..transport.client import ProbeClient
+from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.session import Session
 from ..transport.wire import Envelope
 from . import pass_session
 

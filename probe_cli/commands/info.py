@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from ..client import ProbeClient
-from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
 from ..render.text import format_csv, format_duration, info_rows, render_info
 from ..result import RankResult
-from ..session import Session
+from ..transport.client import ProbeClient
+from ..transport.fanout import run_on_ranks
+from ..transport.session import Session
 from ..transport.wire import InfoBody
 from . import pass_session
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import click
 
-from ..targets import default_run_dir
+from ..transport.targets import default_run_dir
 
 _TRACE = re.compile(r"^(on|off|every:[1-9][0-9]*)$")
 

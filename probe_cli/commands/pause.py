@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ..client import ProbeClient
-from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
 from ..render.actions import render_paused, render_resumed
-from ..session import Session
+from ..transport.client import ProbeClient
+from ..transport.fanout import run_on_ranks
+from ..transport.session import Session
 from ..transport.step_actions import requested_by, run_step_action
 from . import pass_session
 from ._step_options import at_step_option, step_outcome, wait_option

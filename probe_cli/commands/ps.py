@@ -10,9 +10,9 @@ import re
 import click
 
 from ..outcome import Outcome
-from ..render import format_table
-from ..session import Session
-from ..targets import default_run_dir, local_run_dirs
+from ..render.text import format_table
+from ..transport.session import Session
+from ..transport.targets import default_run_dir, local_run_dirs
 from . import pass_session
 from ._local import ask_socket, dead_files, run_dir_of
 

@@ -6,9 +6,7 @@ import json
 
 import click
 
-from ..client import ProbeClient
 from ..errors import EXIT_FAILURE, ProbeCLIError, UsageProblemError
-from ..fanout import fan_out, resolve_ranks, run_on_ranks
 from ..group import rank_label
 from ..outcome import Outcome, exit_code, failure_summary, finish
 from ..render.text import (
@@ -20,7 +18,9 @@ from ..render.text import (
     render_query_table,
 )
 from ..result import RankResult
-from ..session import Session
+from ..transport.client import ProbeClient
+from ..transport.fanout import fan_out, resolve_ranks, run_on_ranks
+from ..transport.session import Session
 from ..transport.wire import GatheredBody
 from . import pass_session
 

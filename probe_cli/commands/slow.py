@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..outcome import Outcome
-from ..session import Session
+from ..transport.session import Session
 from . import pass_session
 from ._canned import canned_outcome
 

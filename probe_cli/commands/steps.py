@@ -6,12 +6,12 @@ from typing import Any
 
 import click
 
-from ..client import ProbeClient
-from ..fanout import RankTarget, fan_out, resolve_ranks
 from ..outcome import Outcome, finish
 from ..render.text import render_query_table
 from ..result import RankResult
-from ..session import Session
+from ..transport.client import ProbeClient
+from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.session import Session
 from ..transport.wire import Envelope, QueryBody
 from . import pass_session
 

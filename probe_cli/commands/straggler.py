@@ -10,13 +10,13 @@ from typing import Any
 
 import click
 
-from ..client import ProbeClient
 from ..diagnose.straggler import diagnose_stragglers
 from ..errors import RankError
-from ..fanout import Call, RankTarget, fan_out, resolve_ranks
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import render_straggler, straggler_json
-from ..session import Session
+from ..transport.client import ProbeClient
+from ..transport.fanout import Call, RankTarget, fan_out, resolve_ranks
+from ..transport.session import Session
 from ..transport.wire import CollectivesBody, Envelope, QueryBody
 from . import pass_session
 

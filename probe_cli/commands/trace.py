@@ -7,14 +7,14 @@ import json
 
 import click
 
-from ..client import ProbeClient
 from ..errors import ProbeCLIError, UsageProblemError
-from ..fanout import run_on_ranks
 from ..outcome import Outcome, finish
 from ..render.perfetto import build_trace
 from ..render.text import format_csv, format_table, query_notes
 from ..result import RankResult
-from ..session import Session
+from ..transport.client import ProbeClient
+from ..transport.fanout import run_on_ranks
+from ..transport.session import Session
 from ..transport.wire import QueryBody, TraceBody
 from . import pass_session
 from ._canned import run_canned

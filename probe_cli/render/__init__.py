@@ -6,7 +6,3 @@ nothing here prints (main.py does) and nothing here decides (diagnose/ does).
 - ``actions``: step-boundary actions (lr, checkpoint, pause, the queue)
 - ``perfetto``: traced steps as Chrome/Perfetto trace JSON
 """
-
-# commands/ps.py still imports this from here; it is being changed for issue 20 and moves with
-# the transport/ commit, which drops this line.
-from .text import format_table  # noqa: E402,F401

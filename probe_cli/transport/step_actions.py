@@ -29,12 +29,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..client import ProbeClient
 from ..errors import AgentHTTPError, RankError
-from ..fanout import RankTarget, calling, fan_out, resolve_ranks
 from ..group import rank_label
 from ..result import RankResult
-from ..session import Session
+from .client import ProbeClient
+from .fanout import RankTarget, calling, fan_out, resolve_ranks
+from .session import Session
 from .wire import ActionBody, StepBody
 
 #: --next-step retries when a rank stepped past the chosen target while it was being queued.

@@ -69,8 +69,8 @@ def torchrun_job(tmp: Path, program: str, nproc: int, *args: str,
 def wait_for_verdict(url: str, expect: str, timeout: float = 60) -> None:
     """Poll the verdict in-process until it says ``expect`` (ranks need a moment to block)."""
     from probe_cli.commands.hang import gather_hang
-    from probe_cli.session import Session
-    from probe_cli.targets import Endpoint
+    from probe_cli.transport.session import Session
+    from probe_cli.transport.targets import Endpoint
 
     def verdict() -> bool:
         session = Session(endpoints=[Endpoint(url)], timeout=5)

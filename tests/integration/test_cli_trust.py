@@ -15,8 +15,8 @@ import pytest
 
 from probe_cli.errors import UntrustedAgentError
 from probe_cli.main import main
-from probe_cli.targets import Endpoint
-from probe_cli.trust import check_agent
+from probe_cli.transport.targets import Endpoint
+from probe_cli.transport.trust import check_agent
 from tests.foreign import FOREIGN_UID, need_root, run_as
 from tests.support import wait_until
 from tests.unit.cli_server import closed_port

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from probe_cli.fanout import fan_out_target_first
-from probe_cli.session import Session
-from probe_cli.targets import parse_endpoints
+from probe_cli.transport.fanout import fan_out_target_first
+from probe_cli.transport.session import Session
+from probe_cli.transport.targets import parse_endpoints
 from tests.unit.cli_server import CannedAgent
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from probe_cli.errors import EXIT_USAGE, NoAgentError, UsageProblemError
 from probe_cli.main import _value_options, cli
-from probe_cli.targets import (
+from probe_cli.transport.targets import (
     Endpoint,
     default_endpoint,
     looks_like_endpoint,

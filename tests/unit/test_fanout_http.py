@@ -12,16 +12,16 @@ import threading
 
 import pytest
 
-from probe_cli.client import ProbeClient
 from probe_cli.errors import (
     AgentTimeoutError,
     AgentUnreachableError,
     AuthError,
     UsageProblemError,
 )
-from probe_cli.fanout import resolve_ranks, run_on_ranks
-from probe_cli.session import Session
-from probe_cli.targets import Endpoint, parse_endpoints
+from probe_cli.transport.client import ProbeClient
+from probe_cli.transport.fanout import resolve_ranks, run_on_ranks
+from probe_cli.transport.session import Session
+from probe_cli.transport.targets import Endpoint, parse_endpoints
 from tests.unit.cli_server import CannedAgent, canned_job, closed_port
 
 
@@ -175,7 +175,7 @@ class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
     ({"state": "ok"}, "the others have not registered yet"),
 ])
 def test_a_partial_rank_list_is_explained_with_what_to_do(discovery, says):
-    from probe_cli.fanout import _missing_ranks_note
+    from probe_cli.transport.fanout import _missing_ranks_note
 
     ep = Endpoint("http://node0:9700")
     body = {"rank": 0, "world_size": 8, "discovery": discovery}

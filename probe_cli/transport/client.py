@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from .errors import (
+from ..errors import (
     AgentTimeoutError,
     AgentUnreachableError,
     ProtocolError,
@@ -23,8 +23,8 @@ from .errors import (
     http_error_class,
 )
 from .targets import Endpoint
-from .transport.wire import ArrowBody
 from .trust import check_agent
+from .wire import ArrowBody
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 

@@ -18,7 +18,7 @@ import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .errors import NoAgentError, UsageProblemError
+from ..errors import NoAgentError, UsageProblemError
 
 DEFAULT_TARGET = "127.0.0.1:9700"
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")

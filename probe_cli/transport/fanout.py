@@ -27,8 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from .client import ProbeClient
-from .errors import (
+from ..errors import (
     AgentHTTPError,
     AgentTimeoutError,
     AgentUnreachableError,
@@ -40,11 +39,12 @@ from .errors import (
     UntrustedAgentError,
     UsageProblemError,
 )
-from .group import compact_ranges
-from .result import RankResult, result_order
+from ..group import compact_ranges
+from ..result import RankResult, result_order
+from .client import ProbeClient
 from .session import Session
 from .targets import Endpoint
-from .transport.wire import Envelope, RanksBody
+from .wire import Envelope, RanksBody
 
 #: Requests in flight at once. 64 keeps a 512-rank job to 8 waves of short requests while
 #: staying far below a login node's file-descriptor limit.

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from .errors import UntrustedAgentError
+from ..errors import UntrustedAgentError
 from .targets import Endpoint
 
 _TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
