@@ -265,7 +265,7 @@ def run_size(size: str, rounds: int | None, block: int | None = None) -> dict[st
                 agent = start_agent("off")
                 time.sleep(0.5)  # let the agent's threads finish starting (not measured)
                 loop.steps(3)
-            tracer = agent.collectors["modules"]
+            tracer = agent.collectors.tracer
             mode = {"agent-off": "off", "on": "on"}.get(c, agent.config.__class__().trace)
             tracer.set_mode(mode)
             loop.steps(1)  # a new mode applies from the next step boundary
@@ -435,7 +435,7 @@ def run_paired(size: str, steps: int) -> dict[str, object]:
     loop = Loop(size)
     loop.steps(5)
     agent = start_agent("off")
-    tracer = agent.collectors["modules"]
+    tracer = agent.collectors.tracer
     time.sleep(0.5)
     loop.steps(5)
     agent.store.flush()
@@ -593,7 +593,7 @@ def run_hot_path(size: str, reps: int) -> dict[str, object]:
     loop = Loop(size)
     loop.steps(5)
     agent = start_agent("off")
-    tracer = agent.collectors["modules"]
+    tracer = agent.collectors.tracer
     time.sleep(0.5)
     modes = ["off", "python"] + (["native"] if NATIVE != "off" else [])
     got: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
@@ -628,7 +628,7 @@ def run_per_call(reps: int = 30) -> dict[str, object]:
     opt = torch.optim.SGD(seq.parameters(), lr=0.0)
     agent = start_agent("off")
     time.sleep(0.5)
-    tracer = agent.collectors["modules"]
+    tracer = agent.collectors.tracer
     tt = time.thread_time
     fw: dict[str, list[float]] = {"off": [], "on": []}
     bw: dict[str, list[float]] = {"off": [], "on": []}

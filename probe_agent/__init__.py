@@ -44,7 +44,7 @@ def log(step: int | None = None, **scalars: Any) -> None:
     agent = getattr(agent_mod, "_current", None)
     if agent is None:
         return
-    recorder = agent.collectors.get("steps")
+    recorder = agent.collectors.steps
     if recorder is not None:
         recorder.log(step, scalars)
 

@@ -34,8 +34,9 @@ class Agent:
     def __init__(self, config: AgentConfig, identity: Identity) -> None:
         from .access import Gate, Policy, RefusalLog
         from .actions import ActionQueue
+        from .actions.stepclock import StepClock
+        from .collectors.registry import Collectors
         from .evaluator import Evaluator
-        from .stepclock import StepClock
         from .store import Store
 
         self.config = config
@@ -54,7 +55,7 @@ class Agent:
         # Separate pools so a slow query can never starve eval or backtrace, and vice versa.
         self.query_pool = ThreadPoolExecutor(4, thread_name_prefix="probe-agent.query")
         self.eval_pool = ThreadPoolExecutor(2, thread_name_prefix="probe-agent.evalwait")
-        self.collectors: dict[str, Any] = {}
+        self.collectors = Collectors()  # built and started by start()
         self.url: str | None = None
         self.unix_path: str | None = None
         self._server: Any = None
@@ -68,7 +69,9 @@ class Agent:
         # issue 6: the one step counter of this agent (the tracer uses it too), and the queue of
         # step-boundary actions that rides on it.
         self.stepclock = StepClock()
-        self.actions = ActionQueue(self)
+        self.actions = ActionQueue(self.stepclock, self.evaluator, rank=self.rank,
+                                   timeout_s=config.action_timeout_s, audit=self.audit,
+                                   running=lambda: self.running)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -155,23 +158,14 @@ class Agent:
     def _start_collectors(self) -> None:
         from .collectors.registry import build_collectors
 
-        for name, collector in build_collectors(self).items():
-            try:
-                collector.start(self.store)
-                self.collectors[name] = collector
-            except Exception as e:  # a collector that cannot start must not stop the agent
-                log.warning("probe agent: collector %s did not start: %s", name, e)
+        self.collectors = build_collectors(self)
+        self.collectors.start(self.store)
 
     def stop(self) -> None:
         if not self.running:
             return
         self.running = False
-        for name, collector in list(self.collectors.items()):
-            try:
-                collector.stop()
-            except Exception as e:  # keep stopping the rest
-                log.warning("probe agent: collector %s did not stop cleanly: %s", name, e)
-        self.collectors.clear()
+        self.collectors.stop()
         self.actions.stop()  # releases a paused training thread
         self.stepclock.stop()
         # At interpreter exit the watchdog stays to report the death, and keeps our files.
@@ -229,7 +223,7 @@ class Agent:
             "url": self.url,
             "unix_socket": self.unix_path,
             "argv": sys.argv[:8],
-            "trace": getattr(self.collectors.get("modules"), "mode", self.config.trace),
+            "trace": getattr(self.collectors.tracer, "mode", self.config.trace),
             "watchdog": self.watchdog.describe() if self.watchdog is not None else None,
             "serve_cpu": self.config.serve_cpu,
             "access": self.access_info(),

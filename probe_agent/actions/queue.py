@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,8 @@ from .agreement import StepAgreement
 from .runners import RUNNERS
 
 if TYPE_CHECKING:
-    from ..agent import Agent
+    from ..evaluator import Evaluator
+    from .stepclock import StepClock
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +89,26 @@ class Action:
 
 
 class ActionQueue:
-    """Per-rank queue of step-boundary actions. See the module docstring."""
+    """Per-rank queue of step-boundary actions. See the module docstring.
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.rank = agent.rank
-        self.evaluator = agent.evaluator  # its session: names step-evals and evals share
-        self.clock = agent.stepclock
-        self.timeout_s = agent.config.action_timeout_s
+    Args:
+        clock: the step clock whose subscriber runs the due actions on the training thread.
+        evaluator: its session and output cap: names step-evals and ``/v1/eval`` share.
+        rank: named in refusals and logs.
+        timeout_s: PROBE_ACTION_TIMEOUT_S: longer is reported as an overrun (never stopped).
+        audit: writes one ``python.evals`` row (``Agent.audit``).
+        running: whether the agent still runs; a held (paused) training thread is released
+            once it does not.
+    """
+
+    def __init__(self, clock: StepClock, evaluator: Evaluator, *, rank: int, timeout_s: float,
+                 audit: Callable[..., None], running: Callable[[], bool]) -> None:
+        self.rank = rank
+        self.evaluator = evaluator
+        self.clock = clock
+        self.timeout_s = timeout_s
+        self._audit_row = audit
+        self._running = running
         self.agreement = StepAgreement()
         self._cond = threading.Condition()
         self._pending: list[Action] = []
@@ -278,10 +292,10 @@ class ActionQueue:
         try:
             while True:
                 with self._cond:
-                    while (self._hold and self.agent.running
+                    while (self._hold and self._running()
                            and not (self._pending and self._pending[0].step <= step)):
                         self._cond.wait(1.0)
-                    if not self._hold or not self.agent.running:
+                    if not self._hold or not self._running():
                         return
                 self._run_due(step)
         finally:
@@ -343,7 +357,7 @@ class ActionQueue:
                    client: str, requested_by: str | None, outcome: str, error: str | None,
                    ms: float = 0.0) -> None:
         try:
-            self.agent.audit(client, code, outcome, error, ms, kind=kind, action_id=action_id,
+            self._audit_row(client, code, outcome, error, ms, kind=kind, action_id=action_id,
                              at_step=step, requested_by=requested_by)
         except Exception as e:  # the audit table must never fail an action or the training
             log.warning("probe agent: could not audit action %s: %s", action_id, e)

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import Sink
+
 if TYPE_CHECKING:
     from ..agent import Agent
     from ..ranks import RankRegistry
@@ -39,21 +41,32 @@ class Collectors:
     trainloop: LoopMonitor | None = None  # issue 7: python.step_stats, the doctor's loop state
 
     def running(self) -> list[tuple[str, Any]]:
-        """``(name, collector)`` of those running, in start order."""
+        """``(name, collector)`` of those present, in start order."""
         return [(name, c) for name in _ORDER if (c := getattr(self, name)) is not None]
+
+    def start(self, sink: Sink) -> None:
+        """Start each in order; one that cannot start is dropped, the others still run."""
+        for name, collector in self.running():
+            try:
+                collector.start(sink)
+            except Exception as e:  # a collector that cannot start must not stop the agent
+                log.warning("probe agent: collector %s did not start: %s", name, e)
+                setattr(self, name, None)
+
+    def stop(self) -> None:
+        """Stop each in start order and forget it; one that fails does not keep the rest."""
+        for name, collector in self.running():
+            try:
+                collector.stop()
+            except Exception as e:  # keep stopping the rest
+                log.warning("probe agent: collector %s did not stop cleanly: %s", name, e)
+            setattr(self, name, None)
 
 
 _ORDER = tuple(Collectors.__dataclass_fields__)
 
 
-def build_collectors(agent: Agent) -> dict[str, Any]:
-    """The running collectors by name, in start order, for an Agent that keeps them in a dict.
-    TODO(issue 18): Agent holds ``Collectors`` itself once agent.py is free to change."""
-    names = {"tracer": "modules"}  # the tracer's old key, which agent.info() still reads
-    return {names.get(name, name): c for name, c in build(agent).running()}
-
-
-def build(agent: Agent) -> Collectors:
+def build_collectors(agent: Agent) -> Collectors:
     from ..ranks import build_registry
     from .collectives import CollectiveRecorder
     from .steps import StepRecorder

@@ -33,7 +33,7 @@ import pyarrow as pa
 from . import Guard, Sink
 
 if TYPE_CHECKING:
-    from ..stepclock import StepClock
+    from ..actions.stepclock import StepClock
     from .tracer.tracer import TorchTracer
 
 _MIB = 1.0 / (1 << 20)

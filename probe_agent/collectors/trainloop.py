@@ -42,7 +42,7 @@ from . import Guard, Sink
 from .torch_import import imported
 
 if TYPE_CHECKING:
-    from ..stepclock import StepClock
+    from ..actions.stepclock import StepClock
 
 BUFFER = 100_000
 

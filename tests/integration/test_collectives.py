@@ -45,7 +45,7 @@ def test_rank_publishes_itself_in_the_job_store(process_group, client):
 
 def test_explicit_and_ddp_collectives_are_recorded(process_group, client):
     agent = process_group
-    wait_until(lambda: agent.collectors["collectives"]._armed, 10, "wrappers not installed")
+    wait_until(lambda: agent.collectors.collectives._armed, 10, "wrappers not installed")
     # GIVEN a DDP step (its all-reduce never passes through Python) and an explicit all_reduce
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
     model(torch.randn(3, 4)).sum().backward()
@@ -71,7 +71,7 @@ def test_explicit_and_ddp_collectives_are_recorded(process_group, client):
 
 def test_failed_collective_is_recorded_and_reraised(process_group, client):
     agent = process_group
-    wait_until(lambda: agent.collectors["collectives"]._armed, 10, "wrappers not installed")
+    wait_until(lambda: agent.collectors.collectives._armed, 10, "wrappers not installed")
     with pytest.raises((ValueError, RuntimeError)):
         dist.broadcast(torch.ones(2), src=5)  # no rank 5 in a group of one
     body = client.get("/v1/collectives", params={"state": "failed"}).json()
@@ -82,7 +82,7 @@ def test_failed_collective_is_recorded_and_reraised(process_group, client):
 def test_stop_restores_the_torch_functions(make_agent):
     original = dist.all_reduce
     agent = make_agent()
-    agent.collectors["collectives"].tick()
+    agent.collectors.collectives.tick()
     assert dist.all_reduce is not original
     import probe_agent
 

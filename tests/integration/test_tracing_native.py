@@ -94,7 +94,7 @@ def test_native_backward_rows_of_a_module_whose_graph_is_built_on_another_thread
     # GIVEN the C++ path, and a model whose second layer runs on a helper thread (its grad_fn
     # counts that thread's sequence numbers: the C++ path names nodes by thread and number)
     agent = make_agent(trace="on", trace_native="auto")
-    tracer = agent.collectors["modules"]
+    tracer = agent.collectors.tracer
 
     class Threaded(nn.Module):
         def __init__(self) -> None:
@@ -124,7 +124,7 @@ def test_native_keeps_only_the_backward_events_of_nodes_forward_records_name(
     # GIVEN the C++ path, and a module whose forward makes several autograd nodes, of which
     # only the output's is named by a forward record
     agent = make_agent(trace="on", trace_native="auto")
-    tracer = agent.collectors["modules"]
+    tracer = agent.collectors.tracer
 
     class Busy(nn.Module):
         def forward(self, x):

@@ -108,7 +108,7 @@ def named_modules(model: nn.Module) -> set[str]:
 
 def rows(agent: Any, sql: str) -> list[list[Any]]:
     """Flush everything recorded so far into DuckDB, then query."""
-    agent.collectors["modules"].flush()
-    agent.collectors["steps"].flush(final=True)
+    agent.collectors.tracer.flush()
+    agent.collectors.steps.flush(final=True)
     agent.store.flush()
     return agent.store.query(sql).rows

@@ -38,8 +38,8 @@ def main() -> None:
     agent = current()
     out = {"torch_before": TORCH_BEFORE, "agent": agent is not None}
     if agent is not None:
-        agent.collectors["modules"].flush()
-        agent.collectors["steps"].flush(final=True)
+        agent.collectors.tracer.flush()
+        agent.collectors.steps.flush(final=True)
         agent.store.flush()
         q = agent.store.query
         out["trace"] = q("SELECT step, stage, count(*) FROM torch_trace GROUP BY ALL "
@@ -47,7 +47,7 @@ def main() -> None:
         out["modules"] = q("SELECT DISTINCT module FROM torch_trace ORDER BY 1").rows
         out["steps"] = q("SELECT count(*) FROM steps").rows
         out["metrics"] = q("SELECT count(*) FROM metrics").rows
-        out["state"] = agent.collectors["modules"].state()
+        out["state"] = agent.collectors.tracer.state()
     with open(args.out, "w") as f:
         json.dump(out, f)
 

@@ -70,8 +70,8 @@ from .trace_native import LOADER
 from .trace_rows import RowResolver
 
 if TYPE_CHECKING:
+    from ...actions.stepclock import StepClock
     from ...config import AgentConfig
-    from ...stepclock import StepClock
 
 log = logging.getLogger(__name__)
 

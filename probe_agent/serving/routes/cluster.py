@@ -23,7 +23,7 @@ router = APIRouter(prefix="/v1")
 
 
 def _collective_rows(agent: Agent, state: str | None, limit: int) -> dict[str, Any]:
-    recorder = agent.collectors.get("collectives")
+    recorder = agent.collectors.collectives
     rows = recorder.rows() if recorder is not None else []
     if state:
         rows = [r for r in rows if r["state"] == state]

@@ -81,7 +81,7 @@ async def info(request: Request) -> dict[str, Any]:
 @router.get("/ranks")
 async def ranks(request: Request) -> dict[str, Any]:
     agent = _agent(request)
-    registry = agent.collectors.get("ranks")
+    registry = agent.collectors.ranks
     world = max(getattr(registry, "world_size", 0), agent.identity.world_size)
     discovery = registry.describe() if registry is not None else {"state": "off"}
     return ok_body(agent.rank, ranks=agent.known_ranks(), world_size=world, discovery=discovery)

@@ -40,7 +40,7 @@ def _cuda_totals() -> dict[str, float]:
 
 
 def _state(agent: Agent) -> dict[str, Any]:
-    monitor = agent.collectors.get("trainloop")
+    monitor = agent.collectors.trainloop
     clock = agent.stepclock
     clock.poll()
     return jsonable(ok_body(
@@ -69,7 +69,7 @@ async def grads(
     ``step``, ``params``, ``without_grad``, ``nonfinite`` (parameters whose gradient has a NaN
     or Inf), ``norm`` (total norm of the finite ones); or ``checked: false`` and ``reason``."""
     agent = request.app.state.agent
-    monitor = agent.collectors.get("trainloop")
+    monitor = agent.collectors.trainloop
     if monitor is None:
         body: dict[str, Any] = {"checked": False, "reason": "the loop monitor is not running"}
     else:

@@ -30,7 +30,7 @@ class TraceRequest(BaseModel):
 
 def _tracer(request: Request) -> Any:
     agent = request.app.state.agent
-    tracer = agent.collectors.get("modules")
+    tracer = agent.collectors.tracer
     if tracer is None:
         raise ConflictError(
             "torch tracing is not running in this agent (see the agent's log for why)"

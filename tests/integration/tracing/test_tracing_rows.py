@@ -162,7 +162,7 @@ def test_sampling_every_n_and_runtime_change(make_agent):
 def test_reads_resolve_the_trace_only_when_they_name_it(make_agent):
     # GIVEN an agent tracing every step, read once so its timed resolve is not due for 10 s
     agent = make_agent(trace="on")
-    tracer = agent.collectors["modules"]
+    tracer = agent.collectors.tracer
     model = TinyGPT()
     train(model, 2)
     assert agent.store.query("SELECT max(step) FROM torch_trace").rows == [[2]]

@@ -59,7 +59,7 @@ def test_a_raising_hook_is_counted_and_switches_tracing_off_not_training(make_ag
     # THEN training went on and learned, the failures were counted and logged once, and the
     # tracer switched itself off (the original nn.Module.__call__ is back)
     assert losses[-1] < losses[0]
-    state = agent.collectors["modules"].state()
+    state = agent.collectors.tracer.state()
     assert state["disabled"] and state["failures"] >= 10, state
     assert "is broken on purpose" in state["last_error"]
     warned = [r for r in caplog.records if "module tracer failed" in r.getMessage()]
@@ -71,7 +71,7 @@ def test_a_raising_hook_is_counted_and_switches_tracing_off_not_training(make_ag
     assert rows(agent, "SELECT count(*) > 0 FROM torch_trace WHERE module = 'lin'") == [[True]]
     assert state["hot_path"] == "python"  # off now
     if hot_path == "native":
-        assert agent.collectors["modules"].native.state()[2] is False  # no backward callback
+        assert agent.collectors.tracer.native.state()[2] is False  # no backward callback
 
 
 def test_a_compiled_model_trains_the_same_and_records_its_calls(make_agent):
@@ -92,7 +92,7 @@ def test_a_compiled_model_trains_the_same_and_records_its_calls(make_agent):
                      [2, "TinyGPT", "forward"]], found
     # (aot_eager runs the compiled FX graph as a GraphModule call, which is recorded too;
     # inductor's compiled code is not a module)
-    assert agent.collectors["modules"].state()["failures"] == 0
+    assert agent.collectors.tracer.state()["failures"] == 0
 
 
 def test_retention_holds_the_tables_under_the_byte_cap(make_agent):
@@ -146,7 +146,7 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(torch.randn(32, 4), batch_size=8)
-    wait_until(lambda: agent.collectors["trainloop"].state()["dataloader_wrapped"], 10,
+    wait_until(lambda: agent.collectors.trainloop.state()["dataloader_wrapped"], 10,
                "the DataLoader was never wrapped")
     for x in loader:
         model(x).sum().backward()
@@ -215,7 +215,7 @@ def test_untraced_steps_leave_module_call_and_hook_registration_as_torch_has_the
     # GIVEN an agent sampling every 2nd step
     call_before = nn.Module.__call__
     agent = make_agent(trace="every:2")
-    tracer = agent.collectors["modules"]
+    tracer = agent.collectors.tracer
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen = []
