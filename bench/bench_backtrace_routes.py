@@ -121,9 +121,9 @@ def bench_routes(n: int, out: dict) -> None:
 
 
 def bench_inject(n: int, out: dict) -> None:
-    from probe_cli.commands._local import ask_socket
     from probe_cli.injection import injector
     from probe_cli.injection.target import check_version, inspect
+    from probe_cli.transport.local_socket import ask_socket
 
     with tempfile.TemporaryDirectory(prefix="probe-bench-") as d:
         tmp = Path(d)

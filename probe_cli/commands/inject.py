@@ -11,10 +11,11 @@ import click
 from ..injection import injector
 from ..injection.target import InjectError, check_agent_importable, check_version, inspect
 from ..outcome import Outcome
+from ..transport.local_socket import agent_answers
 from ..transport.session import Session
 from ..transport.targets import default_run_dir
 from . import pass_session
-from ._local import agent_answers, run_dir_of
+from ._local import run_dir_of
 
 
 @click.command("inject")

@@ -11,10 +11,11 @@ import click
 
 from ..outcome import Outcome
 from ..render.text import format_table
+from ..transport.local_socket import ask_socket
 from ..transport.session import Session
 from ..transport.targets import default_run_dir, local_run_dirs
 from . import pass_session
-from ._local import ask_socket, dead_files, run_dir_of
+from ._local import dead_files, run_dir_of
 
 _PY = re.compile(r"(?:^|/)(?:lib)?python(3\.\d+)(t?)(?:\.so|$)")
 COLUMNS = ("PID", "AGENT", "RANK", "PYTHON", "ADDRESS", "COMMAND")

@@ -102,8 +102,8 @@ def test_inject_into_gil_holding_target_times_out_cleanly(plain_train, tmp_path)
 
 def test_repeated_injection_keeps_numerics(plain_train, tmp_path):
     """inject -> query -> stop, 20 times, into a target that checks its own float results."""
-    from probe_cli.commands._local import agent_answers
     from probe_cli.main import main as probe_main
+    from probe_cli.transport.local_socket import agent_answers
 
     pid, stats, proc = plain_train("--step-sleep", "0")
     run = tmp_path / "run"
