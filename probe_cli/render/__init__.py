@@ -5,4 +5,6 @@ nothing here prints (main.py does) and nothing here decides (diagnose/ does).
 - ``stacks``: backtraces in py-spy's shape
 - ``actions``: step-boundary actions (lr, checkpoint, pause, the queue)
 - ``perfetto``: traced steps as Chrome/Perfetto trace JSON
+- ``verdicts``: the hang and straggler verdicts (and the straggler step table)
+- ``doctor``: doctor's report, findings ranked by severity
 """
