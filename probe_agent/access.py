@@ -1,8 +1,8 @@
 """Who may reach an agent: one rule for every public socket (issue 19). Stdlib only.
 
-The agent's own server (``server.py``/``app.py``, when no watchdog runs) and the watchdog's
-proxy (``watchdog/proxy.py``, another process) both decide through ``Policy.check``, so the
-proxy can never let through what the agent would refuse.
+The agent's own server (``serving/server.py``, ``serving/app.py``, when no watchdog runs) and
+the watchdog's proxy (``watchdog/proxy.py``, another process) both decide through
+``Policy.check``, so the proxy can never let through what the agent would refuse.
 
 The rule, in order:
 
@@ -403,7 +403,7 @@ def header_map(pairs: list[tuple[bytes, bytes]] | list[tuple[str, str]]) -> dict
 class Gate:
     """The agent server's side of the rule: the policy and the connection limits. The server's
     protocol puts each connection's Peer and limit keys into the ASGI scope (``SCOPE_PEER``,
-    ``SCOPE_KEYS``), where app.py's AdmissionMiddleware reads them per request."""
+    ``SCOPE_KEYS``), where serving/app.py's AdmissionMiddleware reads them per request."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy

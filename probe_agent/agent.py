@@ -64,7 +64,8 @@ class Agent:
         self.peers: dict[int, dict[str, Any]] = {}
         self.serve_budget: Any = None  # set by create_app: requests' CPU budget (budget.py)
         self.running = False
-        #: issue 5: the out-of-process companion that owns the public sockets (watchdog/link.py).
+        #: issue 5: the out-of-process companion that owns the public sockets
+        #: (serving/watchdog_link.py).
         self.watchdog: Any = None
         # issue 6: the one step counter of this agent (the tracer uses it too), and the queue of
         # step-boundary actions that rides on it.
@@ -75,9 +76,9 @@ class Agent:
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        from .app import create_app
         from .collectors import stacks
-        from .server import AgentServer, bind_unix
+        from .serving.app import create_app
+        from .serving.server import AgentServer, bind_unix
 
         if self.config.unix_socket:
             self._settle_run_dir()
@@ -121,7 +122,7 @@ class Agent:
         self.store.start()
         serve, tls = sockets, []
         if self.config.watchdog:
-            from .watchdog.link import WatchdogLink
+            from .serving.watchdog_link import WatchdogLink
 
             # The watchdog will own the public sockets (and their TLS); the agent serves a
             # private one.
@@ -315,12 +316,12 @@ def _bind_tcp_reclaiming(config: AgentConfig, rank: int, local_world: int) -> An
     steps of the node's rank count, so that rank r of the second job does not take the port
     rank r+1 of that job wants, and registers it for discovery as usual."""
     from .errors import BindError
-    from .server import bind_tcp
+    from .serving.server import bind_tcp
 
     try:
         return bind_tcp(config.host, config.port, rank)
     except BindError as first:
-        from .watchdog.link import reclaim_port
+        from .serving.watchdog_link import reclaim_port
 
         if config.port == 0:
             raise
@@ -384,8 +385,4 @@ def _after_fork_in_child() -> None:
         return
     agent.running = False  # its threads do not exist in the child; nothing to join
     if agent._server is not None:
-        for s in agent._server.sockets:
-            try:
-                s.close()
-            except OSError:
-                pass
+        agent._server.close_sockets()

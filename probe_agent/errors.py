@@ -1,6 +1,6 @@
 """Errors raised inside the agent, each carrying the HTTP status it maps to.
 
-One exception handler in ``app.py`` turns any of these into the wire error body
+One exception handler in ``serving/app.py`` turns any of these into the wire error body
 (datasette's ``Base400`` style: the status lives on the class)::
 
     ProbeAgentError (500)

@@ -15,9 +15,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, first_set
+
+if TYPE_CHECKING:
+    from .agent import Agent
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +83,7 @@ class RankRegistry:
             elastic job can come back at new addresses).
     """
 
-    def __init__(self, agent: Any, refresh_s: float = 30.0) -> None:
+    def __init__(self, agent: Agent, refresh_s: float = 30.0) -> None:
         self.agent = agent
         self.refresh_s = refresh_s
         self.store: Any = None
@@ -198,5 +201,5 @@ class RankRegistry:
         self.agent.peers = peers
 
 
-def build_registry(agent: Any) -> RankRegistry:
+def build_registry(agent: Agent) -> RankRegistry:
     return RankRegistry(agent)

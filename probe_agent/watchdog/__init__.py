@@ -14,8 +14,8 @@ The model::
 - The agent binds the public TCP port and ``<pid>.sock`` in the caller's thread (so a taken port
   fails ``start()`` at once), then hands the listening fds to the watchdog (``pass_fds``) and
   serves only its private socket ``<pid>.agent``. It keeps its copies unused: if the watchdog
-  dies, the agent starts a new one on them (``restarts.py``, issue 20), and serves them itself
-  only after the watchdog has died MAX_RESTARTS times within a few minutes.
+  dies, the agent starts a new one on them (``serving/watchdog_restarts.py``, issue 20), and
+  serves them itself only after the watchdog has died MAX_RESTARTS times within a few minutes.
 - The watchdog is a lean asyncio reverse proxy (stdlib only; started with ``python -I -S``).
   Every request is forwarded with a deadline. A backtrace the agent does not answer within
   PROBE_BACKTRACE_DEADLINE_MS (or at once when the agent's heartbeat is already stale) is read
@@ -28,10 +28,11 @@ The model::
 - When the rank exits, the watchdog keeps serving for PROBE_WATCHDOG_GRACE_S with the exit
   status, the last backtrace and the last step (``rank.py``), then exits.
 
-Modules: ``link.py`` (agent side: spawn, heartbeat, faulthandler, exit record), ``restarts.py``
-(agent side: restarting a dead watchdog), ``main.py`` (process entry), ``proxy.py`` (HTTP),
+Modules of the watchdog process: ``main.py`` (process entry), ``proxy.py`` (HTTP),
 ``httpwire.py`` (HTTP/1.1 framing), ``reader.py`` (py-spy, faulthandler and /proc stacks),
 ``rank.py`` (liveness, exit status, forensics), ``files.py`` and ``beat.py`` (what both sides
-share). Only ``link.py`` and ``restarts.py`` run inside the rank; the rest is stdlib-only and
-never imports the rest of probe_agent.
+share). Nothing here runs inside the rank: its side (spawning, the heartbeat, faulthandler,
+the exit record, restarting a dead watchdog) is ``serving/watchdog_link.py`` and
+``serving/watchdog_restarts.py``. Everything here is stdlib-only and imports from probe_agent
+only ``access`` and ``serving.wire`` (the access rule and the bodies both sides send).
 """

@@ -1,10 +1,10 @@
 """Watchdog process entry: ``python -I -S -c "...; main()"`` with its config on stdin.
 
-The config (JSON, from ``link.py``): ``pid, rank, hostname, run_dir, inner_path, tcp_fd, uds_fd,
-token, pyspy, reader, dump_signal, deadline_ms, grace_s, snapshot_s, port``. It prints ``ready``
-on stdout once it serves, then closes stdout. SIGTERM ends it at once (the agent stopped on
-purpose); SIGUSR1 makes a dead rank's watchdog give its TCP port back (a restarted rank wants
-it); otherwise it lives as long as its rank plus the grace period.
+The config (JSON, from ``serving/watchdog_link.py``): ``pid, rank, hostname, run_dir,
+inner_path, tcp_fd, uds_fd, token, pyspy, reader, dump_signal, deadline_ms, grace_s, snapshot_s,
+port``. It prints ``ready`` on stdout once it serves, then closes stdout. SIGTERM ends it at
+once (the agent stopped on purpose); SIGUSR1 makes a dead rank's watchdog give its TCP port back
+(a restarted rank wants it); otherwise it lives as long as its rank plus the grace period.
 """
 
 from __future__ import annotations

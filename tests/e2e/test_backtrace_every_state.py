@@ -227,7 +227,7 @@ def test_killed_watchdog_is_restarted_and_probe_info_says_so(train_rank, tmp_pat
 
 
 def test_watchdog_that_keeps_dying_is_replaced_by_in_process_serving(train_rank, tmp_path):
-    from probe_agent.watchdog.restarts import MAX_RESTARTS
+    from probe_agent.serving.watchdog_restarts import MAX_RESTARTS
 
     run = tmp_path / "run"
     info = train_rank()

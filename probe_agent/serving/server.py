@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import logging
 import os
 import socket
 import stat
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import uvicorn
@@ -35,7 +35,7 @@ try:  # httptools (C) parses HTTP at a fraction of h11's (pure Python) CPU, in t
 except ImportError:  # pragma: no cover - httptools is in the agent extra; h11 still works
     _BaseProtocol = H11Protocol
 
-from .access import (
+from ..access import (
     LINGER_S,
     REQUEST_TIMEOUT_S,
     SCOPE_KEYS,
@@ -46,7 +46,8 @@ from .access import (
     tcp_peer,
     unix_peer_uid,
 )
-from .errors import BindError
+from ..errors import BindError
+from .wire import encode, error_body
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +112,22 @@ def bind_unix(
     return sock, path
 
 
+def close_sockets(sockets: Iterable[socket.socket]) -> None:
+    """Close every socket, whatever state each is in: a stopping server, a stopping watchdog
+    link and a forked child (which must not keep its parent's listening sockets open) all
+    need every one closed even when one fails."""
+    for s in sockets:
+        try:
+            s.close()
+        except OSError:
+            pass
+
+
 def _refuse(transport: Any, rank: int, status: int, message: str) -> None:
     """Answer with the JSON error body and close, after reading what the client already sent
     for up to LINGER_S: closing with unread input makes the kernel send a reset, which can
     destroy the answer before the client reads it (a 1000-connection burst got 744 resets)."""
-    body = json.dumps({"ok": False, "rank": rank, "status": status, "error": message}).encode()
+    body = encode(error_body(rank, status, message))
     reason = {403: b"Forbidden", 408: b"Request Timeout", 503: b"Service Unavailable"}[status]
     transport.write(
         b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
@@ -202,7 +214,7 @@ def _make_protocol(rank: int, gate: Gate) -> type[Any]:
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            # The Guard (app.py) reads who is asking, and on which share of the limits.
+            # AdmissionMiddleware (app.py) reads who is asking, and on which share of the limits.
             self.scope[SCOPE_PEER] = self._probe_peer
             self.scope[SCOPE_KEYS] = self._probe_keys
             self._probe_arm()
@@ -312,8 +324,9 @@ class AgentServer:
             srv.wake()
         if self._thread is not None:
             self._thread.join(timeout)
-        for s in self.sockets:
-            try:
-                s.close()
-            except OSError:
-                pass
+        self.close_sockets()
+
+    def close_sockets(self) -> None:
+        """Close the listening sockets (``stop``; a forked child, which must not answer for its
+        parent, calls only this: the server's threads do not exist there)."""
+        close_sockets(self.sockets)

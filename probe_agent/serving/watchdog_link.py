@@ -4,9 +4,10 @@
 ``start()`` (after the agent's server runs) registers the faulthandler dumps, starts the
 ``probe-agent.heartbeat`` thread, spawns the watchdog with the public listening sockets and
 grants it ptrace (Yama), and starts ``probe-agent.watchdog``, which waits on the watchdog
-process. If it dies while the rank lives, that thread starts a new one (``restarts.py``, issue
-20), logging one line each time; ``describe()`` (``probe info``) counts the restarts. A watchdog
-that keeps dying is given up on, and the agent serves the public sockets itself again.
+process. If it dies while the rank lives, that thread starts a new one
+(``watchdog_restarts.py``, issue 20), logging one line each time; ``describe()``
+(``probe info``) counts the restarts. A watchdog that keeps dying is given up on, and the agent
+serves the public sockets itself again.
 
 ``stop()`` has two cases. An explicit ``probe_agent.stop()`` ends the watchdog and removes its
 files. At interpreter exit (the main thread has already finished) it writes ``<pid>.exit.json``
@@ -31,11 +32,15 @@ import threading
 import time
 import traceback
 import weakref
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from . import beat
-from .files import RunFiles
-from .restarts import RESTART_WINDOW_S, Restarts, supervise
+from ..watchdog import beat
+from ..watchdog.files import RunFiles
+from .server import AgentServer, bind_unix, close_sockets
+from .watchdog_restarts import RESTART_WINDOW_S, Restarts, supervise
+
+if TYPE_CHECKING:
+    from ..agent import Agent
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +119,7 @@ def reclaim_port(run_dir: str, port: int, timeout: float = 2.0) -> bool:
 
 
 class WatchdogLink:
-    def __init__(self, agent: Any, public: list[socket.socket]) -> None:
-        from ..server import bind_unix
-
+    def __init__(self, agent: Agent, public: list[socket.socket]) -> None:
         self.agent = agent
         cfg = agent.config
         self.files = RunFiles(cfg.run_dir, agent.identity.pid)
@@ -141,7 +144,7 @@ class WatchdogLink:
         self._spawning = threading.Lock()
 
     @classmethod
-    def create(cls, agent: Any, public: list[socket.socket]) -> WatchdogLink | None:
+    def create(cls, agent: Agent, public: list[socket.socket]) -> WatchdogLink | None:
         from ..errors import BindError
 
         try:
@@ -300,8 +303,7 @@ class WatchdogLink:
         return self.proc, None
 
     def _serve_in_process(self) -> None:
-        from ..app import create_app
-        from ..server import AgentServer
+        from .app import create_app
 
         cfg = self.agent.config
         tcp = [s for s in self.public if s.family != socket.AF_UNIX]
@@ -351,11 +353,7 @@ class WatchdogLink:
             th.join(2.0)
         if self._fallback is not None:
             self._fallback.stop()
-        for s in self.public:  # the inner socket is the agent server's to close
-            try:
-                s.close()
-            except OSError:
-                pass
+        close_sockets(self.public)  # the inner socket is the agent server's to close
         if handover:
             return True  # leave the dump registrations: a SIGTERM now is still worth a stack
         self._unregister_dumps()
@@ -414,11 +412,7 @@ def _after_fork_in_child() -> None:
     SIGTERM into the rank's forensics."""
     for link in list(_links):
         link._stop.set()
-        for s in link.public:
-            try:
-                s.close()
-            except OSError:
-                pass
+        close_sockets(link.public)
         for sig in link._registered:
             try:
                 faulthandler.unregister(sig)

@@ -16,13 +16,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .access import SCOPE_KEYS, header_map, reserve_refusal
-from .errors import ProbeAgentError
-from .serving.wire import error_body
+from ..access import SCOPE_KEYS, header_map, reserve_refusal
+from ..errors import ProbeAgentError
+from .wire import error_body
 
 if TYPE_CHECKING:
-    from .agent import Agent
-    from .serving.budget import ServeBudget
+    from ..agent import Agent
+    from .budget import ServeBudget
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class AdmissionMiddleware:
 
 
 def create_app(agent: Agent) -> FastAPI:
-    from . import __version__
+    from .. import __version__
 
     app = FastAPI(
         title="probe agent",
@@ -112,7 +112,7 @@ def create_app(agent: Agent) -> FastAPI:
     app.state.agent = agent
     rank = agent.rank
 
-    from .serving.budget import ServeBudget
+    from .budget import ServeBudget
 
     agent.serve_budget = ServeBudget(agent.config.serve_cpu)
     app.add_middleware(AdmissionMiddleware, agent=agent, budget=agent.serve_budget)
