@@ -178,13 +178,17 @@ def _csv_value(v: Any) -> Any:
 
 
 def query_notes(results: Sequence[RankResult]) -> list[str]:
-    """stderr notes: ranks whose result was cut at the agent's row cap."""
-    cut = [r.rank for r in results if QueryBody.from_wire(r.data).truncated]
-    if not cut:
-        return []
+    """stderr notes: ranks whose result was cut at one of the agent's caps, by cap."""
+    by_cap: dict[str, list[int | None]] = {}
+    for r in results:
+        body = QueryBody.from_wire(r.data)
+        if body.truncated:
+            by_cap.setdefault(body.truncated_by or "the agent's row cap", []).append(r.rank)
     return [
-        f"note: {rank_label(cut)}: result truncated at the agent's row cap; add a LIMIT or "
-        "aggregate, or raise PROBE_MAX_ROWS on the training side"
+        f"note: {rank_label(ranks)}: result truncated at {cap}; add a LIMIT or aggregate, or "
+        f"raise {cap.split()[0] if cap.startswith('PROBE_') else 'PROBE_MAX_ROWS'} on the "
+        "training side"
+        for cap, ranks in by_cap.items()
     ]
 
 

@@ -74,14 +74,18 @@ class QueryBody:
     rows: tuple[list[Any], ...] = ()
     truncated: bool = False
     elapsed_ms: float | None = None
+    #: The cap that cut the rows (PROBE_MAX_ROWS or PROBE_MAX_RESULT_BYTES, with its value).
+    truncated_by: str | None = None
 
     @classmethod
     def from_wire(cls, body: Body | None) -> QueryBody:
         b = body or {}
+        by = b.get("truncated_by")
         return cls(rank=_int(b.get("rank")), columns=tuple(str(c) for c in _list(b.get("columns"))),
                    types=tuple(str(t) for t in _list(b.get("types"))),
                    rows=tuple(list(r) for r in _list(b.get("rows"))),
-                   truncated=bool(b.get("truncated")), elapsed_ms=b.get("elapsed_ms"))
+                   truncated=bool(b.get("truncated")), elapsed_ms=b.get("elapsed_ms"),
+                   truncated_by=str(by) if by else None)
 
     def records(self) -> list[dict[str, Any]]:
         """Rows as ``{column: value}`` dicts (for the verdicts, which read by column name)."""

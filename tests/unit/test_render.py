@@ -14,6 +14,7 @@ from probe_cli.render.text import (
     format_duration,
     format_table,
     paint,
+    query_notes,
     rank_header,
     render_eval,
     render_eval_failures,
@@ -222,3 +223,17 @@ def test_query_that_selects_rank_gets_no_second_rank_column():
     results = [ok(r, columns=["rank", "n"], rows=[[r, 6]]) for r in range(2)]
     assert render_query_table(results)[0].split() == ["rank", "n"]
     assert render_query_csv(results) == ["rank,n", "0,6", "1,6"]
+
+
+def test_query_notes_name_the_cap_that_cut_the_rows():
+    bytes_cap = "PROBE_MAX_RESULT_BYTES (16777216 bytes)"
+    results = [ok(0, columns=["x"], rows=[[1]], truncated=True, truncated_by=bytes_cap),
+               ok(1, columns=["x"], rows=[[1]], truncated=True),
+               ok(2, columns=["x"], rows=[[1]], truncated=False)]
+    notes = query_notes(results)
+    assert notes == [
+        f"note: rank 0: result truncated at {bytes_cap}; add a LIMIT or aggregate, or raise "
+        "PROBE_MAX_RESULT_BYTES on the training side",
+        "note: rank 1: result truncated at the agent's row cap; add a LIMIT or aggregate, or "
+        "raise PROBE_MAX_ROWS on the training side",
+    ]
