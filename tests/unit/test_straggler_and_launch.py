@@ -11,8 +11,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from probe_cli.commands.launch import launch_env
-from probe_cli.main import cli
 from probe_cli.diagnose.straggler import diagnose_stragglers
+from probe_cli.main import cli
 
 
 def lockstep(n_ranks, slow, lag, steps=50, period=0.06):
