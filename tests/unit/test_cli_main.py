@@ -242,9 +242,10 @@ def test_cli_surface_is_pinned():
                           "--no-color"}
     assert {"backtrace", "query", "eval", "info"} <= set(cli.commands)
     opts = {name: {o for p in cli.commands[name].params for o in p.opts}
-            for name in ("backtrace", "query")}
+            for name in ("backtrace", "query", "ps")}
     assert {"--locals", "--native", "--all"} <= opts["backtrace"]
     assert {"--format", "-o", "--gather"} <= opts["query"]
+    assert opts["ps"] == {"--clean", "--all"}  # issue 20 item 5: stale files hidden, swept on demand
 
 
 def test_native_request_notes_when_the_route_has_no_native_frames(capsys):
