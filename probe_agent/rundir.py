@@ -85,6 +85,16 @@ def _start_time(pid: int) -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _zombie(pid: int) -> bool:
+    """A killed process nobody has reaped yet still answers kill(pid, 0); its files are dead.
+    (A SIGKILLed rank's watchdog is reparented and reaped only later.)"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _pid_alive(pid: int, written: float) -> bool:
     try:
         os.kill(pid, 0)
@@ -92,6 +102,8 @@ def _pid_alive(pid: int, written: float) -> bool:
         return False
     except PermissionError:
         pass  # another uid's process has it: not ours, but alive
+    if _zombie(pid):
+        return False
     started = _start_time(pid)
     return started is None or started <= written + 1.0
 

@@ -66,4 +66,10 @@ def _runs(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    # A killed process not reaped yet (a SIGKILLed rank's orphaned watchdog) still answers
+    # kill(pid, 0): a zombie's files are dead all the same.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from probe_agent import rundir
+from tests.support import wait_until
 
 
 def test_a_usable_dir_is_kept_and_made_private(tmp_path: Path):
@@ -92,3 +93,19 @@ def test_sweep_treats_a_reused_pid_as_dead(tmp_path: Path):
     f.write_text("")
     os.utime(f, (1_000_000, 1_000_000))  # written in 1970: before this process started
     assert rundir.sweep(str(tmp_path)) == [f.name]
+
+
+def test_sweep_treats_an_unreaped_zombie_as_dead(tmp_path: Path):
+    """A SIGKILLed rank's watchdog is reparented and reaped later; meanwhile kill(pid, 0) still
+    succeeds, and `probe ps --clean` used to keep the dead job's files (removed 0)."""
+    # GIVEN a child that has exited and is not reaped yet (a zombie)
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    stat = Path(f"/proc/{zombie.pid}/stat")
+    wait_until(lambda: stat.read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z", 30,
+               "the child never exited")
+    try:
+        (tmp_path / f"{zombie.pid}.sock").write_text("")
+        # WHEN / THEN its files are swept
+        assert rundir.sweep(str(tmp_path)) == [f"{zombie.pid}.sock"]
+    finally:
+        zombie.wait()
