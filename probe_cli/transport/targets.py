@@ -65,7 +65,10 @@ def local_run_dirs(run_dir: str) -> list[str]:
             st = os.lstat(d)
         except OSError:
             continue
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and d not in out:
+        # A fallback dir others can write to may hold their planted sockets: the agent makes
+        # its own 0700, so anything looser is not one of ours.
+        private = d == run_dir or not st.st_mode & 0o077
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and private and d not in out:
             out.append(d)
     return out
 
