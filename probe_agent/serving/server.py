@@ -41,12 +41,10 @@ from ..access import (
     SCOPE_KEYS,
     SCOPE_PEER,
     Gate,
-    Peer,
     overload_message,
-    tcp_peer,
-    unix_peer_uid,
 )
 from ..errors import BindError
+from ..peers import Peer, tcp_peer, unix_peer_uid
 from .wire import encode, error_body
 
 log = logging.getLogger(__name__)

@@ -24,16 +24,14 @@ from ..access import (
     LINGER_S,
     REQUEST_TIMEOUT_S,
     ConnectionLimits,
-    Peer,
     Policy,
     Refusal,
     header_map,
     overload_message,
     redact_locals,
     reserve_refusal,
-    tcp_peer,
-    unix_peer_uid,
 )
+from ..peers import Peer, tcp_peer, unix_peer_uid
 from ..serving.wire import error_body, ok_body
 from .httpwire import (
     BadRequest,
