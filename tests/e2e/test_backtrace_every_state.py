@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.e2e.procs import kill_all, probe, require_pyspy, spawn, wait_json
-from tests.support import PROGRAMS, kill_tree, python_env, wait_until
+from tests.e2e.test_cluster import torchrun_job
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -126,45 +125,27 @@ def test_wedged_event_loop_with_live_heartbeat(train_rank, tmp_path):
 def test_wedged_target_still_reaches_the_other_ranks(tmp_path):
     """Two ranks under torchrun: rank 0's loop is wedged; `probe -t rank0 backtrace` still
     shows both (rank 0 out-of-process, rank 1 through the watchdog's last known ranks)."""
-    ready = tmp_path / "ready"
-    ready.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=c10d",
-           "--rdzv-endpoint=localhost:0", "--nproc-per-node=2", str(PROGRAMS / "toy_train.py"),
-           "--ready-dir", str(ready), "--stop-file", str(tmp_path / "stop")]
-    env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(tmp_path / "run"),
-                     PROBE_WATCHDOG="1", PROBE_TRACE="off", PROBE_WATCHDOG_GRACE_S="5")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    env = {"PROBE_WATCHDOG": "1", "PROBE_WATCHDOG_GRACE_S": "5"}
     try:
-        def all_ready() -> bool:
-            assert proc.poll() is None, f"job exited early:\n{proc.stdout.read()}"
-            return all((ready / f"rank{r}.json").exists() for r in (0, 1))
-
-        wait_until(all_ready, 120, "ranks did not become ready")
-        url = json.loads((ready / "rank0.json").read_text())["url"]
-        # GIVEN discovery through rank 0's watchdog lists both ranks (it keeps that answer)
-        wait_until(lambda: len(httpx.get(f"{url}/v1/ranks", timeout=10).json()["ranks"]) == 2,
-                   30, "rank 1 was never discovered")
-        # WHEN rank 0's event loop wedges
-        r = httpx.post(f"{url}/v1/eval", json={"code": WEDGE.format(delay=0.5, wedge=20)},
-                       timeout=30).json()
-        assert r.get("result") == "1", r
-        wait_until(lambda: httpx.get(f"{url}/v1/ranks", timeout=10).json().get("cached"), 10,
-                   "rank 0's event loop never wedged")
-        # THEN `probe backtrace` through rank 0 answers for both ranks
-        res = probe("-t", url.removeprefix("http://"), "--json", "backtrace",
-                    run_dir=tmp_path / "run", timeout=30)
-        assert res.returncode == 0, res.stderr
-        bodies = {b["rank"]: b for b in json.loads(res.stdout)}
-        assert sorted(bodies) == [0, 1], res.stdout[:2000]
-        assert bodies[0]["source"] == "out-of-process" and bodies[1]["source"] == "in-process"
+        with torchrun_job(tmp_path, "toy_train.py", 2, env=env) as (_proc, infos):
+            url = infos[0]["url"]
+            # GIVEN discovery through rank 0's watchdog lists both ranks (it keeps that answer)
+            wait_until(lambda: len(httpx.get(f"{url}/v1/ranks", timeout=10).json()["ranks"]) == 2,
+                       30, "rank 1 was never discovered")
+            # WHEN rank 0's event loop wedges
+            r = httpx.post(f"{url}/v1/eval", json={"code": WEDGE.format(delay=0.5, wedge=20)},
+                           timeout=30).json()
+            assert r.get("result") == "1", r
+            wait_until(lambda: httpx.get(f"{url}/v1/ranks", timeout=10).json().get("cached"), 10,
+                       "rank 0's event loop never wedged")
+            # THEN `probe backtrace` through rank 0 answers for both ranks
+            res = probe("-t", url.removeprefix("http://"), "--json", "backtrace",
+                        run_dir=tmp_path / "run", timeout=30)
+            assert res.returncode == 0, res.stderr
+            bodies = {b["rank"]: b for b in json.loads(res.stdout)}
+            assert sorted(bodies) == [0, 1], res.stdout[:2000]
+            assert bodies[0]["source"] == "out-of-process" and bodies[1]["source"] == "in-process"
     finally:
-        try:
-            kill_tree(proc.pid)
-        except ProcessLookupError:
-            pass
-        proc.wait(30)
-        proc.stdout.close()
         kill_all_watchdogs(tmp_path / "run")
 
 

@@ -33,17 +33,20 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=c10d"
 
 @contextmanager
 def torchrun_job(tmp: Path, program: str, nproc: int, *args: str,
-                 launch: tuple[str, ...] = ()) -> Iterator[tuple[subprocess.Popen[str], list]]:
+                 launch: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 ) -> Iterator[tuple[subprocess.Popen[str], list]]:
     """Run ``program`` on ``nproc`` ranks; yield once every rank wrote ``rank{N}.json``.
 
-    ``launch`` runs it through ``probe launch <launch> -- torchrun …`` instead of PROBE=1.
+    ``launch`` runs it through ``probe launch <launch> -- torchrun …`` instead of PROBE=1;
+    ``env``: PROBE_* settings that replace the defaults (no watchdog, tracing off).
     Teardown kills the whole process group at once: these jobs are hung on purpose.
     """
     ready = tmp / "ready"
     ready.mkdir()
     cmd = [*TORCHRUN, f"--nproc-per-node={nproc}", str(PROGRAMS / program),
            "--ready-dir", str(ready), "--stop-file", str(tmp / "stop"), *args]
-    env = python_env(PROBE_RUN_DIR=str(tmp / "run"), PROBE_WATCHDOG="0", PROBE_TRACE="off")
+    env = python_env(**{"PROBE_RUN_DIR": str(tmp / "run"), "PROBE_WATCHDOG": "0",
+                        "PROBE_TRACE": "off", **(env or {})})
     if launch:
         cmd = [sys.executable, "-m", "probe_cli", "launch", *launch, "--", *cmd]
     else:
