@@ -29,20 +29,19 @@ class SlowDiscovery(CannedAgent):
 
 
 def _backtrace(agent: CannedAgent, timeout: float) -> tuple[list, list[str]]:
+    """``probe backtrace``'s fan-out against ``agent``, started here and stopped after."""
+    agent.start()
     s = Session(endpoints=parse_endpoints([agent.address], "/nonexistent"), timeout=timeout)
     try:
         return fan_out_target_first(s, lambda c, _: c.backtrace()), s.notes
     finally:
         s.close()
+        agent.stop()
 
 
 def test_target_answers_its_own_backtrace_when_discovery_times_out():
-    agent = SlowDiscovery(3, ranks_delay=30).start()
-    try:
-        # WHEN discovery does not answer within the timeout
-        results, notes = _backtrace(agent, timeout=1.0)
-    finally:
-        agent.stop()
+    # WHEN discovery does not answer within the timeout
+    results, notes = _backtrace(SlowDiscovery(3, ranks_delay=30), timeout=1.0)
     # THEN the target's own backtrace is shown, with its rank, and a note says why it is alone
     assert [(r.rank, r.ok) for r in results] == [(3, True)], results
     assert results[0].data["threads"][0]["frames"][0]["func"] == "step"
@@ -50,10 +49,7 @@ def test_target_answers_its_own_backtrace_when_discovery_times_out():
 
 
 def test_slow_discovery_does_not_ask_the_target_twice():
-    agent = SlowDiscovery(0, ranks_delay=0.3).start()
-    try:
-        results, notes = _backtrace(agent, timeout=5.0)
-    finally:
-        agent.stop()
+    agent = SlowDiscovery(0, ranks_delay=0.3)
+    results, notes = _backtrace(agent, timeout=5.0)
     assert [(r.rank, r.ok, r.pid) for r in results] == [(0, True, 1000)] and not notes
     assert sum(req.startswith("GET /v1/backtrace") for req in agent.requests) == 1, agent.requests
