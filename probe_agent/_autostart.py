@@ -1,12 +1,19 @@
 """``PROBE=1`` auto-start, called from the ``probe_autostart.pth`` line at interpreter start-up.
 
 The .pth line itself only reads ``os.environ`` (already imported by ``site``), so with PROBE
-unset it costs one dict lookup. With PROBE set, the agent starts unless this process is one that
-must not carry one:
-- a launcher: torchrun / ``torch.distributed.run`` / ``torch.distributed.launch``, deepspeed's
-  launcher, the probe CLI itself;
-- a child of a process that already has an agent (``PROBE_AGENT_PID`` is inherited): spawned
-  DataLoader workers, torch.compile's compile workers, any subprocess the rank starts.
+unset it costs one dict lookup. With PROBE set, ``decide`` sorts the process (issue 17):
+
+- ``NO``: a launcher (torchrun / ``torch.distributed.run|launch``, deepspeed's launchers,
+  ``accelerate launch``, torch.compile's compile workers, the probe CLI, pip). They start ranks
+  or serve them; they are not ranks.
+- ``START``: a rank, started at once. Either no agent runs above it (``PROBE_AGENT_PID`` is not
+  inherited: torchrun's workers, ``python train.py``), or it was given a rank identity of its own
+  (RANK / LOCAL_RANK that differ from the agent above it: Lightning's subprocess launcher starts
+  rank N as ``python train.py`` with ``LOCAL_RANK=N``).
+- ``DEFER``: everything else below an agent, and every multiprocessing spawn/forkserver child:
+  ``mp.spawn`` ranks, spawn DataLoader workers, a rank's subprocesses. Nothing starts now; once
+  the program imports torch, ``roles.DistHooks`` wraps ``init_process_group``, and the agent
+  starts when (if ever) the process joins a process group. Workers never do.
 A failure to start prints one line on stderr; the training program always runs.
 """
 
@@ -22,28 +29,71 @@ LAUNCHER_MODULES = frozenset(
         "torch.distributed.run",
         "torch.distributed.launch",
         "torch._inductor.compile_worker",
+        "torch._inductor.compile_worker.__main__",
         "deepspeed.launcher.runner",
         "deepspeed.launcher.launch",
+        # accelerate launch runs torch.distributed.run in its own process (multi_gpu_launcher)
+        "accelerate.commands.launch",
         "probe_cli",
         "pip",
     }
 )
-LAUNCHER_SCRIPTS = frozenset({"torchrun", "deepspeed", "probe", "pip", "pip3"})
+LAUNCHER_SCRIPTS = frozenset({"torchrun", "deepspeed", "ds", "accelerate-launch", "probe",
+                              "pip", "pip3"})
+#: Console scripts that are launchers with one subcommand only (``accelerate launch``).
+LAUNCHER_SUBCOMMANDS = {"accelerate": "launch"}
+
+START, DEFER, NO = "start", "defer", "no"
+
+
+def decide(argv: list[str], environ: Mapping[str, str], pid: int) -> str:
+    """START, DEFER or NO for a process with this command line and environment (see module)."""
+    args = argv[1:]
+    if len(args) >= 2 and args[0] == "-m" and args[1] in LAUNCHER_MODULES:
+        return NO
+    if args:
+        script = os.path.basename(args[0])
+        if script in LAUNCHER_SCRIPTS:
+            return NO
+        if len(args) >= 2 and LAUNCHER_SUBCOMMANDS.get(script) == args[1]:
+            return NO
+    # A spawn child's environment is its parent's, copied: a RANK in it is not its own.
+    if "--multiprocessing-fork" in args or (
+            len(args) >= 2 and args[0] == "-c" and "multiprocessing" in args[1]):
+        return DEFER
+    owner = environ.get("PROBE_AGENT_PID")
+    if not owner or owner == str(pid):
+        return START
+    return START if has_own_rank(environ) else DEFER
+
+
+def has_own_rank(environ: Mapping[str, str]) -> bool:
+    """Whether RANK or LOCAL_RANK (or their srun / Open MPI names) is set and differs from the
+    rank of the agent above this process (``PROBE_AGENT_RANK`` = ``rank:local_rank``, which the
+    agent keeps up to date). Lightning's own rank 0 sets ``LOCAL_RANK=0`` in its environment
+    after its agent started: its DataLoader workers inherit that, and are not new ranks."""
+    from .config import LOCAL_RANK_VARS, RANK_VARS
+
+    try:
+        parent = [int(x) for x in environ.get("PROBE_AGENT_RANK", "0:0").split(":")]
+    except ValueError:
+        parent = [0, 0]
+    for names, theirs in ((RANK_VARS, parent[0]), (LOCAL_RANK_VARS, parent[-1])):
+        for name in names:
+            raw = environ.get(name, "").strip()
+            if raw:
+                try:
+                    if int(raw) != theirs:
+                        return True
+                except ValueError:
+                    pass
+                break
+    return False
 
 
 def should_start(argv: list[str], environ: Mapping[str, str], pid: int) -> bool:
-    """Whether a process with this command line and environment should carry an agent."""
-    owner = environ.get("PROBE_AGENT_PID")
-    if owner and owner != str(pid):
-        return False
-    args = argv[1:]
-    if "--multiprocessing-fork" in args:
-        return False
-    if len(args) >= 2 and args[0] == "-m" and args[1] in LAUNCHER_MODULES:
-        return False
-    if len(args) >= 2 and args[0] == "-c" and "spawn_main" in args[1]:
-        return False
-    return not (args and os.path.basename(args[0]) in LAUNCHER_SCRIPTS)
+    """Whether a process with this command line and environment starts an agent at once."""
+    return decide(argv, environ, pid) == START
 
 
 _attempted = False
@@ -57,11 +107,15 @@ def maybe_start() -> None:
         return
     _attempted = True
     argv = list(getattr(sys, "orig_argv", sys.argv))
-    if not should_start(argv, os.environ, os.getpid()):
-        return
     try:
-        from .agent import start
+        what = decide(argv, os.environ, os.getpid())
+        if what == DEFER:
+            from .roles import arm
 
-        start()
+            arm()
+        elif what == START:
+            from .agent import start
+
+            start()
     except Exception as e:  # never keep the training program from running
         sys.stderr.write(f"probe: agent not started: {e}\n")

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .config import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, first_set
@@ -43,9 +43,12 @@ class Identity:
             except ValueError:
                 return default
 
+        local_rank = num(first_set(environ, LOCAL_RANK_VARS), 0)
         return cls(
-            rank=num(first_set(environ, RANK_VARS), 0),
-            local_rank=num(first_set(environ, LOCAL_RANK_VARS), 0),
+            # No RANK but a LOCAL_RANK: Lightning's subprocess launcher sets only LOCAL_RANK
+            # until init_process_group; on one node that is the rank (adopt_group corrects it).
+            rank=num(first_set(environ, RANK_VARS), local_rank),
+            local_rank=local_rank,
             world_size=num(first_set(environ, WORLD_SIZE_VARS), 1),
             host=socket.gethostname(),
             pid=os.getpid(),
@@ -176,14 +179,9 @@ class RankRegistry:
         except (AttributeError, RuntimeError):
             pass  # HashStore/FileStore: no clone; we only ever make non-blocking calls
         base.set_timeout(timedelta(seconds=2))
-        rank = dist.get_rank()
-        if rank != self.agent.rank:
-            log.warning(
-                "probe agent: RANK=%d in the environment but init_process_group gave rank %d; "
-                "using %d", self.agent.rank, rank, rank,
-            )
-            self.agent.rank = rank
-            self.agent.identity = replace(self.agent.identity, rank=rank)
+        # Normally done already by roles' init_process_group wrapper; an agent injected after
+        # init (or a group made another way) learns its identity here.
+        self.agent.adopt_group(dist.get_rank(), dist.get_world_size())
         self.world_size = dist.get_world_size()
         self.store = dist.PrefixStore(STORE_PREFIX, base)
 

@@ -67,8 +67,8 @@ def _injectable(version: str | None) -> bool:
 
 
 def list_processes(run_dir: str) -> list[dict]:
-    """One dict per process: pid, agent (answering | dead: ... | stale socket | injectable |
-    no), rank, python, address, command. Agents in fallback run dirs are listed too."""
+    """One dict per process: pid, agent (answering | dead: ... | launcher | stale socket |
+    injectable | no), rank, python, address, command. Agents in fallback run dirs are listed too."""
     rows: dict[int, dict] = {}
     for d in local_run_dirs(run_dir):
         _agents_in(d, rows)
@@ -89,6 +89,15 @@ def _agents_in(run_dir: str, rows: dict[int, dict]) -> None:
                                     "rank": rec.get("rank"), "python": None,
                                     "address": f"unix:{sock}",
                                     "command": "(exited; its watchdog reports it)"}
+    for name in names:
+        # issue 17: a process that started ranks with torch.multiprocessing stopped its agent
+        # and left this record, so that it shows as what it is rather than as rank 0.
+        stem = name.removesuffix(".launcher.json")
+        if name.endswith(".launcher.json") and stem.isdigit() and os.path.exists(f"/proc/{stem}"):
+            pid = int(stem)
+            rows[pid] = {"pid": pid, "agent": "launcher", "rank": None,
+                         "python": python_version(pid), "address": None,
+                         "command": _cmdline(pid)}
     for name in names:
         stem = name.removesuffix(".sock")
         if not name.endswith(".sock") or not stem.isdigit() or int(stem) in rows:

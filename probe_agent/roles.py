@@ -1,0 +1,165 @@
+"""Whether this process is a rank or a launcher, decided by what it does with torch (issue 17).
+
+At start-up ``_autostart.decide`` sorts processes by their command line and environment. Two
+kinds cannot be told apart there, only later by what they call:
+
+- An ``mp.spawn`` rank has no rank in its environment; it looks like a DataLoader worker until
+  it calls ``init_process_group``. ``DistHooks`` wraps that function once the program has
+  imported torch (never before, never by importing it): when it returns, a process without an
+  agent starts one with the group's rank and world size (``start_for_group``), and a process
+  with one takes the group's identity (``Agent.adopt_group``: Lightning's rank 0 starts with no
+  RANK at all). DataLoader and compile workers never call it, so they never carry an agent.
+  Forked ranks (``start_processes(start_method="fork")``) inherit the wrapper and start theirs
+  the same way; the parent's agent was already dropped in the child at fork.
+- The process that calls ``torch.multiprocessing.start_processes`` (``mp.spawn`` calls it; so
+  does Lightning's ``ddp_spawn``) while not in a process group itself is a launcher: it stops
+  its agent before its children start, so it neither answers as rank 0 nor keeps the base
+  port that the real rank 0 binds, and leaves ``<run_dir>/<pid>.launcher.json`` for `probe ps`.
+  Lightning's default DDP launcher starts ranks with ``subprocess`` instead, from the process
+  that then becomes rank 0 itself: that one stays a rank.
+
+Wrapping keeps ``functools.wraps`` metadata, and every failure of ours is caught: the program's
+own call always runs and returns as it would have.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_MARK = "__probe_wrapped__"
+_lock = threading.Lock()
+_armed = False
+
+
+def arm() -> None:
+    """Install ``DistHooks`` now if the program has imported torch, else right after it does.
+    Idempotent; never imports torch."""
+    global _armed
+    with _lock:
+        if _armed:
+            return
+        _armed = True
+    from .collectors.torch_import import TorchImportWatcher, imported
+
+    if imported("torch") is not None:
+        install()
+    else:
+        TorchImportWatcher(install).install()
+
+
+def install() -> None:
+    """Wrap ``init_process_group`` and ``start_processes`` wherever torch has bound them."""
+    try:
+        _wrap("torch.distributed.distributed_c10d", "init_process_group", "torch.distributed",
+              _after_init)
+        _wrap("torch.multiprocessing.spawn", "start_processes", "torch.multiprocessing",
+              _before_start_processes, before=True)
+    except Exception as e:  # a torch without these names: ranks still start from the env
+        log.warning("probe agent: cannot watch init_process_group / start_processes: %s", e)
+
+
+def _wrap(home: str, name: str, prefix: str, hook: Any, before: bool = False) -> None:
+    mod = sys.modules.get(home)
+    original = getattr(mod, name, None)
+    if original is None or getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if before:
+            _quietly(hook)
+        result = original(*args, **kwargs)
+        if not before:
+            _quietly(hook)
+        return result
+
+    setattr(wrapper, _MARK, True)
+    # Every module that bound the function at import (torch.distributed re-exports it,
+    # device_mesh imports it by name) gets the wrapper, so each way of calling it is seen.
+    for mod_name, module in list(sys.modules.items()):
+        if mod_name.startswith(prefix) and getattr(module, name, None) is original:
+            setattr(module, name, wrapper)
+
+
+def _quietly(hook: Any) -> None:
+    try:
+        hook()
+    except Exception as e:  # never into the training program's own call
+        sys.stderr.write(f"probe: agent not started: {e}\n")
+
+
+def _after_init() -> None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_initialized():
+        return
+    from .agent import current
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    agent = current()
+    if agent is not None and agent.running:
+        agent.adopt_group(rank, world)
+    elif os.environ.get("PROBE", "") not in ("", "0"):
+        start_for_group(rank, world)
+
+
+def start_for_group(rank: int, world: int) -> Any:
+    """Start this process's agent as rank ``rank`` of ``world``. Its port is the base plus
+    LOCAL_RANK, or plus ``rank`` when no launcher set LOCAL_RANK (``mp.spawn`` on one node)."""
+    from .agent import start
+    from .config import LOCAL_RANK_VARS, AgentConfig, first_set
+
+    environ = dict(os.environ)
+    local_var = first_set(environ, LOCAL_RANK_VARS)
+    if not environ.get(local_var, "").strip():
+        environ["LOCAL_RANK"] = str(rank)
+    environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    return start(AgentConfig.from_env(environ), environ)
+
+
+def _before_start_processes() -> None:
+    from .agent import current, stop
+
+    agent = current()
+    if agent is None or not agent.running:
+        return
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_initialized():
+        return  # a rank that starts helper processes stays a rank
+    _write_launcher_record(agent)
+    log.info("probe agent: pid %d starts ranks with torch.multiprocessing: it is a launcher, "
+             "not rank %d; its agent stops", os.getpid(), agent.rank)
+    stop()
+
+
+def _write_launcher_record(agent: Any) -> None:
+    """``<run_dir>/<pid>.launcher.json``: `probe ps` shows the process as a launcher. The run
+    dir's sweep removes it once the process is gone, like every ``<pid>.*`` file."""
+    if not agent.config.unix_socket:
+        return
+    pid = agent.identity.pid
+    path = os.path.join(agent.config.run_dir, f"{pid}.launcher.json")
+    record = {"pid": pid, "role": "launcher", "host": agent.identity.host,
+              "argv": sys.argv[:8], "since": time.time()}
+    try:
+        with open(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            json.dump(record, f)
+        os.replace(path + ".tmp", path)
+        atexit.register(_unlink, path)
+    except OSError as e:
+        log.warning("probe agent: could not write %s: %s", path, e)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
