@@ -48,23 +48,48 @@ START, DEFER, NO = "start", "defer", "no"
 
 def decide(argv: list[str], environ: Mapping[str, str], pid: int) -> str:
     """START, DEFER or NO for a process with this command line and environment (see module)."""
-    args = argv[1:]
-    if len(args) >= 2 and args[0] == "-m" and args[1] in LAUNCHER_MODULES:
+    kind, what, rest = _program(argv[1:])
+    if kind == "-m" and what in LAUNCHER_MODULES:
         return NO
-    if args:
-        script = os.path.basename(args[0])
-        if script in LAUNCHER_SCRIPTS:
-            return NO
-        if len(args) >= 2 and LAUNCHER_SUBCOMMANDS.get(script) == args[1]:
+    if kind == "script":
+        script = os.path.basename(what)
+        if script in LAUNCHER_SCRIPTS or (rest and LAUNCHER_SUBCOMMANDS.get(script) == rest[0]):
             return NO
     # A spawn child's environment is its parent's, copied: a RANK in it is not its own.
-    if "--multiprocessing-fork" in args or (
-            len(args) >= 2 and args[0] == "-c" and "multiprocessing" in args[1]):
+    if "--multiprocessing-fork" in rest or (kind == "-c" and "multiprocessing" in what):
         return DEFER
     owner = environ.get("PROBE_AGENT_PID")
     if not owner or owner == str(pid):
         return START
     return START if has_own_rank(environ) else DEFER
+
+
+#: Interpreter options that take the next argument (``python -X dev -W error -m x``).
+_OPTIONS_WITH_VALUE = frozenset({"-X", "-W", "--check-hash-based-pycs"})
+#: Single-letter interpreter flags that take no value (they can run together: ``-Bu``).
+_FLAGS = frozenset("bBdEiIOPqsSuvx")
+
+
+def _program(args: list[str]) -> tuple[str, str, list[str]]:
+    """``("-m", module, rest)``, ``("-c", code, rest)``, ``("script", path, rest)`` or
+    ``("", "", [])``, past interpreter options: deepspeed runs ``python -u -m
+    deepspeed.launcher.launch``, multiprocessing ``python -B -c ...``."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-m", "-c") or (len(a) > 2 and a[0] == "-" and a[-1] in "mc"
+                                 and set(a[1:-1]) <= _FLAGS):
+            flag = "-" + a[-1]  # -m, -c, or flags run together: -um, -Bc
+            if i + 1 < len(args):
+                return flag, args[i + 1], args[i + 2:]
+            return "", "", []
+        if a in _OPTIONS_WITH_VALUE:
+            i += 2
+        elif a.startswith("-") and a != "-":
+            i += 1
+        else:
+            return "script", a, args[i + 1:]
+    return "", "", []
 
 
 def has_own_rank(environ: Mapping[str, str]) -> bool:

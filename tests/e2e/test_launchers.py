@@ -1,0 +1,144 @@
+"""Every rank gets an agent, whoever launched it; launchers and workers do not (issue 17).
+
+- ``torch.multiprocessing.spawn``: the ranks have no RANK in their environment and start their
+  agents at ``init_process_group``; the parent that spawned them stops its agent and shows as a
+  launcher, so ``probe -t BASE`` reaches the real rank 0. DataLoader workers (spawned and
+  forked) carry none.
+- Lightning's own DDP launcher (``PROBE=1 python prog.py``; rank 1 is this script run again
+  with LOCAL_RANK=1): both ranks carry agents, and `probe hang` names rank 1 in its callback.
+- The agent's step is the optimizer step, and agrees with the framework's own counter under
+  gradient accumulation.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.e2e.test_cluster import free_base_port, hang_cli, wait_for_verdict
+from tests.e2e.training import probe, training_job
+from tests.support import PROGRAMS, python_env, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def probe_json(*args: str) -> list[dict]:
+    out = probe("--json", *args)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.timeout(180)
+def test_mp_spawn_ranks_carry_agents_and_the_parent_is_a_launcher(tmp_path):
+    # GIVEN a 2-rank mp.spawn DDP job with PROBE=1 and a base port
+    base = free_base_port(2)
+    env = {"PROBE_PORT": str(base), "PROBE_TRACE": "off"}
+    with training_job(tmp_path, "spawn_ddp.py", ranks=2, env=env) as (proc, infos):
+        run = tmp_path / "run"
+        ranks = {i["pid"]: i for i in infos}
+        # THEN both real ranks (children of the launcher) listen on BASE + rank
+        assert [i["parent_pid"] for i in infos] == [proc.pid, proc.pid]
+        assert [i["url"] for i in infos] == [f"http://127.0.0.1:{base + r}" for r in (0, 1)]
+        # AND only they carry an agent: not the launcher, not the DataLoader workers
+        workers = {w for i in infos for w in i["worker_pids"]}
+        assert len(workers) == 4
+        assert {int(p.stem) for p in run.glob("*.sock")} == set(ranks)
+        # AND `probe ps` tells the truth about each process
+        rows = {r["pid"]: r for r in probe_json("--run-dir", str(run), "ps")}
+        assert {p: (rows[p]["agent"], rows[p]["rank"]) for p in ranks} == {
+            i["pid"]: ("answering", i["rank"]) for i in infos
+        }
+        assert (rows[proc.pid]["agent"], rows[proc.pid]["rank"]) == ("launcher", None)
+        assert all(rows[w]["agent"] in ("injectable", "no") for w in workers if w in rows)
+
+        # WHEN the operator asks the base port, as `probe launch --port BASE` users do
+        def both() -> list[dict]:
+            got = probe_json("-t", f"127.0.0.1:{base}", "info")
+            return got if len(got) == 2 else []
+
+        got = wait_until(both, 30, "rank 1 not discovered through rank 0")
+        # THEN the real ranks answer with their real ranks
+        assert [(g["rank"], g["pid"], g["world_size"]) for g in got] == [
+            (i["rank"], i["pid"], 2) for i in infos
+        ]
+
+
+@pytest.mark.frameworks
+@pytest.mark.timeout(240)
+def test_lightning_ddp_both_ranks_carry_agents_and_hang_names_the_callback(tmp_path):
+    # GIVEN Lightning's own DDP launcher (rank 1 re-runs the script with LOCAL_RANK=1), rank 1
+    # stuck in on_train_batch_end after 3 optimizer steps
+    with training_job(tmp_path, "lightning_ddp_stuck.py", ranks=2, timeout=150) as (_, infos):
+        # THEN both ranks carry an agent that knows its rank
+        assert [(i["rank"], i["agent_rank"]) for i in infos] == [(0, 0), (1, 1)]
+        assert all(i["url"] for i in infos)
+        url = infos[0]["url"]
+        wait_for_verdict(url, "wait_for_the_lock")
+        # WHEN
+        out = hang_cli(url)
+    # THEN the verdict names rank 1 and where in the callback it is
+    assert out.returncode == 4, out.stdout + out.stderr
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("HANG: rank 0 waits in") and "rank 1 is not in it" in first, out.stdout
+    assert "rank 1 has not reached" in out.stdout, out.stdout
+    assert "wait_for_the_lock (lightning_ddp_stuck.py:" in out.stdout, out.stdout
+    assert "on_train_batch_end (lightning_ddp_stuck.py:" in out.stdout, out.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_deferred_process_starts_its_agent_when_it_joins_a_process_group(tmp_path):
+    """A process below an agent with no rank of its own (a spawn child) carries no agent and
+    has not imported torch at start-up; init_process_group starts one with the group's rank."""
+    code = textwrap.dedent("""
+        import json, socket, sys
+        before = "torch" in sys.modules
+        import torch, torch.distributed as dist
+        from probe_agent.agent import current
+        after_import = current()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1)
+        a = current()
+        print(json.dumps({"torch_at_start": before, "agent_before": after_import is not None,
+                          "rank": a.rank, "world": a.identity.world_size,
+                          "wrapped": dist.init_process_group.__name__}))
+        dist.destroy_process_group()
+    """)
+    env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(tmp_path / "run"),
+                     PROBE_WATCHDOG="0", PROBE_TRACE="off", PROBE_AGENT_PID="1",
+                     PROBE_AGENT_RANK="0:0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=50)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"torch_at_start": False, "agent_before": False, "rank": 0, "world": 1,
+                   "wrapped": "init_process_group"}, out.stderr
+
+
+@pytest.mark.frameworks
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_step_is_the_framework_optimizer_step_under_gradient_accumulation(tmp_path, framework):
+    # GIVEN 5 optimizer steps of 2 micro-batches each, under the framework's own loop
+    out_file = tmp_path / "out.json"
+    env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(tmp_path / "run"),
+                     PROBE_WATCHDOG="0", PROBE_TRACE="off", HF_HUB_OFFLINE="1",
+                     TRANSFORMERS_OFFLINE="1")
+    out = subprocess.run(
+        [sys.executable, str(PROGRAMS / "fw_steps_check.py"), "--framework", framework,
+         "--steps", "5", "--out", str(out_file)],
+        env=env, capture_output=True, text=True, timeout=110, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = json.loads(out_file.read_text())
+    # THEN after every micro-batch the agent's step equals the framework's counter
+    assert len(got["seen"]) == 2 * got["framework_step"], got
+    assert all(fw == clock for fw, clock in got["seen"]), got["seen"]
+    # AND at the end the clock and python.steps stop where the framework stopped
+    assert got["framework_step"] == 5
+    assert got["clock_step"] == got["steps_max"] == got["framework_step"], got
