@@ -92,13 +92,17 @@ def _program(args: list[str]) -> tuple[str, str, list[str]]:
     return "", "", []
 
 
+#: config.RANK_VARS and config.LOCAL_RANK_VARS, repeated so that a deferred process does not
+#: import config (ssl, dataclasses: 30 ms) at start-up; a unit test pins them equal.
+RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+
+
 def has_own_rank(environ: Mapping[str, str]) -> bool:
     """Whether RANK or LOCAL_RANK (or their srun / Open MPI names) is set and differs from the
     rank of the agent above this process (``PROBE_AGENT_RANK`` = ``rank:local_rank``, which the
     agent keeps up to date). Lightning's own rank 0 sets ``LOCAL_RANK=0`` in its environment
     after its agent started: its DataLoader workers inherit that, and are not new ranks."""
-    from .config import LOCAL_RANK_VARS, RANK_VARS
-
     try:
         parent = [int(x) for x in environ.get("PROBE_AGENT_RANK", "0:0").split(":")]
     except ValueError:

@@ -24,32 +24,23 @@ own call always runs and returns as it would have.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import functools
-import json
-import logging
 import os
 import sys
-import threading
-import time
 from typing import Any
 
-log = logging.getLogger(__name__)
-
+# Only os and sys at import: every deferred process (spawn DataLoader workers too) loads this
+# module at start-up. The rest is imported when torch is.
 _MARK = "__probe_wrapped__"
-_lock = threading.Lock()
 _armed = False
 
 
 def arm() -> None:
-    """Install ``DistHooks`` now if the program has imported torch, else right after it does.
-    Idempotent; never imports torch."""
+    """Install the hooks now if the program has imported torch, else right after it does.
+    Idempotent; never imports torch. Called at start-up (one thread) or from agent.start()."""
     global _armed
-    with _lock:
-        if _armed:
-            return
-        _armed = True
+    if _armed:
+        return
+    _armed = True
     from .collectors.torch_import import TorchImportWatcher, imported
 
     if imported("torch") is not None:
@@ -66,10 +57,18 @@ def install() -> None:
         _wrap("torch.multiprocessing.spawn", "start_processes", "torch.multiprocessing",
               _before_start_processes, before=True)
     except Exception as e:  # a torch without these names: ranks still start from the env
-        log.warning("probe agent: cannot watch init_process_group / start_processes: %s", e)
+        _log().warning("probe agent: cannot watch init_process_group / start_processes: %s", e)
+
+
+def _log() -> Any:
+    import logging
+
+    return logging.getLogger(__name__)
 
 
 def _wrap(home: str, name: str, prefix: str, hook: Any, before: bool = False) -> None:
+    import functools
+
     mod = sys.modules.get(home)
     original = getattr(mod, name, None)
     if original is None or getattr(original, _MARK, False):
@@ -137,7 +136,7 @@ def _before_start_processes() -> None:
     if dist is not None and dist.is_initialized():
         return  # a rank that starts helper processes stays a rank
     _write_launcher_record(agent)
-    log.info("probe agent: pid %d starts ranks with torch.multiprocessing: it is a launcher, "
+    _log().info("probe agent: pid %d starts ranks with torch.multiprocessing: it is a launcher, "
              "not rank %d; its agent stops", os.getpid(), agent.rank)
     stop()
 
@@ -145,6 +144,10 @@ def _before_start_processes() -> None:
 def _write_launcher_record(agent: Any) -> None:
     """``<run_dir>/<pid>.launcher.json``: `probe ps` shows the process as a launcher. The run
     dir's sweep removes it once the process is gone, like every ``<pid>.*`` file."""
+    import atexit
+    import json
+    import time
+
     if not agent.config.unix_socket:
         return
     pid = agent.identity.pid
@@ -157,9 +160,11 @@ def _write_launcher_record(agent: Any) -> None:
         os.replace(path + ".tmp", path)
         atexit.register(_unlink, path)
     except OSError as e:
-        log.warning("probe agent: could not write %s: %s", path, e)
+        _log().warning("probe agent: could not write %s: %s", path, e)
 
 
 def _unlink(path: str) -> None:
-    with contextlib.suppress(OSError):
+    try:
         os.unlink(path)
+    except OSError:
+        pass

@@ -148,3 +148,10 @@ def test_multiprocessing_children_defer_to_init_process_group(env):
 )
 def test_interpreter_options_are_skipped(argv, expected):
     assert decide(argv, {}, 1) == expected
+
+
+def test_start_up_copies_of_the_rank_variables_match_config():
+    from probe_agent import _autostart, config
+
+    assert _autostart.RANK_VARS == config.RANK_VARS
+    assert _autostart.LOCAL_RANK_VARS == config.LOCAL_RANK_VARS
