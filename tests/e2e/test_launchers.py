@@ -77,6 +77,11 @@ def test_lightning_ddp_both_ranks_carry_agents_and_hang_names_the_callback(tmp_p
         assert [(i["rank"], i["agent_rank"]) for i in infos] == [(0, 0), (1, 1)]
         assert all(i["url"] for i in infos)
         url = infos[0]["url"]
+        # AND rank 0, started with no RANK or WORLD_SIZE, took its identity from the group
+        got = probe_json("-t", url.removeprefix("http://"), "info")
+        assert [(g["rank"], g["pid"], g["world_size"]) for g in got] == [
+            (i["rank"], i["pid"], 2) for i in infos
+        ]
         wait_for_verdict(url, "wait_for_the_lock")
         # WHEN
         out = hang_cli(url)

@@ -2,7 +2,7 @@
 
 Trains a tiny model for ``--steps`` optimizer steps with gradient accumulation 2 under the
 Hugging Face Trainer (Accelerate wraps the optimizer in ``AcceleratedOptimizer``) or Lightning
-(``accumulate_grad_batches=2``; Lightning wraps it in ``LightningOptimizer``), with the agent
+(``accumulate_grad_batches=2``, SGD; Lightning wraps it in ``LightningOptimizer``), with the agent
 started by PROBE=1. After every micro-batch a callback records the pair (framework counter, agent
 step clock). At the end it writes JSON to ``--out``: those pairs, the framework's final counter,
 the step clock and ``max(step)`` of ``python.steps``.
@@ -85,7 +85,8 @@ def run_lightning(steps: int, out_dir: str) -> tuple[int, list[tuple[int, int]]]
             return nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
 
         def configure_optimizers(self):
-            opt = torch.optim.AdamW(self.parameters(), lr=1e-3)
+            # SGD keeps no step count of its own: the clock counts from the first step it sees
+            opt = torch.optim.SGD(self.parameters(), lr=1e-3, momentum=0.9)
             return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=2)]
 
     class Record(L.Callback):
