@@ -8,6 +8,13 @@
   innermost wins, then ``__main__`` globals; torch's and this agent's own frames are skipped),
   over the names earlier evals defined (``session``), under the caller's extras
   (``probe_step``...).
+- Playbook names (issue 17): ``optimizer``, ``model``, ``scheduler``/``lr_scheduler``,
+  ``train_loader`` and ``trainer``, when the code uses one that the script does not define
+  itself (in its own files' frames or ``__main__``) nor an earlier eval, are the objects the
+  framework layer discovers (probe_agent/frameworks: ``trainer.optimizer`` under the HF
+  Trainer, unwrapped to the optimizer that steps). A framework's own frame locals (``model`` in
+  ``Trainer.training_step``) do not count as the script's. Two candidates for one name are a
+  ``NameError`` that lists them; an unused name is never looked up.
 - Output: the code gets its own ``print`` that writes to a capped per-run buffer. We never swap
   ``sys.stdout`` (contextlib.redirect_stdout is process-global, python/cpython#63602, and would
   capture the training thread's prints).
@@ -25,9 +32,11 @@ import builtins
 import io
 import os
 import sys
+import sysconfig
 import traceback
+from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import EvalError
 
@@ -67,8 +76,32 @@ def full_repr(value: Any, cap: int) -> str:
     return text if len(text) <= cap else text[:cap] + f"... [{len(text) - cap} more characters]"
 
 
-def compile_code(code: str) -> tuple[Any, Any]:
-    """``(body, tail)``: the statements, and the trailing expression (or None) to repr."""
+#: Names the seed playbook uses that the framework layer supplies when the script does not.
+PLAYBOOK_NAMES = ("optimizer", "model", "scheduler", "lr_scheduler", "train_loader", "trainer")
+#: Where installed packages and the standard library live: frames there are not the script's.
+_LIBRARY_DIRS = tuple(
+    os.path.join(os.path.abspath(p), "")
+    for p in {sysconfig.get_paths().get(k) for k in ("purelib", "platlib", "stdlib",
+                                                        "platstdlib")} if p
+)
+
+
+class Compiled(NamedTuple):
+    body: Any
+    tail: Any
+    #: Every name the code reads (``ast.Name`` in a load context), nested scopes included.
+    loads: frozenset[str]
+
+
+class ScriptNames(dict[str, Any]):
+    """The names ``script_namespace`` found; ``own`` are those the script itself defines (its
+    files' frames and ``__main__``), not a framework's frame locals."""
+
+    own: set[str]
+
+
+def compile_code(code: str) -> Compiled:
+    """The statements, the trailing expression (or None) to repr, and the names read."""
     try:
         tree = ast.parse(code, FILENAME, "exec")
     except SyntaxError as e:
@@ -80,11 +113,13 @@ def compile_code(code: str) -> tuple[Any, Any]:
         # Null bytes (ValueError) or absurd nesting: CPython 3.11's parser can raise
         # RecursionError or even SystemError ("AST constructor recursion depth mismatch").
         raise EvalError(f"cannot compile this code: {type(e).__name__}: {e}") from None
+    loads = frozenset(n.id for n in ast.walk(tree)
+                      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
     tail = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         tail = ast.Expression(tree.body.pop().value)
     body = compile(tree, FILENAME, "exec")
-    return body, compile(tail, FILENAME, "eval") if tail is not None else None
+    return Compiled(body, compile(tail, FILENAME, "eval") if tail is not None else None, loads)
 
 
 def is_torch_file(filename: str) -> bool:
@@ -92,12 +127,19 @@ def is_torch_file(filename: str) -> bool:
     return f"{os.sep}torch{os.sep}" in filename
 
 
-def script_namespace(innermost: FrameType | None) -> dict[str, Any]:
+def is_library_file(filename: str) -> bool:
+    """An installed package's or the standard library's file (a framework's loop), not the
+    training script's."""
+    return filename.startswith(_LIBRARY_DIRS) or filename.startswith("<frozen")
+
+
+def script_namespace(innermost: FrameType | None) -> ScriptNames:
     """Names the training script sees at ``innermost``: the locals of its frames (innermost
     wins), overlaid by ``__main__`` globals. Module-level frames, torch's frames and this
     agent's own frames are skipped: their locals (``self`` inside a forward) are not the
-    script's."""
-    ns: dict[str, Any] = {}
+    script's. Frames of installed packages (a framework's loop) only add names the script's
+    own frames lack; ``own`` marks the names from the script's files and ``__main__``."""
+    ns, library = ScriptNames(), {}
     chain = []
     frame = innermost
     while frame is not None:
@@ -107,11 +149,21 @@ def script_namespace(innermost: FrameType | None) -> dict[str, Any]:
         name = f.f_code.co_filename
         if f.f_code.co_name == "<module>" or is_torch_file(name) or name.startswith(_AGENT_DIR):
             continue
-        ns.update(f.f_locals)
+        (library if is_library_file(name) else ns).update(f.f_locals)
+    ns.own = set(ns)
+    for k, v in library.items():  # a framework's locals never hide the script's own names
+        ns.setdefault(k, v)
     main = sys.modules.get("__main__")
     if main is not None:
         ns.update(vars(main))
+        ns.own.update(vars(main))
     return ns
+
+
+def _discovered_names(names: list[str]) -> dict[str, Any]:
+    from .frameworks.playbook import resolve  # imports torch-free code only; torch is loaded
+
+    return resolve(names)
 
 
 def user_traceback(e: BaseException) -> str:
@@ -149,19 +201,27 @@ class CodeRun:
                   else self._out if file in (None, sys.stdout) else file)
         builtins.print(*args, file=target, **kw)
 
-    def execute(self, compiled: tuple[Any, Any], *, session: dict[str, Any],
-                namespace: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+    def execute(self, compiled: Compiled, *, session: dict[str, Any],
+                namespace: dict[str, Any], extra: dict[str, Any] | None = None,
+                playbook: Callable[[list[str]], dict[str, Any]] | None = None) -> None:
         """Run ``compiled`` (from ``compile_code``); the code's exceptions propagate.
 
         Args:
             session: names earlier evals defined; new names the code binds land here.
             namespace: the script's names (``script_namespace``); they override ``session``.
             extra: names for this run only (``probe_step``); never written back.
+            playbook: resolves the playbook names the code reads and neither the script nor
+                ``session`` defines (default: the framework layer, from the main thread).
         """
-        body, tail = compiled
+        body, tail, loads = compiled
         reserved = {"print", "__builtins__", *(extra or {})}
         g = dict(session)
         g.update(namespace)
+        own = getattr(namespace, "own", set(namespace))
+        wanted = [n for n in PLAYBOOK_NAMES
+                  if n in loads and n not in own and n not in session and n not in (extra or {})]
+        if wanted:
+            g.update((playbook or _discovered_names)(wanted))
         g.update(extra or {})
         g["print"] = self._print
         g.setdefault("__builtins__", builtins)

@@ -13,7 +13,15 @@ Two layouts:
        "optimizer": state_dict        (or "optimizers": [state_dict, ...]),
        "scheduler": state_dict        (or "schedulers": [...]; absent without one),
        "rng": {"python", "torch", "numpy"?, "cuda"?},   # rank 0's generators
+       "framework": "hf_trainer" | "lightning" | "accelerate" | "plain",
        "names": {"model": [...], "optimizer": [...], "scheduler": [...]}}
+
+  The objects are those the framework really uses (probe_agent/frameworks): under the HF
+  Trainer the torch optimizer inside ``trainer.optimizer`` and ``trainer.lr_scheduler``;
+  ``model`` is the user's model unwrapped, so ``model.load_state_dict(state["model"])``,
+  ``optimizer.load_state_dict(state["optimizer"])`` and ``scheduler.load_state_dict(
+  state["scheduler"])`` on a fresh Trainer's (``create_optimizer_and_scheduler``) or
+  LightningModule's (``configure_optimizers``) objects resume it.
 
   With W > 1 every rank r also writes its own generators to ``PATH.rng.rank{r}`` (ranks draw
   different data and dropout masks; no collective is used to gather them).
@@ -181,25 +189,31 @@ class _Sink:
 def save(
     path: str, *, step: int, rank: int, world_size: int, tag: str,
     models: list[tuple[str, Any]], optimizers: list[Any], schedulers: list[Any],
-    overwrite: bool = False,
+    overwrite: bool = False, framework: str | None = None, where: dict[int, str] | None = None,
 ) -> dict[str, Any]:
     """Write this rank's part of the checkpoint; returns ``{"mode", "files": [{path, bytes}]}``.
 
     Args:
+        framework: the framework the objects came from (``hf_trainer``), saved as is.
+        where: ``id(obj) -> how the job reaches it``, for the names listed in the result.
         overwrite: replace an existing regular file (or, sharded, an existing checkpoint
             directory); without it an existing ``path`` is refused. A device, FIFO, socket or
             any other directory is refused either way (checkpoint_target.py).
     """
     path = os.path.abspath(path)
+    def label(o: Any) -> str:
+        w = (where or {}).get(id(o))
+        return f"{type(o).__name__} ({w})" if w else type(o).__name__
+
     names = {
         "model": [n for n, _ in models],
-        "optimizer": [type(o).__name__ for o in optimizers],
-        "scheduler": [type(s).__name__ for s in schedulers],
+        "optimizer": [label(o) for o in optimizers],
+        "scheduler": [label(s) for s in schedulers],
     }
     if is_sharded([m for _, m in models]):
         return _save_sharded(path, step=step, rank=rank, tag=tag, models=models,
                              optimizers=optimizers, schedulers=schedulers, names=names,
-                             overwrite=overwrite)
+                             overwrite=overwrite, framework=framework)
     # Each file is checked before this rank writes any (submit already checked them on every
     # rank, so a refusal here means something appeared at a path since then).
     if rank == 0:
@@ -210,7 +224,8 @@ def save(
     files = []
     if rank == 0:
         state: dict[str, Any] = {"probe_checkpoint": FORMAT, "step": step,
-                                 "world_size": world_size, "names": names}
+                                 "world_size": world_size, "names": names,
+                                 "framework": framework}
         if len(models) == 1:
             state["model"] = models[0][1].state_dict()
         else:
@@ -228,6 +243,7 @@ def save(
 def _save_sharded(
     path: str, *, step: int, rank: int, tag: str, models: list[tuple[str, Any]],
     optimizers: list[Any], schedulers: list[Any], names: dict[str, Any], overwrite: bool,
+    framework: str | None = None,
 ) -> dict[str, Any]:
     import shutil
 
@@ -235,7 +251,8 @@ def _save_sharded(
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     check_destination(path, overwrite=overwrite, layout="directory")
-    state: dict[str, Any] = {"step": step, f"rng.rank{rank}": rng_state()}
+    state: dict[str, Any] = {"step": step, f"rng.rank{rank}": rng_state(),
+                             "framework": framework or ""}
     for name, model in models:
         mine = [o for o in optimizers if _owns(model, o)]
         msd, osd = get_state_dict(model, mine)

@@ -27,6 +27,11 @@ ReduceLROnPlateau                          reduces ``group["lr"]`` itself; ``min
 SequentialLR, ChainedScheduler             each scheduler inside is found and scaled as above
 =========================================  ==================================================
 
+A scheduler belongs to an optimizer through wrappers: the HF Trainer's LambdaLR holds the
+``AcceleratedOptimizer``, whose ``.optimizer`` is the one that steps (frameworks/unwrap.py).
+Before reporting success, each scheduler's next step is simulated with and without the change
+(lr_holds.py): a scheduler that would put the old LR back makes the change refused and undone.
+
 Every group's ``initial_lr`` (set by any scheduler) is scaled too, so a scheduler created later
 with ``last_epoch`` starts from the changed LR. A scalar ``eta_min`` is scaled only when every
 group got the same factor (always with ``--scale``); otherwise it is left and the result says so.
@@ -48,6 +53,7 @@ import numbers
 from typing import Any
 
 from ..errors import ProbeAgentError
+from .lr_holds import judge, predict_next, restore, snapshot
 
 #: How many times the current largest LR a change may reach without ``force`` (issue 20).
 MAX_FACTOR = 10.0
@@ -140,11 +146,15 @@ def check_args(optimizers: list[Any], args: dict[str, Any]) -> None:
 
 def change_lr(
     optimizers: list[Any], schedulers: list[Any], *, scale: float | None = None,
-    set_to: float | None = None, force: bool = False,
+    set_to: float | None = None, force: bool = False, names: dict[int, str] | None = None,
 ) -> dict[str, Any]:
     """Scale or set every LR; returns what changed (JSON-safe) for the per-rank report.
 
+    Each scheduler's next step is simulated before and after (lr_holds.py); if one would undo
+    the change, everything is put back and LRError says why.
+
     Args:
+        names: ``id(obj) -> how to reach it`` (``trainer.lr_scheduler``), for the report.
         force: allow zero and changes above ``MAX_FACTOR`` times the current largest LR. A
             non-finite or negative value, or one the parameters' dtype cannot hold, is refused
             even so.
@@ -154,6 +164,8 @@ def change_lr(
     check_request(scale, set_to, force)
     check_bound(optimizers, set_to, force)
     _check_applicable(optimizers, scale, set_to)
+    saved = snapshot(optimizers, schedulers)
+    predicted = {id(s): predict_next(s) for s in schedulers}
     report: dict[str, Any] = {"optimizers": [], "schedulers": []}
     factors: dict[int, list[float]] = {}  # id(optimizer) -> factor per group
     for i, opt in enumerate(optimizers):
@@ -174,11 +186,37 @@ def change_lr(
             groups.append({"before": before, "after": _num(g["lr"])})
         factors[id(opt)] = fs
         report["optimizers"].append({"index": i, "class": type(opt).__name__, "groups": groups})
-    for s in schedulers:
-        found = factors.get(id(getattr(s, "optimizer", None)))
-        if found is not None:
-            report["schedulers"].append(_rescale_scheduler(s, found))
+    mine = [(s, factors[id(stepping_optimizer(s))]) for s in schedulers
+            if id(stepping_optimizer(s)) in factors]
+    for s, fs in mine:
+        report["schedulers"].append(_rescale_scheduler(s, fs))
+    for (s, fs), entry in zip(mine, report["schedulers"]):
+        verdict, line = judge(predicted[id(s)], predict_next(s), fs)
+        entry["holds"] = verdict
+        entry["notes"].append(line)
+        if names and id(s) in names:
+            entry["where"] = names[id(s)]
+        if verdict == "undone":
+            restore(saved)
+            raise LRError(
+                f"lr {_flag(scale, set_to)} refused: {type(s).__name__} "
+                f"({entry.get('where', 'the job scheduler')}) computes the LR from values probe "
+                f"cannot scale ({line}); nothing was changed; change the schedule in the "
+                "training script, or set the variable it reads with probe eval")
+    if not mine:
+        report["notes"] = [
+            "no LR scheduler steps these optimizers: the new LR stays unless the training loop "
+            "sets the LR itself each step (like nanoGPT's get_lr); then change what it reads "
+            "with probe eval"]
     return report
+
+
+def stepping_optimizer(s: Any) -> Any:
+    """The optimizer that steps behind a scheduler's ``.optimizer`` (Accelerate, Lightning
+    and DeepSpeed hand schedulers their wrapper)."""
+    from ..frameworks import unwrap
+
+    return unwrap.optimizer(getattr(s, "optimizer", None))
 
 
 def _largest_lr(group: dict[str, Any]) -> float:

@@ -7,11 +7,13 @@ and raises on failure; the queue (queue.py) records the state, the timing and th
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..frameworks.playbook import resolve
 from ..operator_code import CodeRun, compile_code
-from .objects import find_models, find_schedulers, training_namespace
+from .objects import discovered, find_models, training_namespace
 
 if TYPE_CHECKING:
     from .queue import Action, ActionQueue
@@ -20,9 +22,11 @@ if TYPE_CHECKING:
 def run_code(q: ActionQueue, a: Action, step: int) -> None:
     run = CodeRun(q.evaluator.output_cap)
     try:
+        opts = q.clock.optimizers()
         run.execute(compile_code(a.code), session=q.evaluator.session,
                     namespace=training_namespace(),
-                    extra={"probe_step": step, "probe_optimizers": q.clock.optimizers()})
+                    extra={"probe_step": step, "probe_optimizers": opts},
+                    playbook=lambda names: resolve(names, sys._getframe(), opts))
         a.result = run.result
     finally:
         a.stdout, a.stderr = run.stdout, run.stderr
@@ -31,10 +35,12 @@ def run_code(q: ActionQueue, a: Action, step: int) -> None:
 def run_lr(q: ActionQueue, a: Action, step: int) -> None:
     from .lr import change_lr
 
-    opts = q.clock.optimizers()
-    report = change_lr(opts, find_schedulers(opts), scale=a.args.get("scale"),
-                       set_to=a.args.get("set"), force=bool(a.args.get("force")))
+    d = discovered(q.clock.optimizers())  # the framework's objects, wrappers off (issue 17)
+    report = change_lr(d.optimizers, d.schedulers, scale=a.args.get("scale"),
+                       set_to=a.args.get("set"), force=bool(a.args.get("force")),
+                       names=d.where)
     report["step"] = step
+    report["framework"] = d.framework
     a.data = report
     a.result = ", ".join(
         f"{o['class']}[{i}] {g['before']:.6g} -> {g['after']:.6g}"
@@ -45,13 +51,14 @@ def run_lr(q: ActionQueue, a: Action, step: int) -> None:
 def run_checkpoint(q: ActionQueue, a: Action, step: int) -> None:
     from .checkpoint import save
 
-    opts = q.clock.optimizers()
-    models = find_models(opts, training_namespace(), a.args.get("model"))
+    d = discovered(q.clock.optimizers())  # the framework's objects, wrappers off (issue 17)
+    models = find_models(d.optimizers, training_namespace(), a.args.get("model"), d)
     dist = q.agreement.distributed()
     world = dist.get_world_size() if dist is not None else 1
     a.data = save(str(a.args["path"]), step=step, rank=q.rank, world_size=world,
-                  tag=a.id, models=models, optimizers=opts, schedulers=find_schedulers(opts),
-                  overwrite=bool(a.args.get("overwrite")))
+                  tag=a.id, models=models, optimizers=d.optimizers, schedulers=d.schedulers,
+                  overwrite=bool(a.args.get("overwrite")), framework=d.framework,
+                  where=d.where)
     a.result = ", ".join(f"{f['path']} ({f['bytes']} bytes)" for f in a.data["files"]) or (
         "nothing to write on this rank")
 
@@ -62,6 +69,13 @@ def run_pause(q: ActionQueue, a: Action, step: int) -> None:
     a.result = f"held after step {step}"
 
 
+def run_profile(q: ActionQueue, a: Action, step: int) -> None:
+    from .profile import run_profile as start_window  # issue 16
+
+    start_window(q, a, step)
+
+
 RUNNERS: dict[str, Callable[[ActionQueue, Action, int], None]] = {
     "step-eval": run_code, "lr": run_lr, "checkpoint": run_checkpoint, "pause": run_pause,
+    "profile": run_profile,
 }

@@ -191,8 +191,9 @@ def test_checkpoint_finds_a_local_model_and_writes_atomically(
     trainer.step()
     a = client.get("/v1/actions/ck", params={"wait": 10}).json()["action"]
     assert a["state"] == "ok", a
-    assert a["data"]["names"] == {"model": ["local_net"], "optimizer": ["SGD"],
-                                  "scheduler": ["StepLR"]}
+    # each object with the name the training code reaches it by (issue 17)
+    assert a["data"]["names"] == {"model": ["local_net"], "optimizer": ["SGD (opt)"],
+                                  "scheduler": ["StepLR (sched)"]}
     assert a["data"]["files"] == [{"path": str(path), "bytes": path.stat().st_size}]
     state = torch.load(path, weights_only=False)
     assert state["step"] == 3 and set(state) >= {"model", "optimizer", "scheduler", "rng"}

@@ -74,7 +74,10 @@ def test_set_reports_before_and_after_per_group() -> None:
     assert sched.base_lrs == pytest.approx([0.01, 0.01])
     assert report["optimizers"][0]["groups"] == [{"before": 0.2, "after": 0.01},
                                                  {"before": 0.4, "after": 0.01}]
-    assert report["schedulers"] == [{"class": "LambdaLR", "changed": ["base_lrs"], "notes": []}]
+    # (its next step was simulated before saying so: issue 17)
+    assert report["schedulers"] == [{"class": "LambdaLR", "changed": ["base_lrs"],
+                                     "holds": "holds",
+                                     "notes": ["checked: its next step sets 0.005, 0.005"]}]
     opt.step()
     sched.step()
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.005, 0.005])

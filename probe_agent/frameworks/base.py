@@ -1,0 +1,103 @@
+"""What an adapter gets (``Context``) and what discovery returns (``Discovered``).
+
+A ``Context`` is built once per ``discover()`` call: the training script's names, every
+frame's locals on the training thread (framework loops keep their trainer as ``self``), the
+optimizers the step clock saw stepping, and the live objects of the types discovery cares
+about, from one ``gc`` scan that discovery caches between calls (discovery.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(slots=True)
+class Discovered:
+    """The job's training objects, unwrapped to what really steps.
+
+    Attributes:
+        framework: ``"hf_trainer"``, ``"lightning"``, ``"accelerate"`` or ``"plain"``.
+        trainer: the framework's trainer (``transformers.Trainer``, ``lightning.Trainer``,
+            ``accelerate.Accelerator``), or the script's own ``trainer`` object, or None.
+        models: ``[(name, module)]``, the user's model roots (unwrapped: DDP, compile,
+            DeepSpeed, Lightning's wrapper; FSDP2 modules are the user's classes already).
+            ``name`` says how to reach it (``trainer.model``, ``model``).
+        optimizers: the torch optimizers that step (Accelerate's and Lightning's wrappers
+            taken off), primary first.
+        schedulers: the LR schedulers of those optimizers (Accelerate's wrapper taken off),
+            containers (SequentialLR) after what they hold.
+        train_loader: the DataLoader the training loop iterates, or None.
+        notes: what discovery could not settle, one line each.
+        where: ``id(obj) -> how to reach it`` for the objects above (``trainer.optimizer``,
+            ``trainer.optimizers[1]``, ``opt_g``, ``<found by gc>``): for messages.
+        wrapped_models: ``[(name, module)]`` as the job holds them (an FSDP1 wrapper kept:
+            its sharded state_dict needs it); same order as ``models``.
+    """
+
+    framework: str
+    trainer: Any = None
+    models: list[tuple[str, Any]] = field(default_factory=list)
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    train_loader: Any = None
+    notes: list[str] = field(default_factory=list)
+    where: dict[int, str] = field(default_factory=dict)
+    wrapped_models: list[tuple[str, Any]] = field(default_factory=list)
+
+    def name_of(self, obj: Any) -> str:
+        return self.where.get(id(obj), type(obj).__name__)
+
+
+@dataclass(slots=True)
+class Context:
+    """What adapters look at. ``live(kind)`` lists gc-found objects of one kind
+    (``"optimizer"``, ``"scheduler"``, ``"loader"``, ``"trainer"``) without a new scan."""
+
+    namespace: dict[str, Any]
+    frame_locals: list[dict[str, Any]]
+    stepping: list[Any]
+    live: Callable[[str], list[Any]]
+
+    def values(self) -> Iterator[tuple[str, Any]]:
+        """Script names first, then locals of every frame (innermost last), then one
+        attribute level of the script names (``trainer.model``)."""
+        yield from self.namespace.items()
+        for loc in self.frame_locals:
+            yield from loc.items()
+
+    def instances(self, cls: type) -> list[tuple[str, Any]]:
+        """``[(where, obj)]`` of ``cls`` among the script's names and frame locals, then gc."""
+        out: list[tuple[str, Any]] = []
+        seen: set[int] = set()
+        for name, value in self.values():
+            if id(value) not in seen and issubclass(type(value), cls):
+                seen.add(id(value))
+                out.append((name, value))
+        for value in self.live("trainer"):
+            if id(value) not in seen and issubclass(type(value), cls):
+                seen.add(id(value))
+                out.append((f"<{type(value).__name__} found by gc>", value))
+        return out
+
+
+class Adapter(Protocol):
+    """One framework. ``find`` returns None when the job does not use it (its modules not
+    imported, or no trainer alive); it never imports the framework itself."""
+
+    name: str
+    #: Fully qualified class names of the trainer objects it looks for (for the gc scan).
+    trainer_classes: tuple[str, ...]
+
+    def find(self, ctx: Context) -> Discovered | None: ...
+
+
+def loaded_class(qualified: str) -> type | None:
+    """``pkg.mod.Class`` if the program imported ``pkg.mod`` (never imports it)."""
+    import sys
+
+    mod_name, _, cls_name = qualified.rpartition(".")
+    mod = sys.modules.get(mod_name)
+    cls = getattr(mod, cls_name, None) if mod is not None else None
+    return cls if isinstance(cls, type) else None

@@ -1,0 +1,144 @@
+"""``discover()``: ask each adapter in turn; the first that finds its trainer answers.
+
+Order: hf_trainer, lightning, accelerate (a Trainer's own Accelerator must not win over the
+Trainer), then the plain loop, which always answers. Whatever an adapter leaves out is filled by
+``plain.complete`` (an optimizer stepped by hand beside the framework's).
+
+Cost: the script's names and the frames' locals are read on every call (microseconds). Live
+trainers, schedulers and DataLoaders come from one ``gc.get_objects()`` pass (about 50-100 ms
+per million live objects), kept as weak references and reused while fresh: a scan is redone
+when one of them died, when the set of stepping optimizers changed (a new Trainer, a rebuilt
+optimizer), after ``_TTL_S``, or when the caller asks (``fresh=True``: the actions do, once per
+action).
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import time
+import weakref
+from types import FrameType
+from typing import Any
+
+from ..operator_code import script_namespace
+from . import accelerate, hf_trainer, lightning, plain, unwrap
+from .base import Context, Discovered, loaded_class
+
+ADAPTERS = (hf_trainer, lightning, accelerate)
+#: Seconds a gc scan is reused for. Objects created later (a second Trainer) appear after this
+#: at the latest; a new optimizer stepping invalidates at once.
+_TTL_S = 30.0
+
+
+class _LiveCache:
+    """Weak references to the live objects of each kind, from the last gc scan."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._refs: dict[str, list[weakref.ref[Any]]] = {}
+        self._at = -_TTL_S
+        self._key: tuple[int, ...] = ()
+
+    def get(self, key: tuple[int, ...], fresh: bool) -> dict[str, list[Any]]:
+        with self._lock:
+            live = self._alive()
+            if fresh or live is None or key != self._key or time.monotonic() - self._at > _TTL_S:
+                live = self._scan()
+                self._key = key
+            return live
+
+    def _alive(self) -> dict[str, list[Any]] | None:
+        out: dict[str, list[Any]] = {}
+        for kind, refs in self._refs.items():
+            objs = [r() for r in refs]
+            if any(o is None for o in objs):
+                return None  # something was freed: the job rebuilt it, scan again
+            out[kind] = objs
+        return out
+
+    def _scan(self) -> dict[str, list[Any]]:
+        kinds = _kinds()
+        every = tuple(t for types in kinds.values() for t in types)
+        live: dict[str, list[Any]] = {k: [] for k in kinds}
+        if every:
+            for o in gc.get_objects():
+                t = type(o)  # type(), not isinstance(): see plain._cover_models
+                if not issubclass(t, every):
+                    continue
+                for kind, types in kinds.items():
+                    if issubclass(t, types):
+                        live[kind].append(o)
+        refs: dict[str, list[weakref.ref[Any]]] = {}
+        for kind, objs in live.items():
+            try:
+                refs[kind] = [weakref.ref(o) for o in objs]
+            except TypeError:  # not weak-referenceable: never cached, rescanned next call
+                refs[kind] = []
+        self._refs, self._at = refs, time.monotonic()
+        return live
+
+
+_CACHE = _LiveCache()
+
+
+def _kinds() -> dict[str, tuple[type, ...]]:
+    """The types to collect, among modules the program already imported."""
+    kinds: dict[str, tuple[type, ...]] = {"scheduler": unwrap.scheduler_types()}
+    data = sys.modules.get("torch.utils.data")
+    kinds["loader"] = (data.DataLoader,) if data is not None else ()
+    trainers = [loaded_class(q) for a in ADAPTERS for q in a.trainer_classes]
+    kinds["trainer"] = tuple(t for t in trainers if t is not None)
+    return kinds
+
+
+def stepping_optimizers() -> list[Any]:
+    """The optimizers this process's agent saw stepping (primary first); [] without an agent."""
+    from ..agent import current
+
+    agent = current()
+    clock = getattr(agent, "stepclock", None)
+    return list(clock.optimizers()) if clock is not None else []
+
+
+def main_frame() -> FrameType | None:
+    return sys._current_frames().get(threading.main_thread().ident or -1)
+
+
+def discover(frame: FrameType | None = None, optimizers: list[Any] | None = None,
+             fresh: bool = False) -> Discovered:
+    """The job's trainer, models, optimizers, schedulers and train loader.
+
+    Args:
+        frame: the training thread's innermost frame; default: the main thread's. Its frames'
+            locals are where framework loops keep their trainer (``self``).
+        optimizers: those seen stepping; default: this process's step clock's.
+        fresh: rescan live objects now instead of reusing the last scan.
+    """
+    frame = frame if frame is not None else main_frame()
+    stepping = stepping_optimizers() if optimizers is None else list(optimizers)
+    frames = []
+    f = frame
+    while f is not None:
+        frames.append(f.f_locals)
+        f = f.f_back
+    live = _CACHE.get(tuple(id(o) for o in stepping), fresh)
+    ctx = Context(namespace=script_namespace(frame), frame_locals=frames, stepping=stepping,
+                  live=lambda kind: live.get(kind, []))
+    found = None
+    for adapter in ADAPTERS:
+        found = adapter.find(ctx)
+        if found is not None:
+            break
+    d = plain.complete(found, ctx) if found is not None else plain.find(ctx)
+    if not d.wrapped_models:
+        d.wrapped_models = list(d.models)
+    _primary_first(d, stepping)
+    return d
+
+
+def _primary_first(d: Discovered, stepping: list[Any]) -> None:
+    """Optimizers that step first, in the clock's order (the primary one defines the step)."""
+    order = {id(o): i for i, o in enumerate(stepping)}
+    d.optimizers.sort(key=lambda o: order.get(id(o), len(order)))
