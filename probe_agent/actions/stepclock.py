@@ -30,6 +30,14 @@ How it works
 - Subscribers run on the training thread right after each counted step, in subscription order.
   Each has its own ``collectors.Guard``: a failure is counted and logged once, and after repeated
   failures that subscriber is switched off. Training never sees the exception.
+- Steps the AMP grad scaler skips count too (issue 17). ``GradScaler.step(optimizer)`` does not
+  call ``optimizer.step()`` when the gradients hold inf/NaN (fp16 training skips several steps
+  at its start while the scale settles), yet the HF Trainer's ``state.global_step`` and
+  Lightning's ``global_step`` count that step. So the clock wraps ``GradScaler.step`` (on the
+  class: Accelerate's, Lightning's and FSDP's ShardedGradScaler all use it) and counts a call
+  that did not reach the optimizer as a skipped step; ``state()["skipped"]`` says how many.
+  Wrappers over the optimizer (Accelerate's ``AcceleratedOptimizer``, ``LightningOptimizer``)
+  never fire the hook themselves, so one optimizer step is never counted twice.
 - Optimizers that are not ``torch.optim.Optimizer`` subclasses (a hand-written update loop,
   some fused third-party optimizers) never fire the hook: then ``seen_step`` stays False and
   step-bound features must refuse and say so.
@@ -37,6 +45,7 @@ How it works
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -71,6 +80,10 @@ class StepClock:
         self._subscribers: list[tuple[StepCallback, Guard]] = []
         self._handle: Any = None
         self._lock = threading.Lock()
+        self.skipped = 0
+        #: Hook calls so far, for any optimizer: the scaler wrapper's "did it step?"
+        self._hook_calls = 0
+        self._scaler_step: tuple[Any, Any] | None = None  # (class, original step) while wrapped
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Sink) -> None:
@@ -83,6 +96,10 @@ class StepClock:
         try:
             if handle is not None:
                 handle.remove()
+            wrapped, self._scaler_step = self._scaler_step, None
+            if wrapped is not None:
+                cls, original = wrapped
+                cls.step = original
         finally:
             self.armed = False
 
@@ -103,9 +120,31 @@ class StepClock:
             if not self.armed:
                 mod = sys.modules["torch.optim.optimizer"]
                 self._handle = mod.register_optimizer_step_post_hook(self._on_step)
+                self._wrap_grad_scaler()
                 self.armed = True
                 self.armed_at = time.time()
         return True
+
+    def _wrap_grad_scaler(self) -> None:
+        """Count the steps ``GradScaler.step`` skips (see the module docstring)."""
+        mod = imported("torch.amp.grad_scaler")
+        cls = getattr(mod, "GradScaler", None)
+        original = getattr(cls, "step", None)
+        if original is None or getattr(original, "__probe_clock__", None) is not None:
+            return  # no AMP scaler in this torch, or another clock of this process wraps it
+        clock = self
+
+        @functools.wraps(original)
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            before = clock._hook_calls
+            result = original(scaler, optimizer, *args, **kwargs)
+            if clock._hook_calls == before and clock.armed:
+                clock._on_step(optimizer, args, kwargs, skipped=True)
+            return result
+
+        step.__probe_clock__ = self  # type: ignore[attr-defined]
+        cls.step = step
+        self._scaler_step = (cls, original)
 
     # -- what others use ---------------------------------------------------------------------
     def subscribe(self, fn: StepCallback, name: str | None = None) -> Callable[[], None]:
@@ -143,11 +182,13 @@ class StepClock:
             "armed_at": self.armed_at,
             "last_step_at": self.last_step_at,
             "optimizers": [type(o).__name__ for o in self.optimizers()],
+            "skipped": self.skipped,
         }
 
     # -- the hook (training thread) ----------------------------------------------------------
-    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any, skipped: bool = False) -> None:
         # Failures here must never reach optimizer.step(): this is a hook on the training thread.
+        self._hook_calls += 1
         try:
             if id(optimizer) not in self._seen_ids:
                 self._remember(optimizer)
@@ -157,8 +198,10 @@ class StepClock:
                 primary = optimizer
             if optimizer is not primary:
                 return
+            if skipped:
+                self.skipped += 1
             if not self.seen_step:
-                seeded = _optimizer_step_count(optimizer)
+                seeded = None if skipped else _optimizer_step_count(optimizer)
                 if seeded is not None:
                     self.numbering = "optimizer-state"
                 self.current_step = seeded if seeded is not None else self.current_step + 1
