@@ -40,6 +40,7 @@ LAUNCHER_MODULES = frozenset(
 )
 LAUNCHER_SCRIPTS = frozenset({"torchrun", "deepspeed", "ds", "accelerate-launch", "probe",
                               "pip", "pip3"})
+COMPILE_WORKER_SCRIPT = "torch/_inductor/compile_worker/__main__.py"
 #: Console scripts that are launchers with one subcommand only (``accelerate launch``).
 LAUNCHER_SUBCOMMANDS = {"accelerate": "launch"}
 
@@ -54,6 +55,8 @@ def decide(argv: list[str], environ: Mapping[str, str], pid: int) -> str:
     if kind == "script":
         script = os.path.basename(what)
         if script in LAUNCHER_SCRIPTS or (rest and LAUNCHER_SUBCOMMANDS.get(script) == rest[0]):
+            return NO
+        if what.endswith(COMPILE_WORKER_SCRIPT):  # inductor runs its worker pool by path
             return NO
     # A spawn child's environment is its parent's, copied: a RANK in it is not its own.
     if "--multiprocessing-fork" in rest or (kind == "-c" and "multiprocessing" in what):

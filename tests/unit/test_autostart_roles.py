@@ -35,6 +35,15 @@ LAUNCHERS = [
         [PY, "-m", "deepspeed.launcher.launch", "--world_info=x"], id="deepspeed-launch-m"
     ),
     pytest.param([PY, "-m", "torch._inductor.compile_worker", "--pool"], id="compile-worker"),
+    pytest.param(
+        [
+            PY,
+            "/venv/lib/python3.11/site-packages/torch/_inductor/compile_worker/__main__.py",
+            "--kind=fork",
+            "--workers=2",
+        ],
+        id="compile-worker-by-path",
+    ),
 ]
 
 
