@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KINDS = ("step-eval", "lr", "checkpoint", "pause")
+KINDS = ("step-eval", "lr", "checkpoint", "pause", "profile")
 TERMINAL = frozenset({"ok", "error", "cancelled", "skipped"})
 #: Finished actions kept for `probe actions` (queued ones are always kept).
 KEEP_FINISHED = 200
@@ -204,6 +204,10 @@ class ActionQueue:
             from .checkpoint_target import check_args
             dist = self.agreement.distributed()
             check_args(args, self.rank, dist.get_world_size() if dist is not None else 1)
+        elif kind == "profile":  # issue 16: the ceilings, and no other profiler active
+            from .profile import check_args as check_profile
+
+            check_profile(args)
 
     def get(self, action_id: str) -> Action:
         a = self._all.get(action_id)

@@ -194,6 +194,44 @@ class ProbeClient:
     def resume(self, requested_by: str) -> dict[str, Any]:
         return self._json("POST", "/v1/resume", json={"requested_by": requested_by})
 
+    # issue 16: profile windows (queued with submit_action, kind "profile") and flame graphs
+    def profile(self, profile_id: str, *, wait: float | None = None) -> dict[str, Any]:
+        """One rank's profile window (state, step spans, top operators, cost); ``wait`` long-
+        polls until it is done."""
+        params = None if wait is None else {"wait": wait}
+        return self._json("GET", f"/v1/profile/{profile_id}", params=params)
+
+    def profile_trace(self, profile_id: str, dest: str, *, read_timeout: float = 120.0
+                      ) -> dict[str, Any]:
+        """Stream the window's Chrome trace into the file ``dest`` (1 MiB at a time: memory
+        stays flat whatever the size); returns ``{"ok", "rank", "path", "bytes"}``."""
+        timeout = httpx.Timeout(self.timeout, read=max(self.timeout, read_timeout))
+        resp = self._send("GET", f"/v1/profile/{profile_id}/trace", stream=True,
+                          timeout=timeout)
+        n = 0
+        try:
+            with open(dest, "wb") as f:
+                for chunk in resp.iter_bytes(1 << 20):
+                    f.write(chunk)
+                    n += len(chunk)
+        except httpx.HTTPError as e:
+            raise AgentUnreachableError(
+                f"the trace from {self.endpoint.label} broke off after {n} bytes: {e}",
+                url=self.endpoint.label, reason=f"trace cut at {n} bytes") from e
+        finally:
+            resp.close()
+        rank = resp.headers.get("x-probe-rank", "")
+        return {"ok": True, "rank": int(rank) if rank.lstrip("-").isdigit() else None,
+                "path": dest, "bytes": n}
+
+    def start_flame(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Start sampling Python stacks (the ``POST /v1/flame`` body)."""
+        return self._json("POST", "/v1/flame", json=request)
+
+    def flame(self, flame_id: str, *, wait: float | None = None) -> dict[str, Any]:
+        params = None if wait is None else {"wait": wait}
+        return self._json("GET", f"/v1/flame/{flame_id}", params=params)
+
     # -- generic ------------------------------------------------------------------------------
 
     def _json(
@@ -224,7 +262,7 @@ class ProbeClient:
         check_agent(self.endpoint, token=self.token, cacert=self.cacert, health=health)
         self._trusted = True
 
-    def _send(self, method: str, path: str, *, anonymous: bool = False,
+    def _send(self, method: str, path: str, *, anonymous: bool = False, stream: bool = False,
               **kw: Any) -> httpx.Response:
         url = self.endpoint.label
         if not anonymous:
@@ -232,7 +270,10 @@ class ProbeClient:
             if self._auth:
                 kw["headers"] = {**self._auth, **(kw.get("headers") or {})}
         try:
-            resp = self._http.request(method, path, **kw)
+            if stream:  # the body is read by the caller, chunk by chunk (profile traces)
+                resp = self._http.send(self._http.build_request(method, path, **kw), stream=True)
+            else:
+                resp = self._http.request(method, path, **kw)
         except httpx.TimeoutException as e:
             raise AgentTimeoutError(
                 f"agent at {url} did not answer within {self.timeout:g} s",
@@ -250,6 +291,9 @@ class ProbeClient:
                 f"cannot reach agent at {url}: {e}", url=url, reason=type(e).__name__
             ) from e
         if resp.status_code >= 400:
+            if stream:
+                resp.read()
+                resp.close()
             raise self._http_error(resp)
         return resp
 

@@ -46,7 +46,7 @@ Integer = Annotated[int, BeforeValidator(_json_number)]
 
 
 class ActionRequest(BaseModel):
-    kind: Literal["step-eval", "lr", "checkpoint", "pause"] = Field(
+    kind: Literal["step-eval", "lr", "checkpoint", "pause", "profile"] = Field(
         "step-eval", description="step-eval runs `code`; the others are built-in actions"
     )
     step: Integer | None = Field(
@@ -62,6 +62,9 @@ class ActionRequest(BaseModel):
     overwrite: StrictBool = Field(False, description="checkpoint: replace an existing file (or "
                                   "sharded: an existing checkpoint directory)")
     model: str | None = Field(None, description="checkpoint: the model's name (dotted) to save")
+    profile: dict[str, Any] | None = Field(
+        None, description="profile (issue 16): steps, max_steps, max_seconds, record_shapes, "
+        "with_stack; checked by probe_agent/actions/profile.py")
     id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
         description="Action id; the CLI sends the same one to every rank",
@@ -80,6 +83,8 @@ class ActionRequest(BaseModel):
             raise ValueError("lr needs exactly one of scale or set")
         if self.kind == "checkpoint" and not self.path:
             raise ValueError("checkpoint needs a path")
+        if self.kind == "profile" and not self.profile:
+            raise ValueError("profile needs profile: {\"steps\": N}")
         return self
 
 
@@ -96,6 +101,8 @@ def _describe(body: ActionRequest) -> str:
     if body.kind == "checkpoint":
         return (f"checkpoint {body.path}" + (f" model={body.model}" if body.model else "")
                 + (" overwrite" if body.overwrite else ""))
+    if body.kind == "profile":
+        return "profile " + " ".join(f"{k}={v}" for k, v in sorted((body.profile or {}).items()))
     return body.kind
 
 
@@ -135,6 +142,8 @@ async def submit(request: Request, body: ActionRequest) -> dict[str, Any]:
     for flag in ("force", "overwrite"):
         if getattr(body, flag):
             args[flag] = True
+    if body.kind == "profile":
+        args.update(body.profile or {})
     # In a worker thread: a checkpoint's path is checked with lstat/stat, which a hung network
     # filesystem can block for minutes; the event loop must keep answering backtraces.
     action = await run_in_threadpool(

@@ -1,0 +1,224 @@
+"""Profiling: one agent's profile windows and flame sessions, and what each cost (issue 16).
+
+- At most one profiler at a time in a process: a second `probe profile`, or one requested while
+  the program's own ``torch.profiler`` runs (``torch.autograd._profiler_enabled()``), is refused
+  with a 409 that says which; training is not touched.
+- At most one flame session at a time per rank (two samplers would double the cost and halve
+  nothing).
+- Cost, measured on this rank and audited in ``python.evals`` (kind ``profile`` / ``flame``,
+  outcome ``done``): the median step time inside the window over the median of the 20 steps
+  before it (``python.steps``), both side by side in the row's ``code``.
+- Trace files live in ``<run dir>/profiles/`` (0700); the newest ``KEEP_TRACES`` stay, older
+  ones are removed when a new window finishes (a trace can be hundreds of MB).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConflictError, NotFoundError
+from .window import ProfileWindow
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+    from .flame import FlameSession
+
+log = logging.getLogger(__name__)
+
+#: Trace files kept on disk per rank (the newest); finished windows kept in memory.
+KEEP_TRACES = 3
+KEEP_WINDOWS = 20
+#: Steps before a window whose median is the cost baseline.
+BASELINE_STEPS = 20
+
+_registry: weakref.WeakKeyDictionary[Any, Profiling] = weakref.WeakKeyDictionary()
+_registry_lock = threading.Lock()
+
+
+def other_profiler() -> str | None:
+    """Why a new profiler cannot start now (the program's own torch.profiler), else None.
+
+    ``torch.autograd._profiler_enabled()`` answers for the calling thread only (an HTTP thread
+    sees False while the training thread profiles), so the process-wide flag that every
+    ``torch.profiler``/``torch.autograd.profiler`` start sets is read too.
+    """
+    flag = getattr(sys.modules.get("torch.autograd.profiler"), "_is_profiler_enabled", False)
+    autograd = sys.modules.get("torch.autograd")
+    enabled = getattr(autograd, "_profiler_enabled", None)
+    try:
+        here = bool(enabled()) if enabled is not None else False
+    except RuntimeError:
+        here = False
+    if flag is True or here:
+        return ("a torch.profiler session is already active in this process (the program's "
+                "own torch.profiler or torch.autograd.profiler); stop it first, or profile "
+                "with it")
+    return None
+
+
+class Profiling:
+    """The agent's profile windows and flame sessions; ``Profiling.of(agent)``."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.windows: dict[str, ProfileWindow] = {}
+        self.flames: dict[str, FlameSession] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, agent: Agent) -> Profiling:
+        with _registry_lock:
+            found = _registry.get(agent)
+            if found is None:
+                found = _registry[agent] = cls(agent)
+            return found
+
+    @property
+    def out_dir(self) -> str:
+        return os.path.join(self.agent.config.run_dir, "profiles")
+
+    # -- profile windows ----------------------------------------------------------------------
+    def busy(self) -> str | None:
+        """Why no profile window may start now, else None."""
+        for w in self.windows.values():
+            if w.state in ("recording", "exporting"):
+                return (f"`probe profile` {w.id} is already {w.state} on rank {self.agent.rank} "
+                        f"(steps {w.start_step + 1}..{w.last_step}); wait for it to finish")
+        return other_profiler()
+
+    def check_free(self) -> None:
+        why = self.busy()
+        if why is not None:
+            raise ConflictError(f"profile refused on rank {self.agent.rank}: {why}; nothing "
+                                "was started and training goes on", reason="profiler-active")
+
+    def start_window(self, action: Any, step: int) -> ProfileWindow:
+        """The ``profile`` action at boundary ``step`` (training thread)."""
+        with self._lock:
+            self.check_free()
+            args = action.args
+            w = ProfileWindow(
+                action_id=action.id, rank=self.agent.rank, start_step=step,
+                steps=int(args["steps"]), record_shapes=bool(args.get("record_shapes")),
+                with_stack=bool(args.get("with_stack")),
+                max_seconds=float(args["max_seconds"]), out_dir=self.out_dir,
+                clock=self.agent.stepclock, tracer=self.agent.collectors.tracer,
+                on_done=lambda w, final: self._window_done(w, final, action.client,
+                                                          action.requested_by),
+            )
+            w.start()
+            self.windows[w.id] = w
+            for old in list(self.windows)[:-KEEP_WINDOWS]:
+                if self.windows[old].state not in ("recording", "exporting"):
+                    del self.windows[old]
+            return w
+
+    def window(self, window_id: str) -> ProfileWindow:
+        w = self.windows.get(window_id)
+        if w is None:
+            raise NotFoundError(f"no profile {window_id} on rank {self.agent.rank}; it never "
+                                "started here (see `probe actions`), or it is too old")
+        return w
+
+    def stop(self) -> None:
+        """The agent stops: no window outlives it."""
+        for w in list(self.windows.values()):
+            w.cancel("the probe agent stopping")
+        for f in list(self.flames.values()):
+            f.cancel()
+
+    def _window_done(self, w: ProfileWindow, final: str, client: str,
+                     requested_by: str | None) -> None:
+        w.cost = self.step_cost([s["ms"] / 1e3 for s in w.step_spans()], w.start_step)
+        self._trim_traces(keep=w)
+        what = (f"profile steps {w.start_step + 1}..{w.last_step} ({w.stopped_by}): "
+                f"{describe_cost(w.cost)}; trace {w.trace_bytes} bytes")
+        ms = (w.boundaries[-1][1] - w.boundaries[0][1]) * 1e3 if len(w.boundaries) > 1 else 0.0
+        self.audit("profile", w.id, w.start_step, what, final,
+                   w.error, ms, client, requested_by)
+
+    def _trim_traces(self, keep: ProfileWindow) -> None:
+        done = [w for w in self.windows.values() if w.trace_path and w is not keep]
+        for w in done[: max(0, len(done) - (KEEP_TRACES - 1))]:
+            try:
+                os.unlink(w.trace_path or "")
+            except OSError:
+                pass
+            w.trace_path = None
+
+    # -- cost ---------------------------------------------------------------------------------
+    def step_cost(self, window_s: list[float], before_step: int) -> dict[str, Any]:
+        """Median step time in a window over the median of the steps before ``before_step``."""
+        before: list[float] = []
+        try:
+            res = self.agent.store.query(
+                "SELECT duration FROM python.steps WHERE step <= ? AND step > ? "
+                "AND duration IS NOT NULL", [before_step, before_step - BASELINE_STEPS])
+            before = [float(r[0]) for r in res.rows]
+        except Exception as e:  # the measure is a courtesy; a store problem must not fail it
+            log.info("probe agent: no baseline for the cost of a profile: %s", e)
+        cost: dict[str, Any] = {"window_steps": len(window_s), "before_steps": len(before)}
+        if window_s:
+            cost["window_ms"] = round(statistics.median(window_s) * 1e3, 3)
+        if before:
+            cost["before_ms"] = round(statistics.median(before) * 1e3, 3)
+        if window_s and before and cost["before_ms"] > 0:
+            cost["ratio"] = round(cost["window_ms"] / cost["before_ms"], 3)
+        return cost
+
+    # -- flame sessions -----------------------------------------------------------------------
+    def start_flame(self, flame_id: str, seconds: float, rate: float, client: str,
+                    requested_by: str | None) -> FlameSession:
+        from .flame import FlameSession
+
+        with self._lock:
+            for f in self.flames.values():
+                if f.state == "sampling":
+                    since = time.strftime("%H:%M:%S", time.localtime(f.started))
+                    raise ConflictError(
+                        f"flame {f.id} is already sampling on rank {self.agent.rank} "
+                        f"({f.seconds:g} s from {since}); wait for it to finish",
+                        reason="sampler-active")
+            if flame_id in self.flames:
+                raise ConflictError(f"a flame session {flame_id} already exists on rank "
+                                    f"{self.agent.rank}", reason="duplicate")
+            f = FlameSession(self, flame_id, seconds, rate, client, requested_by)
+            self.flames[flame_id] = f
+            for old in list(self.flames)[:-KEEP_WINDOWS]:
+                if self.flames[old].state != "sampling":
+                    del self.flames[old]
+        f.start()
+        return f
+
+    def flame(self, flame_id: str) -> FlameSession:
+        f = self.flames.get(flame_id)
+        if f is None:
+            raise NotFoundError(f"no flame session {flame_id} on rank {self.agent.rank}")
+        return f
+
+    # -- audit --------------------------------------------------------------------------------
+    def audit(self, kind: str, action_id: str, at_step: int | None, code: str, outcome: str,
+              error: str | None, ms: float, client: str, requested_by: str | None) -> None:
+        try:
+            self.agent.audit(client, code, outcome, error, ms, kind=kind, action_id=action_id,
+                             at_step=at_step, requested_by=requested_by)
+        except Exception as e:  # the audit table must never fail a profile or the training
+            log.warning("probe agent: could not audit %s %s: %s", kind, action_id, e)
+
+
+def describe_cost(cost: dict[str, Any]) -> str:
+    """``step time x1.84 (46.1 ms vs 25.0 ms before, 3 vs 20 steps)``, or what is missing."""
+    if "ratio" in cost:
+        return (f"step time x{cost['ratio']:.2f} ({cost['window_ms']:.1f} ms vs "
+                f"{cost['before_ms']:.1f} ms before, {cost['window_steps']} vs "
+                f"{cost['before_steps']} steps)")
+    if "window_ms" in cost:
+        return f"step time {cost['window_ms']:.1f} ms (no earlier steps to compare with)"
+    return "no step finished in the window"

@@ -1,0 +1,256 @@
+"""ProfileWindow: torch.profiler over optimizer steps S+1 .. S+N of one rank (issue 16).
+
+Timeline (every call on the training thread, from the agent's StepClock, unless said otherwise)
+-----------------------------------------------------------------------------------------------
+- boundary S, the ``profile`` step-boundary action (actions/profile.py), after every rank agreed
+  through the job's store that it reached S: the module tracer is paused (``set_mode("off")``),
+  ``torch.profiler.profile`` starts, and a ``ProfilerStep#S+1`` span opens;
+- boundaries S+1 .. S+N-1 (our own StepClock subscriber): the step span closes and the next opens;
+- boundary S+N: the profiler stops, the tracer's mode comes back, and a daemon thread
+  (``probe-agent.profile-export``) writes the Chrome trace and the per-operator totals.
+Every rank starts and stops at the same step boundary, so a collective inside the window is
+recorded on every rank or on none: never half.
+
+Ceiling: a timer (``probe-agent.profile-ceiling``) stops the profiler after ``max_seconds`` even
+if step S+N never comes (a hung rank, a job that stopped stepping), so no profiler is ever left
+running by a CLI that died: the window ends on the agent's side either way. Stopping from the
+timer thread is safe (torch's profiler callbacks are process-global); the open step span is then
+closed by the profiler itself.
+
+Tracing and profiling: the tracer's hooks would show up in the profile as extra work, and the
+profiler's callbacks would inflate every module's time in ``python.torch_trace``. So the tracer
+is off for the window (no ``torch_trace`` rows, ``python.steps.traced`` false), and back from
+step S+N+2 (the tracer applies its mode at each boundary before this window's subscriber runs,
+so S+N+1 is untraced too). A mode the operator set meanwhile (`probe trace on`) is left as is.
+
+CUDA activities are recorded only when the job already initialised CUDA: the agent never
+creates a CUDA context (DESIGN). Nothing here imports torch before ``start()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Operators kept per rank for the CLI's table (by self time).
+TOP_OPS = 25
+
+
+class ProfileWindow:
+    """One rank's profiler window; see the module docstring.
+
+    Args:
+        action_id: the step-boundary action's id, the same on every rank.
+        start_step: S, the boundary the profiler starts at (steps S+1 .. S+N are recorded).
+        steps: N.
+        max_seconds: the ceiling: the profiler stops after this long whatever the steps do.
+        out_dir: where the trace file goes (a private directory under the run dir).
+        clock: the agent's StepClock (its subscriber drives the window).
+        tracer: the module tracer, or None; paused for the window.
+        on_done: called on the export thread once the trace is on disk (or failed).
+    """
+
+    def __init__(self, *, action_id: str, rank: int, start_step: int, steps: int,
+                 record_shapes: bool, with_stack: bool, max_seconds: float, out_dir: str,
+                 clock: Any, tracer: Any, on_done: Callable[[ProfileWindow, str], None]) -> None:
+        self.id = action_id
+        self.rank = rank
+        self.start_step = start_step
+        self.last_step = start_step + steps
+        self.steps = steps
+        self.record_shapes = record_shapes
+        self.with_stack = with_stack
+        self.max_seconds = max_seconds
+        self.out_dir = out_dir
+        self.clock = clock
+        self.tracer = tracer
+        self.on_done = on_done
+        #: recording | exporting | done | error
+        self.state = "recording"
+        self.error: str | None = None
+        self.stopped_by: str | None = None
+        #: (step, epoch seconds) at each boundary seen, S first.
+        self.boundaries: list[tuple[int, float]] = []
+        self.activities: list[str] = []
+        self.trace_path: str | None = None
+        self.trace_bytes = 0
+        self.top_ops: list[dict[str, Any]] = []
+        self.cost: dict[str, Any] = {}
+        self.export_ms = 0.0
+        self.stop_ms = 0.0
+        self._prof: Any = None
+        self._span: Any = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._timer: threading.Timer | None = None
+        self._tracer_mode: str | None = None
+        self._lock = threading.Lock()
+
+    # -- training thread ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the profiler now (boundary S). Raises when torch refuses (another profiler)."""
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            activities.append(ProfilerActivity.CUDA)
+        self.activities = [a.name for a in activities]
+        self._prof = profile(activities=activities, record_shapes=self.record_shapes,
+                             with_stack=self.with_stack)
+        self._pause_tracer()
+        try:
+            self._prof.start()
+        except BaseException:
+            self._prof = None
+            self._restore_tracer()
+            raise
+        self.boundaries.append((self.start_step, time.time()))
+        self._open_span(self.start_step + 1)
+        self._unsubscribe = self.clock.subscribe(self._on_step, f"profile window {self.id}")
+        self._timer = threading.Timer(self.max_seconds, self._ceiling)
+        self._timer.daemon = True
+        self._timer.name = "probe-agent.profile-ceiling"
+        self._timer.start()
+
+    def _on_step(self, step: int, optimizer: Any) -> None:
+        with self._lock:
+            if self.state != "recording":
+                return
+            self.boundaries.append((step, time.time()))
+            if step < self.last_step:
+                self._close_span()
+                self._open_span(step + 1)
+                return
+        self.close(f"step {step}", on_training_thread=True)
+
+    def _open_span(self, step: int) -> None:
+        from torch.autograd.profiler import record_function
+
+        # The name TensorBoard and Perfetto users know from prof.step(); the number is the
+        # agent's step, the same on every rank, so spans line up by name across ranks.
+        self._span = record_function(f"ProfilerStep#{step}")
+        self._span.__enter__()
+
+    def _close_span(self) -> None:
+        span, self._span = self._span, None
+        if span is not None:
+            span.__exit__(None, None, None)
+
+    # -- any thread ---------------------------------------------------------------------------
+    def _ceiling(self) -> None:
+        self.close(f"the {self.max_seconds:g} s ceiling", on_training_thread=False)
+
+    def close(self, why: str, *, on_training_thread: bool) -> None:
+        """Stop the profiler (once) and hand the trace to the export thread."""
+        with self._lock:
+            if self.state != "recording":
+                return
+            self.state = "exporting"
+            self.stopped_by = why
+            if self._unsubscribe is not None:
+                self._unsubscribe()
+            if self._timer is not None:
+                self._timer.cancel()
+            t0 = time.perf_counter()
+            try:
+                if on_training_thread:
+                    self._close_span()
+                self._prof.stop()
+            except Exception as e:  # a profiler that cannot stop must not break training
+                self.state, self.error = "error", f"stopping the profiler: {type(e).__name__}: {e}"
+                log.warning("probe agent: profile %s on rank %d: %s", self.id, self.rank,
+                            self.error)
+            finally:
+                self.stop_ms = (time.perf_counter() - t0) * 1e3
+                self._restore_tracer()
+        if not on_training_thread:
+            log.warning("probe agent: profile %s on rank %d stopped by %s at step %s (the window "
+                        "was steps %d..%d)", self.id, self.rank, why,
+                        self.clock.current_step, self.start_step + 1, self.last_step)
+        th = threading.Thread(target=self._export, name="probe-agent.profile-export",
+                              daemon=True)
+        th.start()
+
+    def cancel(self, why: str) -> None:
+        """The agent stops: end the window now (from an agent thread)."""
+        self.close(why, on_training_thread=False)
+
+    # -- export thread ------------------------------------------------------------------------
+    def _export(self) -> None:
+        prof, self._prof = self._prof, None
+        t0 = time.perf_counter()
+        final = self.state if self.state != "exporting" else "error"
+        try:
+            if self.state == "exporting" and prof is not None:
+                os.makedirs(self.out_dir, mode=0o700, exist_ok=True)
+                path = os.path.join(self.out_dir, f"rank{self.rank}-{self.id}.json")
+                prof.export_chrome_trace(path)
+                self.trace_path, self.trace_bytes = path, os.path.getsize(path)
+                self.top_ops = top_operators(prof, TOP_OPS)
+                final = "done"
+        except Exception as e:  # the export thread's own failure: reported, never raised
+            self.error = f"exporting the trace: {type(e).__name__}: {e}"
+            log.warning("probe agent: profile %s on rank %d: %s", self.id, self.rank, self.error)
+        finally:
+            del prof  # the profiler's events can be large: drop them before anything else
+            self.export_ms = (time.perf_counter() - t0) * 1e3
+            try:
+                self.on_done(self, final)  # the cost and the audit row, before "done" is seen
+            finally:
+                self.state = final
+
+    # -- the tracer ---------------------------------------------------------------------------
+    def _pause_tracer(self) -> None:
+        t = self.tracer
+        if t is not None and getattr(t, "mode", "off") != "off":
+            self._tracer_mode = t.mode
+            t.set_mode("off")
+
+    def _restore_tracer(self) -> None:
+        t, mode, self._tracer_mode = self.tracer, self._tracer_mode, None
+        # Only our own "off": a mode the operator chose during the window stays.
+        if t is not None and mode is not None and t.mode == "off":
+            t.set_mode(mode)
+
+    # -- reporting ----------------------------------------------------------------------------
+    def step_spans(self) -> list[dict[str, Any]]:
+        """Each recorded step with its start and end (epoch seconds), from the boundaries."""
+        b = self.boundaries
+        return [{"step": s1, "start": t0, "end": t1, "ms": round((t1 - t0) * 1e3, 3)}
+                for (_, t0), (s1, t1) in zip(b, b[1:])]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "rank": self.rank, "pid": os.getpid(), "state": self.state,
+            "error": self.error,
+            "first_step": self.start_step + 1, "last_step": self.last_step,
+            "steps": self.steps, "stopped_by": self.stopped_by, "activities": self.activities,
+            "record_shapes": self.record_shapes, "with_stack": self.with_stack,
+            "max_seconds": self.max_seconds, "step_spans": self.step_spans(),
+            "trace_bytes": self.trace_bytes, "top_ops": self.top_ops, "cost": self.cost,
+            "stop_ms": round(self.stop_ms, 3), "export_ms": round(self.export_ms, 3),
+            "tracer_paused": self.tracer is not None,
+        }
+
+
+def top_operators(prof: Any, n: int) -> list[dict[str, Any]]:
+    """The ``n`` operators with the most self time (CPU, plus device time where recorded)."""
+    rows = []
+    for e in prof.key_averages():
+        if e.key.startswith("ProfilerStep"):
+            continue  # our step spans: their self time is everything between the operators
+        self_dev = float(getattr(e, "self_device_time_total", 0.0) or 0.0)
+        rows.append({
+            "name": e.key, "calls": int(e.count),
+            "self_us": round(float(e.self_cpu_time_total), 3),
+            "total_us": round(float(e.cpu_time_total), 3),
+            "self_device_us": round(self_dev, 3),
+        })
+    rows.sort(key=lambda r: -(r["self_us"] + r["self_device_us"]))
+    return rows[:n]

@@ -1,0 +1,111 @@
+"""Profile and flame routes (issue 16).
+
+A profile window is queued as a step-boundary action (``POST /v1/actions`` with kind
+``profile``, routes/actions.py); these routes follow it and fetch its trace:
+
+- ``GET /v1/profile/{id}?wait=S``: the window's state (recording, exporting, done, error), step
+  spans, top operators and cost; ``wait`` holds the answer up to 30 s until it is done;
+- ``GET /v1/profile/{id}/trace``: the Chrome trace file, streamed from disk in chunks (a trace
+  can be hundreds of MB; nothing holds it in memory);
+- ``POST /v1/flame {"seconds", "rate", "max_seconds"}``: start sampling this rank's Python
+  stacks (one session at a time); ``GET /v1/flame/{id}?wait=S``: its state, then its folded
+  stacks and cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from ...actions.profile import FLAME_MAX_SECONDS, check_flame
+from ...errors import ConflictError
+from ..wire import ok_body
+from .actions import Number
+from .core import _agent, _client
+
+router = APIRouter(prefix="/v1")
+
+#: Longest a ``?wait=`` holds the request open.
+MAX_WAIT_S = 30.0
+
+
+def _profiling(request: Request) -> Any:
+    from ...profiling import Profiling
+
+    return Profiling.of(_agent(request))
+
+
+async def _until(done: Any, wait: float) -> None:
+    deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
+    while not done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+@router.get("/profile/{profile_id}")
+async def get_profile(request: Request, profile_id: str, wait: float = 0.0) -> dict[str, Any]:
+    """One rank's profile window; ``wait=S`` holds the answer until it is done (≤ 30 s)."""
+    agent = _agent(request)
+    w = _profiling(request).window(profile_id)
+    await _until(lambda: w.state not in ("recording", "exporting"), wait)
+    return ok_body(agent.rank, step=agent.stepclock.current_step, now=time.time(),
+                   profile=w.describe())
+
+
+@router.get("/profile/{profile_id}/trace", response_model=None)
+async def get_profile_trace(request: Request, profile_id: str) -> FileResponse:
+    """The window's Chrome trace, streamed from disk."""
+    agent = _agent(request)
+    w = _profiling(request).window(profile_id)
+    path = w.trace_path
+    if w.state != "done" or path is None or not os.path.exists(path):
+        why = ("removed: newer profiles replaced it" if w.state == "done" else
+               f"the window is {w.state}" + (f" ({w.error})" if w.error else ""))
+        raise ConflictError(f"no trace for profile {profile_id} on rank {agent.rank}: {why}",
+                            reason="no-trace")
+    return FileResponse(path, media_type="application/json",
+                        headers={"x-probe-rank": str(agent.rank)})
+
+
+class FlameRequest(BaseModel):
+    seconds: Number = Field(10.0, gt=0, description="How long to sample")
+    rate: Number = Field(100.0, gt=0, description="Samples per second")
+    max_seconds: Number = Field(FLAME_MAX_SECONDS, gt=0,
+                                description="Ceiling; seconds above it are refused")
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                           description="Session id; the CLI sends the same one to every rank")
+    requested_by: str | None = Field(None, max_length=200)
+
+
+@router.post("/flame")
+async def start_flame(request: Request, body: FlameRequest) -> dict[str, Any]:
+    """Start sampling this rank's Python stacks for ``seconds``; it ends by itself."""
+    agent = _agent(request)
+    profiling = _profiling(request)
+    flame_id = body.id or uuid.uuid4().hex[:12]
+    try:
+        check_flame(body.seconds, body.rate, body.max_seconds)
+    except Exception as e:
+        profiling.audit("flame", flame_id, agent.stepclock.current_step,
+                        f"flame {body.seconds:g} s at {body.rate:g} Hz", "refused",
+                        getattr(e, "message", str(e)), 0.0, _client(request), body.requested_by)
+        raise
+    f = await run_in_threadpool(profiling.start_flame, flame_id, body.seconds, body.rate,
+                                _client(request), body.requested_by)
+    return ok_body(agent.rank, step=agent.stepclock.current_step, flame=f.describe(False))
+
+
+@router.get("/flame/{flame_id}")
+async def get_flame(request: Request, flame_id: str, wait: float = 0.0) -> dict[str, Any]:
+    """A flame session; ``wait=S`` holds the answer until it has finished (≤ 30 s)."""
+    agent = _agent(request)
+    f = _profiling(request).flame(flame_id)
+    await _until(lambda: f.state != "sampling", wait)
+    return ok_body(agent.rank, step=agent.stepclock.current_step, flame=f.describe())
