@@ -1,6 +1,7 @@
 """A torchtitan-style FSDP2 job (issue 17): ``fully_shard`` on each block, then on the root, on 2
 gloo ranks under torchrun (CPU). Parameters are DTensors sharded over the ranks; AdamW and a
-LambdaLR (linear warmup, then linear decay: torchtitan's shape) step on the shards.
+LambdaLR (linear warmup, then linear decay: torchtitan's shape) step on the shards; batches come
+from a DataLoader named ``dataloader`` (not ``train_loader``: discovery must find it).
 
 The model is ``Net``: ``embed``, ``layers.N`` (``Block``: ``attn``, ``mlp`` with ``fc1``/``fc2``),
 ``head``. A plain loop; after every optimizer step it does what fw_common.StepLog describes
@@ -23,6 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from fw_common import StepLog, add_common_args, make_slow, param_sum, print_json, rank
 from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader, TensorDataset
 
 DIM, LAYERS, BATCH, LR, WARMUP, TOTAL = 32, 2, 8, 1e-3, 5, 2000
 
@@ -107,10 +109,18 @@ def main() -> None:
         model, optimizer, scheduler = build(args)
         log = StepLog(args)
         g = torch.Generator().manual_seed(100 + rank())  # each rank its own data
+        xs = torch.randn(256, DIM, generator=g)
+        dataloader = DataLoader(TensorDataset(xs, xs.sum(dim=1, keepdim=True) * 0.1),
+                                batch_size=BATCH, shuffle=True, generator=g)
+        batches = iter(dataloader)
         global_step = 0
         while global_step < args.max_steps:
-            x = torch.randn(BATCH, DIM, generator=g)
-            loss = nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True) * 0.1)
+            try:
+                x, y = next(batches)
+            except StopIteration:  # next epoch
+                batches = iter(dataloader)
+                x, y = next(batches)
+            loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()
             scheduler.step()
