@@ -32,6 +32,12 @@ def probe_json(*args: str) -> list[dict]:
     return json.loads(out.stdout)
 
 
+def both_ranks(target: str) -> list[dict]:
+    """`probe -t target info` once it lists both ranks (discovery takes a moment), else []."""
+    got = probe_json("-t", target, "info")
+    return got if len(got) == 2 else []
+
+
 @pytest.mark.timeout(180)
 def test_mp_spawn_ranks_carry_agents_and_the_parent_is_a_launcher(tmp_path):
     # GIVEN a 2-rank mp.spawn DDP job with PROBE=1 and a base port
@@ -56,11 +62,8 @@ def test_mp_spawn_ranks_carry_agents_and_the_parent_is_a_launcher(tmp_path):
         assert all(rows[w]["agent"] in ("injectable", "no") for w in workers if w in rows)
 
         # WHEN the operator asks the base port, as `probe launch --port BASE` users do
-        def both() -> list[dict]:
-            got = probe_json("-t", f"127.0.0.1:{base}", "info")
-            return got if len(got) == 2 else []
-
-        got = wait_until(both, 30, "rank 1 not discovered through rank 0")
+        got = wait_until(lambda: both_ranks(f"127.0.0.1:{base}"), 30,
+                         "rank 1 not discovered through rank 0")
         # THEN the real ranks answer with their real ranks
         assert [(g["rank"], g["pid"], g["world_size"]) for g in got] == [
             (i["rank"], i["pid"], 2) for i in infos
@@ -78,7 +81,8 @@ def test_lightning_ddp_both_ranks_carry_agents_and_hang_names_the_callback(tmp_p
         assert all(i["url"] for i in infos)
         url = infos[0]["url"]
         # AND rank 0, started with no RANK or WORLD_SIZE, took its identity from the group
-        got = probe_json("-t", url.removeprefix("http://"), "info")
+        got = wait_until(lambda: both_ranks(url.removeprefix("http://")), 30,
+                         "rank 1 not discovered through rank 0")
         assert [(g["rank"], g["pid"], g["world_size"]) for g in got] == [
             (i["rank"], i["pid"], 2) for i in infos
         ]
