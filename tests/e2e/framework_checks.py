@@ -125,7 +125,7 @@ def checkpoint_loads_back(endpoint: str, path: Path, log_dir: Path, verify: list
         rank = rec.get("rank", 0)
         logged = read_log(log_dir, rank)[n]
         assert rec["step"] == n
-        assert rec.get("framework", framework) == framework
+        assert rec["framework"] == framework
         # the parameters are the job's own at step N, not the fresh initialisation
         assert rec["param_sum"] == logged["param_sum"], (rec, logged)
         assert rec["param_sum"] != rec["fresh_param_sum"]

@@ -83,13 +83,15 @@ def verify(args: argparse.Namespace, path: str) -> None:
     model, optimizer, scheduler = build(args)
     fresh = param_sum(model)
     msd, osd = get_state_dict(model, [optimizer])
-    state = {"model": msd, "optimizer": osd, "step": 0, "scheduler.0": scheduler.state_dict()}
+    state = {"model": msd, "optimizer": osd, "step": 0, "scheduler.0": scheduler.state_dict(),
+             "framework": ""}
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, [optimizer], model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
     scheduler.load_state_dict(state["scheduler.0"])
     steps = {int(s["step"]) for s in optimizer.state.values()}
-    print_json({"rank": rank(), "step": state["step"], "fresh_param_sum": fresh,
+    print_json({"rank": rank(), "step": state["step"], "framework": state["framework"],
+                "fresh_param_sum": fresh,
                 "param_sum": param_sum(model), "optimizer_steps": sorted(steps),
                 "scheduler_last_epoch": scheduler.last_epoch,
                 "lr": float(optimizer.param_groups[0]["lr"]),
