@@ -100,6 +100,8 @@ def read_trace(f: IO[str]) -> Iterator[tuple[str, Any]]:
                 yield "event", c.value()
                 if c.peek() == ",":
                     c.pos += 1
+                elif c.peek() != "]":
+                    raise TraceFormatError("expected ',' or ']' between trace events")
             c.take("]")
         else:
             yield "key", (key, c.value())
