@@ -64,7 +64,7 @@ def widest_frames(per_rank: Mapping[int, Folded], top: int = 15) -> list[dict[st
         self_ = {r: s[1].get(label, 0.0) for r, s in shares.items()}
         rows.append({"frame": label, "median_pct": statistics.median(incl.values()),
                      "self_pct": statistics.median(self_.values()), "ranks": incl})
-    rows.sort(key=lambda r: (-r["median_pct"], -r["self_pct"], r["frame"]))
+    rows.sort(key=lambda r: (-r["median_pct"], r["self_pct"], r["frame"]))  # callers first
     return rows[:top]
 
 
