@@ -21,7 +21,7 @@ from typing import Any
 
 from .config import AgentConfig
 from .errors import AgentStateError, EvalError
-from .ranks import Identity
+from .ranks import Identity, publish_rank
 
 log = logging.getLogger(__name__)
 
@@ -191,35 +191,11 @@ class Agent:
                     pass
 
     def adopt_group(self, rank: int, world_size: int) -> None:
-        """Take the identity ``init_process_group`` gave this process (issue 17): Lightning's
-        rank 0 starts with no RANK or WORLD_SIZE, and a rank started from its environment may
-        be renumbered by the group. Rows written from now on carry the new rank; the port stays
-        (base + LOCAL_RANK, bound at start). Called on the training thread, right after
-        ``init_process_group`` returns, and by the rank registry when it first sees the group."""
-        from dataclasses import replace
+        """Take the identity ``init_process_group`` gave this process (ranks.adopt_group)."""
+        from .ranks import adopt_group
 
-        from .config import LOCAL_RANK_VARS, first_set
-
-        ident = self.identity
-        try:
-            local = int(os.environ.get(first_set(os.environ, LOCAL_RANK_VARS), ""))
-        except ValueError:
-            local = ident.local_rank
-        if (rank, world_size, local) == (ident.rank, ident.world_size, ident.local_rank):
-            return
-        if rank != ident.rank:
-            log.warning("probe agent: rank %d until now, init_process_group gave rank %d; "
-                        "using %d", ident.rank, rank, rank)
-        self.identity = replace(ident, rank=rank, world_size=world_size, local_rank=local)
-        self.rank = rank
-        self.actions.rank = rank
-        # The collectors stamp every row with the rank they were built with.
-        for _, collector in self.collectors.running():
-            for holder in (collector, getattr(collector, "resolver", None)):
-                if holder is not None and hasattr(holder, "rank"):
-                    holder.rank = rank
-        _publish_rank(self.identity)
-        self._write_info_file()
+        if adopt_group(self, rank, world_size):
+            self._write_info_file()
 
     def _write_info_file(self) -> None:
         """``run_dir/<pid>.json`` lets `probe ps` and `probe PID` find this agent locally."""
@@ -389,7 +365,7 @@ def start(config: AgentConfig | None = None, environ: Mapping[str, str] | None =
         agent.start()
         _current = agent
         os.environ["PROBE_AGENT_PID"] = str(os.getpid())
-        _publish_rank(agent.identity)
+        publish_rank(agent.identity)
         from .roles import arm
 
         arm()  # issue 17: init_process_group renumbers it, start_processes makes it a launcher
@@ -399,12 +375,6 @@ def start(config: AgentConfig | None = None, environ: Mapping[str, str] | None =
             atexit.register(stop)
             _fork_handler_registered = True
         return agent
-
-
-def _publish_rank(identity: Identity) -> None:
-    """``PROBE_AGENT_RANK`` tells this process's children which rank is already served here:
-    a child with another RANK / LOCAL_RANK is a rank of its own (_autostart.has_own_rank)."""
-    os.environ["PROBE_AGENT_RANK"] = f"{identity.rank}:{identity.local_rank}"
 
 
 def stop() -> None:

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .config import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, first_set
@@ -55,6 +55,41 @@ class Identity:
             local_world_size=max(1, num(first_set(environ, (
                 "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE")), 1)),
         )
+
+
+def publish_rank(identity: Identity) -> None:
+    """``PROBE_AGENT_RANK`` tells this process's children which rank is already served here:
+    a child with another RANK / LOCAL_RANK is a rank of its own (_autostart.has_own_rank)."""
+    os.environ["PROBE_AGENT_RANK"] = f"{identity.rank}:{identity.local_rank}"
+
+
+def adopt_group(agent: Agent, rank: int, world_size: int) -> bool:
+    """Give ``agent`` the identity ``init_process_group`` gave its process (issue 17); True when
+    it changed. Lightning's rank 0 starts with no RANK or WORLD_SIZE, and a rank started from
+    its environment may be renumbered by the group. Rows written from now on carry the new
+    rank; the port stays (base + LOCAL_RANK, bound at start). Called on the training thread
+    right after ``init_process_group`` returns (roles.py), and by the registry when it first
+    sees the group (an agent injected after init)."""
+    ident = agent.identity
+    try:
+        local = int(os.environ.get(first_set(os.environ, LOCAL_RANK_VARS), ""))
+    except ValueError:
+        local = ident.local_rank
+    if (rank, world_size, local) == (ident.rank, ident.world_size, ident.local_rank):
+        return False
+    if rank != ident.rank:
+        log.warning("probe agent: rank %d until now, init_process_group gave rank %d; using %d",
+                    ident.rank, rank, rank)
+    agent.identity = replace(ident, rank=rank, world_size=world_size, local_rank=local)
+    agent.rank = rank
+    agent.actions.rank = rank
+    # The collectors stamp every row with the rank they were built with.
+    for _, collector in agent.collectors.running():
+        for holder in (collector, getattr(collector, "resolver", None)):
+            if holder is not None and hasattr(holder, "rank"):
+                holder.rank = rank
+    publish_rank(agent.identity)
+    return True
 
 
 #: Keys live under this prefix in the job's c10d store: ``probe_agent/rank{N}`` -> JSON.
