@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import click
 
 from ..outcome import Outcome
 from ..render.actions import render_checkpoint
+from ..result import RankResult
 from ..transport.session import Session
 from ..transport.step_actions import run_step_action
+from ..transport.wire import FinishedAction
 from . import pass_session
 from ._step_options import at_step_option, step_outcome, wait_option
 
@@ -43,14 +46,17 @@ def command(session: Session, path: str, model_name: str | None, overwrite: bool
             at_step: int | None, wait_s: float) -> Outcome:
     """Save a consistent checkpoint right after the same optimizer step on every rank.
 
-    PATH is a path on the ranks' machines; a relative one is resolved against this shell's
-    working directory (the absolute path used is printed). Replicated models (DDP, one
-    process): rank 0 writes PATH with torch.save and every rank its RNG state to
-    PATH.rng.rank<N>. Sharded models (FSDP, DTensor): torch.distributed.checkpoint writes the
-    directory PATH. An existing PATH is refused unless --overwrite; only regular files (or a
-    new directory) are ever written. Files appear atomically (written under a temporary name,
-    then renamed). On a full disk nothing is written and the size needed is said. Prints every
-    file and its size.
+    The model, optimizers and schedulers are those the framework really uses (under the HF
+    Trainer the torch optimizer inside trainer.optimizer and trainer.lr_scheduler; under
+    Lightning trainer.optimizers and lr_scheduler_configs), so they load back into a fresh
+    setup of the same framework. PATH is a path on the ranks' machines; a relative one is
+    resolved against this shell's working directory (the absolute path used is printed).
+    Replicated models (DDP, one process): rank 0 writes PATH with torch.save and every rank
+    its RNG state to PATH.rng.rank<N>. Sharded models (FSDP, DTensor):
+    torch.distributed.checkpoint writes the directory PATH. An existing PATH is refused unless
+    --overwrite; only regular files (or a new directory) are ever written. Files appear
+    atomically (written under a temporary name, then renamed). On a full disk nothing is
+    written and the size needed is said. Prints every file and its size.
     """
     absolute, said = resolve(path)
     body: dict[str, object] = {"kind": "checkpoint", "path": absolute}
@@ -59,6 +65,14 @@ def command(session: Session, path: str, model_name: str | None, overwrite: bool
     if overwrite:
         body["overwrite"] = True
     so = run_step_action(session, body, at_step=at_step, wait_s=wait_s)
-    out = step_outcome(session, so, lambda ok: render_checkpoint(ok, session.colour))
+    out = step_outcome(session, so, lambda ok: render_checkpoint(ok, session.colour)
+                       + _framework(ok))
     out.stderr.insert(0, said)
     return out
+
+
+def _framework(results: Sequence[RankResult]) -> list[str]:
+    found = sorted({str(d["framework"]) for d in
+                    (FinishedAction.from_wire(r.data).data for r in results)
+                    if d.get("framework")})
+    return [f"framework: {', '.join(found)}"] if found else []

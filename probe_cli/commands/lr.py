@@ -9,6 +9,7 @@ LR (only they know it), at submit time and again at the step boundary.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -16,8 +17,10 @@ import click
 from ..errors import EXIT_USAGE, ProbeCLIError
 from ..outcome import Outcome
 from ..render.actions import render_lr
+from ..result import RankResult
 from ..transport.session import Session
 from ..transport.step_actions import run_step_action
+from ..transport.wire import FinishedAction
 from . import pass_session
 from ._step_options import at_step_option, step_outcome, wait_option
 
@@ -67,8 +70,11 @@ class LearningRate(click.ParamType):
 def command(session: Session, scale: float | None, set_to: float | None, force: bool,
             at_step: int | None, wait_s: float) -> Outcome:
     """Change the learning rate of every param group of every optimizer, on every rank, right
-    after the same optimizer step. LR schedulers are rescaled too (base LRs and the like), so
-    the change survives their next step. Prints the LR before and after per rank.
+    after the same optimizer step. The optimizers and schedulers are those the framework really
+    uses (HF Trainer, Lightning, Accelerate, or a plain loop). LR schedulers are rescaled too
+    (base LRs and the like), and each one's next step is simulated first: if it would put the
+    old LR back, nothing changes and the command says why. Prints the LR before and after per
+    rank.
     """
     if (scale is None) == (set_to is None):
         raise click.UsageError("give exactly one of --scale F or --set LR")
@@ -83,4 +89,15 @@ def command(session: Session, scale: float | None, set_to: float | None, force: 
     if force:
         body["force"] = True
     so = run_step_action(session, body, at_step=at_step, wait_s=wait_s)
-    return step_outcome(session, so, lambda ok: render_lr(ok, session.colour))
+    return step_outcome(session, so, lambda ok: render_lr(ok, session.colour) + _notes(ok))
+
+
+def _notes(results: Sequence[RankResult]) -> list[str]:
+    """The framework the agents found the objects in, and their notes (no scheduler: the
+    loop may set the LR itself), each line once."""
+    datas = [FinishedAction.from_wire(r.data).data for r in results]
+    frameworks = sorted({str(d["framework"]) for d in datas if d.get("framework")})
+    lines = [f"framework: {', '.join(frameworks)}"] if frameworks else []
+    for d in datas:
+        lines += [n for n in d.get("notes") or [] if n not in lines]
+    return lines
