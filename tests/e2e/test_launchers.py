@@ -6,6 +6,8 @@
   forked) carry none.
 - Lightning's own DDP launcher (``PROBE=1 python prog.py``; rank 1 is this script run again
   with LOCAL_RANK=1): both ranks carry agents, and `probe hang` names rank 1 in its callback.
+- ``accelerate launch``: the accelerate process (which runs torch.distributed.run inside
+  itself) carries no agent; its ranks do.
 - The agent's step is the optimizer step, and agrees with the framework's own counter under
   gradient accumulation.
 """
@@ -13,6 +15,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -21,7 +25,7 @@ import pytest
 
 from tests.e2e.test_cluster import free_base_port, hang_cli, wait_for_verdict
 from tests.e2e.training import probe, training_job
-from tests.support import PROGRAMS, python_env, wait_until
+from tests.support import PROGRAMS, kill_tree, python_env, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -96,6 +100,38 @@ def test_lightning_ddp_both_ranks_carry_agents_and_hang_names_the_callback(tmp_p
     assert "rank 1 has not reached" in out.stdout, out.stdout
     assert "wait_for_the_lock (lightning_ddp_stuck.py:" in out.stdout, out.stdout
     assert "on_train_batch_end (lightning_ddp_stuck.py:" in out.stdout, out.stdout
+
+
+@pytest.mark.frameworks
+@pytest.mark.timeout(120)
+def test_accelerate_launch_is_a_launcher_and_its_ranks_carry_agents(tmp_path):
+    # GIVEN `accelerate launch` (torch.distributed.run inside the accelerate process), 2 CPU ranks
+    ready, run = tmp_path / "ready", tmp_path / "run"
+    ready.mkdir()
+    env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(run), PROBE_WATCHDOG="0",
+                     PROBE_TRACE="off", ACCELERATE_USE_CPU="1", HF_HOME=str(tmp_path / "hf"),
+                     HF_HUB_OFFLINE="1")
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch"]
+    if shutil.which("accelerate", path=os.path.dirname(sys.executable)):
+        accelerate = [sys.executable, os.path.join(os.path.dirname(sys.executable), "accelerate"),
+                      "launch"]  # the console script, as users type it
+    proc = subprocess.Popen(
+        [*accelerate, "--multi_gpu", "--num_processes=2", "--num_machines=1",
+         "--mixed_precision=no", "--dynamo_backend=no", str(PROGRAMS / "accel_launch_ranks.py"),
+         "--ready-dir", str(ready), "--run-dir", str(run)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=110)
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode == 0, output
+    infos = [json.loads((ready / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # THEN both ranks (children of the accelerate process) carry an agent with their rank
+    assert [i["parent_pid"] for i in infos] == [proc.pid, proc.pid]
+    assert [(i["agent"]["rank"], i["agent"]["world_size"]) for i in infos] == [(0, 2), (1, 2)]
+    # AND the accelerate process itself carried none
+    assert infos[0]["agent_pids"] == sorted(i["pid"] for i in infos), output
 
 
 @pytest.mark.timeout(60)
