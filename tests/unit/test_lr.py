@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.optim import lr_scheduler as ls  # noqa: E402
 
-from probe_agent.actions.lr import change_lr  # noqa: E402
+from probe_agent.actions.lr import LRError, change_lr  # noqa: E402
 
 SCHEDULERS = {
     "StepLR": lambda o: ls.StepLR(o, step_size=3, gamma=0.5),
@@ -46,7 +46,12 @@ def run(make, scale_at: int | None) -> list[float]:
         if step == scale_at:
             from probe_agent.actions.objects import find_schedulers
 
-            change_lr([opt], find_schedulers([opt]), scale=0.1)
+            report = change_lr([opt], find_schedulers([opt]), scale=0.1)
+            # each scheduler's next step was simulated and keeps the change (issue 17); a
+            # container is checked through what it holds
+            verdicts = {s["class"]: s["holds"] for s in report["schedulers"]}
+            assert set(verdicts.values()) <= {"holds", "unchecked"}, report
+            assert "holds" in verdicts.values() or set(verdicts) == {"OneCycleLR"}, report
         sched.step()
     return seen
 
@@ -155,3 +160,43 @@ def test_a_non_finite_negative_or_boolean_lr_is_refused_even_with_force(kwargs, 
     with pytest.raises(ValueError, match=said):
         change_lr([opt], [], force=force, **kwargs)
     assert opt.param_groups[0]["lr"] == 0.5
+
+
+class AbsoluteLR(ls.LRScheduler):
+    """A scheduler that ignores base_lrs and the current LR: a fixed table of LRs."""
+
+    def get_lr(self) -> list[float]:
+        return [0.05 / (1 + self.last_epoch) for _ in self.optimizer.param_groups]
+
+
+def test_a_scheduler_that_would_undo_the_change_is_refused_and_nothing_changes() -> None:
+    # GIVEN a scheduler that computes absolute LRs from its own table
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.05)
+    sched = AbsoluteLR(opt)
+    opt.step()
+    sched.step()
+    lr, base = opt.param_groups[0]["lr"], list(sched.base_lrs)
+    # WHEN the LR is halved
+    with pytest.raises(LRError, match=r"refused: AbsoluteLR .* set the LR back to "
+                                      r"0\.0166667\); nothing was changed"):
+        change_lr([opt], [sched], scale=0.5)
+    # THEN nothing changed: its next step gives what it would have given anyway
+    assert opt.param_groups[0]["lr"] == lr and sched.base_lrs == base
+    assert opt.param_groups[0]["initial_lr"] == 0.05
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05 / 3)
+
+
+def test_oncycle_past_its_end_is_reported_unchecked_not_refused() -> None:
+    # GIVEN a OneCycleLR at its last step (one more step() would raise)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    sched = ls.OneCycleLR(opt, max_lr=1.0, total_steps=3)
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    # WHEN the LR is halved THEN it is applied and the report says it could not be checked
+    report = change_lr([opt], [sched], scale=0.5)
+    assert report["schedulers"][0]["holds"] == "unchecked"
+    assert report["schedulers"][0]["notes"] == ["its next step could not be simulated"]
