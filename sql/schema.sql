@@ -91,6 +91,13 @@ ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS kind VARCHAR DEFAULT 'eval';
 ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS action_id VARCHAR;
 ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS at_step BIGINT;
 ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS requested_by VARCHAR;
+-- issue 16: `probe profile` is the step-boundary action kind 'profile' (queued, ok = the profiler
+--   started at at_step, refused, error), then one row with outcome 'done' (or 'error') when the
+--   window closed: code names the steps, what stopped it, and the measured cost ("step time
+--   x1.84 (46.1 ms vs 25.0 ms before, 5 vs 20 steps)"). python.steps rows of profiled steps are
+--   real but inflated by the profiler; python.torch_trace has none for them (the tracer is paused).
+--   `probe flame`: kind 'flame', outcomes 'started', 'refused', then 'done' (or 'error') with the
+--   sampler's cost in code; action_id is the session id, at_step the step when it started/ended.
 
 -- ---------------------------------------------------------------------------------------------
 -- issue 3: torch tracing (probe_agent/collectors/tracer/, and steps.py)
