@@ -61,8 +61,8 @@ class Context:
     live: Callable[[str], list[Any]]
 
     def values(self) -> Iterator[tuple[str, Any]]:
-        """Script names first, then locals of every frame (innermost last), then one
-        attribute level of the script names (``trainer.model``)."""
+        """Script names first, then the locals of every frame, innermost first (a framework's
+        loop keeps its trainer as ``self``)."""
         yield from self.namespace.items()
         for loc in self.frame_locals:
             yield from loc.items()

@@ -18,7 +18,11 @@ from .discovery import discover
 
 def resolve(names: list[str], frame: FrameType | None = None,
             optimizers: list[Any] | None = None) -> dict[str, Any]:
-    d = discover(frame=frame, optimizers=optimizers)
+    try:
+        d = discover(frame=frame, optimizers=optimizers)
+    except Exception as e:  # a framework object that raised when read: say so, not a bare trace
+        raise NameError(f"name {names[0]!r} is not defined by the script, and probe could not "
+                        f"discover it: {type(e).__name__}: {e}") from e
     schedulers = [s for s in d.schedulers if not _inside_container(s, d.schedulers)]
     candidates: dict[str, list[Any]] = {
         "optimizer": d.optimizers,
