@@ -13,7 +13,8 @@
   itself (in its own files' frames or ``__main__``) nor an earlier eval, are the objects the
   framework layer discovers (probe_agent/frameworks: ``trainer.optimizer`` under the HF
   Trainer, unwrapped to the optimizer that steps). A framework's own frame locals (``model`` in
-  ``Trainer.training_step``) do not count as the script's. Two candidates for one name are a
+  ``Trainer.training_step``) do not count as the script's, nor does a module bound to the name
+  (``from torch.optim import lr_scheduler``). Two candidates for one name are a
   ``NameError`` that lists them; an unused name is never looked up.
 - Output: the code gets its own ``print`` that writes to a capped per-run buffer. We never swap
   ``sys.stdout`` (contextlib.redirect_stdout is process-global, python/cpython#63602, and would
@@ -35,7 +36,7 @@ import sys
 import sysconfig
 import traceback
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, ModuleType
 from typing import Any, NamedTuple
 
 from .errors import EvalError
@@ -218,8 +219,11 @@ class CodeRun:
         g = dict(session)
         g.update(namespace)
         own = getattr(namespace, "own", set(namespace))
+        # A module under a playbook name (`from torch.optim import lr_scheduler`, `import
+        # model`) is not what the playbook means by it.
         wanted = [n for n in PLAYBOOK_NAMES
-                  if n in loads and n not in own and n not in session and n not in (extra or {})]
+                  if n in loads and n not in session and n not in (extra or {})
+                  and (n not in own or isinstance(namespace.get(n), ModuleType))]
         if wanted:
             g.update((playbook or _discovered_names)(wanted))
         g.update(extra or {})

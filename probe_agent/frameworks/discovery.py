@@ -7,9 +7,9 @@ Trainer), then the plain loop, which always answers. Whatever an adapter leaves 
 Cost: the script's names and the frames' locals are read on every call (microseconds). Live
 trainers, schedulers and DataLoaders come from one ``gc.get_objects()`` pass (about 50-100 ms
 per million live objects), kept as weak references and reused while fresh: a scan is redone
-when one of them died, when the set of stepping optimizers changed (a new Trainer, a rebuilt
-optimizer), after ``_TTL_S``, or when the caller asks (``fresh=True``: the actions do, once per
-action).
+when one of them died, when the optimizers stepping or in the script's names changed (a new
+Trainer, a rebuilt optimizer), after ``_TTL_S``, or when the caller asks (``fresh=True``: the
+actions do, once per action).
 """
 
 from __future__ import annotations
@@ -123,8 +123,9 @@ def discover(frame: FrameType | None = None, optimizers: list[Any] | None = None
     while f is not None:
         frames.append(f.f_locals)
         f = f.f_back
-    live = _CACHE.get(tuple(id(o) for o in stepping), fresh)
-    ctx = Context(namespace=script_namespace(frame), frame_locals=frames, stepping=stepping,
+    namespace = script_namespace(frame)
+    live = _CACHE.get(_key(stepping, namespace), fresh)
+    ctx = Context(namespace=namespace, frame_locals=frames, stepping=stepping,
                   live=lambda kind: live.get(kind, []))
     found = None
     for adapter in ADAPTERS:
@@ -136,6 +137,16 @@ def discover(frame: FrameType | None = None, optimizers: list[Any] | None = None
         d.wrapped_models = list(d.models)
     _primary_first(d, stepping)
     return d
+
+
+def _key(stepping: list[Any], namespace: dict[str, Any]) -> tuple[int, ...]:
+    """What makes a cached scan stale: other optimizers stepping, or other optimizers in the
+    script's names (a job that rebuilt its optimizer and scheduler)."""
+    optim = sys.modules.get("torch.optim")
+    own = getattr(namespace, "own", namespace)  # not a framework's frame locals: they come and go
+    named = ([id(v) for k, v in namespace.items() if k in own and isinstance(v, optim.Optimizer)]
+             if optim is not None else [])
+    return (*(id(o) for o in stepping), -1, *named)
 
 
 def _primary_first(d: Discovered, stepping: list[Any]) -> None:

@@ -50,6 +50,20 @@ def test_the_scripts_own_name_wins_over_discovery():
     assert other is not optimizer
 
 
+def test_a_module_under_a_playbook_name_does_not_hide_the_scheduler():
+    from torch.optim import lr_scheduler  # what scripts import; not the job's scheduler
+
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    sched = lr_scheduler.StepLR(opt, step_size=5)
+    opt.step()
+    sched.step()
+    # the scheduler is found among live objects (gc) as the one of the script's optimizer
+    assert run_code("type(lr_scheduler).__name__, lr_scheduler.get_last_lr()").result == (
+        "('StepLR', [0.1])")
+    assert run_code("scheduler is lr_scheduler").result == "True"
+
+
 def test_accelerate_loop_discovered_through_its_wrappers_and_lr_holds():
     accelerate = pytest.importorskip("accelerate")
     # GIVEN a plain Accelerate loop: everything went through accelerator.prepare
