@@ -240,17 +240,26 @@ class ProfileWindow:
 
 
 def top_operators(prof: Any, n: int) -> list[dict[str, Any]]:
-    """The ``n`` operators with the most self time (CPU, plus device time where recorded)."""
-    rows = []
-    for e in prof.key_averages():
-        if e.key.startswith("ProfilerStep"):
+    """The ``n`` operators with the most self time (CPU, plus device time where recorded).
+
+    Summed here from ``prof.events()`` (parsed once by ``stop()``) rather than with
+    ``key_averages()``, which gives the same totals but took 3.3 s instead of 0.18 s for 5 steps
+    of bench_profile's small GPT (33k events), holding the GIL against the training thread.
+    """
+    agg: dict[str, list[float]] = {}
+    for e in prof.events():
+        name = e.name
+        if name.startswith("ProfilerStep#"):
             continue  # our step spans: their self time is everything between the operators
-        self_dev = float(getattr(e, "self_device_time_total", 0.0) or 0.0)
-        rows.append({
-            "name": e.key, "calls": int(e.count),
-            "self_us": round(float(e.self_cpu_time_total), 3),
-            "total_us": round(float(e.cpu_time_total), 3),
-            "self_device_us": round(self_dev, 3),
-        })
+        a = agg.get(name)
+        if a is None:
+            a = agg[name] = [0, 0.0, 0.0, 0.0]
+        a[0] += 1
+        a[1] += e.self_cpu_time_total
+        a[2] += e.cpu_time_total
+        a[3] += getattr(e, "self_device_time_total", 0.0) or 0.0
+    rows = [{"name": name, "calls": int(a[0]), "self_us": round(a[1], 3),
+             "total_us": round(a[2], 3), "self_device_us": round(a[3], 3)}
+            for name, a in agg.items()]
     rows.sort(key=lambda r: -(r["self_us"] + r["self_device_us"]))
     return rows[:n]
