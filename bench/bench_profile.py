@@ -87,6 +87,7 @@ def run_profile(size: str, rounds: int, block: int, steps: int) -> dict[str, obj
         m.step()
     ratios, plain_all, prof_all, start_extra, stop_ms, export_ms, mb_per_step = (
         [], [], [], [], [], [], [])
+    export_ratio: list[float] = []
     try:
         for r in range(rounds):
             plain = [m.step()[0] for _ in range(block)]
@@ -102,8 +103,9 @@ def run_profile(size: str, rounds: int, block: int, steps: int) -> dict[str, obj
                     break
                 if a.state in ("error", "skipped", "cancelled"):
                     raise SystemExit(f"the profile action did not run: {a.error}")
-            while w.state == "exporting":
-                time.sleep(0.01)
+            during_export = []
+            while w.state == "exporting":  # the export thread shares the GIL: measure it
+                during_export.append(m.step()[0])
             inside = [times[s] for s in range(w.start_step + 1, w.last_step + 1) if s in times]
             ratios.append(med(inside) / med(plain))
             plain_all += plain
@@ -111,6 +113,7 @@ def run_profile(size: str, rounds: int, block: int, steps: int) -> dict[str, obj
             start_extra.append((times.get(w.start_step, med(plain)) - med(plain)) * 1e3)
             stop_ms.append(w.stop_ms)
             export_ms.append(w.export_ms)
+            export_ratio.append(med(during_export) / med(plain) if during_export else 1.0)
             mb_per_step.append(w.trace_bytes / 2**20 / steps)
         if w.trace_path:
             PROFILE_TRACES.append(w.trace_path)
@@ -125,6 +128,7 @@ def run_profile(size: str, rounds: int, block: int, steps: int) -> dict[str, obj
             "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
             "start_boundary_extra_ms": round(med(start_extra), 2),
             "stop_ms": round(med(stop_ms), 2), "export_ms_off_thread": round(med(export_ms), 1),
+            "step_ratio_during_export": round(med(export_ratio), 3),
             "trace_mib_per_step": round(med(mb_per_step), 2)}
 
 

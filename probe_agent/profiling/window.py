@@ -7,7 +7,9 @@ Timeline (every call on the training thread, from the agent's StepClock, unless 
   ``torch.profiler.profile`` starts, and a ``ProfilerStep#S+1`` span opens;
 - boundaries S+1 .. S+N-1 (our own StepClock subscriber): the step span closes and the next opens;
 - boundary S+N: the profiler stops, the tracer's mode comes back, and a daemon thread
-  (``probe-agent.profile-export``) writes the Chrome trace and the per-operator totals.
+  (``probe-agent.profile-export``) writes the Chrome trace. The per-operator totals are the CLI's
+  (from that trace): torch's own (``key_averages()``) parse every event into Python objects,
+  which held this process's GIL for seconds after a window (bench/bench_profile.py).
 Every rank starts and stops at the same step boundary, so a collective inside the window is
 recorded on every rank or on none: never half.
 
@@ -37,9 +39,6 @@ from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
-
-#: Operators kept per rank for the CLI's table (by self time).
-TOP_OPS = 25
 
 
 class ProfileWindow:
@@ -80,7 +79,6 @@ class ProfileWindow:
         self.activities: list[str] = []
         self.trace_path: str | None = None
         self.trace_bytes = 0
-        self.top_ops: list[dict[str, Any]] = []
         self.cost: dict[str, Any] = {}
         self.export_ms = 0.0
         self.stop_ms = 0.0
@@ -192,7 +190,6 @@ class ProfileWindow:
                 path = os.path.join(self.out_dir, f"rank{self.rank}-{self.id}.json")
                 prof.export_chrome_trace(path)
                 self.trace_path, self.trace_bytes = path, os.path.getsize(path)
-                self.top_ops = top_operators(prof, TOP_OPS)
                 final = "done"
         except Exception as e:  # the export thread's own failure: reported, never raised
             self.error = f"exporting the trace: {type(e).__name__}: {e}"
@@ -233,33 +230,8 @@ class ProfileWindow:
             "steps": self.steps, "stopped_by": self.stopped_by, "activities": self.activities,
             "record_shapes": self.record_shapes, "with_stack": self.with_stack,
             "max_seconds": self.max_seconds, "step_spans": self.step_spans(),
-            "trace_bytes": self.trace_bytes, "top_ops": self.top_ops, "cost": self.cost,
+            "trace_bytes": self.trace_bytes, "cost": self.cost,
             "stop_ms": round(self.stop_ms, 3), "export_ms": round(self.export_ms, 3),
             "tracer_paused": self.tracer is not None,
         }
 
-
-def top_operators(prof: Any, n: int) -> list[dict[str, Any]]:
-    """The ``n`` operators with the most self time (CPU, plus device time where recorded).
-
-    Summed here from ``prof.events()`` (parsed once by ``stop()``) rather than with
-    ``key_averages()``, which gives the same totals but took 3.3 s instead of 0.18 s for 5 steps
-    of bench_profile's small GPT (33k events), holding the GIL against the training thread.
-    """
-    agg: dict[str, list[float]] = {}
-    for e in prof.events():
-        name = e.name
-        if name.startswith("ProfilerStep#"):
-            continue  # our step spans: their self time is everything between the operators
-        a = agg.get(name)
-        if a is None:
-            a = agg[name] = [0, 0.0, 0.0, 0.0]
-        a[0] += 1
-        a[1] += e.self_cpu_time_total
-        a[2] += e.cpu_time_total
-        a[3] += getattr(e, "self_device_time_total", 0.0) or 0.0
-    rows = [{"name": name, "calls": int(a[0]), "self_us": round(a[1], 3),
-             "total_us": round(a[2], 3), "self_device_us": round(a[3], 3)}
-            for name, a in agg.items()]
-    rows.sort(key=lambda r: -(r["self_us"] + r["self_device_us"]))
-    return rows[:n]

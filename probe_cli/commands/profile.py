@@ -104,13 +104,16 @@ def command(session: Session, steps: int, max_steps: int, max_seconds: float, ne
     offsets = _clock_offsets(session, [targets[r.url] for r in done])
     path = out_path or f"probe-profile-{so.action_id}.json"
     report, fetch_failed = _gather_and_merge(session, done, targets, so.action_id, path, offsets)
+    ops = report.ops if report else {}
+    for r in done:  # --json carries them too, next to each rank's window
+        window_of(r)["top_ops"] = ops.get(r.rank, [])
     if session.output == "json":
         from ..render.text import render_json
 
         out.stdout.append(render_json(windows))
     else:
         origin = report.origin_epoch_s if report else 0.0
-        out.stdout += render_top_ops(done, colour=session.colour) + [""]
+        out.stdout += render_top_ops(ops, colour=session.colour) + [""]
         out.stdout += render_step_spans(done, origin, offsets, colour=session.colour)
     out.stderr += stopped_notes(done) + cost_lines(done)
     out.stderr += [f"probe: rank {r.rank}: trace not fetched: {r.error.message if r.error else '?'}"

@@ -3,7 +3,7 @@ ranks' step spans side by side, and the cost line. Stdlib only; nothing here pri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..result import RankResult
@@ -22,10 +22,14 @@ def _ms(us: Any) -> str:
     return f"{float(us) / 1e3:.2f}" if isinstance(us, (int, float)) else ""
 
 
-def render_top_ops(results: Sequence[RankResult], top: int = TOP, colour: bool = False
-                   ) -> list[str]:
-    """One block of columns per rank: operator, self ms, calls; rows by self time."""
-    ranks = [(r.rank, window_of(r).get("top_ops") or []) for r in results]
+def render_top_ops(ops: Mapping[int, list[dict[str, Any]]], top: int = TOP,
+                   colour: bool = False) -> list[str]:
+    """One block of columns per rank: operator, self ms, calls; rows by self time.
+
+    Args:
+        ops: per rank, its operators by self time (render/op_stats.py, from its trace).
+    """
+    ranks = sorted(ops.items())
     if not ranks:
         return []
     device = any(op.get("self_device_us") for _, ops in ranks for op in ops)

@@ -25,7 +25,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from .op_stats import OpStats
+
 CHUNK = 1 << 20
+#: Operators kept per rank for the CLI's table (op_stats.py).
+TOP_OPS = 25
 _WS = " \t\r\n"
 #: Device rows become threads of the rank's process: tid = _DEVICE_TID + device * 1000 + stream.
 _DEVICE_TID = 1_000_000_000
@@ -130,6 +134,8 @@ class MergeReport:
     origin_epoch_s: float = 0.0
     events: dict[int, int] = field(default_factory=dict)
     steps: dict[int, list[str]] = field(default_factory=dict)
+    #: Per rank: the operators with the most self time (op_stats.OpStats.top).
+    ops: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -142,9 +148,10 @@ def merge_traces(traces: list[RankTrace], out_path: str) -> MergeReport:
     with open(tmp, "w", encoding="utf-8") as out:
         out.write('{"traceEvents":[\n')
         first = True
+        enc = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
         for t in sorted(traces, key=lambda t: t.rank):
             for ev in _rank_events(t, origin_s, report):
-                out.write(("" if first else ",\n") + json.dumps(ev, separators=(",", ":")))
+                out.write(("" if first else ",\n") + enc(ev))
                 first = False
         meta = {"probe": {
             "origin_epoch_s": origin_s,
@@ -169,6 +176,7 @@ def _rank_events(t: RankTrace, origin_s: float, report: MergeReport) -> Iterator
     base_us: float | None = None
     n = 0
     steps: list[str] = []
+    stats = OpStats()
     with open(t.path, encoding="utf-8") as f:
         for what, item in read_trace(f):
             if what == "key":
@@ -184,10 +192,12 @@ def _rank_events(t: RankTrace, origin_s: float, report: MergeReport) -> Iterator
                 continue
             if ev.get("ph") == "X" and str(ev.get("name", "")).startswith("ProfilerStep#"):
                 steps.append(ev["name"])
+            stats.add(ev)
             n += 1
             yield ev
     report.events[r] = n
     report.steps[r] = steps
+    report.ops[r] = stats.top(TOP_OPS)
 
 
 def _place(ev: dict[str, Any], t: RankTrace, shift_us: float) -> dict[str, Any] | None:

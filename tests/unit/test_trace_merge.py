@@ -18,6 +18,7 @@ from probe_cli.render.flame import (
     widest_frames,
 )
 from probe_cli.render.flame_svg import to_html, to_svg
+from probe_cli.render.op_stats import OpStats
 from probe_cli.render.trace_merge import RankTrace, TraceFormatError, merge_traces, read_trace
 
 BASE_NS = 1_700_000_000_000_000_000  # Kineto's baseTimeNanoseconds: epoch, whole seconds
@@ -138,3 +139,26 @@ def test_widest_frames_and_outputs():
     ET.fromstring(svg)  # well-formed, labels escaped
     html = to_html(svg, "t", render_flame(FOLDED))
     assert "rank differences" in html and "<script" not in html
+
+
+def test_op_stats_self_time_subtracts_the_spans_directly_inside():
+    # GIVEN addmm (100 us) around mm (60) around copy_ (10), on two threads, and a kernel
+    stats = OpStats()
+    for tid in (1, 2):
+        stats.add({"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "pid": 0, "tid": tid,
+                   "ts": 0.0, "dur": 100.0})
+        stats.add({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 0, "tid": tid,
+                   "ts": 10.0, "dur": 60.0})
+        stats.add({"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "pid": 0, "tid": tid,
+                   "ts": 20.0, "dur": 10.0})
+    stats.add({"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 15.0,
+               "dur": 30.0})
+    stats.add({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 0,
+               "tid": 1, "ts": 0.0, "dur": 500.0})
+    # WHEN
+    top = {r["name"]: r for r in stats.top(10)}
+    # THEN
+    assert {n: (r["calls"], r["self_us"]) for n, r in top.items()} == {
+        "aten::addmm": (2, 80.0), "aten::mm": (2, 100.0), "aten::copy_": (2, 20.0),
+        "gemm": (1, 0.0)}
+    assert top["gemm"]["self_device_us"] == 30.0 and top["aten::addmm"]["total_us"] == 200.0
