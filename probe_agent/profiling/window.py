@@ -13,11 +13,15 @@ Timeline (every call on the training thread, from the agent's StepClock, unless 
 Every rank starts and stops at the same step boundary, so a collective inside the window is
 recorded on every rank or on none: never half.
 
-Ceiling: a timer (``probe-agent.profile-ceiling``) stops the profiler after ``max_seconds`` even
-if step S+N never comes (a hung rank, a job that stopped stepping), so no profiler is ever left
-running by a CLI that died: the window ends on the agent's side either way. Stopping from the
-timer thread is safe (torch's profiler callbacks are process-global); the open step span is then
-closed by the profiler itself.
+Ceiling: the window ends on the agent's side whatever the CLI does (it may have died). After
+``max_seconds`` a timer (``probe-agent.profile-ceiling``) asks the training thread to stop the
+profiler at its next module call or step boundary, whichever comes first: torch's profiler is
+the starting thread's (its state is thread-local), and stopping it from another thread crashed
+torch 2.13 (SIGSEGV at the export, measured), so only the training thread ever stops it. The
+request is a global ``nn.Module`` forward pre-hook that removes itself after one call (global
+hooks slow every module call, so it exists only between the ceiling and that call). A training
+thread blocked for good (a hang) records nothing meanwhile, so the trace does not grow; the
+window then stays open, and refuses other profiles, until the thread moves again.
 
 Tracing and profiling: the tracer's hooks would show up in the profile as extra work, and the
 profiler's callbacks would inflate every module's time in ``python.torch_trace``. So the tracer
@@ -86,6 +90,9 @@ class ProfileWindow:
         self._span: Any = None
         self._unsubscribe: Callable[[], None] | None = None
         self._timer: threading.Timer | None = None
+        self._owner: int | None = None  # the thread that started the profiler (training)
+        self._stop_hook: Any = None
+        self.overdue: str | None = None  # why the window must end at the next chance
         self._tracer_mode: str | None = None
         self._lock = threading.Lock()
 
@@ -102,6 +109,7 @@ class ProfileWindow:
         self._prof = profile(activities=activities, record_shapes=self.record_shapes,
                              with_stack=self.with_stack)
         self._pause_tracer()
+        self._owner = threading.get_ident()
         try:
             self._prof.start()
         except BaseException:
@@ -118,14 +126,19 @@ class ProfileWindow:
 
     def _on_step(self, step: int, optimizer: Any) -> None:
         with self._lock:
-            if self.state != "recording":
+            if self.state != "recording" or threading.get_ident() != self._owner:
                 return
             self.boundaries.append((step, time.time()))
-            if step < self.last_step:
+            if step < self.last_step and self.overdue is None:
                 self._close_span()
                 self._open_span(step + 1)
                 return
-        self.close(f"step {step}", on_training_thread=True)
+        self.close(self.overdue or f"step {step}")
+
+    def _on_module(self, module: Any, args: Any) -> None:
+        """The global forward pre-hook armed by ``request_stop`` (training thread only)."""
+        if threading.get_ident() == self._owner:
+            self.close(self.overdue or "a stop request")
 
     def _open_span(self, step: int) -> None:
         from torch.autograd.profiler import record_function
@@ -142,10 +155,27 @@ class ProfileWindow:
 
     # -- any thread ---------------------------------------------------------------------------
     def _ceiling(self) -> None:
-        self.close(f"the {self.max_seconds:g} s ceiling", on_training_thread=False)
+        self.request_stop(f"the {self.max_seconds:g} s ceiling")
 
-    def close(self, why: str, *, on_training_thread: bool) -> None:
-        """Stop the profiler (once) and hand the trace to the export thread."""
+    def request_stop(self, why: str) -> None:
+        """End the window at the training thread's next module call or step boundary."""
+        with self._lock:
+            if self.state != "recording" or self.overdue is not None:
+                return
+            self.overdue = why
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._stop_hook = register_module_forward_pre_hook(self._on_module)
+        log.warning("probe agent: profile %s on rank %d: %s reached at step %s (the window was "
+                    "steps %d..%d); the profiler stops at the training thread's next module "
+                    "call or step", self.id, self.rank, why, self.clock.current_step,
+                    self.start_step + 1, self.last_step)
+
+    def close(self, why: str) -> None:
+        """Stop the profiler (once; on the thread that started it) and hand the trace to the
+        export thread."""
+        if threading.get_ident() != self._owner:
+            raise RuntimeError("the profiler can only be stopped by the thread that started it")
         with self._lock:
             if self.state != "recording":
                 return
@@ -155,10 +185,11 @@ class ProfileWindow:
                 self._unsubscribe()
             if self._timer is not None:
                 self._timer.cancel()
+            if self._stop_hook is not None:
+                self._stop_hook.remove()
             t0 = time.perf_counter()
             try:
-                if on_training_thread:
-                    self._close_span()
+                self._close_span()
                 self._prof.stop()
             except Exception as e:  # a profiler that cannot stop must not break training
                 self.state, self.error = "error", f"stopping the profiler: {type(e).__name__}: {e}"
@@ -167,17 +198,13 @@ class ProfileWindow:
             finally:
                 self.stop_ms = (time.perf_counter() - t0) * 1e3
                 self._restore_tracer()
-        if not on_training_thread:
-            log.warning("probe agent: profile %s on rank %d stopped by %s at step %s (the window "
-                        "was steps %d..%d)", self.id, self.rank, why,
-                        self.clock.current_step, self.start_step + 1, self.last_step)
         th = threading.Thread(target=self._export, name="probe-agent.profile-export",
                               daemon=True)
         th.start()
 
     def cancel(self, why: str) -> None:
-        """The agent stops: end the window now (from an agent thread)."""
-        self.close(why, on_training_thread=False)
+        """The agent stops: end the window as soon as the training thread can."""
+        self.request_stop(why)
 
     # -- export thread ------------------------------------------------------------------------
     def _export(self) -> None:
@@ -229,7 +256,8 @@ class ProfileWindow:
             "first_step": self.start_step + 1, "last_step": self.last_step,
             "steps": self.steps, "stopped_by": self.stopped_by, "activities": self.activities,
             "record_shapes": self.record_shapes, "with_stack": self.with_stack,
-            "max_seconds": self.max_seconds, "step_spans": self.step_spans(),
+            "max_seconds": self.max_seconds, "overdue": self.overdue,
+            "step_spans": self.step_spans(),
             "trace_bytes": self.trace_bytes, "cost": self.cost,
             "stop_ms": round(self.stop_ms, 3), "export_ms": round(self.export_ms, 3),
             "tracer_paused": self.tracer is not None,
