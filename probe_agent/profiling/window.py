@@ -35,6 +35,7 @@ creates a CUDA context (DESIGN). Nothing here imports torch before ``start()``.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -92,6 +93,7 @@ class ProfileWindow:
         self._timer: threading.Timer | None = None
         self._owner: int | None = None  # the thread that started the profiler (training)
         self._stop_hook: Any = None
+        self._tls: Any = None
         self.overdue: str | None = None  # why the window must end at the next chance
         self._tracer_mode: str | None = None
         self._lock = threading.Lock()
@@ -119,6 +121,13 @@ class ProfileWindow:
         self.boundaries.append((self.start_step, time.time()))
         self._open_span(self.start_step + 1)
         self._unsubscribe = self.clock.subscribe(self._on_step, f"profile window {self.id}")
+        # A program that ends inside the window must not exit with the profiler on: that
+        # crashed the interpreter at exit (SIGSEGV, torch 2.13, measured). The main thread
+        # stops it at exit; any other training thread when it ends, from its thread-local
+        # storage, which CPython clears on that very thread.
+        atexit.register(self._at_exit)
+        self._tls = threading.local()
+        self._tls.guard = _OwnerExit(self)
         self._timer = threading.Timer(self.max_seconds, self._ceiling)
         self._timer.daemon = True
         self._timer.name = "probe-agent.profile-ceiling"
@@ -134,6 +143,14 @@ class ProfileWindow:
                 self._open_span(step + 1)
                 return
         self.close(self.overdue or f"step {step}")
+
+    def _owner_ended(self) -> None:
+        if self.state == "recording":
+            self.close("the training thread ending")
+
+    def _at_exit(self) -> None:
+        if threading.get_ident() == self._owner:
+            self.close("the program exiting")
 
     def _on_module(self, module: Any, args: Any) -> None:
         """The global forward pre-hook armed by ``request_stop`` (training thread only)."""
@@ -187,6 +204,8 @@ class ProfileWindow:
                 self._timer.cancel()
             if self._stop_hook is not None:
                 self._stop_hook.remove()
+            atexit.unregister(self._at_exit)
+            self._tls = None  # its guard goes now (the state is no longer "recording")
             t0 = time.perf_counter()
             try:
                 self._close_span()
@@ -263,3 +282,17 @@ class ProfileWindow:
             "tracer_paused": self.tracer is not None,
         }
 
+
+class _OwnerExit:
+    """Lives in the training thread's thread-local storage only: collected when that thread
+    ends, on that thread, while it can still stop its profiler (see ``start``)."""
+
+    def __init__(self, window: ProfileWindow) -> None:
+        self.window = window
+
+    def __del__(self) -> None:
+        try:
+            if threading.get_ident() == self.window._owner:
+                self.window._owner_ended()
+        except Exception as e:  # never raise from a destructor on a dying thread
+            log.warning("probe agent: could not stop the profiler as its thread ended: %s", e)

@@ -8,6 +8,7 @@ stepping in the middle of a window (a hung rank, or a CLI that died and will nev
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support import wait_until
+from tests.support import python_env, wait_until
 
 torch = pytest.importorskip("torch")
 
@@ -126,3 +127,36 @@ def test_ceilings_and_bad_options_are_400s(agent, stepper, options, word):
     stepper.step(1)
     r = httpx.post(agent.url + "/v1/actions", json={"kind": "profile", "profile": options})
     assert r.status_code == 400 and word in r.json()["error"], r.text
+
+
+ENDS_IN_A_WINDOW = """
+import threading, torch, probe_agent
+from probe_agent.config import AgentConfig
+agent = probe_agent.start(AgentConfig(port=0, watchdog=False, run_dir={run_dir!r}))
+net = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+def train():
+    for i in range(5):
+        net(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        if i == 2:
+            agent.actions.submit(kind="profile", step=None, code="", args={{"steps": 10}},
+                                 client="t", requested_by=None, action_id="w", group=None)
+    print("ended inside the window:", agent.actions.get("w").state, flush=True)
+if {threaded}:
+    t = threading.Thread(target=train)
+    t.start()
+    t.join()
+else:
+    train()
+"""
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["main-thread", "training-thread"])
+def test_a_program_that_ends_inside_a_window_exits_cleanly(tmp_path, threaded):
+    """Exiting with torch's profiler on crashed the interpreter (SIGSEGV at exit)."""
+    code = ENDS_IN_A_WINDOW.format(run_dir=str(tmp_path), threaded=threaded)
+    res = subprocess.run([sys.executable, "-c", code], env=python_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    assert "ended inside the window: ok" in res.stdout
