@@ -41,31 +41,33 @@ def main() -> None:
     x, y = torch.randn(64, 256), torch.randn(64, 1)
     user_prof = None
     step = 0
-    while not (args.stop_file and os.path.exists(args.stop_file)):
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        for p in model.parameters():
-            torch.distributed.all_reduce(p.grad)
-        optimizer.step()
-        if args.slow_ms:
-            slow_python_function(args.slow_ms)
-        step += 1
-        if step == 3:
-            announce(args.ready_dir)
-        if args.log_dir:
-            with open(os.path.join(args.log_dir, f"rank{rank}.txt"), "w") as f:
-                f.write(str(step))
-        if user_prof is None and args.user_profiler_file and os.path.exists(
-                args.user_profiler_file):
-            user_prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-            user_prof.start()
-            marker = os.path.join(os.path.dirname(args.user_profiler_file),
-                                  f"user_profiler_rank{rank}")
-            open(marker, "w").close()
-    if user_prof is not None:
-        user_prof.stop()
-
+    try:
+        while not (args.stop_file and os.path.exists(args.stop_file)):
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            for p in model.parameters():
+                torch.distributed.all_reduce(p.grad)
+            optimizer.step()
+            if args.slow_ms:
+                slow_python_function(args.slow_ms)
+            step += 1
+            if step == 3:
+                announce(args.ready_dir)
+            if args.log_dir:
+                with open(os.path.join(args.log_dir, f"rank{rank}.txt"), "w") as f:
+                    f.write(str(step))
+            if user_prof is None and args.user_profiler_file and os.path.exists(
+                    args.user_profiler_file):
+                user_prof = torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU])
+                user_prof.start()
+                marker = os.path.join(os.path.dirname(args.user_profiler_file),
+                                      f"user_profiler_rank{rank}")
+                open(marker, "w").close()
+    finally:
+        if user_prof is not None:  # exiting with a profiler on crashes the interpreter
+            user_prof.stop()
 
 if __name__ == "__main__":
     main()
