@@ -262,15 +262,18 @@ def run_merge(repeats: int) -> dict[str, object]:
         shutil.copy(src, p)
         traces.append(RankTrace(rank=r, path=str(p), window_start=time.time(),
                                 clock_offset_s=r * 1e-4))
-    t0 = time.perf_counter()
-    rep = merge_traces(traces, str(tmp / "merged16.json"))
-    merge_s = time.perf_counter() - t0
+    timed = {}
+    for workers in (1, os.cpu_count() or 1):  # one process, and as the CLI does (every core)
+        t0 = time.perf_counter()
+        rep = merge_traces(traces, str(tmp / "merged16.json"), workers=workers)
+        timed[workers] = time.perf_counter() - t0
     src_mib = round(os.path.getsize(src) / 2**20, 2)
     shutil.rmtree(tmp, ignore_errors=True)
     return {"two_ranks": two, "sixteen_ranks": {
         "source_trace_mib": src_mib, "merged_mib": round(rep.bytes / 2**20, 2),
-        "merge_s": round(merge_s, 3), "events": sum(rep.events.values()),
-        "mib_per_s": round(rep.bytes / 2**20 / merge_s, 1)}}
+        "events": sum(rep.events.values()),
+        **{f"merge_s_workers_{w}": round(t, 3) for w, t in timed.items()},
+        **{f"mib_per_s_workers_{w}": round(rep.bytes / 2**20 / t, 1) for w, t in timed.items()}}}
 
 
 #: Rank traces written by --part profile (kept for the 16-rank merge).

@@ -190,7 +190,7 @@ def _gather_and_merge(session: Session, done: list[RankResult],
                                 pid=f.pid or w.get("pid"), host=f.host,
                                 clock_offset_s=offsets.get(f.rank, 0.0),
                                 window_start=spans[0]["start"] if spans else None))
-    report = merge_traces(traces, path) if traces else None
+    report = merge_traces(traces, path, workers=os.cpu_count() or 1) if traces else None
     shutil.rmtree(parts, ignore_errors=True)
     return report, [f for f in fetched if not f.ok]
 

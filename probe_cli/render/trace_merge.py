@@ -19,8 +19,10 @@ share a clock, so their offsets are equal up to the round-trip noise.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -28,6 +30,8 @@ from typing import IO, Any
 from .op_stats import OpStats
 
 CHUNK = 1 << 20
+#: Inputs larger than this are converted by several processes (merge_traces' ``workers``).
+PARALLEL_BYTES = 16 << 20
 #: Operators kept per rank for the CLI's table (op_stats.py).
 TOP_OPS = 25
 _WS = " \t\r\n"
@@ -139,30 +143,73 @@ class MergeReport:
     notes: list[str] = field(default_factory=list)
 
 
-def merge_traces(traces: list[RankTrace], out_path: str) -> MergeReport:
-    """Write one Chrome trace of every rank to ``out_path`` (atomically); see the module doc."""
+def merge_traces(traces: list[RankTrace], out_path: str, workers: int = 1) -> MergeReport:
+    """Write one Chrome trace of every rank to ``out_path`` (atomically); see the module doc.
+
+    Args:
+        workers: ranks converted in parallel, each by a process of its own into a part file
+            (decoding and encoding JSON is CPU-bound Python); the parts are then copied into
+            the output in rank order. Only for inputs over ``PARALLEL_BYTES`` (a spawned worker
+            costs a Python start-up); 1 converts them here, one after the other.
+    """
     starts = [t.window_start - t.clock_offset_s for t in traces if t.window_start is not None]
     origin_s = min(starts) if starts else 0.0
     report = MergeReport(out_path, origin_epoch_s=origin_s)
-    tmp = out_path + ".part"
-    with open(tmp, "w", encoding="utf-8") as out:
-        out.write('{"traceEvents":[\n')
-        first = True
-        enc = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
-        for t in sorted(traces, key=lambda t: t.rank):
-            for ev in _rank_events(t, origin_s, report):
-                out.write(("" if first else ",\n") + enc(ev))
-                first = False
-        meta = {"probe": {
-            "origin_epoch_s": origin_s,
-            "clock": "ts = kineto ts + baseTimeNanoseconds/1000 - clock_offset - origin (us)",
-            "ranks": {str(t.rank): {"host": t.host, "pid": t.pid,
-                                    "clock_offset_s": t.clock_offset_s} for t in traces},
-        }}
-        out.write('\n],"displayTimeUnit":"ms","otherData":' + json.dumps(meta) + "}\n")
-    os.replace(tmp, out_path)
+    jobs = [(t, origin_s, f"{out_path}.rank{t.rank}.part")
+            for t in sorted(traces, key=lambda t: t.rank)]
+    try:
+        size = sum(os.path.getsize(t.path) for t in traces)
+        if workers > 1 and len(jobs) > 1 and size > PARALLEL_BYTES:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            # spawn, not fork: the CLI has HTTP threads, and a fork copies their locks
+            with ProcessPoolExecutor(min(workers, len(jobs)),
+                                     mp_context=multiprocessing.get_context("spawn")) as pool:
+                done = list(pool.map(_convert_rank, jobs))
+        else:
+            done = [_convert_rank(j) for j in jobs]
+        tmp = out_path + ".part"
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.write('{"traceEvents":[\n')
+            for i, (_, _, part) in enumerate(jobs):
+                if i:
+                    out.write(",\n")
+                with open(part, encoding="utf-8") as f:
+                    shutil.copyfileobj(f, out, CHUNK)
+            meta = {"probe": {
+                "origin_epoch_s": origin_s,
+                "clock": "ts = kineto ts + baseTimeNanoseconds/1000 - clock_offset - origin (us)",
+                "ranks": {str(t.rank): {"host": t.host, "pid": t.pid,
+                                        "clock_offset_s": t.clock_offset_s} for t in traces},
+            }}
+            out.write('\n],"displayTimeUnit":"ms","otherData":' + json.dumps(meta) + "}\n")
+        os.replace(tmp, out_path)
+    finally:
+        for _, _, part in jobs:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+    for r, n, steps, ops, notes in done:
+        report.events[r], report.steps[r], report.ops[r] = n, steps, ops
+        report.notes += notes
     report.bytes = os.path.getsize(out_path)
     return report
+
+
+def _convert_rank(job: tuple[RankTrace, float, str]) -> tuple[int, int, list[str], list[Any],
+                                                                list[str]]:
+    """One rank's events, placed, into the part file; (rank, events, steps, top ops, notes).
+    Its events are never empty: the rank's own process metadata comes first."""
+    t, origin_s, part = job
+    report = MergeReport(part)
+    enc = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+    with open(part, "w", encoding="utf-8") as out:
+        first = True
+        for ev in _rank_events(t, origin_s, report):
+            out.write(("" if first else ",\n") + enc(ev))
+            first = False
+    r = t.rank
+    return r, report.events[r], report.steps[r], report.ops[r], report.notes
 
 
 def _rank_events(t: RankTrace, origin_s: float, report: MergeReport) -> Iterator[dict[str, Any]]:

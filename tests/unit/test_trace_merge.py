@@ -162,3 +162,21 @@ def test_op_stats_self_time_subtracts_the_spans_directly_inside():
         "aten::addmm": (2, 80.0), "aten::mm": (2, 100.0), "aten::copy_": (2, 20.0),
         "gemm": (1, 0.0)}
     assert top["gemm"]["self_device_us"] == 30.0 and top["aten::addmm"]["total_us"] == 200.0
+
+
+def test_parallel_conversion_writes_the_same_trace(tmp_path, monkeypatch):
+    # GIVEN three ranks, and any input large enough for worker processes
+    monkeypatch.setattr(trace_merge, "PARALLEL_BYTES", 0)
+    traces = []
+    for r in range(3):
+        kineto_trace(tmp_path / f"r{r}.json", pid=100 + r, start_us=1000.0 * r)
+        traces.append(RankTrace(r, str(tmp_path / f"r{r}.json"), pid=100 + r,
+                                window_start=BASE_NS / 1e9 + r / 1e3))
+    # WHEN
+    one = merge_traces(traces, str(tmp_path / "one.json"), workers=1)
+    two = merge_traces(traces, str(tmp_path / "two.json"), workers=2)
+    # THEN
+    assert (tmp_path / "one.json").read_bytes() == (tmp_path / "two.json").read_bytes()
+    assert (one.events, one.steps, one.ops) == (two.events, two.steps, two.ops)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "one.json", "r0.json", "r1.json", "r2.json", "two.json"]  # no part file left
