@@ -9,7 +9,8 @@ time of the start boundary (step S) and the stop boundary (step S+N, ``stop_ms``
 time (off the training thread) and the trace size per profiled step.
 
 ``--part sampler``: the flame sampler's cost at ``--rate`` Hz, in-process sampler vs ``py-spy
-record --nonblocking`` (out of process), on the small model. Windows of ``--window`` seconds,
+record --nonblocking`` (out of process), both run by the agent's flame session as `probe flame
+--sampler in-process|py-spy` runs them, on the small model. Windows of ``--window`` seconds,
 interleaved (plain, in-process, plain, py-spy, ...), so drift hits both alike; the step-time
 ratio of each sampled window over the two plain windows around it, median over rounds. Also the
 training thread's CPU time per step (``thread_time``), which the other processes on these shared
@@ -27,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -136,7 +136,6 @@ def run_profile(size: str, rounds: int, block: int, steps: int) -> dict[str, obj
 def run_sampler(size: str, rounds: int, window: float, rate: float) -> dict[str, object]:
     from probe_agent.profiling import Profiling
 
-    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     agent = start_agent()
     m = Model(size)
     for _ in range(5):
@@ -147,7 +146,6 @@ def run_sampler(size: str, rounds: int, window: float, rate: float) -> dict[str,
     sampler_cpu: dict[str, list[float]] = {"inprocess": [], "pyspy": []}
 
     def driver() -> None:
-        out = tempfile.mkdtemp(prefix="probe-bs-")
         for r in range(rounds):
             for arm in ("plain", "inprocess", "plain", "pyspy"):
                 if stop.is_set():
@@ -155,20 +153,14 @@ def run_sampler(size: str, rounds: int, window: float, rate: float) -> dict[str,
                 state["arm"] = arm
                 if arm == "plain":
                     time.sleep(window)
-                elif arm == "inprocess":
-                    f = Profiling.of(agent).start_flame(f"s{r}", window, rate, "bench", None)
+                else:  # the agent's own flame session, as `probe flame --sampler ...` runs it
+                    f = Profiling.of(agent).start_flame(
+                        f"{arm}{r}", window, rate, "bench", None,
+                        "in-process" if arm == "inprocess" else "py-spy")
                     f.wait(window + 30)
-                    sampler_cpu["inprocess"].append(f.sampler.cpu_s / window)
-                else:
-                    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    subprocess.run([pyspy, "record", "--nonblocking", "-r", str(int(rate)),
-                                    "-d", str(int(window)), "-p", str(os.getpid()), "-f", "raw",
-                                    "-o", os.path.join(out, f"s{r}.txt")],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   check=False)
-                    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    sampler_cpu["pyspy"].append((ru1.ru_utime + ru1.ru_stime - ru0.ru_utime
-                                                 - ru0.ru_stime) / window)
+                    if f.state != "done":
+                        raise SystemExit(f"the {arm} sampler failed: {f.error}")
+                    sampler_cpu[arm].append(f.cost["sampler_cpu_share"])
         state["arm"] = "plain"
         time.sleep(window)  # the plain window after the last sampled one
         stop.set()

@@ -34,7 +34,7 @@ from types import CodeType
 AGENT_THREADS = ("probe-agent", "AnyIO worker thread")
 #: Unique stacks kept; samples of further ones are counted under "[other stacks]".
 MAX_STACKS = 20_000
-_AGENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AGENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def frame_label(code: CodeType) -> str:
@@ -53,7 +53,7 @@ class StackSampler:
         hide_dir: frames whose file is under this directory are dropped (the agent's own).
     """
 
-    def __init__(self, rate_hz: float, hide_dir: str = _AGENT_DIR) -> None:
+    def __init__(self, rate_hz: float, hide_dir: str = AGENT_DIR) -> None:
         self.rate_hz = rate_hz
         self.hide_dir = hide_dir
         self.counts: dict[tuple[str, tuple[CodeType, ...]], int] = {}

@@ -175,7 +175,7 @@ class Profiling:
 
     # -- flame sessions -----------------------------------------------------------------------
     def start_flame(self, flame_id: str, seconds: float, rate: float, client: str,
-                    requested_by: str | None) -> FlameSession:
+                    requested_by: str | None, sampler: str = "auto") -> FlameSession:
         from .flame import FlameSession
 
         with self._lock:
@@ -189,7 +189,7 @@ class Profiling:
             if flame_id in self.flames:
                 raise ConflictError(f"a flame session {flame_id} already exists on rank "
                                     f"{self.agent.rank}", reason="duplicate")
-            f = FlameSession(self, flame_id, seconds, rate, client, requested_by)
+            f = FlameSession(self, flame_id, seconds, rate, client, requested_by, sampler)
             self.flames[flame_id] = f
             for old in list(self.flames)[:-KEEP_WINDOWS]:
                 if self.flames[old].state != "sampling":

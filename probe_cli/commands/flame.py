@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from ..errors import EXIT_USAGE, ProbeCLIError
+from ..errors import EXIT_USAGE, ProbeCLIError, RankError
 from ..outcome import Outcome, finish
 from ..render.flame import folded_lines, merge_folded, render_flame, to_speedscope
 from ..render.flame_svg import to_html, to_svg
@@ -46,11 +46,16 @@ MAX_SECONDS = 60.0
 @click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True),
               default=MAX_SECONDS, show_default=True, metavar="T",
               help="Ceiling on --seconds; raise it to sample longer.")
+@click.option("--sampler", type=click.Choice(["auto", "py-spy", "in-process"]), default="auto",
+              show_default=True,
+              help="auto: py-spy record --nonblocking where it may read the rank (it costs the "
+                   "training thread nothing measurable), else the in-process sampler (1-5% at "
+                   "100 Hz; no ptrace needed).")
 @click.option("-o", "--output", "out_base", type=click.Path(dir_okay=False), default=None,
               metavar="FILE", help="Base name of the files written (FILE.folded, "
               "FILE.speedscope.json, FILE.svg, FILE.html). Default: ./probe-flame-<id>.")
 @pass_session
-def command(session: Session, seconds: float, rate: float, max_seconds: float,
+def command(session: Session, seconds: float, rate: float, max_seconds: float, sampler: str,
             out_base: str | None) -> Outcome:
     """Sample the Python stacks of every rank for T seconds and merge them into one flame graph
     (folded stacks, speedscope JSON, SVG and HTML). Prints the widest frames per rank and the
@@ -63,12 +68,12 @@ def command(session: Session, seconds: float, rate: float, max_seconds: float,
                             exit_code=EXIT_USAGE)
     flame_id = uuid.uuid4().hex[:12]
     body = {"id": flame_id, "seconds": seconds, "rate": rate, "max_seconds": max_seconds,
-            "requested_by": requested_by()}
+            "sampler": sampler, "requested_by": requested_by()}
     targets = resolve_ranks(session)
     started = fan_out(session, targets, lambda c, t: c.start_flame(body))
     ok_urls = {r.url for r in started if r.ok}
     running = [t for t in targets if t.endpoint.label in ok_urls]
-    results = _wait(session, running, flame_id, seconds)
+    results = [_unfinished_fails(r) for r in _wait(session, running, flame_id, seconds)]
     results += [r for r in started if not r.ok]
     done = {r.rank: _flame(r)["folded"] for r in results
             if r.ok and _flame(r).get("state") == "done" and r.rank is not None}
@@ -83,6 +88,17 @@ def command(session: Session, seconds: float, rate: float, max_seconds: float,
 
 def _flame(r: RankResult) -> dict[str, Any]:
     return (r.data or {}).get("flame") or {}
+
+
+def _unfinished_fails(r: RankResult) -> RankResult:
+    """A rank whose sampling did not finish with stacks is a failed rank (exit 3, listed)."""
+    f = _flame(r)
+    if not r.ok or f.get("state") == "done":
+        return r
+    why = (f"its sampler failed: {f.get('error')}" if f.get("state") == "error"
+           else f"its sampler is still {f.get('state')}")
+    err = RankError(f"rank {r.rank}: {why}", url=r.url, reason=why)
+    return RankResult(r.rank, r.url, False, r.data, err, r.host, r.pid)
 
 
 #: How long after the sampling ends the ranks get to answer (they compute the cost, then reply).
@@ -130,13 +146,16 @@ def _write(base: str, per_rank: dict[int, Any], seconds: float, rate: float) -> 
 def _cost_lines(results: list[RankResult]) -> list[str]:
     parts = []
     for r in sorted(results, key=lambda r: r.rank or 0):
-        c = _flame(r).get("cost") or {}
+        f = _flame(r)
+        c = f.get("cost") or {}
+        used = f"{c.get('sampler')}" + (f", because {f['sampler_note']}"
+                                        if f.get("sampler_note") and c.get("sampler") else "")
         if "ratio" in c:
             parts.append(f"rank {r.rank} x{c['ratio']:.3f} ({c['window_ms']:.1f} ms vs "
-                         f"{c['before_ms']:.1f} ms, sampler CPU {c['sampler_cpu_ms']:.0f} ms)")
+                         f"{c['before_ms']:.1f} ms; {used}, its CPU {c['sampler_cpu_ms']:.0f} ms)")
         elif c:
-            parts.append(f"rank {r.rank}: {c.get('samples', 0)} samples, sampler CPU "
-                         f"{c.get('sampler_cpu_ms', 0):.0f} ms (no whole step to compare)")
+            parts.append(f"rank {r.rank}: {c.get('samples', 0)} samples ({used}, its CPU "
+                         f"{c.get('sampler_cpu_ms', 0):.0f} ms; no whole step to compare)")
     if not parts:
         return []
     return ["probe: sampling cost, median step time while sampling vs the 20 steps before: "

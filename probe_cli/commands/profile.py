@@ -35,7 +35,7 @@ from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, parallel_map, resolve_ranks
 from ..transport.session import Session
-from ..transport.step_actions import StepOutcome, run_step_action
+from ..transport.step_actions import StepActionError, StepOutcome, run_step_action
 from . import pass_session
 from ._step_options import at_step_option, check_exclusive, step_outcome, wait_option
 
@@ -94,7 +94,8 @@ def command(session: Session, steps: int, max_steps: int, max_seconds: float, ne
         return out
     targets = {t.endpoint.label: t for t in resolve_ranks(session)}
     mine = [targets[r.url] for r in started]
-    windows = _wait_windows(session, mine, so.action_id, max_seconds + EXPORT_GRACE_S)
+    windows = [_unfinished_fails(r) for r in
+               _wait_windows(session, mine, so.action_id, max_seconds + EXPORT_GRACE_S)]
     done = [r for r in windows if r.ok and window_of(r).get("state") == "done"]
     out = step_outcome(session, StepOutcome(so.action_id, so.target, windows, so.notes),
                        lambda ok: [])
@@ -125,6 +126,20 @@ def command(session: Session, steps: int, max_steps: int, max_seconds: float, ne
     if fetch_failed and out.exit_code == 0:
         out.exit_code = 3
     return out
+
+
+def _unfinished_fails(r: RankResult) -> RankResult:
+    """A rank whose window did not end with a trace is a failed rank (exit 3, listed)."""
+    w = window_of(r)
+    if not r.ok or w.get("state") == "done":
+        return r
+    if w.get("state") == "error":
+        why = f"its profile failed: {w.get('error')}"
+    else:
+        why = (f"its profile is still {w.get('state')} (a rank that stopped stepping ends "
+               "its window at its next module call or step); `probe actions` shows it")
+    err = StepActionError(f"rank {r.rank}: {why}", url=r.url, reason=why)
+    return RankResult(r.rank, r.url, False, r.data, err, r.host, r.pid)
 
 
 def _wait_windows(session: Session, targets: list[RankTarget], profile_id: str,

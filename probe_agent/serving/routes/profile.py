@@ -18,7 +18,7 @@ import asyncio
 import os
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
@@ -79,6 +79,9 @@ class FlameRequest(BaseModel):
     rate: Number = Field(100.0, gt=0, description="Samples per second")
     max_seconds: Number = Field(FLAME_MAX_SECONDS, gt=0,
                                 description="Ceiling; seconds above it are refused")
+    sampler: Literal["auto", "py-spy", "in-process"] = Field(
+        "auto", description="py-spy record --nonblocking (auto: when it can read this process), "
+        "or the in-process sampler")
     id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
                            description="Session id; the CLI sends the same one to every rank")
     requested_by: str | None = Field(None, max_length=200)
@@ -98,7 +101,7 @@ async def start_flame(request: Request, body: FlameRequest) -> dict[str, Any]:
                         getattr(e, "message", str(e)), 0.0, _client(request), body.requested_by)
         raise
     f = await run_in_threadpool(profiling.start_flame, flame_id, body.seconds, body.rate,
-                                _client(request), body.requested_by)
+                                _client(request), body.requested_by, body.sampler)
     return ok_body(agent.rank, step=agent.stepclock.current_step, flame=f.describe(False))
 
 
