@@ -1,7 +1,11 @@
 """ModuleNames: a traced call's module object -> its name code (writer thread only).
 
-- **names**: a module's qualified name in its root model (``layers.3.attn``), from the root's
-  ``named_modules()`` (indexed once per root). Wrapper prefixes are dropped (``_orig_mod.`` of
+- **names**: a module's qualified name in its model (``layers.3.attn``), from the model's
+  ``named_modules()`` (indexed once per model). The model is the top-most module above the called
+  root whose trainable parameters the stepping optimizers hold (below any wrapper):
+  Lightning never calls the LightningModule, only its ``self.net``, whose layers are then
+  ``net.0``, not ``0``. Names given before any such model is known (before the first optimizer
+  step) are given again once one is. Wrapper prefixes are dropped (``_orig_mod.`` of
   ``torch.compile``, ``module.`` of DDP, FSDP's and checkpoint-wrapper's inner names), so a
   compiled or wrapped model reports the names of the plain one. The root itself is named by its
   class (``GPT``), and ``root`` tells several root models apart (``GPT``, ``GPT#2``).
@@ -11,6 +15,8 @@
 
 from __future__ import annotations
 
+import gc
+import time
 import weakref
 from typing import Any
 
@@ -23,6 +29,8 @@ _WRAPPERS = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module"
 _INNER = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
 #: Beyond this many names (made up per call: rare), codes start over.
 _MAX_CODES = 100_000
+#: Seconds a map of module parents (one heap scan) is reused for naming newly called roots.
+_PARENTS_TTL_S = 30.0
 
 
 class ModuleNames:
@@ -37,6 +45,30 @@ class ModuleNames:
         self._interned: dict[tuple[str, str], int] = {}
         self._code_of: dict[int, tuple[Any, int]] = {}
         self.version = 0
+        self._unowned = False  # a name was given while no optimizer had stepped
+        self._parents: dict[int, Any] = {}  # id(child module) -> weakref to parent
+        self._parents_at = -_PARENTS_TTL_S
+
+    def _owner(self, root: Any) -> Any:
+        """The top-most module above ``root`` whose trainable parameters the optimizers hold,
+        below any wrapper (DDP, compile, Lightning's); ``root`` when it has no such parent."""
+        wanted = _optimized_params()
+        if not wanted:
+            self._unowned = True
+            return root
+        now = time.monotonic()
+        if now - self._parents_at > _PARENTS_TTL_S:
+            self._parents, self._parents_at = _parents(), now
+        parents = self._parents
+        m = root
+        while True:
+            ref = parents.get(id(m))
+            p = ref() if ref is not None else None
+            if p is None or not any(c is m for c in p._modules.values()) or _is_wrapper(p):
+                return m
+            if not all(id(x) in wanted for x in p.parameters() if x.requires_grad):
+                return m
+            m = p
 
     def _label(self, root: Any) -> str:
         hit = self._labels.get(id(root))
@@ -76,6 +108,7 @@ class ModuleNames:
         for candidate in (root, obj):
             if candidate is None:
                 continue
+            candidate = self._owner(candidate)
             self._index(candidate)
             hit = self._names.get(id(obj))
             if hit is not None and hit[0]() is obj:
@@ -85,6 +118,12 @@ class ModuleNames:
     def codes(self, objs: list[Any], roots: list[Any], optimizer: set[int]) -> list[int]:
         """Each object's code; objects whose id is in ``optimizer`` are named by their class
         under the root label ``optimizer``. Names are looked up once per distinct object."""
+        if self._unowned and _optimized_params():
+            # names given from a called root before any optimizer stepped: give them again
+            # from the model it trains (codes stay: the rows kept for backward refer to them)
+            self._unowned = False
+            self._names.clear()
+            self._code_of.clear()
         if len(self._interned) > _MAX_CODES:
             self._interned.clear()
             self._code_of.clear()
@@ -123,3 +162,35 @@ class ModuleNames:
             "module": pa.array([p[0] for p in pairs], pa.string()),
             "root": pa.array([p[1] for p in pairs], pa.string()),
         })
+
+
+
+def _optimized_params() -> set[int]:
+    """ids of the parameters of the optimizers the agent saw stepping."""
+    try:
+        from ...frameworks.discovery import stepping_optimizers
+
+        opts = stepping_optimizers()
+    except Exception:  # noqa: BLE001 - writer thread: a failure keeps the called root's names
+        return set()
+    return {id(x) for o in opts for g in o.param_groups for x in g["params"]}
+
+
+def _is_wrapper(module: Any) -> bool:
+    from ...frameworks import unwrap
+
+    return unwrap.model(module)[0] is not module
+
+
+def _parents() -> dict[int, Any]:
+    """id(child) -> weakref to its parent, over every live module: one heap scan, only when
+    a new root is called (names are then known for all its modules)."""
+    import torch.nn as nn  # the tracer runs: torch is loaded
+
+    out: dict[int, Any] = {}
+    for o in gc.get_objects():
+        if issubclass(type(o), nn.Module):  # type(): isinstance may warn (see frameworks.plain)
+            for child in o._modules.values():
+                if child is not None:
+                    out.setdefault(id(child), weakref.ref(o))
+    return out

@@ -37,6 +37,7 @@ from .trace_columns import (
     BACKWARD,
     BW_CUDA,
     BW_N,
+    FORWARD,
     FW_CUDA,
     FW_KIND,
     FW_N,
@@ -68,6 +69,16 @@ FROM (SELECT {id0} + i AS id, r[1] AS t0, r[2] AS t1, r[3] AS step, r[4]::TINYIN
       FROM new_rows) n
 LEFT JOIN (SELECT step, code, kind, count(*) AS c FROM fwd GROUP BY ALL) b
        ON b.step = n.step AND b.code = n.code AND b.kind = n.kind
+"""
+# A recompute call runs with no module around it (the training thread's depth is 0 inside
+# backward), so it takes the depth of the original call it repeats (same step, module and
+# seq): self time nests calls by depth, and the backward rows of a reentrant checkpoint's
+# inner pass (which hang off recompute calls) then nest inside the checkpointed layer's.
+_RECOMPUTE_DEPTH = """
+UPDATE fwd SET depth = o.depth
+FROM (SELECT step, code, seq, depth FROM fwd WHERE kind = {forward}) o
+WHERE fwd.id >= {id0} AND fwd.kind = {recompute}
+  AND o.step = fwd.step AND o.code = fwd.code AND o.seq = fwd.seq
 """
 # This flush's forward rows and the backward rows of its events, in torch_trace's columns
 # plus c0/c1 (CUDA event indexes) and kind.
@@ -199,6 +210,9 @@ class RowResolver:
             c0 = _CUDA_INDEX.format(FW_CUDA + 1, self._next_fc, FW_CUDA + 1) if fcuda \
                 else "NULL::BIGINT"
             con.execute(_INSERT.format(id0=id0, c0=c0))
+            if RECOMPUTE in kinds:
+                con.execute(_RECOMPUTE_DEPTH.format(id0=id0, forward=FORWARD,
+                                                    recompute=RECOMPUTE))
             con.unregister("new_rows")
             self._next_row += n
             self._fev.update(zip(range(self._next_fc, self._next_fc + len(fcuda)), fcuda))
