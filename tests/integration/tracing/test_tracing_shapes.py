@@ -17,7 +17,7 @@ pytest.importorskip("duckdb")
 import torch.nn as nn  # noqa: E402
 
 from probe_agent.store.catalog import load_queries  # noqa: E402
-from tests.integration.tracing_support import rows  # noqa: E402
+from tests.integration.tracing_support import TinyGPT, batch, rows  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -121,3 +121,22 @@ def test_never_called_parent_names_and_disturbed_steps(make_agent):
     assert got["net.1"]["fwd_self_ms"] < 5, got["net.1"]
     [[worst]] = rows(agent, "SELECT max(duration) FROM torch_trace WHERE module = 'net.1'")
     assert worst >= 0.1
+
+
+@pytest.mark.parametrize("variant", ["non-reentrant", "reentrant"])
+def test_checkpointed_blocks_nest_within_their_parents(make_agent, variant):
+    # GIVEN torch.utils.checkpoint around every block, 2 micro-batches per optimizer step
+    agent = make_agent(trace="on")
+    model = TinyGPT(layers=2, checkpoint=variant)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(4):
+        for _ in range(2):
+            (model(*batch()) / 2).backward()
+        opt.step()
+        opt.zero_grad()
+    got = slow(agent, 3)
+    # THEN every module's self time lies within its own and its parent's, and the recompute
+    # is no second forward call
+    check_nesting(got)
+    assert got["layers.1.attn"]["calls_per_step"] == 2
+    assert got["layers.1.attn"]["bwd_self_ms"] > 0
