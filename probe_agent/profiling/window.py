@@ -96,6 +96,8 @@ class ProfileWindow:
         self._tls: Any = None
         self.overdue: str | None = None  # why the window must end at the next chance
         self._tracer_mode: str | None = None
+        #: The tracer's mode the window paused (None: tracing was off, nothing paused).
+        self.paused_mode: str | None = None
         self._lock = threading.Lock()
 
     # -- training thread ----------------------------------------------------------------------
@@ -252,7 +254,7 @@ class ProfileWindow:
     def _pause_tracer(self) -> None:
         t = self.tracer
         if t is not None and getattr(t, "mode", "off") != "off":
-            self._tracer_mode = t.mode
+            self._tracer_mode = self.paused_mode = t.mode
             t.set_mode("off")
 
     def _restore_tracer(self) -> None:
@@ -279,7 +281,7 @@ class ProfileWindow:
             "step_spans": self.step_spans(),
             "trace_bytes": self.trace_bytes, "cost": self.cost,
             "stop_ms": round(self.stop_ms, 3), "export_ms": round(self.export_ms, 3),
-            "tracer_paused": self.tracer is not None,
+            "tracer_paused": self.paused_mode,
         }
 
 

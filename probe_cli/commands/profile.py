@@ -111,7 +111,7 @@ def command(session: Session, steps: int, max_steps: int, max_seconds: float, ne
     if session.output == "json":
         from ..render.text import render_json
 
-        out.stdout.append(render_json(windows))
+        out.stdout[:] = [render_json(windows)]  # the windows, now with their operators
     else:
         origin = report.origin_epoch_s if report else 0.0
         out.stdout += render_top_ops(ops, colour=session.colour) + [""]

@@ -94,8 +94,11 @@ def cost_lines(results: Sequence[RankResult]) -> list[str]:
             parts.append(f"rank {r.rank} {c['window_ms']:.1f} ms (no earlier steps)")
     if not parts:
         return []
+    paused = any(window_of(r).get("tracer_paused") for r in results)
     return ["probe: profiling cost, median step time in the window vs the 20 steps before: "
-            + ", ".join(parts) + " (the module tracer was paused for the window)"]
+            + ", ".join(parts)
+            + (" (the module tracer was paused for the window: no python.torch_trace rows for "
+               "those steps)" if paused else "")]
 
 
 def trace_line(path: str, size: int, ranks: int, steps: dict[int, list[str]]) -> str:
