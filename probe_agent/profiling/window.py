@@ -120,9 +120,15 @@ class ProfileWindow:
             self._prof = None
             self._restore_tracer()
             raise
-        self.boundaries.append((self.start_step, time.time()))
-        self._open_span(self.start_step + 1)
-        self._unsubscribe = self.clock.subscribe(self._on_step, f"profile window {self.id}")
+        try:
+            self.boundaries.append((self.start_step, time.time()))
+            self._open_span(self.start_step + 1)
+            self._unsubscribe = self.clock.subscribe(self._on_step, f"profile window {self.id}")
+        except BaseException:  # never leave a profiler running that nothing will stop
+            self._prof.stop()
+            self._prof = None
+            self._restore_tracer()
+            raise
         # A program that ends inside the window must not exit with the profiler on: that
         # crashed the interpreter at exit (SIGSEGV, torch 2.13, measured). The main thread
         # stops it at exit; any other training thread when it ends, from its thread-local
@@ -151,13 +157,19 @@ class ProfileWindow:
             self.close("the training thread ending")
 
     def _at_exit(self) -> None:
-        if threading.get_ident() == self._owner:
-            self.close("the program exiting")
+        try:
+            if threading.get_ident() == self._owner:
+                self.close("the program exiting")
+        except Exception as e:  # at exit: say it, never raise
+            log.warning("probe agent: profile %s: stopping at exit failed: %s", self.id, e)
 
     def _on_module(self, module: Any, args: Any) -> None:
         """The global forward pre-hook armed by ``request_stop`` (training thread only)."""
-        if threading.get_ident() == self._owner:
-            self.close(self.overdue or "a stop request")
+        try:
+            if threading.get_ident() == self._owner:
+                self.close(self.overdue or "a stop request")
+        except Exception as e:  # inside the program's forward: never into the training loop
+            log.warning("probe agent: profile %s: stopping failed: %s", self.id, e)
 
     def _open_span(self, step: int) -> None:
         from torch.autograd.profiler import record_function
