@@ -9,13 +9,14 @@ out. A sample is counted under (thread name, stack); frames are named when the s
 work. Frames of the agent's own code (its hooks on the training thread: the step clock, the
 module tracer's wrappers) are dropped from the stacks, so the graph shows the program.
 
-Cost (measured by bench/bench_profile.py, side by side with ``py-spy record --nonblocking``)
------------------------------------------------------------------------------------------
-Each sample holds the GIL for the walk: tens of microseconds for a few threads of 50 frames, so
-at 100 Hz well under 1% of the training thread. ``py-spy`` reads the stacks from outside without
-the GIL, but its process competes for the CPU the ranks use (on a 2-core machine that costs the
-training thread more than the in-process walk), and it needs ptrace, which containers often
-refuse. The sampler's own CPU time is measured (``cpu_s``) and reported with the flame graph.
+Cost (bench/bench_profile.py, side by side with ``py-spy record --nonblocking``)
+-----------------------------------------------------------------------------
+Each sample holds the GIL for the walk, and the training thread must hand it over: at 100 Hz on
+a 30 ms CPU step that cost the training thread x1.01-x1.05 in wall time (x1.00-x1.03 in its own
+CPU time) over three runs, against x1.00-x1.02 (CPU x0.99-1.00) for py-spy, which reads the
+stacks from outside without the GIL. The sampler thread itself used 2-3% of a core, py-spy
+12-15%. So `probe flame` uses py-spy where it may read the rank (profiling/pyspy.py), and this
+sampler where it may not: no ptrace needed (containers without SYS_PTRACE, Yama), no process.
 
 Wall-clock samples: a thread blocked in ``all_reduce`` or a DataLoader wait is counted where it
 waits, which is what a flame graph of a slow step should show.
