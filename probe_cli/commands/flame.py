@@ -1,8 +1,9 @@
 """`probe flame`: sample every rank's Python stacks for T seconds and merge them (issue 16).
 
-Every rank samples in-process (probe_agent/collectors/sampler.py; why not py-spy: see there and
-bench/bench_profile.py) for ``--seconds``, and stops by itself then, whether or not this command
-is still waiting. The CLI starts the same session id on every rank, waits, and writes:
+Every rank samples for ``--seconds`` with ``py-spy record --nonblocking`` where it may read the
+rank, else in-process (``--sampler``; why: probe_agent/profiling/pyspy.py and
+bench/bench_profile.py), and stops by itself then, whether or not this command is still waiting.
+The CLI starts the same session id on every rank, waits, and writes:
 
 - ``FILE.folded``: folded stacks of every rank, each under a ``rank N`` root frame;
 - ``FILE.speedscope.json``: one profile per rank (https://www.speedscope.app);
