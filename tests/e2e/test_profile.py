@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[dict]]]:
     tmp = tmp_path_factory.mktemp("profile")
     (tmp / "log").mkdir()
-    with torchrun_job(tmp, "profile_slow_fn.py", 2, "--slow-ms", "15",
+    with torchrun_job(tmp, "profile_slow_fn.py", 2, "--slow-ms", "15", "--odd-rank-ms", "25",
                       "--user-profiler-file", str(tmp / "user_profiler"),
                       "--log-dir", str(tmp / "log"),
                       env={"PROBE_TRACE": "on"}) as (_, infos):
@@ -122,6 +122,9 @@ def test_flame_puts_the_slow_function_among_the_widest_frames(job, capsys, tmp_p
     assert any("slow_python_function" in r for r in widest), res.stdout
     hottest = table(res.stdout, "hottest frames")[2:5]
     assert any("slow_python_function" in r for r in hottest), res.stdout
+    # only rank 1 runs odd_rank_extra_work: named as its difference from the other ranks
+    diffs = table(res.stdout, "rank differences")[2:]
+    assert any(r.split()[0] == "1" and "odd_rank_extra_work" in r for r in diffs), res.stdout
     folded = (tmp_path / "flame.folded").read_text()
     assert "rank 0;" in folded and "rank 1;" in folded
     assert "probe_agent" not in folded  # the agent's own frames are hidden

@@ -2,9 +2,10 @@
 pure-Python function on the training thread every step (issue 16: `probe profile`, `probe flame`).
 
 ``--slow-ms N``: ``slow_python_function`` busy-loops N ms per step in Python, so a sampled flame
-graph must show it among the widest frames. ``--user-profiler-file F``: once F exists, the
-program starts its own ``torch.profiler.profile()`` and keeps it running (a user profiling by
-hand), so `probe profile` must be refused while training goes on; each rank writes
+graph must show it among the widest frames. ``--odd-rank-ms N``: the last rank also runs
+``odd_rank_extra_work`` N ms per step (a rank difference). ``--user-profiler-file F``: once F
+exists, the program starts its own ``torch.profiler.profile()`` and keeps it running (a user
+profiling by hand), so `probe profile` must be refused while training goes on; each rank writes
 ``user_profiler_rank{N}`` next to F once its profiler runs. Each step is logged to
 ``--log-dir/rank{N}.txt`` (the last step number), so a test can see that training continues.
 """
@@ -28,10 +29,16 @@ def slow_python_function(ms: float) -> int:
     return n
 
 
+def odd_rank_extra_work(ms: float) -> int:
+    """What only the last rank does: a rank difference for the flame graph to name."""
+    return slow_python_function(ms)
+
+
 def main() -> None:
     args = parse_args([("--slow-ms", {"type": float, "default": 0.0}),
                        ("--user-profiler-file", {"default": None}),
-                       ("--log-dir", {"default": None})])
+                       ("--log-dir", {"default": None}),
+                       ("--odd-rank-ms", {"type": float, "default": 0.0})])
     torch.distributed.init_process_group("gloo")
     rank = torch.distributed.get_rank()
     torch.manual_seed(0)
@@ -51,6 +58,8 @@ def main() -> None:
             optimizer.step()
             if args.slow_ms:
                 slow_python_function(args.slow_ms)
+            if args.odd_rank_ms and rank == torch.distributed.get_world_size() - 1:
+                odd_rank_extra_work(args.odd_rank_ms)
             step += 1
             if step == 3:
                 announce(args.ready_dir)
