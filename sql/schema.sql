@@ -7,9 +7,15 @@
 
 CREATE SCHEMA IF NOT EXISTS python;
 
--- python.backtrace: one row per frame of every thread, materialised when a query names it
--- (the snapshot is taken at the start of that query). depth 0 = innermost frame.
--- The agent's own threads (probe-agent.*) are left out. locals is NULL unless asked for by
+-- python.backtrace: one row per frame of the TRAINING thread (the thread that steps the
+-- optimizer; the main thread before the first step), materialised when a query names it (the
+-- snapshot is taken at the start of that query). depth 0 = innermost frame. So
+-- `SELECT func, file, lineno, depth FROM python.backtrace ORDER BY depth LIMIT 10` is where
+-- training is, never interleaved with another thread (tqdm's monitor, a DataLoader pin thread).
+-- Other threads: python.backtrace_all, the sibling table below (same columns, every thread;
+-- filter on thread_name). The agent's own threads (probe-agent.*) are left out of both, and
+-- its frames (the tracer's native_call around each module call, its wrappers) are left out of
+-- the user's threads (depth counts the frames shown). locals is NULL unless asked for by
 -- the /v1/backtrace route; in SQL it is always NULL (reprs run user code, so only on request).
 CREATE TABLE IF NOT EXISTS python.backtrace (
     rank        INTEGER NOT NULL,
@@ -22,6 +28,21 @@ CREATE TABLE IF NOT EXISTS python.backtrace (
     lineno      INTEGER,
     frame_type  VARCHAR,   -- 'Python' | 'Native'
     locals      VARCHAR    -- JSON text: name -> truncated repr
+);
+-- python.backtrace_all: python.backtrace's columns, one row per frame of every thread but the
+-- agent's, e.g. `SELECT thread_name, func, file, lineno FROM python.backtrace_all
+-- WHERE thread_name <> 'MainThread' ORDER BY thread_id, depth`.
+CREATE TABLE IF NOT EXISTS python.backtrace_all (
+    rank        INTEGER NOT NULL,
+    thread_id   BIGINT  NOT NULL,
+    thread_name VARCHAR,
+    is_main     BOOLEAN,
+    depth       INTEGER NOT NULL,
+    func        VARCHAR,
+    file        VARCHAR,
+    lineno      INTEGER,
+    frame_type  VARCHAR,
+    locals      VARCHAR
 );
 
 -- python.evals: the audit log of every /v1/eval (and, later, every step-boundary action).

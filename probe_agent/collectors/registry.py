@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..agent import Agent
     from ..ranks import RankRegistry
     from .collectives import CollectiveRecorder
+    from .stacks import BacktraceTables
     from .steps import StepRecorder
     from .tracer.tracer import TorchTracer
     from .trainloop import LoopMonitor
@@ -39,6 +40,7 @@ class Collectors:
     steps: StepRecorder | None = None  # issue 3: python.steps, memory, metrics
     tracer: TorchTracer | None = None  # issue 3: python.torch_trace
     trainloop: LoopMonitor | None = None  # issue 7: python.step_stats, the doctor's loop state
+    stacks: BacktraceTables | None = None  # issue 17: python.backtrace(_all) by thread
 
     def running(self) -> list[tuple[str, Any]]:
         """``(name, collector)`` of those present, in start order."""
@@ -69,6 +71,7 @@ _ORDER = tuple(Collectors.__dataclass_fields__)
 def build_collectors(agent: Agent) -> Collectors:
     from ..ranks import build_registry
     from .collectives import CollectiveRecorder
+    from .stacks import BacktraceTables
     from .steps import StepRecorder
     from .tracer.tracer import TorchTracer
     from .trainloop import LoopMonitor
@@ -81,6 +84,7 @@ def build_collectors(agent: Agent) -> Collectors:
         steps=_build("steps", lambda: StepRecorder(clock, rank, tracer)),
         tracer=tracer,
         trainloop=_build("trainloop", lambda: LoopMonitor(clock, rank)),
+        stacks=_build("stacks", lambda: BacktraceTables(clock, rank)),
     )
 
 

@@ -30,6 +30,8 @@ import sys
 import time
 from typing import Any
 
+from ..collectors.stacks import hide_agent_frames
+
 PYSPY_TIMEOUT_S = 5.0
 PYSPY_NATIVE_TIMEOUT_S = 20.0
 DUMP_WAIT_S = 1.0
@@ -135,7 +137,7 @@ def thread_from_pyspy(t: dict[str, Any], pid: int) -> dict[str, Any]:
             "locals": loc,
         })
     name = t.get("thread_name") or f"Thread-{t.get('os_thread_id')}"
-    return {
+    return hide_agent_frames({
         "thread_id": t.get("thread_id"),
         "thread_name": name,
         "is_main": t.get("os_thread_id") == pid or name == "MainThread",
@@ -144,7 +146,7 @@ def thread_from_pyspy(t: dict[str, Any], pid: int) -> dict[str, Any]:
         "owns_gil": bool(t.get("owns_gil")),
         "active": t.get("active"),
         "frames": frames,
-    }
+    })
 
 
 def parse_faulthandler(text: str, names: dict[int, str] | None = None) -> list[dict[str, Any]]:
@@ -174,6 +176,7 @@ def parse_faulthandler(text: str, names: dict[int, str] | None = None) -> list[d
         name = names.get(t["thread_id"])
         outer = t["frames"][-1]["file"] if t["frames"] else ""
         t["is_main"] = name == "MainThread" if name else not outer.endswith("threading.py")
+        hide_agent_frames(t)  # the agent's frames are not the user's code
     return threads
 
 

@@ -30,9 +30,23 @@ def main_thread(body: Body | None) -> dict[str, Any] | None:
     return BacktraceBody.from_wire(body).main_thread
 
 
+#: Parts of a frame's file that mark the agent's own code (its package, the tracer's C++
+#: extension). Agents hide these frames themselves; an older agent's answer may still carry them.
+AGENT_FILES = ("/probe_agent/", "\\probe_agent\\", "probe_trace_native_")
+
+
+def is_agent_frame(frame: dict[str, Any]) -> bool:
+    file = str(frame.get("file") or "")
+    return any(part in file for part in AGENT_FILES)
+
+
 def _frames(thread: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A thread's frames, innermost (depth 0) first; in the user's threads, without the
+    agent's own frames (the tracer's call wrapper is not where the job is)."""
     frames = [f for f in (thread or {}).get("frames") or [] if isinstance(f, dict)]
-    return sorted(frames, key=lambda f: f.get("depth", 0))  # innermost (depth 0) first
+    if not (thread or {}).get("is_agent"):
+        frames = [f for f in frames if not is_agent_frame(f)]
+    return sorted(frames, key=lambda f: f.get("depth", 0))
 
 
 def stack_key(body: Body | None) -> tuple[tuple[Any, Any, Any], ...]:
