@@ -190,7 +190,9 @@ CREATE TABLE IF NOT EXISTS python.steps (
 -- device 'cuda:N' (torch.cuda.memory_stats of the current device, only once the job has
 -- initialised CUDA): allocated, reserved, active, peak (allocated high-water mark) in MiB,
 -- alloc_retries and ooms (counts since start). device 'cpu': those are NULL. rss: the process
--- resident set in MiB, on every row.
+-- resident set in MiB, on every row. The agent's own share of it, sampled every ~2 s on the
+-- writer thread: agent_mib (its in-memory DuckDB: sum of duckdb_memory(), the tables and
+-- buffers it holds), agent_threads (threads named probe*); the job's memory is rss - agent_mib.
 CREATE TABLE IF NOT EXISTS python.memory (
     timestamp     DOUBLE  NOT NULL,
     rank          INTEGER NOT NULL,
@@ -202,7 +204,9 @@ CREATE TABLE IF NOT EXISTS python.memory (
     peak          DOUBLE,
     alloc_retries BIGINT,
     ooms          BIGINT,
-    rss           DOUBLE
+    rss           DOUBLE,
+    agent_mib     DOUBLE,
+    agent_threads INTEGER
 );
 
 -- python.metrics: scalars from probe_agent.log(step=None, **scalars), one row per scalar.

@@ -8,7 +8,10 @@ What gets captured
   dimension of the root model's first input in traced steps).
 - **memory**: one row per step per device. On CUDA (only once the job has initialised CUDA;
   nothing here creates a context): allocated, reserved, active, peak, alloc retries and OOMs
-  from ``torch.cuda.memory_stats()`` of the current device. Always: the process RSS.
+  from ``torch.cuda.memory_stats()`` of the current device. Always: the process RSS, and the
+  agent's own share of it (``agent_mib``: its in-memory DuckDB, sampled on the writer thread
+  every ``AGENT_SAMPLE_S``; ``agent_threads``), so that a leak check can judge the job's memory
+  (rss - agent_mib) and not blame the user for the agent's tables growing.
 - **metrics**: the user's own scalars from ``probe_agent.log(step=…, loss=…, **scalars)``, so
   that "loss became NaN at step N" is a query.
 
@@ -39,6 +42,8 @@ if TYPE_CHECKING:
 _MIB = 1.0 / (1 << 20)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 BUFFER = 100_000
+#: How often the writer thread asks DuckDB how much memory it holds (a cheap catalog query).
+AGENT_SAMPLE_S = 2.0
 TABLES = ("python.steps", "python.memory", "python.metrics")
 
 
@@ -67,6 +72,10 @@ class StepRecorder:
         self._schemas: dict[str, pa.Schema] = {}
         self._pending: list[Any] | None = None
         self._lock = threading.Lock()
+        # The agent's own memory, read by the training thread as one tuple (atomic swap).
+        self._agent: tuple[float | None, int | None] = (None, None)
+        self._agent_at = 0.0
+        self._agent_cursor: Any = None
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Sink) -> None:
@@ -78,6 +87,7 @@ class StepRecorder:
             self._statm = None
         self._unsubscribe = self.clock.subscribe(self._on_step, "step recorder")
         sink.add_flusher(self.flush)
+        sink.add_ticker(self._sample_agent)
 
     def stop(self) -> None:
         try:
@@ -88,6 +98,29 @@ class StepRecorder:
             if self._statm is not None:
                 os.close(self._statm)
                 self._statm = None
+
+    # -- writer thread: the agent's own memory ------------------------------------------------
+    def _sample_agent(self) -> None:
+        """DuckDB's memory (``duckdb_memory()``: tables, buffers) and the agent's threads. The
+        Store keeps its connection private; its cursor factory is the one way in without a
+        second database, and a failure here only leaves the columns NULL."""
+        now = time.monotonic()
+        if now - self._agent_at < AGENT_SAMPLE_S:
+            return
+        self._agent_at = now
+        try:
+            if self._agent_cursor is None:
+                make = getattr(self.sink, "_cursor", None)
+                if make is None:
+                    return
+                self._agent_cursor = make()
+            row = self._agent_cursor.execute(
+                "SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
+            db = float(row[0] or 0) * _MIB if row else None
+            threads = sum(1 for t in threading.enumerate() if t.name.startswith("probe"))
+            self._agent = (db, threads)
+        except Exception as e:  # noqa: BLE001 - writer thread: counted, never raised
+            self.guard.failed(e)
 
     # -- training thread ---------------------------------------------------------------------
     def rss_mib(self) -> float | None:
@@ -123,9 +156,9 @@ class StepRecorder:
                    s.get("reserved_bytes.all.current", 0) * _MIB,
                    s.get("active_bytes.all.current", 0) * _MIB,
                    s.get("allocated_bytes.all.peak", 0) * _MIB,
-                   s.get("num_alloc_retries", 0), s.get("num_ooms", 0), rss)
+                   s.get("num_alloc_retries", 0), s.get("num_ooms", 0), rss, *self._agent)
         else:
-            row = (now, step, "cpu", None, None, None, None, None, None, rss)
+            row = (now, step, "cpu", None, None, None, None, None, None, rss, *self._agent)
         if len(self.memory) < BUFFER:
             self.memory.append(row)
 

@@ -17,7 +17,7 @@ import click
 
 from ..diagnose.doctor import diagnose, rank_doc, steps_seen
 from ..diagnose.hang import rank_state
-from ..diagnose.number_checks import MEMORY_WARMUP_STEPS
+from ..diagnose.number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
 from ..diagnose.time_checks import TOP_MODULES
 from ..errors import EXIT_FAILURE, RankError
 from ..outcome import Outcome, failure_summary, verdict_outcome
@@ -35,7 +35,7 @@ from .hang import gather_hang
 #: cannot disagree with doctor (issue 18); doctor only picks the window.
 QUERIES = (
     ("loop", "doctor_loop", ("last_steps",)),
-    ("memory", "memory_growth", ("steps", "warmup")),
+    ("memory", "memory_growth", ("memory_steps", "warmup")),
     ("metrics", "doctor_metrics", ()),
     ("slow", "slow_modules", ("steps", "limit")),
 )
@@ -54,10 +54,12 @@ def _second_round(last: int, grad_wait: float) -> Call:
             except RankError as e:
                 out["errors"]["grads"] = e.reason
         values = {"last_steps": last, "steps": last, "warmup": MEMORY_WARMUP_STEPS,
+                  "memory_steps": MEMORY_WINDOW_STEPS,
                   "limit": TOP_MODULES}
         for key, name, params in QUERIES:
             try:
-                body = client.canned(name, **{p: values[p] for p in params})
+                body = client.canned(name, **{p.removeprefix("memory_"): values[p]
+                                              for p in params})
                 out[key] = QueryBody.from_wire(body).records()
             except RankError as e:
                 out["errors"][key] = _short(e)
@@ -78,11 +80,11 @@ def _short(e: RankError) -> str:
 @click.command("doctor")
 @click.option("--last", type=click.IntRange(min=3), default=50, show_default=True,
               help="Look at the last N steps on every rank.")
-@click.option("--min-wait", type=click.FloatRange(min=0), default=5.0, show_default=True,
+@click.option("--min-wait", type=click.FloatRange(min=0), default=None,
               help="A collective entered, or a step not finished, this many seconds ago counts "
-                   "as stuck.")
+                   "as stuck. Default: from the job's own rhythm (as `probe hang`).")
 @pass_session
-def command(session: Session, last: int, min_wait: float) -> Outcome:
+def command(session: Session, last: int, min_wait: float | None) -> Outcome:
     """Run every diagnosis on every rank and print ranked findings, each with its evidence and
     the next command to run: a hang, a stalled rank, NaN/Inf in gradients or logged metrics,
     CUDA OOMs, memory growing step over step (and the headroom left on CUDA), a straggler,
@@ -106,7 +108,7 @@ def command(session: Session, last: int, min_wait: float) -> Outcome:
     for r in answered:
         d = second.get(r.rank)
         docs.append(rank_doc(rank_state(r), d.data if d is not None and d.ok else None))
-    report = diagnose(verdict, docs, min_wait)
+    report = diagnose(verdict, docs, verdict.threshold_s or 5.0)
     if session.output == "json":
         lines = [render_json(report, rank_answers(first))]
     else:

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ..diagnose.hang import HangVerdict, diagnose, rank_state
+from ..errors import RankError
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import hang_json, render_verdict
 from ..result import RankResult
@@ -26,23 +27,31 @@ RECENT = 64
 
 def _both(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
     bt = client.backtrace()
-    coll = client.collectives(limit=RECENT)
     who = Envelope.from_wire(bt)
-    return {"ok": True, "rank": who.rank, "pid": who.pid, "host": who.host,
-            "backtrace": bt, "collectives": coll}
+    out = {"ok": True, "rank": who.rank, "pid": who.pid, "host": who.host, "backtrace": bt,
+           "collectives": None}
+    try:
+        out["collectives"] = client.collectives(limit=RECENT)
+    except RankError as e:
+        # A rank whose GIL is held answers the backtrace from its watchdog (out of process)
+        # but not the collectives: keep its stack, it is the verdict's evidence.
+        out["collectives_error"] = e.reason
+    return out
 
 
-def gather_hang(session: Session, min_wait: float) -> tuple[HangVerdict, list[RankResult]]:
+def gather_hang(session: Session,
+                min_wait: float | None) -> tuple[HangVerdict, list[RankResult]]:
     results = fan_out(session, resolve_ranks(session), _both)
     return diagnose([rank_state(r) for r in results], min_wait_s=min_wait), results
 
 
 @click.command("hang")
-@click.option("--min-wait", type=click.FloatRange(min=0), default=5.0, show_default=True,
-              help="Only collectives entered at least this many seconds ago count as waits; a "
-                   "healthy job is always a few ms into some all_reduce.")
+@click.option("--min-wait", type=click.FloatRange(min=0), default=None,
+              help="Only collectives entered at least this many seconds ago count as waits. "
+                   "Default: 4x this job's usual gap between collectives (at least 2 s; 5 s "
+                   "until enough collectives are seen), so long steps are not hangs.")
 @pass_session
-def command(session: Session, min_wait: float) -> Outcome:
+def command(session: Session, min_wait: float | None) -> Outcome:
     """Name the rank(s) the others wait for, the collective and seq they wait in, and where
     the odd ranks are instead.
 

@@ -37,9 +37,10 @@ def _gather(last: int) -> Call:
 @click.command("straggler")
 @click.option("--last", type=click.IntRange(min=2), default=50, show_default=True,
               help="Look at the last N steps (and about 4N collectives).")
-@click.option("--min-share", type=click.FloatRange(0, 1), default=0.05, show_default=True,
+@click.option("--min-share", type=click.FloatRange(0, 1), default=0.1, show_default=True,
               help="Name a straggler only if the others spent at least this share of the "
-                   "window waiting for it.")
+                   "window waiting for it (beyond any other rank), and it is last more often "
+                   "than chance (binomial test, p < 0.001).")
 @pass_session
 def command(session: Session, last: int, min_share: float) -> Outcome:
     """Name the slow rank: the one the others wait for in collectives, how much slower it is

@@ -10,7 +10,19 @@ row for it. The verdict picks the (group, seq) that the most ranks wait in, then
 member that is not waiting there: it answered but has not reached that seq yet (and where its
 main thread is instead), it waits in a different op at the same seq (the code paths diverged),
 it waits in another collective, or it did not answer at all (dead: nothing listens; silent:
-no answer in time).
+no answer in time). The headline leads with the culprit (``HANG: rank 1 never reached
+all_reduce #26; it is in do_hang (train.py:101). 1 rank waits for it, for 11.9 s``): with 511
+waiters and one culprit, the culprit is the news.
+
+"Waiting" is measured against the job's own rhythm (``normal_wait``): the gaps between its
+collective starts, so a job with 8 s steps is not hung after 5 s and a job with 1 s steps that
+stops is called hung within a few steps. Each verdict says how confident it is and on what it
+rests (``confidence``, ``basis``).
+
+JSON (``HangVerdict.to_json``, stable; `probe hang --json` and the dashboard): ``problem``,
+``headline``, ``details``, ``culprits`` (Verdict's), then ``waiting`` ({pg, seq, op, ranks,
+age_s} or null), ``confidence`` ("high" | "medium" | "low"), ``basis`` (text) and
+``threshold_s`` (the wait that counted as stuck).
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ class RankState:
         frames: main-thread frames, innermost first (``/v1/backtrace`` frame dicts).
         collectives: ``/v1/collectives`` rows, oldest first.
         now: the rank's clock when it answered, to age its pending collectives.
+        coll_error, route: see the fields.
     """
 
     rank: int
@@ -50,6 +63,10 @@ class RankState:
     frames: tuple[dict[str, Any], ...] = ()
     collectives: tuple[dict[str, Any], ...] = ()
     now: float = 0.0
+    #: the backtrace answered but /v1/collectives did not (its GIL is held): why.
+    coll_error: str | None = None
+    #: which route read the stack ("watchdog": from outside the process), when it says.
+    route: str | None = None
 
     @property
     def answered(self) -> bool:
@@ -60,9 +77,15 @@ class RankState:
 class HangVerdict(Verdict):
     #: the collective most ranks wait in: {pg, seq, op, ranks, age_s}; None without a hang.
     waiting: dict[str, Any] | None = None
+    #: "high", "medium" or "low", and what the verdict rests on (one sentence).
+    confidence: str = "medium"
+    basis: str = ""
+    #: seconds in a collective that counted as stuck (the job's own rhythm, or --min-wait).
+    threshold_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {**Verdict.to_json(self), "waiting": self.waiting}
+        return {**Verdict.to_json(self), "waiting": self.waiting, "confidence": self.confidence,
+                "basis": self.basis, "threshold_s": self.threshold_s}
 
 
 def _ranks_word(ranks: list[int]) -> str:
@@ -129,21 +152,110 @@ def _silent_reason(s: RankState) -> str:
     return f"did not answer ({s.error}): alive but silent, or unreachable"
 
 
-def diagnose(states: list[RankState], min_wait_s: float = 5.0) -> HangVerdict:
-    """The verdict for one moment of the job; ``min_wait_s`` ignores collectives younger than
-    that (a healthy job is in some all_reduce at any instant)."""
+#: Without enough history the threshold is this fixed wait (the old default).
+FALLBACK_WAIT_S = 5.0
+#: Stuck means waiting this many times the job's own normal gap between collectives ...
+NORMAL_FACTOR = 4.0
+#: ... and never less than this (thread wake-ups, a busy node's scheduling).
+FLOOR_WAIT_S = 3.0
+#: Gaps needed before the job's own rhythm is trusted over FALLBACK_WAIT_S.
+MIN_GAPS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class WaitRule:
+    """How long a collective must have waited to count as stuck, and what that rests on."""
+
+    wait_s: float
+    basis: str
+    gaps: int = 0
+
+
+def normal_wait(states: list[RankState], fixed: float | None = None) -> WaitRule:
+    """The job's own measure of "too long": ``NORMAL_FACTOR`` x the 90th percentile of the gaps
+    between consecutive collective starts on each rank (a step with one all-reduce waits at most
+    about one gap; a job with 8 s steps is not hung after 5 s). ``fixed`` (``--min-wait``)
+    overrides it. Robust: a percentile, not the max, so one slow checkpoint step does not raise
+    the bar for good."""
+    if fixed is not None:
+        return WaitRule(fixed, f"a fixed threshold of {fixed:g} s (--min-wait)")
+    gaps: list[float] = []
+    for s in states:
+        starts = sorted(float(r["start_time"]) for r in s.collectives
+                        if r.get("start_time") is not None and r.get("state") != "pending")
+        gaps += [b - a for a, b in zip(starts, starts[1:]) if b > a]
+    if len(gaps) < MIN_GAPS:
+        return WaitRule(FALLBACK_WAIT_S, f"a fixed {FALLBACK_WAIT_S:g} s: too few collectives "
+                        f"seen ({len(gaps)} gaps) to learn this job's rhythm", len(gaps))
+    gaps.sort()
+    p90 = gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))]
+    wait = max(FLOOR_WAIT_S, NORMAL_FACTOR * p90)
+    return WaitRule(wait, f"this job starts a collective every {p90:.2f} s or less (90th "
+                    f"percentile of {len(gaps)} gaps); stuck means {wait:.1f} s "
+                    f"({NORMAL_FACTOR:g}x, at least {FLOOR_WAIT_S:g} s)", len(gaps))
+
+
+def _confidence(rule: WaitRule, age: float, located: bool) -> str:
+    if rule.gaps >= 4 * MIN_GAPS and age >= 2 * rule.wait_s and located:
+        return "high"
+    if rule.gaps >= MIN_GAPS and age >= rule.wait_s:
+        return "medium"
+    return "low"
+
+
+def _explain(r: int, s: RankState | None, w: dict[str, Any] | None, key: tuple[str, Any],
+             op: str, label: str, failed: dict[int, dict[str, Any]]) -> tuple[str, list[str],
+                                                                              bool]:
+    """Why rank ``r`` is not waiting at ``key``: (headline phrase, detail lines, located)."""
+    if s is None:
+        return f"rank {r} is in the group but was not asked", [
+            f"rank {r} is in the group but was not asked (not in the target list)"], False
+    if not s.answered:
+        why = _silent_reason(s)
+        return f"rank {r} {why}", [f"rank {r} {why}"], False
+    place, frames = where(s.frames)
+    stack = [f"    {line}" for line in frames]
+    if w is not None and (str(w.get("pg")), w.get("seq")) == key:
+        phrase = (f"rank {r} calls {_label(w)} where the others call {op} "
+                  f"(at {_short_site(w.get('callsite'))}): the code paths diverged")
+        return phrase, [phrase, *stack], True
+    if w is not None:
+        phrase = (f"rank {r} waits in {_label(w)} of {_group(w)} instead "
+                  f"(at {_short_site(w.get('callsite'))})")
+        return phrase, [phrase, *stack], True
+    if r in failed:
+        f = failed[r]
+        phrase = f"rank {r}: {_label(f)} failed: {f.get('error')}"
+        return phrase, [phrase, *stack], True
+    phrase = f"rank {r} never reached {label}; it is {place}"
+    if s.coll_error:
+        how = (f"its agent did not answer /v1/collectives ({s.coll_error}: its GIL is "
+               "probably held); the stack was read from outside the process"
+               + (f" ({s.route})" if s.route else ""))
+    else:
+        last = _last_done(s, key[0])
+        how = f"last done: {_label(last)}" if last else "no collective done yet"
+    return phrase, [f"{phrase} ({how})", *stack], bool(s.frames)
+
+
+def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVerdict:
+    """The verdict for one moment of the job. A collective counts as a wait once it is older
+    than the job's own normal gap between collectives allows (``normal_wait``), or than
+    ``min_wait_s`` when given (a healthy job is in some all_reduce at any instant)."""
     answered = [s for s in states if s.answered]
     silent = [s for s in states if not s.answered]
     by_rank = {s.rank: s for s in states}
-    waits = {s.rank: w for s in answered if (w := _oldest_pending(s, min_wait_s)) is not None}
+    rule = normal_wait(answered, min_wait_s)
+    waits = {s.rank: w for s in answered if (w := _oldest_pending(s, rule.wait_s)) is not None}
     # A failure counts only while it is the rank's latest collective (no later success).
     failed = {s.rank: s.collectives[-1] for s in answered
               if s.collectives and s.collectives[-1].get("state") == "failed"}
 
     if not answered:
         return HangVerdict(True, f"no rank answered ({len(states)} tried)",
-                       [f"rank {s.rank} {_silent_reason(s)}" for s in silent],
-                       [s.rank for s in silent])
+                           [f"rank {s.rank} {_silent_reason(s)}" for s in silent],
+                           [s.rank for s in silent], confidence="low",
+                           basis="no rank answered: nothing to compare")
 
     if waits:
         keys = Counter((str(w.get("pg")), w.get("seq")) for w in waits.values())
@@ -155,46 +267,53 @@ def diagnose(states: list[RankState], min_wait_s: float = 5.0) -> HangVerdict:
         members = sample.get("group_ranks") or sorted(by_rank)
         age = max(by_rank[r].now - float(at_key[r].get("start_time") or 0.0) for r in waiting)
         label = _label(sample)
-        verb = "waits" if len(waiting) == 1 else "wait"
-        headline = (f"HANG: {_ranks_word(waiting)} {verb} in {label} ({_group(sample)}) for "
-                    f"{age:.1f} s; ")
-        details: list[str] = []
-        odd: list[int] = []
-        for r in members:
-            if r in waiting:
-                continue
-            odd.append(r)
-            s = by_rank.get(r)
-            if s is None:
-                details.append(f"rank {r} is in the group but was not asked (not in the target "
-                               "list)")
-                continue
-            if not s.answered:
-                details.append(f"rank {r} {_silent_reason(s)}")
-                continue
-            w = waits.get(r)
-            place, frames = where(s.frames)
-            if w is not None and (str(w.get("pg")), w.get("seq")) == (pg, seq):
-                details.append(f"rank {r} calls {_label(w)} instead of {op} "
-                               f"(at {_short_site(w.get('callsite'))}): the code paths diverged")
-            elif w is not None:
-                details.append(f"rank {r} waits in {_label(w)} of {_group(w)} instead "
-                               f"(at {_short_site(w.get('callsite'))})")
-            elif r in failed:
-                f = failed[r]
-                details.append(f"rank {r}: {_label(f)} failed: {f.get('error')}")
-            else:
-                last = _last_done(s, pg)
-                done = f"last done: {_label(last)}" if last else "no collective done yet"
-                details.append(f"rank {r} has not reached {label} ({done}); it is {place}")
-            details.extend(f"    {line}" for line in frames)
+        odd = [r for r in members if r not in waiting]
+        phrases, details, located = [], [], True
+        for r in odd:
+            phrase, lines, loc = _explain(r, by_rank.get(r), waits.get(r), (pg, seq), op, label,
+                                          failed)
+            phrases.append(phrase)
+            details.extend(lines)
+            located = located and loc
+        n = len(waiting)
+        who = "it" if len(odd) == 1 else "them"
+        wait_part = (f"{n} rank{'s' if n != 1 else ''} {'waits' if n == 1 else 'wait'} for "
+                     f"{who}, for {age:.1f} s")
         if not odd:
-            headline += "every member is in it (a peer outside the group, or the transport)"
+            headline = (f"HANG: {_ranks_word(waiting)} wait in {label} ({_group(sample)}) for "
+                        f"{age:.1f} s; every member is in it (a peer outside the group, or "
+                        "the transport)")
+        elif len(odd) == 1:
+            headline = f"HANG: {phrases[0]}. {wait_part}"
         else:
-            headline += f"{_ranks_word(odd)} {'is' if len(odd) == 1 else 'are'} not in it"
+            headline = (f"HANG: {_ranks_word(odd)} never joined {label}; {phrases[0]} (and "
+                        f"{len(odd) - 1} more below). {wait_part}")
+        conf = _confidence(rule, age, located and bool(odd))
+        basis = (f"{_ranks_word(waiting)} {'has' if n == 1 else 'have'} waited {age:.1f} s in "
+                 f"{label}; {rule.basis}")
         site = _short_site(sample.get("callsite"))
-        return HangVerdict(True, headline, [f"waiting at {site}", *details], odd,
-                       {"pg": pg, "seq": seq, "op": op, "ranks": waiting, "age_s": round(age, 3)})
+        details = [f"{_ranks_word(waiting)} {'waits' if n == 1 else 'wait'} in {label} "
+                   f"({_group(sample)}) at {site}", *details,
+                   f"confidence: {conf}; based on: {basis}"]
+        return HangVerdict(True, headline, details, odd,
+                           {"pg": pg, "seq": seq, "op": op, "ranks": waiting,
+                            "age_s": round(age, 3)},
+                           confidence=conf, basis=basis, threshold_s=round(rule.wait_s, 3))
+
+    stuck = [s for s in answered if s.coll_error]
+    if stuck and not (failed or silent):
+        # No rank is seen waiting (the others' collectives are unknown or young), but a rank's
+        # Python does not run: its GIL is held. Name it with the stack read from outside.
+        details = []
+        for s in stuck:
+            place, frames = where(s.frames)
+            details += [f"rank {s.rank} is {place}; its agent did not answer /v1/collectives "
+                        f"({s.coll_error})", *(f"    {line}" for line in frames)]
+        basis = "the rank's Python did not run in time to answer (read from outside)"
+        return HangVerdict(True, f"STUCK: {_ranks_word([s.rank for s in stuck])} "
+                           f"{'does' if len(stuck) == 1 else 'do'} not run Python; "
+                           f"{details[0].split(';')[0]}", details, [s.rank for s in stuck],
+                           confidence="low", basis=basis, threshold_s=round(rule.wait_s, 3))
 
     if failed or silent:
         # Failed collectives are usually the survivors' view of a silent peer: blame the peer.
@@ -204,14 +323,23 @@ def diagnose(states: list[RankState], min_wait_s: float = 5.0) -> HangVerdict:
             place, frames = where(by_rank[r].frames)
             details.append(f"rank {r}: {_label(f)} failed: {f.get('error')}; it is now {place}")
         parts = []
-        if silent:
+        if len(silent) == 1:  # the culprit first, with what is known of it
+            parts.append(f"rank {silent[0].rank} {_silent_reason(silent[0])}")
+        elif silent:
             parts.append(f"{_ranks_word([s.rank for s in silent])} did not answer")
         if failed:
             parts.append(f"a collective failed on {_ranks_word(sorted(failed))}")
-        return HangVerdict(True, "PROBLEM: " + "; ".join(parts), details, culprits)
+        dead = any(s.dead for s in silent)
+        basis = ("the rank's process is gone" if dead else
+                 "no answer in time" if silent else "a failed collective")
+        return HangVerdict(True, "PROBLEM: " + "; ".join(parts), details, culprits,
+                           confidence="high" if dead or failed else "medium", basis=basis,
+                           threshold_s=round(rule.wait_s, 3))
 
-    return HangVerdict(False, f"no hang: none of {len(answered)} ranks has waited {min_wait_s:g} s "
-                          "or more in a collective", [])
+    return HangVerdict(False, f"no hang: none of {len(answered)} ranks has waited "
+                       f"{rule.wait_s:.1f} s or more in a collective", [f"based on: {rule.basis}"],
+                       confidence="high" if rule.gaps >= MIN_GAPS else "medium",
+                       basis=rule.basis, threshold_s=round(rule.wait_s, 3))
 
 
 def rank_state(r: RankResult) -> RankState:
@@ -230,13 +358,18 @@ def rank_state(r: RankResult) -> RankState:
             return RankState(rank, error=f"is dead: {cause}{at} (its watchdog reports it)",
                              dead=True)
         return RankState(rank, error=reason, dead=dead)
-    threads = BacktraceBody.from_wire(r.data["backtrace"]).threads
+    bt = BacktraceBody.from_wire(r.data["backtrace"])
+    if bt.state == "dead":  # the watchdog answered for a rank that is gone (issue 5)
+        cause = bt.exit.get("description") or "exited"
+        at = f" at step {bt.last_step}" if bt.last_step is not None else ""
+        return RankState(rank, error=f"is dead: {cause}{at} (its watchdog reports it)",
+                         dead=True)
     # Only a thread marked main: a stack from another thread would put the rank somewhere false.
-    main = next((t for t in threads if t.get("is_main")), None)
+    main = next((t for t in bt.threads if t.get("is_main")), None)
+    frames = tuple(main.get("frames", ())) if main else ()
+    if r.data.get("collectives") is None:  # backtrace from the watchdog, collectives timed out
+        return RankState(rank, frames=frames, coll_error=r.data.get("collectives_error") or
+                         "no answer", route=bt.route or bt.source)
     coll = CollectivesBody.from_wire(r.data["collectives"])
-    return RankState(
-        rank,
-        frames=tuple(main.get("frames", ())) if main else (),
-        collectives=coll.collectives,
-        now=coll.now,
-    )
+    return RankState(rank, frames=frames, collectives=coll.collectives, now=coll.now,
+                     route=bt.route or bt.source)

@@ -34,8 +34,7 @@ def checks(report) -> dict[str, str]:
 
 def test_a_healthy_job_has_no_problem():
     # GIVEN two ranks stepping, flat memory, finite numbers
-    flat = [{"device": "cpu", "steps": 50, "rss_first_mib": 400.0, "rss_last_mib": 401.0,
-             "rss_mib_per_step": 0.02, "first_step": 1, "last_step": 50}]
+    flat = [mem_row(400.0, 401.0, 0.002, 0.0, 2)]
     report = diagnose(NO_HANG, [doc(0, memory=flat), doc(1, memory=flat)], 5.0)
     # THEN nothing but the LR information, and render says so
     assert not report.problem, report
@@ -74,20 +73,54 @@ def test_nan_anywhere_is_critical_and_ranked_first(bad):
     assert ranked[1].check == "dataloader"  # a warning comes after
 
 
+def mem_row(first, last, slope, late, rising, first_step=250, last_step=1848, **extra):
+    """One memory_growth row (its columns, as the agent answers them)."""
+    return {"device": "cpu", "measure": "job RSS", "steps": last_step - first_step + 1,
+            "first_step": first_step, "last_step": last_step, "mem_first_mib": first,
+            "mem_last_mib": last, "mem_mib_per_step": slope, "late_mib_per_step": late,
+            "rising_quarters": rising, "agent_first_mib": 3.9, "agent_last_mib": 8.2, "ooms": 0,
+            **extra}
+
+
+@pytest.mark.parametrize("row", [
+    # the measured false alarm: a healthy job's RSS wandering 440.5 -> 459.4 -> 455.3 MiB
+    mem_row(440.5, 455.3, 0.008, -0.004, 2),
+    # warm-up: fast at first, then flattening (the second half grows far slower)
+    mem_row(413.0, 440.0, 0.15, 0.03, 3, first_step=25, last_step=200),
+    # steady but slow drift, below the minimum slope even over a long window
+    mem_row(413.0, 450.0, 0.035, 0.035, 3, first_step=100, last_step=1100),
+    # too few steps past warm-up to judge
+    mem_row(413.0, 440.0, 0.5, 0.5, 3, first_step=11, last_step=50),
+])
+def test_healthy_memory_is_not_a_leak(row):
+    report = diagnose(NO_HANG, [doc(0, memory=[row])], 5.0)
+    assert "memory" not in checks(report), report
+
+
+def test_a_steady_leak_is_named_with_its_evidence():
+    # GIVEN 256 KiB kept every step, judged at step 300 (its first quarter left out)
+    row = mem_row(415.1, 473.6, 0.26, 0.27, 3, first_step=75, last_step=300)
+    report = diagnose(NO_HANG, [doc(0, memory=[row]), doc(1, memory=[row])], 5.0)
+    mem = next(f for f in report.findings if f.check == "memory")
+    assert mem.severity == "warning" and mem.ranks == [0, 1]
+    assert mem.title == "MEMORY GROWTH: ranks 0,1 grow 266 KiB every step, steadily"
+    assert "robust slope +0.260 MiB/step (+58.5 MiB)" in mem.evidence[0]
+    assert "3/3 quarters rising" in mem.evidence[0]
+    assert "the agent's own DuckDB 3.9 -> 8.2 MiB (left out)" in mem.evidence[0]
+
+
 def test_memory_growth_and_cuda_headroom():
-    rows = [{"device": "cuda:0", "steps": 50, "allocated_first_mib": 1000.0,
-             "allocated_mib": 4200.0, "allocated_mib_per_step": 64.0, "reserved_mib": 4600.0,
-             "first_step": 1, "last_step": 50, "ooms": 0}]
+    rows = [mem_row(1000.0, 4200.0, 64.0, 64.0, 3, first_step=11, last_step=80,
+                    device="cuda:0", measure="CUDA allocated", reserved_mib=4600.0)]
     report = diagnose(NO_HANG, [doc(0, memory=rows)], 5.0)
     mem = next(f for f in report.findings if f.check == "memory")
-    assert mem.title == "MEMORY GROWTH: rank 0 grows 64.0 MiB every step"
+    assert mem.title == "MEMORY GROWTH: rank 0 grows 64.0 MiB every step, steadily"
     assert "headroom 76959 of 81559 MiB, full in ~1202 steps" in mem.evidence[0]
 
 
 def test_oom_already_hit_is_critical():
-    rows = [{"device": "cuda:0", "steps": 50, "allocated_first_mib": 1000.0,
-             "allocated_mib": 1000.0, "allocated_mib_per_step": 0.0, "first_step": 1,
-             "last_step": 50, "ooms": 2, "alloc_retries": 7}]
+    rows = [mem_row(1000.0, 1000.0, 0.0, 0.0, 0, first_step=11, last_step=80,
+                    device="cuda:0", ooms=2, alloc_retries=7)]
     report = diagnose(NO_HANG, [doc(0, memory=rows)], 5.0)
     assert checks(report)["oom"] == "critical"
 

@@ -40,6 +40,33 @@ def test_balanced_ranks_have_no_straggler():
     assert not v.problem and v.headline.startswith("no straggler")
 
 
+def coin_tosses(last_by_rank0, n, lag=0.0105, period=0.06):
+    """2 ranks, ``n`` collectives: rank 0 arrives ``lag`` s late at the first
+    ``last_by_rank0``, rank 1 at the rest (who is last is shuffled evenly over the window)."""
+    rows = {0: [], 1: []}
+    order = [i * n // last_by_rank0 for i in range(last_by_rank0)]
+    for seq in range(1, n + 1):
+        late = 0 if (seq - 1) in order else 1
+        for r in (0, 1):
+            rows[r].append({"pg": "0", "seq": seq, "start_time": seq * period +
+                            (lag if r == late else 0.0), "group_ranks": [0, 1], "is_p2p": False})
+    return rows
+
+
+def test_a_rank_last_about_as_often_as_chance_is_not_named():
+    # GIVEN the measured false alarm: rank 0 last at 80 of 142 collectives, 10.5 ms late
+    v = diagnose_stragglers(coin_tosses(80, 142), min_share=0.1)
+    # THEN no straggler: p is far above the threshold, and the JSON says so
+    assert not v.problem and "no rank is last more often than chance" in v.headline, v.headline
+    assert v.to_json()["p_value"] > 0.01
+
+
+def test_a_rank_last_far_more_often_than_chance_is_named():
+    v = diagnose_stragglers(coin_tosses(130, 142, lag=0.03), min_share=0.1)
+    assert v.problem and v.culprits == [0]
+    assert v.to_json()["p_value"] < 1e-3
+
+
 def test_collectives_missing_on_a_member_are_not_compared():
     rows = lockstep(2, slow=1, lag=0.05)
     rows[1] = []  # rank 1 answered but its recorder saw nothing

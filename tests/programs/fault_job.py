@@ -1,0 +1,147 @@
+"""One labelled condition of the verdict fault suite (bench/verdicts.py, tests/e2e/
+test_verdicts.py): a 2-rank DDP job on gloo that is healthy, or has exactly one known fault,
+chosen by ``--scenario``. Rank ``--odd-rank`` (default the last) is the one that misbehaves.
+
+Every rank writes ``rank{N}.json`` into ``--ready-dir`` when the job has reached the state to be
+judged (``--ready-step`` steps done, or right before the fault starts). The loss is logged with
+``probe_agent.log`` so NaN/Inf and spikes are visible to `probe doctor`.
+
+Scenarios: healthy, busy (healthy; the harness adds a CPU hog), long_steps (8 s per step),
+uneven (random per-step work on each rank, steady on average), slow_rank, hang_sleep,
+hang_gil (C spin with the GIL held, ``--lib``), hang_dataloader, hang_collective, dead_rank
+(the harness kills the odd rank), nan (loss NaN from ``--bad-from``), leak (256 KiB kept per
+step), slow_input (a slow Dataset), lr_high (LR far too high: clipping on every step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import random
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
+
+import probe_agent
+
+HANGS = ("hang_sleep", "hang_gil", "hang_dataloader", "hang_collective", "dead_rank")
+
+
+class Samples(Dataset):
+    """Synthetic samples; ``delay_s`` of per-sample work, or blocking forever once ``stuck``."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.stuck = False
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.stuck:
+            threading.Event().wait()  # a worker that never delivers
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        g = torch.Generator().manual_seed(i % 4096)
+        x = torch.randn(16, generator=g)
+        return x, x[:1] * 3.0
+
+
+def do_hang() -> None:
+    threading.Event().wait()
+
+
+def spin_with_gil(lib_path: str) -> None:
+    lib = ctypes.PyDLL(lib_path)  # PyDLL: the GIL stays held during the call
+    lib.spin.restype, lib.spin.argtypes = ctypes.c_double, [ctypes.c_double]
+    lib.spin(3600.0)
+
+
+def announce(ready_dir: str, step: int) -> None:
+    from probe_agent.agent import current
+
+    agent = current()
+    info = {"rank": dist.get_rank(), "pid": os.getpid(), "step": step,
+            "url": agent.url if agent is not None else None}
+    path = os.path.join(ready_dir, f"rank{info['rank']}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(info, f)
+    os.replace(path + ".tmp", path)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--scenario", required=True)
+    p.add_argument("--ready-dir", required=True)
+    p.add_argument("--stop-file")
+    p.add_argument("--odd-rank", type=int, default=-1)
+    p.add_argument("--ready-step", type=int, default=60)
+    p.add_argument("--step-s", type=float, default=0.03, help="host work per step")
+    p.add_argument("--bad-from", type=int, default=30)
+    p.add_argument("--lib", help="hang_gil: the spin library (tests/e2e/procs.py SPIN_C)")
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    odd = (world - 1 if args.odd_rank < 0 else args.odd_rank) == rank
+    sc = args.scenario
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)))
+    lr = 2.0 if sc == "lr_high" else 0.01
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    data = Samples(0.004 if sc == "slow_input" else 0.0)
+    loader = iter(DataLoader(data, batch_size=16))
+    step_s = 8.0 if sc == "long_steps" else args.step_s
+    rng = random.Random(rank)
+    leaked: list[torch.Tensor] = []
+    fault_at = args.ready_step if sc in HANGS else None
+    step = 0
+    try:
+        while not (args.stop_file and os.path.exists(args.stop_file)):
+            if step == fault_at and odd:
+                if sc == "hang_sleep":
+                    do_hang()
+                elif sc == "hang_gil":
+                    spin_with_gil(args.lib)
+                elif sc == "hang_dataloader":
+                    data.stuck = True
+            x, y = next(loader)
+            if sc == "nan" and step + 1 >= args.bad_from:
+                x[0, 3] = float("inf")  # a corrupt record from here on
+            work = step_s
+            if sc == "uneven":
+                work = rng.uniform(0.01, 0.07) + (0.001 if odd else 0.0)
+            elif sc == "slow_rank" and odd:
+                work += 0.1
+            time.sleep(work)
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()  # DDP's gradient all-reduce
+            # lr_high: clipping rescales every update (what doctor's LR check reads)
+            torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                           max_norm=1.0 if sc == "lr_high" else 100.0)
+            optimizer.step()
+            report = loss.detach().clone()
+            if step == fault_at and odd and sc == "hang_collective":
+                dist.broadcast(report, 0)  # the others call all_reduce: the paths diverged
+            else:
+                dist.all_reduce(report)
+            if sc == "leak":
+                leaked.append(torch.randn(256, 256))  # 256 KiB kept every step
+            probe_agent.log(loss=loss.detach())
+            step += 1
+            if step == args.ready_step:
+                announce(args.ready_dir, step)
+    except RuntimeError as e:  # a peer died: wait for a restart, as fault-tolerant trainers do
+        print(f"rank {rank} lost a peer ({type(e).__name__}); waiting", flush=True)
+        do_hang()
+
+
+if __name__ == "__main__":
+    main()
