@@ -69,8 +69,9 @@ def start_agent():  # type: ignore[no-untyped-def]
     import probe_agent
     from probe_agent.config import AgentConfig
 
-    return probe_agent.start(AgentConfig(port=0, run_dir=tempfile.mkdtemp(prefix="probe-bp-"),
-                                         watchdog=False, trace="off"))
+    run_dir = tempfile.mkdtemp(prefix="probe-bp-")
+    TEMP_DIRS.append(run_dir)  # its profiles/ hold the rank traces the merge part reuses
+    return probe_agent.start(AgentConfig(port=0, run_dir=run_dir, watchdog=False, trace="off"))
 
 
 def med(xs: list[float]) -> float:
@@ -270,6 +271,8 @@ def run_merge(repeats: int) -> dict[str, object]:
 
 #: Rank traces written by --part profile (kept for the 16-rank merge).
 PROFILE_TRACES: list[str] = []
+#: The agents' run dirs, removed at the end.
+TEMP_DIRS: list[str] = []
 
 
 def main() -> None:
@@ -299,6 +302,8 @@ def main() -> None:
     if "merge" in parts:
         report["merge"] = run_merge(args.repeats)
         print(json.dumps(report["merge"]), flush=True)
+    for d in TEMP_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 if __name__ == "__main__":
