@@ -33,14 +33,16 @@ nested AS (
     SELECT id, arg_max(pid, pt0) AS pid FROM (SELECT * FROM up1 UNION ALL SELECT * FROM up0)
     GROUP BY id
 ),
--- a recompute call with no recompute call around it: nested in the innermost backward call
--- whose span holds it (the one whose node needed the recomputed activations)
+-- a call with no parent in its part, nested in the innermost call of another part whose span
+-- holds it: a recompute in the backward call whose node needed the activations, a forward or
+-- backward in the optimizer step whose closure ran it (Lightning, LBFGS)
 hosted AS (
     SELECT c.id, arg_max(p.id, p.depth * 1e12 + p.t0) AS pid
     FROM t c JOIN t p
-      ON p.rank = c.rank AND p.step = c.step AND p.part = 'backward'
+      ON p.rank = c.rank AND p.step = c.step
+     AND p.part = CASE c.part WHEN 'recompute' THEN 'backward' ELSE 'step' END
      AND p.t0 <= c.t0 AND c.t1 <= p.t1 + 1e-6
-    WHERE c.part = 'recompute' AND c.id NOT IN (SELECT id FROM nested)
+    WHERE c.part <> 'step' AND c.id NOT IN (SELECT id FROM nested)
     GROUP BY c.id
 ),
 children AS (

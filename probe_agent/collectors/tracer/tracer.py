@@ -301,7 +301,11 @@ class TorchTracer(CudaRecords, WriterSide):
         try:
             # A second optimizer stepping right after the counted one (no root call between)
             # belongs to the step that just finished, not to the next one.
-            if self._after_step:
+            # A step() given a closure (Lightning, LBFGS) runs the model itself: it is the
+            # step being computed even though no root call came before it.
+            # (args is what step() got, self first)
+            closure = (kwargs or {}).get("closure") or (args[1] if len(args) > 1 else None)
+            if self._after_step and closure is None:
                 step, record = self.step - 1, self._prev_recording
             else:
                 step, record = self.step, self.recording

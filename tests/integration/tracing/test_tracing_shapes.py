@@ -17,7 +17,7 @@ pytest.importorskip("duckdb")
 import torch.nn as nn  # noqa: E402
 
 from probe_agent.store.catalog import load_queries  # noqa: E402
-from tests.integration.tracing_support import TinyGPT, batch, rows  # noqa: E402
+from tests.integration.tracing_support import Sleepy, TinyGPT, batch, rows  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -140,3 +140,27 @@ def test_checkpointed_blocks_nest_within_their_parents(make_agent, variant):
     check_nesting(got)
     assert got["layers.1.attn"]["calls_per_step"] == 2
     assert got["layers.1.attn"]["bwd_self_ms"] > 0
+
+
+def test_optimizer_step_with_a_closure_is_not_charged_for_the_model(make_agent):
+    # GIVEN Lightning's way of stepping: optimizer.step(closure) runs forward and backward,
+    # and one layer sleeps 20 ms per call
+    agent = make_agent(trace="on")
+    model = Regressor()
+    model.net.insert(1, Sleepy(0.02))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model.net(torch.randn(4, 8)).sum()
+        loss.backward()
+        return loss
+
+    for _ in range(5):
+        opt.step(closure)
+    got = slow(agent, 3)
+    # THEN the sleeping layer is the slowest, not the optimizer step around it
+    top = max(got.values(), key=lambda r: r["self_ms"])
+    assert top["module"] == "net.1", sorted(got.items(), key=lambda kv: -kv[1]["self_ms"])[:3]
+    assert got["SGD"]["self_ms"] < 15, got["SGD"]
+    check_nesting(got)
