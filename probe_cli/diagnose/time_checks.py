@@ -161,10 +161,13 @@ def check_data_wait(report: Report, docs: list[RankDoc]) -> None:
 
 
 def check_modules(report: Report, docs: list[RankDoc]) -> None:
-    """The slowest modules by self time, from slow_modules: the numbers `probe slow` shows.
-    Self time is nested-call time subtracted, so a wrapper (DDP around the model) costs only
-    its own work and needs no special case."""
+    """The slowest modules by self time, from slow_modules: the numbers `probe slow` shows
+    (each call's time minus its nested calls', median per call x median calls per step), so
+    the module named first is the one `probe slow` ranks first. A wrapper (DDP around the
+    model) costs only its own work and needs no special case. Across ranks, a module's figure
+    is its mean over the ranks that answered (0 where it is not in a rank's top list)."""
     per: dict[str, list[dict[str, Any]]] = {}
+    answered = sum(1 for d in docs if d.slow)
     for d in docs:
         for row in d.slow or []:
             per.setdefault(str(row.get("module")), []).append(row)
@@ -175,8 +178,7 @@ def check_modules(report: Report, docs: list[RankDoc]) -> None:
         return
 
     def avg(rows: list[dict[str, Any]], key: str) -> float:
-        vals = [num(r.get(key)) or 0.0 for r in rows]
-        return sum(vals) / len(vals)
+        return sum(num(r.get(key)) or 0.0 for r in rows) / max(answered, len(rows))
 
     top = sorted(per.items(), key=lambda kv: -avg(kv[1], "self_ms"))[:3]
     evidence = [f"{name}: {avg(rows, 'self_ms'):.1f} ms per step of its own "
