@@ -155,8 +155,9 @@ def run(sc: Scenario, work: Path, lib: str | None, repeat: int = 0) -> list[Outc
            str(PROGRAMS / "fault_job.py"), "--scenario", sc.name, "--ready-dir", str(ready),
            "--stop-file", str(stop), "--ready-step", str(sc.ready_step),
            "--step-s", str(sc.step_s), *(["--lib", lib] if sc.lib and lib else [])]
+    # The watchdog reads a GIL-held rank's stack from outside (py-spy): on, as in production.
     env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(work / "run"),
-                     PROBE_TRACE="off", HF_HUB_OFFLINE="1")
+                     PROBE_TRACE="off", PROBE_WATCHDOG="1", HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     hogs: list[subprocess.Popen[bytes]] = []
@@ -197,6 +198,7 @@ def run(sc: Scenario, work: Path, lib: str | None, repeat: int = 0) -> list[Outc
     finally:
         for h in hogs:
             kill_tree(h.pid)
+            h.wait(10)
         stop.touch()
         try:
             os.kill(proc.pid, signal.SIGCONT)

@@ -10,4 +10,22 @@ verdict's ``problem`` into the exit code.
 - ``doctor``: every check in order -> ``findings.Report``; the checks are in ``time_checks``
   (hang, stall, straggler, collective and DataLoader wait, slowest modules) and
   ``number_checks`` (memory, NaN/Inf, learning rate and clipping)
+
+The JSON form (stable; `--json` prints it and the dashboard renders the same dicts)
+---------------------------------------------------------------------------------
+Every object has ``to_dict()``. Keys are only ever added, never renamed or removed.
+
+- ``Verdict``: ``problem`` (bool: exit code 4), ``headline`` (str, the culprit first),
+  ``details`` (list of str: evidence lines, stack frames indented by 4 spaces),
+  ``culprits`` (list of int: the ranks blamed).
+- ``HangVerdict`` adds ``waiting`` ({pg, seq, op, ranks, age_s} or null), ``confidence``
+  ("high" | "medium" | "low"), ``basis`` (str: what it rests on), ``threshold_s`` (float: the
+  wait that counted as stuck, from the job's own rhythm or --min-wait).
+- ``StragglerVerdict`` adds ``window_s``, ``collectives``, ``p_value`` (binomial test of the
+  most-often-last rank against 1/world_size; null without one) and ``ranks``: [{rank,
+  arrived_last, others_waited_s, median_lag_ms}].
+- ``Report`` (doctor): ``problem``, ``findings``: [{severity ("critical" | "warning" |
+  "info"), check (hang, stall, straggler, collectives, dataloader, memory, oom, nonfinite, lr,
+  modules), title, evidence (list of str), next (the command to run), ranks}], ``fine`` and
+  ``unchecked`` (lists of str). A healthy job: ``problem`` false, only "info" findings.
 """

@@ -35,6 +35,8 @@ class Finding:
         return {"severity": self.severity, "check": self.check, "title": self.title,
                 "evidence": self.evidence, "next": self.next, "ranks": self.ranks}
 
+    to_dict = to_json
+
 
 @dataclass(slots=True)
 class RankDoc:
@@ -65,6 +67,12 @@ class Report:
 
     def ranked(self) -> list[Finding]:
         return sorted(self.findings, key=lambda f: (_ORDER[f.severity], -f.score))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON form: ``problem``, ``findings`` (ranked, each ``Finding.to_json``),
+        ``fine`` and ``unchecked`` (lists of one-line strings)."""
+        return {"problem": self.problem, "findings": [f.to_json() for f in self.ranked()],
+                "fine": self.fine, "unchecked": self.unchecked}
 
 
 def num(v: Any) -> float | None:

@@ -257,6 +257,16 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
                            [s.rank for s in silent], confidence="low",
                            basis="no rank answered: nothing to compare")
 
+    stuck = [s for s in answered if s.coll_error]
+    if stuck and not waits:
+        # A rank whose Python does not run (its GIL is held: the watchdog answered for it) is
+        # evidence enough: the others' pending collectives, however young, wait for it.
+        waits = {s.rank: w for s in answered
+                 if not s.coll_error and (w := _oldest_pending(s, 0.0)) is not None}
+        if waits:
+            rule = WaitRule(0.0, f"{_ranks_word([s.rank for s in stuck])}'s Python has not run "
+                            "in time to answer (its GIL is held; read from outside)", rule.gaps)
+
     if waits:
         keys = Counter((str(w.get("pg")), w.get("seq")) for w in waits.values())
         (pg, seq), _ = max(keys.items(), key=lambda kv: (kv[1], -int(kv[0][1] or 0)))
@@ -300,7 +310,6 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
                             "age_s": round(age, 3)},
                            confidence=conf, basis=basis, threshold_s=round(rule.wait_s, 3))
 
-    stuck = [s for s in answered if s.coll_error]
     if stuck and not (failed or silent):
         # No rank is seen waiting (the others' collectives are unknown or young), but a rank's
         # Python does not run: its GIL is held. Name it with the stack read from outside.

@@ -20,3 +20,8 @@ class Verdict:
     def to_json(self) -> dict[str, Any]:
         return {"problem": self.problem, "headline": self.headline, "details": self.details,
                 "culprits": self.culprits}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON form (the subclass's ``to_json``): what `--json` prints and the
+        dashboard renders."""
+        return self.to_json()

@@ -35,7 +35,4 @@ def render(report: Report, header: str) -> list[str]:
 
 
 def render_json(report: Report, ranks: list[dict[str, Any]]) -> str:
-    return json.dumps({"problem": report.problem,
-                       "findings": [f.to_json() for f in report.ranked()],
-                       "fine": report.fine, "unchecked": report.unchecked, "ranks": ranks},
-                      indent=2)
+    return json.dumps({**report.to_dict(), "ranks": ranks}, indent=2)

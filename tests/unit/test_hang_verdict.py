@@ -127,3 +127,14 @@ def test_gil_held_culprit_shows_its_stack_read_from_outside():
                           "(train.py:101). 1 rank waits for it, for 12.0 s")
     assert any("the stack was read from outside the process (py-spy)" in d for d in v.details)
     assert "    spin_in_c (train.py:101)" in v.details
+
+
+def test_a_gil_held_rank_is_named_before_the_wait_is_long():
+    # GIVEN rank 0 only 1 s into all_reduce #30, and rank 1 whose Python does not run
+    spin = {"func": "spin_in_c", "file": "/job/train.py", "lineno": 101}
+    states = [history(0, 1.0, pending_age=1.0),
+              RankState(1, frames=(spin, MAIN), coll_error="HTTP 504", route="py-spy")]
+    v = diagnose(states)
+    # THEN the hang is named now, culprit first, on the evidence of the held GIL
+    assert v.headline.startswith("HANG: rank 1 never reached all_reduce #30; it is in spin_in_c")
+    assert "GIL is held" in v.basis and v.confidence == "high"
