@@ -5,7 +5,8 @@ verdict's ``problem`` into the exit code.
 
 - ``verdict``: ``Verdict``, what a single-question diagnosis returns (``problem``, headline,
   details, culprits)
-- ``hang``: who the others wait for, in which collective (``HangVerdict``)
+- ``hang``: who the others wait for, in which collective (``HangVerdict``); ``rhythm``: how
+  long a wait counts as stuck, from the job's own gaps between collectives
 - ``straggler``: which rank arrives last at collectives, and what it costs (``StragglerVerdict``)
 - ``doctor``: every check in order -> ``findings.Report``; the checks are in ``time_checks``
   (hang, stall, straggler, collective and DataLoader wait, slowest modules) and

@@ -36,6 +36,7 @@ from ..errors import AgentUnreachableError
 from ..group import rank_label
 from ..result import RankResult
 from ..transport.wire import BacktraceBody, CollectivesBody
+from .rhythm import MIN_GAPS, WaitRule, normal_wait
 from .verdict import Verdict
 
 #: Frames from these path fragments are library internals, not "where the rank is".
@@ -150,49 +151,6 @@ def _silent_reason(s: RankState) -> str:
     if s.dead:
         return f"did not answer ({s.error}): the process is gone"
     return f"did not answer ({s.error}): alive but silent, or unreachable"
-
-
-#: Without enough history the threshold is this fixed wait (the old default).
-FALLBACK_WAIT_S = 5.0
-#: Stuck means waiting this many times the job's own normal gap between collectives ...
-NORMAL_FACTOR = 4.0
-#: ... and never less than this (thread wake-ups, a busy node's scheduling).
-FLOOR_WAIT_S = 3.0
-#: Gaps needed before the job's own rhythm is trusted over FALLBACK_WAIT_S.
-MIN_GAPS = 5
-
-
-@dataclass(frozen=True, slots=True)
-class WaitRule:
-    """How long a collective must have waited to count as stuck, and what that rests on."""
-
-    wait_s: float
-    basis: str
-    gaps: int = 0
-
-
-def normal_wait(states: list[RankState], fixed: float | None = None) -> WaitRule:
-    """The job's own measure of "too long": ``NORMAL_FACTOR`` x the 90th percentile of the gaps
-    between consecutive collective starts on each rank (a step with one all-reduce waits at most
-    about one gap; a job with 8 s steps is not hung after 5 s). ``fixed`` (``--min-wait``)
-    overrides it. Robust: a percentile, not the max, so one slow checkpoint step does not raise
-    the bar for good."""
-    if fixed is not None:
-        return WaitRule(fixed, f"a fixed threshold of {fixed:g} s (--min-wait)")
-    gaps: list[float] = []
-    for s in states:
-        starts = sorted(float(r["start_time"]) for r in s.collectives
-                        if r.get("start_time") is not None and r.get("state") != "pending")
-        gaps += [b - a for a, b in zip(starts, starts[1:]) if b > a]
-    if len(gaps) < MIN_GAPS:
-        return WaitRule(FALLBACK_WAIT_S, f"a fixed {FALLBACK_WAIT_S:g} s: too few collectives "
-                        f"seen ({len(gaps)} gaps) to learn this job's rhythm", len(gaps))
-    gaps.sort()
-    p90 = gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))]
-    wait = max(FLOOR_WAIT_S, NORMAL_FACTOR * p90)
-    return WaitRule(wait, f"this job starts a collective every {p90:.2f} s or less (90th "
-                    f"percentile of {len(gaps)} gaps); stuck means {wait:.1f} s "
-                    f"({NORMAL_FACTOR:g}x, at least {FLOOR_WAIT_S:g} s)", len(gaps))
 
 
 def _confidence(rule: WaitRule, age: float, located: bool) -> str:
