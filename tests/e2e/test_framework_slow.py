@@ -1,6 +1,8 @@
 """`probe slow` and `probe doctor` name the same slow layer, by its full path, under the HF
 Trainer (gradient accumulation 2, GPT-2 blocks with their own ``__call__``) and Lightning (the
-LightningModule is never called, its ``self.net`` is) (issue 17, item 3).
+LightningModule is never called, its ``self.net`` is) and FSDP2 (``fully_shard`` blocks on 2
+gloo ranks: their pre/post-forward hooks all-gather inside the module's call) (issue 17, item
+3).
 
 Each job makes one layer's forward sleep 20 ms (``--slow-module``), traces every step, and is
 asked once it has run a few traced optimizer steps.
@@ -19,29 +21,36 @@ pytestmark = [pytest.mark.e2e, pytest.mark.frameworks]
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("program", "slow_module"), [
-    ("fw_hf_trainer.py", "transformer.h.1.mlp"),
-    ("fw_lightning.py", "net.2"),
-], ids=["hf_trainer", "lightning"])
-def test_slow_and_doctor_name_the_same_layer_by_its_full_path(tmp_path, program, slow_module):
+@pytest.mark.parametrize(("program", "slow_module", "nproc"), [
+    ("fw_hf_trainer.py", "transformer.h.1.mlp", 0),
+    ("fw_lightning.py", "net.2", 0),
+    ("fw_fsdp2.py", "layers.1.mlp", 2),
+], ids=["hf_trainer", "lightning", "fsdp2"])
+def test_slow_and_doctor_name_the_same_layer_by_its_full_path(tmp_path, program, slow_module,
+                                                              nproc):
     # GIVEN a framework job whose one layer sleeps 20 ms per forward, traced every step
     env = {**fc.FRAMEWORK_ENV, "PROBE_TRACE": "on"}
     args = ("--log-dir", str(tmp_path / "log"), "--slow-module", slow_module, "--slow-ms", "20")
-    with training_job(tmp_path, program, args=args, env=env, timeout=120) as (_, infos):
+    with training_job(tmp_path, program, args=args, nproc=nproc, env=env,
+                      timeout=120) as (_, infos):
         endpoint = infos[0]["url"].removeprefix("http://")
         start = max(fc.read_log(tmp_path / "log"), default=0)
-        fc.wait_for_step(tmp_path / "log", start + 5)
+        fc.wait_for_step(tmp_path / "log", start + 5, ranks=max(nproc, 1))
         # WHEN the operator asks probe slow and probe doctor
         slow = fc.ok(probe("-t", endpoint, "--json", "slow", "--steps", "5"))
         doctor = fc.ok(probe("-t", endpoint, "doctor"))
-    # THEN probe slow ranks the slow layer first, named by its full path in the model
-    [body] = json.loads(slow.stdout)
-    top = [dict(zip(body["columns"], r)) for r in body["rows"]]
-    assert top[0]["module"] == slow_module, top[:3]
-    assert top[0]["fwd_self_ms"] >= 15 * top[0]["calls_per_step"], top[0]
-    # AND self time is never negative nor more than the module's own time
-    for r in top:
-        assert 0 <= r["fwd_self_ms"] <= r["fwd_ms"] + 1e-3, r
-        assert 0 <= r["bwd_self_ms"] <= r["bwd_ms"] + 1e-3, r
+    # THEN probe slow ranks the slow layer first on every rank, by its full path in the model
+    bodies = json.loads(slow.stdout)
+    assert len(bodies) == max(nproc, 1), bodies
+    for body in bodies:
+        top = [dict(zip(body["columns"], r)) for r in body["rows"]]
+        assert top[0]["module"] == slow_module, top[:3]
+        assert top[0]["fwd_self_ms"] >= 15 * top[0]["calls_per_step"], top[0]
+        # AND self time is never negative nor more than the module's own time
+        for r in top:
+            assert 0 <= r["fwd_self_ms"] <= r["fwd_ms"] + 1e-3, r
+            assert 0 <= r["bwd_self_ms"] <= r["bwd_ms"] + 1e-3, r
+        # AND FSDP2's generated classes (FSDPNet) are named as the user wrote them
+        assert not [r for r in top if r["module"].startswith("FSDP")], top
     # AND probe doctor names the same layer first
     assert f"slowest modules: {slow_module} first" in doctor.stdout, doctor.stdout

@@ -75,7 +75,7 @@ class ModuleNames:
         if hit is not None and hit[0]() is root:
             return hit[1]
         inner = getattr(root, _WRAPPERS.get(type(root).__name__, ""), root)
-        base = type(inner).__name__
+        base = class_name(inner)
         n = self._label_counts.get(base, 0) + 1
         self._label_counts[base] = n
         label = base if n == 1 else f"{base}#{n}"
@@ -194,3 +194,13 @@ def _parents() -> dict[int, Any]:
                 if child is not None:
                     out.setdefault(id(child), weakref.ref(o))
     return out
+
+
+def class_name(module: Any) -> str:
+    """The user's class name: FSDP2's ``fully_shard`` swaps a module's class for a generated
+    ``FSDP<Name>(FSDPModule, <Name>)``, which is not what the user wrote."""
+    cls = type(module)
+    bases = cls.__bases__
+    if len(bases) == 2 and bases[0].__name__ == "FSDPModule":
+        return bases[1].__name__
+    return cls.__name__
