@@ -17,9 +17,12 @@ from ._canned import canned_outcome
               help="Modules shown per rank.")
 @pass_session
 def command(session: Session, steps: int, limit: int) -> Outcome:
-    """Slowest modules of every rank, by self time per step (time not spent in nested modules),
-    split into forward and backward; the optimizer step shows as its class. pct is the share
-    of all traced self time. From python.torch_trace (canned query slow_modules)."""
+    """Slowest modules of every rank, by self time per step: each call's time minus the calls
+    nested in that same call, median per call times the median calls per step (a few steps
+    slowed by something else do not count), split into forward and backward; an activation
+    checkpoint's recompute counts as backward. The optimizer step shows as its class. pct is
+    the share of all self time. `probe doctor` names the same module first. From
+    python.torch_trace (canned query slow_modules)."""
     return canned_outcome(
         session, "slow_modules",
         "no traced steps (the agent traces every 10th step by default; `probe trace on` traces "
