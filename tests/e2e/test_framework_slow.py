@@ -21,13 +21,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.frameworks]
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("program", "slow_module", "nproc"), [
-    ("fw_hf_trainer.py", "transformer.h.1.mlp", 0),
-    ("fw_lightning.py", "net.2", 0),
-    ("fw_fsdp2.py", "layers.1.mlp", 2),
+@pytest.mark.parametrize(("program", "slow_module", "nproc", "calls"), [
+    ("fw_hf_trainer.py", "transformer.h.1.mlp", 0, 2),  # gradient_accumulation_steps=2
+    ("fw_lightning.py", "net.2", 0, 1),
+    ("fw_fsdp2.py", "layers.1.mlp", 2, 1),
 ], ids=["hf_trainer", "lightning", "fsdp2"])
 def test_slow_and_doctor_name_the_same_layer_by_its_full_path(tmp_path, program, slow_module,
-                                                              nproc):
+                                                              nproc, calls):
     # GIVEN a framework job whose one layer sleeps 20 ms per forward, traced every step
     env = {**fc.FRAMEWORK_ENV, "PROBE_TRACE": "on"}
     args = ("--log-dir", str(tmp_path / "log"), "--slow-module", slow_module, "--slow-ms", "20")
@@ -45,7 +45,8 @@ def test_slow_and_doctor_name_the_same_layer_by_its_full_path(tmp_path, program,
     for body in bodies:
         top = [dict(zip(body["columns"], r)) for r in body["rows"]]
         assert top[0]["module"] == slow_module, top[:3]
-        assert top[0]["fwd_self_ms"] >= 15 * top[0]["calls_per_step"], top[0]
+        assert top[0]["calls_per_step"] == calls, top[0]  # calls per optimizer step
+        assert top[0]["fwd_self_ms"] >= 15 * calls, top[0]
         # AND self time is never negative nor more than the module's own time
         for r in top:
             assert 0 <= r["fwd_self_ms"] <= r["fwd_ms"] + 1e-3, r
