@@ -9,9 +9,9 @@ What gets captured
 - **memory**: one row per step per device. On CUDA (only once the job has initialised CUDA;
   nothing here creates a context): allocated, reserved, active, peak, alloc retries and OOMs
   from ``torch.cuda.memory_stats()`` of the current device. Always: the process RSS, and the
-  agent's own share of it (``agent_mib``: its in-memory DuckDB, sampled on the writer thread
-  every ``AGENT_SAMPLE_S``; ``agent_threads``), so that a leak check can judge the job's memory
-  (rss - agent_mib) and not blame the user for the agent's tables growing.
+  agent's own share of it (``agent_mib``: its in-memory DuckDB and Arrow buffers, sampled on
+  the writer thread every ``AGENT_SAMPLE_S``; ``agent_threads``), so that a leak check can
+  judge the job's memory (rss - agent_mib) and not blame the user for the agent's tables.
 - **metrics**: the user's own scalars from ``probe_agent.log(step=…, loss=…, **scalars)``, so
   that "loss became NaN at step N" is a query.
 
@@ -101,7 +101,8 @@ class StepRecorder:
 
     # -- writer thread: the agent's own memory ------------------------------------------------
     def _sample_agent(self) -> None:
-        """DuckDB's memory (``duckdb_memory()``: tables, buffers) and the agent's threads. The
+        """DuckDB's memory (``duckdb_memory()``: tables, buffers), the Arrow buffers in flight
+        (pyarrow's pool) and the agent's threads. The
         Store keeps its connection private; its cursor factory is the one way in without a
         second database, and a failure here only leaves the columns NULL."""
         now = time.monotonic()
@@ -116,7 +117,8 @@ class StepRecorder:
                 self._agent_cursor = make()
             row = self._agent_cursor.execute(
                 "SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
-            db = float(row[0] or 0) * _MIB if row else None
+            # + the Arrow buffers the agent's collectors hold between flushes (pyarrow's pool)
+            db = (float(row[0] or 0) + pa.total_allocated_bytes()) * _MIB if row else None
             threads = sum(1 for t in threading.enumerate() if t.name.startswith("probe"))
             self._agent = (db, threads)
         except Exception as e:  # noqa: BLE001 - writer thread: counted, never raised
