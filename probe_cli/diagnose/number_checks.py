@@ -56,7 +56,7 @@ def _memory_line(d: RankDoc, row: dict[str, Any]) -> tuple[str, float, bool]:
             f"{rising}/3 quarters rising")
     a0, a1 = num(row.get("agent_first_mib")), num(row.get("agent_last_mib"))
     if a0 is not None and a1 is not None:
-        line += f"; the agent's own DuckDB {a0:.1f} -> {a1:.1f} MiB (left out)"
+        line += f"; the agent's own (DuckDB, Arrow) {a0:.1f} -> {a1:.1f} MiB, left out"
     near_oom = False
     total = num(((d.state or {}).get("cuda_total_mib") or {}).get(dev))
     reserved = num(row.get("reserved_mib"))

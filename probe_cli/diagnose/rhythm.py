@@ -50,6 +50,10 @@ def normal_wait(states: list[RankState], fixed: float | None = None) -> WaitRule
     gaps.sort()
     p90 = gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))]
     wait = max(FLOOR_WAIT_S, NORMAL_FACTOR * p90)
-    return WaitRule(wait, f"this job starts a collective every {p90:.2f} s or less (90th "
+    return WaitRule(wait, f"this job starts a collective every {_secs(p90)} or less (90th "
                     f"percentile of {len(gaps)} gaps); stuck means {wait:.1f} s "
                     f"({NORMAL_FACTOR:g}x, at least {FLOOR_WAIT_S:g} s)", len(gaps))
+
+
+def _secs(s: float) -> str:
+    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"

@@ -106,7 +106,7 @@ def test_a_steady_leak_is_named_with_its_evidence():
     assert mem.title == "MEMORY GROWTH: ranks 0,1 grow 266 KiB every step, steadily"
     assert "robust slope +0.260 MiB/step (+58.5 MiB)" in mem.evidence[0]
     assert "3/3 quarters rising" in mem.evidence[0]
-    assert "the agent's own DuckDB 3.9 -> 8.2 MiB (left out)" in mem.evidence[0]
+    assert "the agent's own (DuckDB, Arrow) 3.9 -> 8.2 MiB, left out" in mem.evidence[0]
 
 
 def test_memory_growth_and_cuda_headroom():
