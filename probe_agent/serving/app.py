@@ -31,7 +31,8 @@ _UNBUDGETED = frozenset({"/v1/health", "/v1/step", "/v1/backtrace"})
 
 #: Feature routers, by module under ROUTES. Each module exposes ``router``.
 ROUTES = "probe_agent.serving.routes"
-ROUTERS = ("core", "trace", "cluster", "actions", "doctor", "access", "profile")
+ROUTERS = ("core", "trace", "cluster", "actions", "doctor", "access", "profile",
+           "metrics")
 
 
 class AdmissionMiddleware:

@@ -1,0 +1,150 @@
+"""``GET /v1/metrics``: this rank's live numbers in the Prometheus text format (issue 15).
+
+Written by hand (the format is a few lines per metric) because prometheus_client is not an
+agent dependency; tests validate the output with prometheus_client's parser. One read of the
+store per scrape, on the query pool, never on the training thread. Same access rule as every
+data route: a scraper passes the job's token as ``Authorization: Bearer``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+
+if TYPE_CHECKING:
+    from ...agent import Agent
+
+router = APIRouter(prefix="/v1")
+
+#: One statement: last step, last memory row per device, collective wait now, non-finite grads.
+_SQL = """
+SELECT 'step' AS k, NULL AS device, duration AS a, samples_per_s AS b, NULL AS c, NULL AS d,
+       NULL AS e
+  FROM (SELECT * FROM python.steps ORDER BY step DESC LIMIT 1)
+UNION ALL
+SELECT 'mem', device, allocated, reserved, peak, rss, agent_mib
+  FROM (SELECT * FROM python.memory QUALIFY row_number() OVER (PARTITION BY device
+        ORDER BY step DESC, timestamp DESC) = 1)
+UNION ALL
+SELECT 'wait', NULL, coalesce(max(epoch(now()) - start_time), 0), count(*), NULL, NULL, NULL
+  FROM python.collectives WHERE end_time IS NULL AND state NOT IN ('completed', 'failed')
+UNION ALL
+SELECT 'coll', NULL, coalesce(sum(duration), 0), count(*), NULL, NULL, NULL
+  FROM python.collectives WHERE duration IS NOT NULL
+UNION ALL
+SELECT 'nonfinite', NULL, count(*) FILTER (WHERE NOT isfinite(grad_norm)), NULL, NULL, NULL,
+       NULL FROM python.step_stats
+"""
+
+#: name -> (type, help)
+_META = {
+    "probe_step": ("gauge", "Last finished optimizer step."),
+    "probe_last_step_timestamp_seconds": ("gauge", "When the last optimizer step finished."),
+    "probe_step_duration_seconds": ("gauge", "Duration of the last finished step."),
+    "probe_samples_per_second": ("gauge", "Samples per second of the last step, when known."),
+    "probe_memory_rss_bytes": ("gauge", "Process resident set size."),
+    "probe_memory_agent_bytes": ("gauge", "The agent's own share of the RSS (its DuckDB)."),
+    "probe_cuda_allocated_bytes": ("gauge", "CUDA memory allocated, per device."),
+    "probe_cuda_reserved_bytes": ("gauge", "CUDA memory reserved by the caching allocator."),
+    "probe_cuda_peak_allocated_bytes": ("gauge", "CUDA allocated high-water mark."),
+    "probe_collective_wait_seconds": ("gauge", "Age of the oldest collective still pending."),
+    "probe_collectives_pending": ("gauge", "Collectives entered and not yet finished."),
+    "probe_collective_seconds_total": ("counter", "Time spent in finished collectives."),
+    "probe_nonfinite_grad_steps_total": ("counter",
+                                         "Steps whose clipped gradient norm was NaN or Inf."),
+    "probe_trace_mode": ("gauge", "Module tracing mode (1 for the current mode)."),
+    "probe_trace_dropped_rows_total": ("counter", "Trace rows dropped by full buffers."),
+    "probe_up": ("gauge", "1 while the agent serves."),
+}
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(base: dict[str, str], extra: dict[str, str] | None = None) -> str:
+    items = {**base, **(extra or {})}
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in items.items()) + "}"
+
+
+def _num(value: Any) -> str | None:
+    if value is None:
+        return None
+    v = float(value)
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(v)
+
+
+def render(agent: Agent) -> str:
+    """The exposition text; a metric with no value yet (no step so far) is left out."""
+    ident = agent.identity
+    base = {"rank": str(agent.rank), "local_rank": str(ident.local_rank), "host": ident.host,
+            "job": os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID")
+            or os.environ.get("PROBE_JOB", "")}
+    samples: dict[str, list[tuple[dict[str, str] | None, str]]] = {k: [] for k in _META}
+
+    def put(name: str, value: Any, extra: dict[str, str] | None = None) -> None:
+        text = _num(value)
+        if text is not None:
+            samples[name].append((extra, text))
+
+    put("probe_up", 1)
+    clock = agent.stepclock.state()
+    put("probe_step", clock["step"])
+    put("probe_last_step_timestamp_seconds", clock["last_step_at"])
+    tracer = agent.collectors.tracer
+    mode = str(getattr(tracer, "mode", agent.config.trace))
+    put("probe_trace_mode", 1, {"mode": mode})
+    put("probe_trace_dropped_rows_total", getattr(tracer, "dropped", 0))
+    rows = agent.store.query(_SQL).rows
+    for kind, device, a, b, c, d, e in rows:
+        if kind == "step":
+            put("probe_step_duration_seconds", a)
+            put("probe_samples_per_second", b)
+        elif kind == "mem":
+            mib = 2**20
+            if device == "cpu" or d is not None and not str(device).startswith("cuda"):
+                put("probe_memory_rss_bytes", None if d is None else d * mib)
+                put("probe_memory_agent_bytes", None if e is None else e * mib)
+            if str(device).startswith("cuda"):
+                dev = {"device": device}
+                put("probe_cuda_allocated_bytes", None if a is None else a * mib, dev)
+                put("probe_cuda_reserved_bytes", None if b is None else b * mib, dev)
+                put("probe_cuda_peak_allocated_bytes", None if c is None else c * mib, dev)
+                if not samples["probe_memory_rss_bytes"]:
+                    put("probe_memory_rss_bytes", None if d is None else d * mib)
+        elif kind == "wait":
+            put("probe_collective_wait_seconds", a)
+            put("probe_collectives_pending", b)
+        elif kind == "coll":
+            put("probe_collective_seconds_total", a)
+        elif kind == "nonfinite":
+            put("probe_nonfinite_grad_steps_total", a)
+    out = []
+    for name, (kind, help_text) in _META.items():
+        if not samples[name]:
+            continue
+        family = name[: -len("_total")] if kind == "counter" else name
+        out.append(f"# HELP {family} {help_text}")
+        out.append(f"# TYPE {family} {kind}")
+        out.extend(f"{name}{_labels(base, extra)} {text}" for extra, text in samples[name])
+    return "\n".join(out) + "\n"
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> PlainTextResponse:
+    """Prometheus text exposition (version 0.0.4) of this rank's step, memory and waits."""
+    agent = request.app.state.agent
+    t0 = time.perf_counter()
+    text = await asyncio.get_running_loop().run_in_executor(agent.query_pool, render, agent)
+    text += f"# probe render {1e3 * (time.perf_counter() - t0):.1f} ms\n"
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
