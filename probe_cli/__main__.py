@@ -1,8 +1,25 @@
-"""``python -m probe_cli`` and the ``probe`` console script."""
+"""``python -m probe_cli`` and the ``probe`` console script (``probe_cli.__main__:main``)."""
 
+import os
 import sys
 
-from .main import main
+from .main import main as _main
+
+
+def main() -> int:
+    """Run `probe`, ending quietly when the reader of stdout goes away (``probe … | head``).
+
+    The recipe from Python's docs ("Note on SIGPIPE"): on BrokenPipeError, point stdout at
+    devnull so the interpreter's final flush does not raise again, and exit 1."""
+    try:
+        code = _main()
+        sys.stdout.flush()  # a pipe closed after the last write breaks here, inside the try
+        return code
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
 
 if __name__ == "__main__":
     sys.exit(main())
