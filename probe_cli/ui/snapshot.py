@@ -1,0 +1,222 @@
+"""What the dashboard shows, gathered the way the commands gather it.
+
+One fan-out per refresh (``/v1/backtrace`` + ``/v1/collectives``, as `probe hang`, plus one
+query for the recent steps and memory), cached; the page only reads the cache, so N viewers cost
+the agents the same as one. Doctor and straggler (heavier: a second round, a gradient check)
+run every ``slow_every`` refreshes. The verdicts are the objects diagnose/ returns
+(``to_dict()``): one diagnosis code path, two renderers. Gathering stops when no page has asked
+for ``idle_s``, so an open terminal with no browser costs the job nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from ..commands import doctor as doctor_cmd
+from ..commands import straggler as straggler_cmd
+from ..commands.hang import _both
+from ..diagnose.doctor import diagnose as diagnose_doctor
+from ..diagnose.doctor import rank_doc
+from ..diagnose.hang import diagnose as diagnose_hang
+from ..diagnose.hang import rank_state
+from ..diagnose.straggler import diagnose_stragglers
+from ..errors import ProbeCLIError, RankError
+from ..result import RankResult
+from ..transport.client import ProbeClient
+from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.session import Session
+from ..transport.wire import CollectivesBody
+
+#: Seconds in one collective after which a tile says "waiting in a collective".
+WAITING_S = 0.5
+
+#: Steps of history per rank drawn in the charts.
+HISTORY = 60
+
+_SERIES_SQL = f"""
+SELECT s.step, s.duration, s.end_time, m.rss, m.allocated, m.reserved
+FROM (SELECT step, duration, end_time FROM python.steps ORDER BY step DESC LIMIT {HISTORY}) s
+LEFT JOIN (SELECT step, any_value(rss) AS rss, sum(allocated) AS allocated,
+                  sum(reserved) AS reserved FROM python.memory GROUP BY step) m USING (step)
+ORDER BY s.step
+"""
+
+
+def _fast_call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
+    out = _both(client, target)
+    try:
+        out["series"] = client.query(_SERIES_SQL)
+    except RankError as e:  # GIL held or no steps table yet: the tile still shows its state
+        out["series_error"] = e.reason
+    return out
+
+
+def _state_of(r: RankResult, culprits: set[int], waiting_ranks: set[int], now: float) -> str:
+    data = r.data or {}
+    bt = data.get("backtrace") or {}
+    if not r.ok or bt.get("state") == "dead":
+        return "dead"
+    if r.rank in culprits:
+        return "hung"
+    if bt.get("gil_holder") or data.get("collectives_error"):
+        return "gil"
+    if r.rank in waiting_ranks:
+        return "hung"
+    body = data.get("collectives") or {}
+    then = body.get("now") or now
+    # A collective pending for a while, not a healthy job's brief all_reduce.
+    if any(c.get("end_time") is None and c.get("state") not in ("completed", "failed")
+           and then - (c.get("start_time") or then) >= WAITING_S
+           for c in (body.get("collectives") or [])[-8:]):
+        return "waiting"
+    return "training"
+
+
+def _series(data: dict[str, Any]) -> list[dict[str, Any]]:
+    body = data.get("series") or {}
+    cols = body.get("columns") or []
+    return [dict(zip(cols, row, strict=False)) for row in body.get("rows") or []]
+
+
+def _stacks(data: dict[str, Any]) -> list[str]:
+    """The main thread's frames as 'func (file:line)', outermost first."""
+    bt = data.get("backtrace") or {}
+    threads = bt.get("threads") or []
+    main = next((t for t in threads if t.get("is_main")), threads[0] if threads else None)
+    frames = (main or {}).get("frames") or bt.get("frames") or []
+    ordered = sorted(frames, key=lambda f: -int(f.get("depth", 0)))
+    return [f"{f.get('func')} ({str(f.get('file', '')).rsplit('/', 1)[-1]}:{f.get('lineno')})"
+            for f in ordered]
+
+
+def build_tiles(results: list[RankResult], hang: dict[str, Any], now: float
+                ) -> list[dict[str, Any]]:
+    culprits = set(hang.get("culprits") or []) if hang.get("problem") else set()
+    waiting = set((hang.get("waiting") or {}).get("ranks") or []) if hang.get("problem") else set()
+    tiles = []
+    for r in results:
+        data = r.data or {}
+        series = _series(data)
+        last = series[-1] if series else {}
+        tiles.append({
+            "rank": r.rank, "host": r.host or data.get("host") or "?", "url": r.url,
+            "state": _state_of(r, culprits, waiting, now),
+            "step": last.get("step"), "step_time": last.get("duration"),
+            "since": None if not last.get("end_time") else round(now - last["end_time"], 1),
+            "series": series, "stack": _stacks(data),
+            "error": None if r.ok else (r.error.message if r.error else "no answer"),
+        })
+    return tiles
+
+
+class Snapshotter:
+    """Refreshes the snapshot on a daemon thread while the page is being looked at."""
+
+    def __init__(self, session: Session, refresh_s: float = 1.5, slow_every: int = 8,
+                 idle_s: float = 10.0) -> None:
+        self.session = session
+        self.refresh_s = refresh_s
+        self.slow_every = slow_every
+        self.idle_s = idle_s
+        self.lock = threading.Lock()  # one user of the session at a time
+        self.snapshot: dict[str, Any] = {"tiles": [], "verdicts": {}, "refreshed_at": None}
+        self.slow_state: dict[str, Any] = {}
+        self.wanted_at = 0.0
+        self.wake = threading.Event()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="probe-ui.refresh", daemon=True)
+
+    def start(self) -> Snapshotter:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+
+    def current(self) -> dict[str, Any]:
+        """The cached snapshot; asking for it keeps the refresh going."""
+        self.wanted_at = time.monotonic()
+        self.wake.set()
+        return self.snapshot
+
+    def refresh_once(self, slow: bool = True) -> dict[str, Any]:
+        with self.lock:
+            targets = resolve_ranks(self.session)
+            t0 = time.monotonic()
+            results = fan_out(self.session, targets, _fast_call)
+            verdict = diagnose_hang([rank_state(r) for r in results])
+            if slow:
+                self.slow_state = self._slow_round(targets, results, verdict)
+            now = time.time()
+            hang = verdict.to_dict()
+            snap = {
+                "refreshed_at": now, "fanout_ms": round(1e3 * (time.monotonic() - t0), 1),
+                "tiles": build_tiles(results, hang, now),
+                "verdicts": {"hang": hang, **self.slow_state.get("verdicts", {})},
+                "slow": self.slow_state.get("slow", {}),
+                "slow_at": self.slow_state.get("at"),
+            }
+            self.snapshot = snap
+            return snap
+
+    def _slow_round(self, targets: list[RankTarget], first: list[RankResult],
+                    verdict: Any) -> dict[str, Any]:
+        """Doctor's and straggler's own gathering and diagnosis, reusing the hang round."""
+        answered = [r for r in first if r.ok]
+        urls = {r.url for r in answered}
+        live = [t for t in targets if t.endpoint.label in urls]
+        grad_wait = max(0.1, min(1.0, self.session.timeout / 4))
+        second = {r.rank: r for r in fan_out(self.session, live,
+                                             doctor_cmd._second_round(50, grad_wait))}
+        docs = []
+        for r in answered:
+            d = second.get(r.rank)
+            docs.append(rank_doc(rank_state(r), d.data if d is not None and d.ok else None))
+        report = diagnose_doctor(verdict, docs, verdict.threshold_s or 5.0)
+        strag = fan_out(self.session, live, straggler_cmd._gather(50))
+        rows = {r.rank: list(CollectivesBody.from_wire(r.data["collectives"]).collectives)
+                for r in strag if r.ok and r.data and r.rank is not None}
+        straggler = diagnose_stragglers(rows, last=200, min_share=0.1)
+        slow = {d.rank: d.slow or [] for d in docs}
+        return {"verdicts": {"doctor": report.to_dict(), "straggler": straggler.to_dict()},
+                "slow": slow, "at": time.time()}
+
+    def _run(self) -> None:
+        n = 0
+        while not self.stopping:
+            self.wake.wait(self.refresh_s)
+            self.wake.clear()
+            if self.stopping:
+                return
+            if time.monotonic() - self.wanted_at > self.idle_s:
+                continue  # nobody is looking: ask the agents nothing
+            t0 = time.monotonic()
+            try:
+                self.refresh_once(slow=n % self.slow_every == 0)
+            except ProbeCLIError as e:
+                self.snapshot = {**self.snapshot, "error": e.message}
+            n += 1
+            time.sleep(max(0.0, self.refresh_s - (time.monotonic() - t0)))
+
+
+def run_sql(session: Session, lock: threading.Lock, sql: str, max_rows: int = 1000
+            ) -> dict[str, Any]:
+    """`probe query` from the page: every rank's rows, a leading rank column (read-only:
+    the agents allow only read statements)."""
+    with lock:
+        results = fan_out(session, resolve_ranks(session),
+                          lambda c, _t: c.query(sql, max_rows=max_rows))
+    columns: list[str] = []
+    rows: list[list[Any]] = []
+    errors = []
+    for r in results:
+        if r.ok and r.data:
+            columns = ["rank", *r.data.get("columns", [])]
+            rows.extend([r.rank, *row] for row in r.data.get("rows", []))
+        else:
+            msg = (r.data or {}).get("error") or (r.error.message if r.error else "no answer")
+            errors.append(f"rank {r.rank}: {msg}")
+    return {"columns": columns, "rows": rows, "errors": errors}

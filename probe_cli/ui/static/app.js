@@ -1,0 +1,198 @@
+// probe ui: renders the snapshot that `probe ui` caches (one fan-out per refresh) as tiles,
+// SVG charts drawn here (no charting library: a few polylines and rects), the diagnose/
+// verdicts as banners, grouped stacks and a SQL console. No network access but this server.
+"use strict";
+const REFRESH_MS = 1500;
+const STATES = { training: "training", waiting: "waiting in a collective", hung: "hung",
+                 gil: "GIL held", dead: "dead" };
+const NS = "http://www.w3.org/2000/svg";
+const $ = (id) => document.getElementById(id);
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g,
+  (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+const fmtMs = (s) => (s == null ? "–" : s < 1 ? (s * 1e3).toFixed(s < 0.01 ? 1 : 0) + " ms" : s.toFixed(2) + " s");
+const openStacks = new Set();
+
+function median(xs) { const s = [...xs].sort((a, b) => a - b); const n = s.length;
+  return n ? (n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2) : 0; }
+
+function renderLegend() {
+  $("legend").innerHTML = Object.entries(STATES).map(([k, v]) =>
+    `<span class="key tile ${k}"></span>${esc(v)}`).join("");
+}
+
+function renderTiles(tiles) {
+  const byHost = new Map();
+  for (const t of tiles) { if (!byHost.has(t.host)) byHost.set(t.host, []); byHost.get(t.host).push(t); }
+  const dense = tiles.length > 64;  // at 512 ranks a tile is a coloured cell, details on hover
+  let html = "";
+  for (const [host, ts] of byHost) {
+    const counts = {};
+    for (const t of ts) counts[t.state] = (counts[t.state] || 0) + 1;
+    const sum = Object.entries(counts).map(([k, n]) => `${n} ${STATES[k] || k}`).join(", ");
+    html += `<div class="node"><h3>${esc(host)} · ${ts.length} rank${ts.length > 1 ? "s" : ""} · ${esc(sum)}</h3>`
+         + `<div class="grid${dense ? " dense" : ""}">`;
+    for (const t of ts) {
+      const title = `rank ${t.rank} on ${t.host}: ${STATES[t.state] || t.state}; step ${t.step ?? "–"}; `
+        + `last step ${fmtMs(t.step_time)}; ${t.since ?? "–"} s since${t.error ? "; " + t.error : ""}`;
+      html += dense
+        ? `<div class="tile ${t.state}" data-rank="${t.rank}" title="${esc(title)}">${t.rank}</div>`
+        : `<div class="tile ${t.state}" data-rank="${t.rank}" title="${esc(title)}"><b>rank ${t.rank}</b>`
+          + `<br>step <span class="step">${t.step ?? "–"}</span><br>${fmtMs(t.step_time)}`
+          + `<br>${t.since == null ? "–" : t.since + " s ago"}<br>${esc(STATES[t.state] || t.state)}</div>`;
+    }
+    html += "</div></div>";
+  }
+  $("ranks").innerHTML = html || "<p>no rank answered yet</p>";
+}
+
+function svg(w, h) { const s = document.createElementNS(NS, "svg");
+  s.setAttribute("viewBox", `0 0 ${w} ${h}`); s.setAttribute("width", "100%"); return s; }
+function el(tag, attrs, parent) { const e = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); parent.appendChild(e); return e; }
+const palette = (i, n) => `hsl(${Math.round((360 * i) / Math.max(n, 1))},60%,62%)`;
+
+// One line per rank over steps; points above median + 4·MAD of all points are marked outliers.
+function lineChart(target, tiles, key, unit, fmt, markOutliers) {
+  const W = 520, H = 180, L = 52, B = 18;
+  const pts = [];
+  tiles.forEach((t, i) => (t.series || []).forEach((p) => {
+    if (p[key] != null && p.step != null) pts.push({ i, rank: t.rank, x: p.step, y: p[key] }); }));
+  const box = $(target); box.innerHTML = "";
+  if (!pts.length) { box.textContent = "no steps recorded yet"; return; }
+  const xs = pts.map((p) => p.x), ys = pts.map((p) => p.y);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1), y1 = Math.max(...ys) * 1.1 || 1;
+  const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - 6), Y = (y) => H - B - (y / y1) * (H - B - 6);
+  const s = svg(W, H);
+  el("line", { x1: L, y1: H - B, x2: W, y2: H - B, class: "axis" }, s);
+  el("line", { x1: L, y1: 0, x2: L, y2: H - B, class: "axis" }, s);
+  el("text", { x: 2, y: 12 }, s).textContent = fmt(y1);
+  el("text", { x: 2, y: H - B }, s).textContent = "0 " + unit;
+  el("text", { x: L, y: H - 4 }, s).textContent = "step " + x0;
+  el("text", { x: W - 60, y: H - 4 }, s).textContent = "step " + x1;
+  const n = tiles.length;
+  tiles.forEach((t, i) => {
+    const mine = pts.filter((p) => p.i === i).sort((a, b) => a.x - b.x);
+    if (mine.length > 1) el("polyline", { points: mine.map((p) => `${X(p.x).toFixed(1)},${Y(p.y).toFixed(1)}`).join(" "),
+      fill: "none", stroke: palette(i, n), "stroke-width": n > 64 ? 0.6 : 1.4 }, s);
+  });
+  if (markOutliers) {
+    const m = median(ys), mad = median(ys.map((y) => Math.abs(y - m))) || m * 0.05;
+    for (const p of pts) if (p.y > m + 4 * mad && p.y > m * 1.2) {
+      const c = el("circle", { cx: X(p.x), cy: Y(p.y), r: 3, fill: "#d64545", class: "outlier" }, s);
+      el("title", {}, c).textContent = `rank ${p.rank} step ${p.x}: ${fmt(p.y)} (median ${fmt(m)})`;
+    }
+  }
+  box.appendChild(s);
+}
+
+function renderHeatmap(slow, at) {
+  const box = $("heatmap"); box.innerHTML = "";
+  const ranks = Object.keys(slow || {}).map(Number).sort((a, b) => a - b);
+  const total = new Map();
+  for (const r of ranks) for (const row of slow[r]) total.set(row.module, (total.get(row.module) || 0) + (row.self_ms || 0));
+  const mods = [...total.entries()].sort((a, b) => b[1] - a[1]).slice(0, 12).map((e) => e[0]);
+  $("slow-at").textContent = at ? `(every few refreshes; ${new Date(at * 1000).toLocaleTimeString()})` : "";
+  if (!mods.length) { box.textContent = "no traced steps yet (`probe trace on` traces every step)"; return; }
+  const cell = ranks.length > 64 ? 3 : 16, L = 60, T = 110, CW = 72;
+  const s = svg(L + CW * mods.length, T + cell * ranks.length + 4);
+  s.setAttribute("width", L + CW * mods.length);
+  const max = Math.max(...ranks.flatMap((r) => slow[r].map((x) => x.self_ms || 0)), 1e-9);
+  mods.forEach((m, j) => { const t = el("text", { x: L + CW * j + 8, y: T - 4, transform: `rotate(-35 ${L + CW * j + 8} ${T - 4})` }, s);
+    t.textContent = m.length > 22 ? "…" + m.slice(-21) : m; });
+  ranks.forEach((r, i) => {
+    if (cell >= 10 || i % 32 === 0) el("text", { x: 2, y: T + cell * i + Math.min(cell, 12) }, s).textContent = "rank " + r;
+    const byMod = new Map(slow[r].map((x) => [x.module, x.self_ms]));
+    mods.forEach((m, j) => {
+      const v = byMod.get(m) || 0, a = v / max;
+      const rect = el("rect", { x: L + CW * j, y: T + cell * i, width: CW - 2, height: Math.max(cell - 1, 1),
+        fill: `rgb(${Math.round(30 + 220 * a)},${Math.round(60 + 60 * (1 - a))},${Math.round(120 * (1 - a))})` }, s);
+      el("title", {}, rect).textContent = `rank ${r} · ${m}: ${v} ms self per step`;
+    });
+  });
+  box.appendChild(s);
+}
+
+function banners(v) {
+  const out = [];
+  const hang = v.hang;
+  if (hang && hang.problem) out.push(`<div class="banner hang" id="banner-hang">HANG: ${esc(hang.headline)}<a href="#ev-hang">evidence</a></div>`);
+  const st = v.straggler;
+  if (st && st.problem) out.push(`<div class="banner straggler" id="banner-straggler">STRAGGLER: ${esc(st.headline)}<a href="#ev-straggler">evidence</a></div>`);
+  const doc = v.doctor;
+  (doc && doc.findings || []).filter((f) => f.severity !== "info" && f.check !== "hang" && f.check !== "straggler")
+    .forEach((f, i) => out.push(`<div class="banner ${esc(f.severity)}">DOCTOR: ${esc(f.title)}<a href="#ev-doctor-${i}">evidence</a></div>`));
+  if (!out.length) out.push(`<div class="banner ok">No hang${st ? ", no straggler" : ""}${doc ? ", doctor finds nothing wrong" : ""}.</div>`);
+  $("banners").innerHTML = out.join("");
+  let ev = "";
+  const block = (id, title, lines, next) => `<details id="${id}" open><summary>${esc(title)}</summary><pre>${esc((lines || []).join("\n"))}${next ? "\nnext: " + esc(next) : ""}</pre></details>`;
+  if (hang) ev += block("ev-hang", "hang: " + hang.headline, [...(hang.details || []), hang.basis ? "basis: " + hang.basis + " (confidence " + hang.confidence + ")" : ""], "probe hang");
+  if (st) ev += block("ev-straggler", "straggler: " + st.headline, st.details, "probe straggler");
+  (doc && doc.findings || []).filter((f) => f.severity !== "info" && f.check !== "hang" && f.check !== "straggler")
+    .forEach((f, i) => { ev += block(`ev-doctor-${i}`, `${f.severity}: ${f.title}`, f.evidence, f.next); });
+  (doc && doc.findings || []).filter((f) => f.severity === "info").forEach((f) => {
+    ev += `<details><summary><span class="sev info">info</span>${esc(f.title)}</summary><pre>${esc((f.evidence || []).join("\n"))}</pre></details>`; });
+  $("findings").innerHTML = ev || "waiting for the first doctor round…";
+  const leak = (doc && doc.findings || []).find((f) => f.check === "memory");
+  $("leak").textContent = leak ? leak.title : "";
+}
+
+function renderStacks(tiles) {
+  const groups = new Map();
+  for (const t of tiles) { const key = t.state === "dead" ? "(no answer)" : (t.stack || []).join("\n");
+    if (!groups.has(key)) groups.set(key, []); groups.get(key).push(t); }
+  const sorted = [...groups.entries()].sort((a, b) => a[1].length - b[1].length);  // outliers first
+  $("stacks").innerHTML = sorted.map(([key, ts], gi) => {
+    const lines = key.split("\n"), top = lines[lines.length - 1];
+    const ranks = ts.map((t) => t.rank).join(", ");
+    const gid = "g:" + key.slice(-200);
+    return `<details data-key="${esc(gid)}"${openStacks.has(gid) ? " open" : ""}><summary><b>${ts.length} rank${ts.length > 1 ? "s" : ""}</b> [${esc(ranks)}] in ${esc(top)}</summary>`
+      + `<pre>${esc(key)}</pre>`
+      + ts.map((t) => `<details><summary>rank ${t.rank} (${esc(t.host)}) ${esc(STATES[t.state] || t.state)}</summary><pre>${esc((t.stack || []).join("\n") || t.error || "")}</pre></details>`).join("")
+      + "</details>";
+  }).join("");
+  for (const d of $("stacks").querySelectorAll("details[data-key]"))
+    d.addEventListener("toggle", () => (d.open ? openStacks.add(d.dataset.key) : openStacks.delete(d.dataset.key)));
+}
+
+async function refresh() {
+  try {
+    const snap = await (await fetch("/api/snapshot", { cache: "no-store" })).json();
+    const tiles = (snap.tiles || []).slice().sort((a, b) => (a.rank ?? 1e9) - (b.rank ?? 1e9));
+    const counts = {};
+    for (const t of tiles) counts[t.state] = (counts[t.state] || 0) + 1;
+    $("summary").textContent = `${tiles.length} ranks · ` + Object.entries(counts).map(([k, n]) => `${n} ${STATES[k] || k}`).join(" · ")
+      + (snap.error ? ` · error: ${snap.error}` : "");
+    $("updated").textContent = snap.refreshed_at ? `updated ${new Date(snap.refreshed_at * 1000).toLocaleTimeString()} · fan-out ${snap.fanout_ms} ms` : "first refresh…";
+    renderTiles(tiles);
+    lineChart("steptime", tiles, "duration", "s", fmtMs, true);
+    const cuda = tiles.some((t) => (t.series || []).some((p) => p.allocated));
+    $("memkind").textContent = cuda ? "(CUDA allocated, MiB)" : "(RSS, MiB)";
+    lineChart("memory", tiles, cuda ? "allocated" : "rss", "MiB", (v) => v.toFixed(0) + " MiB", false);
+    renderHeatmap(snap.slow, snap.slow_at);
+    banners(snap.verdicts || {});
+    renderStacks(tiles);
+  } catch (e) {
+    $("summary").textContent = "probe ui is not answering: " + e;
+  }
+}
+
+async function runSql(ev) {
+  ev.preventDefault();
+  const sql = $("sql").value;
+  $("sqlstatus").textContent = "running…";
+  $("csv").href = "/api/query.csv?sql=" + encodeURIComponent(sql);
+  const res = await (await fetch("/api/query", { method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ sql }) })).json();
+  $("sqlstatus").textContent = `${(res.rows || []).length} rows`;
+  const head = `<tr>${(res.columns || []).map((c) => `<th>${esc(c)}</th>`).join("")}</tr>`;
+  const body = (res.rows || []).slice(0, 500).map((r) => `<tr>${r.map((v) => `<td>${esc(v)}</td>`).join("")}</tr>`).join("");
+  $("sqlresult").innerHTML = (res.errors || []).map((e) => `<p class="err">${esc(e)}</p>`).join("")
+    + (res.columns && res.columns.length ? `<table id="sqltable">${head}${body}</table>` : "");
+}
+
+renderLegend();
+$("sqlform").addEventListener("submit", runSql);
+$("csv").href = "/api/query.csv?sql=" + encodeURIComponent($("sql").value);
+$("sql").addEventListener("input", () => { $("csv").href = "/api/query.csv?sql=" + encodeURIComponent($("sql").value); });
+refresh();
+setInterval(refresh, REFRESH_MS);
