@@ -63,7 +63,7 @@ def _state_of(r: RankResult, culprits: set[int], waiting_ranks: set[int], now: f
     if bt.get("gil_holder") or data.get("collectives_error"):
         return "gil"
     if r.rank in waiting_ranks:
-        return "hung"
+        return "waiting"  # a hang's victim: it waits in the collective the culprit never reached
     body = data.get("collectives") or {}
     then = body.get("now") or now
     # A collective pending for a while, not a healthy job's brief all_reduce.

@@ -5,6 +5,7 @@
 const REFRESH_MS = 1500;
 const STATES = { training: "training", waiting: "waiting in a collective", hung: "hung",
                  gil: "GIL held", dead: "dead" };
+const SHORT = { training: "training", waiting: "waiting", hung: "hung", gil: "GIL held", dead: "dead" };
 const NS = "http://www.w3.org/2000/svg";
 const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g,
@@ -38,7 +39,7 @@ function renderTiles(tiles) {
         ? `<div class="tile ${t.state}" data-rank="${t.rank}" title="${esc(title)}">${t.rank}</div>`
         : `<div class="tile ${t.state}" data-rank="${t.rank}" title="${esc(title)}"><b>rank ${t.rank}</b>`
           + `<br>step <span class="step">${t.step ?? "–"}</span><br>${fmtMs(t.step_time)}`
-          + `<br>${t.since == null ? "–" : t.since + " s ago"}<br>${esc(STATES[t.state] || t.state)}</div>`;
+          + `<br>${t.since == null ? "–" : t.since + " s ago"}<br>${esc(SHORT[t.state] || t.state)}</div>`;
     }
     html += "</div></div>";
   }
@@ -83,6 +84,12 @@ function lineChart(target, tiles, key, unit, fmt, markOutliers) {
     }
   }
   box.appendChild(s);
+  if (n <= 16) {  // a colour key while it stays readable; hover a point or line otherwise
+    const key = document.createElement("div");
+    key.className = "ranks-key";
+    key.innerHTML = tiles.map((t, i) => `<svg width="18" height="8"><line x1="0" y1="4" x2="18" y2="4" stroke="${palette(i, n)}" stroke-width="2"/></svg> rank ${esc(t.rank)}`).join(" ");
+    box.appendChild(key);
+  }
 }
 
 function renderHeatmap(slow, at) {
@@ -112,21 +119,24 @@ function renderHeatmap(slow, at) {
   box.appendChild(s);
 }
 
+// Verdict headlines already lead with their label ("HANG: rank 1 …"); add one only if not.
+const label = (word, text) => (/^[A-Z][A-Z /]+:/.test(text || "") ? text : `${word}: ${text}`);
+
 function banners(v) {
   const out = [];
   const hang = v.hang;
-  if (hang && hang.problem) out.push(`<div class="banner hang" id="banner-hang">HANG: ${esc(hang.headline)}<a href="#ev-hang">evidence</a></div>`);
+  if (hang && hang.problem) out.push(`<div class="banner hang" id="banner-hang">${esc(label("HANG", hang.headline))}<a href="#ev-hang">evidence</a></div>`);
   const st = v.straggler;
-  if (st && st.problem) out.push(`<div class="banner straggler" id="banner-straggler">STRAGGLER: ${esc(st.headline)}<a href="#ev-straggler">evidence</a></div>`);
+  if (st && st.problem) out.push(`<div class="banner straggler" id="banner-straggler">${esc(label("STRAGGLER", st.headline))}<a href="#ev-straggler">evidence</a></div>`);
   const doc = v.doctor;
   (doc && doc.findings || []).filter((f) => f.severity !== "info" && f.check !== "hang" && f.check !== "straggler")
-    .forEach((f, i) => out.push(`<div class="banner ${esc(f.severity)}">DOCTOR: ${esc(f.title)}<a href="#ev-doctor-${i}">evidence</a></div>`));
+    .forEach((f, i) => out.push(`<div class="banner ${esc(f.severity)}">${esc(label("DOCTOR", f.title))}<a href="#ev-doctor-${i}">evidence</a></div>`));
   if (!out.length) out.push(`<div class="banner ok">No hang${st ? ", no straggler" : ""}${doc ? ", doctor finds nothing wrong" : ""}.</div>`);
   $("banners").innerHTML = out.join("");
   let ev = "";
   const block = (id, title, lines, next) => `<details id="${id}" open><summary>${esc(title)}</summary><pre>${esc((lines || []).join("\n"))}${next ? "\nnext: " + esc(next) : ""}</pre></details>`;
-  if (hang) ev += block("ev-hang", "hang: " + hang.headline, [...(hang.details || []), hang.basis ? "basis: " + hang.basis + " (confidence " + hang.confidence + ")" : ""], "probe hang");
-  if (st) ev += block("ev-straggler", "straggler: " + st.headline, st.details, "probe straggler");
+  if (hang) ev += block("ev-hang", label("HANG", hang.headline), hang.details, "probe hang");
+  if (st) ev += block("ev-straggler", label("STRAGGLER", st.headline), st.details, "probe straggler");
   (doc && doc.findings || []).filter((f) => f.severity !== "info" && f.check !== "hang" && f.check !== "straggler")
     .forEach((f, i) => { ev += block(`ev-doctor-${i}`, `${f.severity}: ${f.title}`, f.evidence, f.next); });
   (doc && doc.findings || []).filter((f) => f.severity === "info").forEach((f) => {

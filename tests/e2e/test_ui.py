@@ -1,0 +1,130 @@
+"""`probe ui` (issue 15) in a real browser (Debian's chromium driven by Playwright) against
+live 2-rank torchrun jobs: tiles with advancing steps, the SQL console, and a hang banner that
+names the culprit. Screenshots are kept under the test's tmp dir (and /tmp/probe-ui-hang.png)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.test_cluster import torchrun_job
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _need_browser() -> object:
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing (docker/setup.sh installs Debian's chromium)")
+    return pytest.importorskip("playwright.sync_api", reason="playwright (test extra) missing")
+
+
+@contextmanager
+def dashboard(agent_url: str) -> Iterator[str]:
+    """`probe -t ADDR ui --port 0` as an operator runs it; yields the URL it prints."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "probe_cli", "-t", agent_url.removeprefix("http://"),
+         "--timeout", "5", "ui", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"dashboard at (http://127\.0\.0\.1:\d+/)", line)
+        assert m, line + proc.stderr.read() if proc.poll() is not None else line
+        yield m.group(1)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(15)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@contextmanager
+def page_at(url: str, tmp: Path) -> Iterator[object]:
+    sync_api = _need_browser()
+    with sync_api.sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(tmp / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=ARGS,
+            viewport={"width": 1400, "height": 1300},
+            bypass_csp=True)  # wait_for_function evaluates strings; the page itself needs no eval
+        try:
+            page = ctx.new_page()
+            page.goto(url)
+            yield page
+        finally:
+            ctx.close()
+
+
+def _step(page: object, rank: int) -> int:
+    text = page.locator(f'.tile[data-rank="{rank}"] .step').inner_text()
+    return int(text) if text.isdigit() else -1
+
+
+@pytest.mark.timeout(150)
+def test_tiles_advance_and_sql_console_returns_rows(tmp_path):
+    _need_browser()
+    with torchrun_job(tmp_path, "toy_train.py", 2, "--step-sleep", "0.05",
+                      env={"PROBE_TRACE": "on"}) as (_, infos), \
+            dashboard(infos[0]["url"]) as url, page_at(url, tmp_path) as page:
+        # GIVEN the page of a healthy 2-rank job: both tiles show a step
+        page.wait_for_function(
+            "document.querySelectorAll('.tile[data-rank] .step').length === 2 && "
+            "[...document.querySelectorAll('.tile[data-rank] .step')]"
+            ".every(e => /^[0-9]+$/.test(e.textContent))", timeout=30_000)
+        first = [_step(page, r) for r in (0, 1)]
+        # WHEN the job trains on, THEN both tiles' steps advance (the page refreshes itself)
+        page.wait_for_function(
+            f"+document.querySelector('.tile[data-rank=\"0\"] .step').textContent > {first[0]}"
+            f" && +document.querySelector('.tile[data-rank=\"1\"] .step').textContent > "
+            f"{first[1]}", timeout=20_000)
+        assert page.locator(".tile.training[data-rank], .tile.waiting[data-rank]").count() == 2
+        # AND the SQL console answers from every rank, as `probe query`
+        page.fill("#sql", "SELECT count(*) AS n FROM python.steps")
+        page.click("#run")
+        page.wait_for_selector("#sqltable")
+        rows = page.locator("#sqltable tr").all_inner_texts()
+        assert rows[0].split() == ["rank", "n"]
+        assert sorted(r.split()[0] for r in rows[1:]) == ["0", "1"]
+        assert all(int(r.split()[1]) > 0 for r in rows[1:])
+        # AND its CSV download carries the same columns
+        assert page.locator("#csv").get_attribute("href").startswith("/api/query.csv?sql=")
+        csv = httpx.get(url + "api/query.csv", params={"sql": "SELECT 7 AS seven"}, timeout=15)
+        assert csv.headers["content-disposition"].startswith("attachment")
+        assert csv.text.splitlines() == ["rank,seven", "0,7", "1,7"]
+        # AND the slowest modules' heatmap fills once the doctor round has traced steps
+        page.wait_for_selector("#heatmap rect", timeout=30_000)
+        page.screenshot(path=str(tmp_path / "probe-ui-healthy.png"), full_page=True)
+        shutil.copy(tmp_path / "probe-ui-healthy.png", "/tmp/probe-ui-healthy.png")
+
+
+@pytest.mark.timeout(150)
+def test_hang_banner_names_the_culprit(tmp_path):
+    _need_browser()
+    # GIVEN a 2-rank job whose rank 1 sleeps before the all_reduce rank 0 waits in
+    with torchrun_job(tmp_path, "hang_sleep_before_allreduce.py", 2) as (_, infos), \
+            dashboard(infos[0]["url"]) as url, page_at(url, tmp_path) as page:
+        # WHEN the page has refreshed past the job's hang threshold
+        banner = page.locator("#banner-hang")
+        banner.wait_for(timeout=60_000)
+        page.wait_for_selector('.tile.hung[data-rank="1"]', timeout=30_000)
+        assert page.locator('.tile[data-rank="0"]').get_attribute("class") == "tile waiting"
+        shot = tmp_path / "probe-ui-hang.png"
+        page.screenshot(path=str(shot), full_page=True)
+        shutil.copy(shot, "/tmp/probe-ui-hang.png")
+        # THEN the banner names rank 1 (the verdict `probe hang` prints), linking to evidence
+        text = banner.inner_text()
+        assert text.startswith("HANG: rank 1"), text
+        assert banner.locator("a").get_attribute("href") == "#ev-hang"
+        assert "rank 1" in page.locator("#ev-hang summary").inner_text()
