@@ -14,6 +14,7 @@ WORK=$(mktemp -d /tmp/probe-demo.XXXXXX)
 STOP="$WORK/stop"
 
 cleanup() {
+    if [ -n "${UI:-}" ]; then kill -TERM "$UI" 2>/dev/null || true; wait "$UI" 2>/dev/null || true; fi
     touch "$STOP"
     if [ -n "${JOB:-}" ] && kill -0 "$JOB" 2>/dev/null; then
         for _ in $(seq 50); do kill -0 "$JOB" 2>/dev/null || break; sleep 0.2; done
@@ -38,6 +39,12 @@ for _ in $(seq 300); do
     fi
     sleep 0.2
 done
+
+echo "==> starting the dashboard: probe -t 127.0.0.1:$PORT ui --port ${DEMO_UI_PORT:-8700}"
+probe -t "127.0.0.1:$PORT" ui --port "${DEMO_UI_PORT:-8700}" >"$WORK/ui.log" 2>&1 &
+UI=$!
+for _ in $(seq 50); do grep -q "dashboard at" "$WORK/ui.log" 2>/dev/null && break; sleep 0.1; done
+sed -n 's/^probe ui: //p' "$WORK/ui.log"
 
 run() { echo; echo "\$ $*"; "$@" || echo "(exit code $?)"; }
 run probe -t "127.0.0.1:$PORT" info

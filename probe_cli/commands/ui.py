@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import signal
 import time
+from typing import Any
 
 import click
 
@@ -58,6 +60,10 @@ def command(session: Session, port: int, bind: str, refresh: float,
         import webbrowser
 
         webbrowser.open(server.url)
+    def stop(*_: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM (a script's `kill`) ends it like Ctrl-C
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         while True:
             time.sleep(3600)

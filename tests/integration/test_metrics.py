@@ -63,3 +63,44 @@ def test_metrics_need_the_token_like_other_data_routes(make_agent):
     # THEN only the token holder is served
     assert refused.status_code in (401, 403)
     assert allowed.status_code == 200 and "probe_up" in allowed.text
+
+
+DOCKER = __import__("pathlib").Path(__file__).resolve().parents[2] / "docker"
+
+
+def test_docker_scrape_config_and_grafana_dashboard_match_what_the_agent_serves(agent, client):
+    """No Docker engine here: the files are parsed, and every metric the Grafana panels and
+    the scrape config rely on is one a real agent serves."""
+    import json
+    import re
+
+    yaml = pytest.importorskip("yaml")
+    # GIVEN what a real agent serves after a step
+    assert agent.stepclock.poll()
+    _steps(2)
+    agent.store.flush()
+    served = set(_families(client))
+    # WHEN the docker files are read
+    prom = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    dash = json.loads((DOCKER / "grafana-probe-dashboard.json").read_text())
+    # THEN Prometheus scrapes /v1/metrics of the four demo ranks with a Bearer token file
+    (job,) = prom["scrape_configs"]
+    assert job["metrics_path"] == "/v1/metrics"
+    assert job["authorization"]["type"] == "Bearer" and job["authorization"]["credentials_file"]
+    targets = [t for sc in job["static_configs"] for t in sc["targets"]]
+    assert targets == ["node0:9700", "node0:9701", "node1:9702", "node1:9703"]
+    # AND compose runs both next to the 2-node job, mounting files that exist
+    assert {"node0", "node1", "prometheus", "grafana"} <= set(compose["services"])
+    for name in ("prometheus", "grafana"):
+        for vol in compose["services"][name]["volumes"]:
+            src = vol.split(":")[0]
+            if src == "./probe.env":  # the operator's copy of probe.env.example (README)
+                src += ".example"
+            assert (DOCKER / src).exists(), vol
+    # AND every Grafana panel queries a family the agent serves
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(dash["panels"]) >= 10
+    names = {re.sub(r"_total$", "", n) for e in exprs for n in re.findall(r"probe_\w+", e)}
+    cuda = {n for n in names if n.startswith("probe_cuda_")}  # only once a job uses CUDA
+    assert names - cuda <= served, names - cuda - served
