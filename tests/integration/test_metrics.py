@@ -77,7 +77,7 @@ def test_docker_scrape_config_and_grafana_dashboard_match_what_the_agent_serves(
     yaml = pytest.importorskip("yaml")
     # GIVEN what a real agent serves after a step
     assert agent.stepclock.poll()
-    _steps(2)
+    _steps(4)
     agent.store.flush()
     served = set(_families(client))
     # WHEN the docker files are read
@@ -102,5 +102,6 @@ def test_docker_scrape_config_and_grafana_dashboard_match_what_the_agent_serves(
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     assert len(dash["panels"]) >= 10
     names = {re.sub(r"_total$", "", n) for e in exprs for n in re.findall(r"probe_\w+", e)}
-    cuda = {n for n in names if n.startswith("probe_cuda_")}  # only once a job uses CUDA
-    assert names - cuda <= served, names - cuda - served
+    # CUDA families appear once a job uses CUDA, samples/s once the job's batches are counted
+    later = {n for n in names if n.startswith("probe_cuda_")} | {"probe_samples_per_second"}
+    assert names - later <= served, names - later - served
