@@ -10,6 +10,7 @@ for ``idle_s``, so an open terminal with no browser costs the job nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -126,6 +127,10 @@ class Snapshotter:
         self.wanted_at = 0.0
         self.wake = threading.Event()
         self.stopping = False
+        self.slow_session = dataclasses.replace(session, _clients={}, _lock=threading.Lock(),
+                                                notes=[])
+        self.slow_thread: threading.Thread | None = None
+        self.slow_next = 0.0
         self.thread = threading.Thread(target=self._run, name="probe-ui.refresh", daemon=True)
 
     def start(self) -> Snapshotter:
@@ -135,6 +140,7 @@ class Snapshotter:
     def stop(self) -> None:
         self.stopping = True
         self.wake.set()
+        self.slow_session.close()
 
     def current(self) -> dict[str, Any]:
         """The cached snapshot; asking for it keeps the refresh going."""
@@ -142,14 +148,21 @@ class Snapshotter:
         self.wake.set()
         return self.snapshot
 
-    def refresh_once(self, slow: bool = True) -> dict[str, Any]:
+    def refresh_once(self, slow: bool = True, wait_slow: bool = True) -> dict[str, Any]:
+        """One refresh; ``slow`` also starts the doctor/straggler round on its own thread (its
+        second round takes seconds at scale: the tiles must not wait for it)."""
         with self.lock:
             targets = resolve_ranks(self.session)
             t0 = time.monotonic()
             results = fan_out(self.session, targets, _fast_call)
             verdict = diagnose_hang([rank_state(r) for r in results])
-            if slow:
-                self.slow_state = self._slow_round(targets, results, verdict)
+            if slow and not (self.slow_thread and self.slow_thread.is_alive()):
+                self.slow_thread = threading.Thread(
+                    target=self._slow_job, args=(targets, results, verdict),
+                    name="probe-ui.slow", daemon=True)
+                self.slow_thread.start()
+                if wait_slow:
+                    self.slow_thread.join()
             now = time.time()
             hang = verdict.to_dict()
             snap = {
@@ -162,21 +175,31 @@ class Snapshotter:
             self.snapshot = snap
             return snap
 
+    def _slow_job(self, targets: list[RankTarget], first: list[RankResult],
+                  verdict: Any) -> None:
+        t0 = time.time()
+        try:
+            self.slow_state = self._slow_round(targets, first, verdict)
+        except ProbeCLIError as e:
+            self.slow_state = {**self.slow_state, "error": e.message}
+        self.slow_next = time.time() + 4 * (time.time() - t0)
+
     def _slow_round(self, targets: list[RankTarget], first: list[RankResult],
                     verdict: Any) -> dict[str, Any]:
-        """Doctor's and straggler's own gathering and diagnosis, reusing the hang round."""
+        """Doctor's and straggler's own gathering and diagnosis, reusing the hang round, on a
+        session of its own (its own connections) so that the per-refresh round goes on."""
         answered = [r for r in first if r.ok]
         urls = {r.url for r in answered}
         live = [t for t in targets if t.endpoint.label in urls]
         grad_wait = max(0.1, min(1.0, self.session.timeout / 4))
-        second = {r.rank: r for r in fan_out(self.session, live,
+        second = {r.rank: r for r in fan_out(self.slow_session, live,
                                              doctor_cmd._second_round(50, grad_wait))}
         docs = []
         for r in answered:
             d = second.get(r.rank)
             docs.append(rank_doc(rank_state(r), d.data if d is not None and d.ok else None))
         report = diagnose_doctor(verdict, docs, verdict.threshold_s or 5.0)
-        strag = fan_out(self.session, live, straggler_cmd._gather(50))
+        strag = fan_out(self.slow_session, live, straggler_cmd._gather(50))
         rows = {r.rank: list(CollectivesBody.from_wire(r.data["collectives"]).collectives)
                 for r in strag if r.ok and r.data and r.rank is not None}
         straggler = diagnose_stragglers(rows, last=200, min_share=0.1)
@@ -195,7 +218,10 @@ class Snapshotter:
                 continue  # nobody is looking: ask the agents nothing
             t0 = time.monotonic()
             try:
-                self.refresh_once(slow=n % self.slow_every == 0)
+                # Every slow_every refreshes, and never more than a fifth of the time: at 64
+                # ranks on a small machine one slow round takes seconds.
+                due = n % self.slow_every == 0 and time.time() >= self.slow_next
+                self.refresh_once(slow=due, wait_slow=False)
             except ProbeCLIError as e:
                 self.snapshot = {**self.snapshot, "error": e.message}
             n += 1
