@@ -105,3 +105,15 @@ def test_docker_scrape_config_and_grafana_dashboard_match_what_the_agent_serves(
     # CUDA families appear once a job uses CUDA, samples/s once the job's batches are counted
     later = {n for n in names if n.startswith("probe_cuda_")} | {"probe_samples_per_second"}
     assert names - later <= served, names - later - served
+
+
+def test_metrics_pass_through_the_watchdog(make_agent):
+    # GIVEN an agent behind its watchdog (the watchdog owns the public socket)
+    agent = make_agent(watchdog=True)
+    # WHEN a scraper asks the public address
+    with httpx.Client(base_url=agent.url, timeout=10.0) as c:
+        resp = c.get("/v1/metrics")
+    # THEN the exposition comes through, content type included
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert "probe_up" in {f.name for f in parser.text_string_to_metric_families(resp.text)}
