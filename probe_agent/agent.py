@@ -112,13 +112,8 @@ class Agent:
             for s in sockets:
                 s.close()
             raise
-        import pyarrow as pa
-
-        self.store.add_materializer(
-            "python.backtrace",
-            lambda: pa.table(stacks.to_columns(stacks.snapshot(), self.rank),
-                             schema=self.store.arrow_schema("python.backtrace")),
-        )
+        # python.backtrace(_all) answer from the first request, before the collectors start.
+        stacks.BacktraceTables(self.stepclock, self.rank).start(self.store)
         self.store.start()
         serve, tls = sockets, []
         if self.config.watchdog:
@@ -166,6 +161,9 @@ class Agent:
         if not self.running:
             return
         self.running = False
+        profiling = sys.modules.get("probe_agent.profiling.sessions")  # loaded on first use
+        if profiling is not None:
+            profiling.stop_for(self)  # no profile window or flame session outlives the agent
         self.collectors.stop()
         self.actions.stop()  # releases a paused training thread
         self.stepclock.stop()

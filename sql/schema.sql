@@ -146,7 +146,8 @@ ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS requested_by VARCHAR;
 --   allocated, max_allocated, cached, max_cached: MiB from the CUDA caching allocator of the
 --     current device, read when the row ends (forward) or starts (backward); 0 on CPU.
 --   recompute: true for forward calls made during backward (activation checkpointing). They
---     are kept and flagged, not dropped; the canned queries exclude them.
+--     are kept and flagged, not dropped, and carry the depth of the call they repeat;
+--     slow_modules charges their time to the backward of the module that needed them.
 --   A torch.compile'd model records one row per call of the compiled model (module = its class)
 --     plus its backward and the optimizer step; code inside compiled graphs is not traced.
 CREATE TABLE IF NOT EXISTS python.torch_trace (

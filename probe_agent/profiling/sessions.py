@@ -222,3 +222,11 @@ def describe_cost(cost: dict[str, Any]) -> str:
     if "window_ms" in cost:
         return f"step time {cost['window_ms']:.1f} ms (no earlier steps to compare with)"
     return "no step finished in the window"
+
+
+def stop_for(agent: Agent) -> None:
+    """The agent stops: end its windows and flame sessions, if it ever had any."""
+    with _registry_lock:
+        found = _registry.get(agent)
+    if found is not None:
+        found.stop()

@@ -6,42 +6,21 @@ Data (fan-out: ``/v1/backtrace`` + ``/v1/collectives`` per rank) -> ``diagnose.h
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
+from ..diagnose.evidence import hang_evidence
 from ..diagnose.hang import HangVerdict, diagnose, rank_state
-from ..errors import RankError
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import hang_json, render_verdict
 from ..result import RankResult
-from ..transport.client import ProbeClient
-from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.fanout import fan_out, resolve_ranks
 from ..transport.session import Session
-from ..transport.wire import Envelope
 from . import pass_session
-
-#: Recent collectives asked of each rank: enough to see the last done and every pending one.
-RECENT = 64
-
-
-def _both(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
-    bt = client.backtrace()
-    who = Envelope.from_wire(bt)
-    out = {"ok": True, "rank": who.rank, "pid": who.pid, "host": who.host, "backtrace": bt,
-           "collectives": None}
-    try:
-        out["collectives"] = client.collectives(limit=RECENT)
-    except RankError as e:
-        # A rank whose GIL is held answers the backtrace from its watchdog (out of process)
-        # but not the collectives: keep its stack, it is the verdict's evidence.
-        out["collectives_error"] = e.reason
-    return out
 
 
 def gather_hang(session: Session,
                 min_wait: float | None) -> tuple[HangVerdict, list[RankResult]]:
-    results = fan_out(session, resolve_ranks(session), _both)
+    results = fan_out(session, resolve_ranks(session), hang_evidence)
     return diagnose([rank_state(r) for r in results], min_wait_s=min_wait), results
 
 

@@ -10,28 +10,14 @@ from typing import Any
 
 import click
 
+from ..diagnose.evidence import straggler_evidence
 from ..diagnose.straggler import diagnose_stragglers
-from ..errors import RankError
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import render_straggler, straggler_json
-from ..transport.client import ProbeClient
-from ..transport.fanout import Call, RankTarget, fan_out, resolve_ranks
+from ..transport.fanout import fan_out, resolve_ranks
 from ..transport.session import Session
-from ..transport.wire import CollectivesBody, Envelope, QueryBody
+from ..transport.wire import CollectivesBody, QueryBody
 from . import pass_session
-
-
-def _gather(last: int) -> Call:
-    def call(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
-        coll = client.collectives(limit=min(10_000, 4 * last))
-        try:
-            steps: dict[str, Any] | None = client.canned("straggler_steps", last_steps=last)
-        except RankError:  # python.steps not recorded by this agent (tracing not built/on)
-            steps = None
-        rank = Envelope.from_wire(coll).rank
-        return {"ok": True, "rank": rank, "collectives": coll, "steps": steps}
-
-    return call
 
 
 @click.command("straggler")
@@ -46,7 +32,7 @@ def command(session: Session, last: int, min_share: float) -> Outcome:
     """Name the slow rank: the one the others wait for in collectives, how much slower it is
     than the median rank, and every rank's step time split into forward, backward, optimizer
     and other. Exit code 0: no straggler; 4: one was found; 3: some ranks did not answer."""
-    results = fan_out(session, resolve_ranks(session), _gather(last))
+    results = fan_out(session, resolve_ranks(session), straggler_evidence(last))
     data: dict[int, dict[str, Any]] = {
         r.rank: r.data for r in results if r.ok and r.data and r.rank is not None
     }

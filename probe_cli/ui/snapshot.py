@@ -15,11 +15,9 @@ import threading
 import time
 from typing import Any
 
-from ..commands import doctor as doctor_cmd
-from ..commands import straggler as straggler_cmd
-from ..commands.hang import _both
 from ..diagnose.doctor import diagnose as diagnose_doctor
 from ..diagnose.doctor import rank_doc
+from ..diagnose.evidence import doctor_evidence, hang_evidence, straggler_evidence
 from ..diagnose.hang import diagnose as diagnose_hang
 from ..diagnose.hang import rank_state
 from ..diagnose.straggler import diagnose_stragglers
@@ -46,7 +44,7 @@ ORDER BY s.step
 
 
 def _fast_call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
-    out = _both(client, target)
+    out = hang_evidence(client, target)
     try:
         out["series"] = client.query(_SERIES_SQL)
     except RankError as e:  # GIL held or no steps table yet: the tile still shows its state
@@ -193,13 +191,13 @@ class Snapshotter:
         live = [t for t in targets if t.endpoint.label in urls]
         grad_wait = max(0.1, min(1.0, self.session.timeout / 4))
         second = {r.rank: r for r in fan_out(self.slow_session, live,
-                                             doctor_cmd._second_round(50, grad_wait))}
+                                             doctor_evidence(50, grad_wait))}
         docs = []
         for r in answered:
             d = second.get(r.rank)
             docs.append(rank_doc(rank_state(r), d.data if d is not None and d.ok else None))
         report = diagnose_doctor(verdict, docs, verdict.threshold_s or 5.0)
-        strag = fan_out(self.slow_session, live, straggler_cmd._gather(50))
+        strag = fan_out(self.slow_session, live, straggler_evidence(50))
         rows = {r.rank: list(CollectivesBody.from_wire(r.data["collectives"]).collectives)
                 for r in strag if r.ok and r.data and r.rank is not None}
         straggler = diagnose_stragglers(rows, last=200, min_share=0.1)

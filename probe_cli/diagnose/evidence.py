@@ -1,0 +1,93 @@
+"""What each rank is asked for a verdict: the per-rank calls of `probe hang`, `probe doctor` and
+`probe straggler`, shared with `probe ui` so the dashboard shows the verdicts the commands print
+from the same evidence (one home for diagnosis, issue 14). Each returns a ``fanout.Call``; the
+verdicts themselves are computed by the pure modules beside this one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RankError
+from ..transport.client import ProbeClient
+from ..transport.fanout import Call, RankTarget
+from ..transport.wire import Envelope, QueryBody
+from .number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
+from .time_checks import TOP_MODULES
+
+#: Recent collectives asked of each rank: enough to see the last done and every pending one.
+RECENT = 64
+
+
+def hang_evidence(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
+    bt = client.backtrace()
+    who = Envelope.from_wire(bt)
+    out = {"ok": True, "rank": who.rank, "pid": who.pid, "host": who.host, "backtrace": bt,
+           "collectives": None}
+    try:
+        out["collectives"] = client.collectives(limit=RECENT)
+    except RankError as e:
+        # A rank whose GIL is held answers the backtrace from its watchdog (out of process)
+        # but not the collectives: keep its stack, it is the verdict's evidence.
+        out["collectives_error"] = e.reason
+    return out
+
+
+#: (key, canned query, params): what each rank is asked in the second round. Memory growth and
+#: the slowest modules are the queries `probe memory` and `probe slow` run, so the commands
+#: cannot disagree with doctor (issue 18); doctor only picks the window.
+QUERIES = (
+    ("loop", "doctor_loop", ("last_steps",)),
+    ("memory", "memory_growth", ("memory_steps", "warmup")),
+    ("metrics", "doctor_metrics", ()),
+    ("slow", "slow_modules", ("steps", "limit")),
+)
+
+
+def doctor_evidence(last: int, grad_wait: float) -> Call:
+    def call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
+        out: dict[str, Any] = {"ok": True, "rank": target.rank, "errors": {}}
+        try:
+            out["state"] = client.doctor()
+        except RankError as e:
+            out["errors"]["state"] = e.reason
+        if out.get("state") is not None:
+            try:
+                out["grads"] = client.doctor_grads(grad_wait)
+            except RankError as e:
+                out["errors"]["grads"] = e.reason
+        values = {"last_steps": last, "steps": last, "warmup": MEMORY_WARMUP_STEPS,
+                  "memory_steps": MEMORY_WINDOW_STEPS,
+                  "limit": TOP_MODULES}
+        for key, name, params in QUERIES:
+            try:
+                body = client.canned(name, **{p.removeprefix("memory_"): values[p]
+                                              for p in params})
+                out[key] = QueryBody.from_wire(body).records()
+            except RankError as e:
+                out["errors"][key] = _short(e)
+        return out
+
+    return call
+
+
+def _short(e: RankError) -> str:
+    """'Catalog Error: Table with name metrics does not exist!...' -> 'not recorded by ...'."""
+    msg = getattr(e, "body", {}).get("error") if hasattr(e, "body") else None
+    text = str(msg or e.reason)
+    if "does not exist" in text or "unknown canned query" in text.lower() or "404" in text:
+        return "not recorded by this agent version"
+    return text.split("\n")[0][:160]
+
+
+def straggler_evidence(last: int) -> Call:
+    def call(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
+        coll = client.collectives(limit=min(10_000, 4 * last))
+        try:
+            steps: dict[str, Any] | None = client.canned("straggler_steps", last_steps=last)
+        except RankError:  # python.steps not recorded by this agent (tracing not built/on)
+            steps = None
+        rank = Envelope.from_wire(coll).rank
+        return {"ok": True, "rank": rank, "collectives": coll, "steps": steps}
+
+    return call
