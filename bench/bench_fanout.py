@@ -91,6 +91,17 @@ def start_agents(n: int, base: int, batch: int) -> list[subprocess.Popen[str]]:
     return procs
 
 
+def stop_agents(procs: list[subprocess.Popen[str]]) -> None:
+    """Kill every agent process group (start_agents made each a session leader) and reap it."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        p.wait(10)
+
+
 def rss_mib(procs: list[subprocess.Popen[str]]) -> float:
     total = 0
     for p in procs:
@@ -161,13 +172,7 @@ def main() -> None:
             print(f"# {n} agents started in {started:.1f} s, {mem:.0f} MiB PSS in all",
                   flush=True)
         finally:
-            for p in procs:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            for p in procs:
-                p.wait(10)
+            stop_agents(procs)
     print(f"{'ranks':>6} {'what':<28} {'median ms':>10} {'min ms':>8}")
     for n, name, med, lo in rows:
         print(f"{n:>6} {name:<28} {med * 1e3:>10.1f} {lo * 1e3:>8.1f}")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import statistics
@@ -40,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_fanout import free_base, start_agents  # noqa: E402
+from bench_fanout import free_base, start_agents, stop_agents  # noqa: E402
 
 from probe_cli.transport.fanout import fan_out, resolve_ranks  # noqa: E402
 from probe_cli.transport.session import Session  # noqa: E402
@@ -152,13 +151,7 @@ def scale(n: int, repeat: int) -> None:
                           "during_slow_ms": [round(x * 1e3) for x in during],
                           "slow_ms": [round(x * 1e3) for x in slow]}))
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            p.wait(10)
+        stop_agents(procs)
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.procs import SPIN_C  # noqa: E402 - the same GIL-holding C loop as the tests
+from tests.e2e.procs import SPIN_C, kill_all  # noqa: E402 - the same GIL-holding C loop as the tests
 from tests.support import PROGRAMS, kill_tree, python_env  # noqa: E402
 
 #: doctor first: the leak must be named within 300 steps, and the job keeps stepping.
@@ -204,14 +204,7 @@ def run(sc: Scenario, work: Path, lib: str | None, repeat: int = 0) -> list[Outc
             os.kill(proc.pid, signal.SIGCONT)
         except OSError:
             pass
-        kill_tree(proc.pid)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-        if proc.stdout is not None:
-            proc.stdout.close()
-        _kill_watchdogs(work / "run")
+        kill_all(proc, work / "run")
 
 
 def memory_summary(csv_text: str) -> str:
@@ -230,13 +223,6 @@ def memory_summary(csv_text: str) -> str:
             continue
     return "; ".join(parts) or csv_text[:150]
 
-
-def _kill_watchdogs(run_dir: Path) -> None:
-    for rec in run_dir.glob("*.watchdog.json") if run_dir.exists() else []:
-        try:
-            os.kill(int(json.loads(rec.read_text())["watchdog_pid"]), signal.SIGKILL)
-        except (OSError, ValueError, KeyError):
-            pass
 
 
 def build_lib(tmp: Path) -> str | None:

@@ -9,24 +9,18 @@ first.
 from __future__ import annotations
 
 from . import unwrap
-from .base import Context, Discovered, loaded_class
+from .base import Context, Discovered
 
 name = "accelerate"
 trainer_classes = ("accelerate.accelerator.Accelerator",)
 
 
 def find(ctx: Context) -> Discovered | None:
-    cls = loaded_class(trainer_classes[0])
-    if cls is None:
+    picked = ctx.trainer(trainer_classes, lambda a: getattr(a, "_optimizers", None),
+                         "accelerator")
+    if picked is None:
         return None
-    found = ctx.instances(cls)
-    if not found:
-        return None
-    stepping = {id(o) for o in ctx.stepping}
-    where, acc = next(((w, a) for w, a in found
-                       if any(id(unwrap.optimizer(o)) in stepping
-                              for o in getattr(a, "_optimizers", []))), found[0])
-    label = where if where in ctx.namespace else "accelerator"
+    label, acc = picked
     d = Discovered(name, trainer=acc)
     d.where[id(acc)] = label
     for i, opt in enumerate(getattr(acc, "_optimizers", [])):

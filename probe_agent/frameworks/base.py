@@ -81,6 +81,23 @@ class Context:
                 out.append((f"<{type(value).__name__} found by gc>", value))
         return out
 
+    def trainer(self, qualified: tuple[str, ...], optimizers: Callable[[Any], Any],
+                default_label: str) -> tuple[str, Any] | None:
+        """``(label, obj)``: the live instance of the loaded classes ``qualified`` whose
+        ``optimizers(obj)`` (wrapped or not) steps, else the first found; None if none is
+        alive. The label is how the script names it, else ``default_label``."""
+        from . import unwrap
+
+        classes = [c for c in (loaded_class(q) for q in qualified) if c is not None]
+        found = [f for cls in classes for f in self.instances(cls)]
+        if not found:
+            return None
+        stepping = {id(o) for o in self.stepping}
+        where, obj = next(((w, t) for w, t in found
+                           if any(id(unwrap.optimizer(o)) in stepping
+                                  for o in optimizers(t) or ())), found[0])
+        return (where if where in self.namespace else default_label), obj
+
 
 class Adapter(Protocol):
     """One framework. ``find`` returns None when the job does not use it (its modules not

@@ -13,24 +13,17 @@ from __future__ import annotations
 from typing import Any
 
 from . import unwrap
-from .base import Context, Discovered, loaded_class
+from .base import Context, Discovered
 
 name = "hf_trainer"
 trainer_classes = ("transformers.trainer.Trainer",)
 
 
 def find(ctx: Context) -> Discovered | None:
-    cls = loaded_class(trainer_classes[0])
-    if cls is None:
+    picked = ctx.trainer(trainer_classes, lambda t: [getattr(t, "optimizer", None)], "trainer")
+    if picked is None:
         return None
-    found = ctx.instances(cls)
-    if not found:
-        return None
-    stepping = {id(o) for o in ctx.stepping}
-    where, tr = next(((w, t) for w, t in found
-                      if id(unwrap.optimizer(getattr(t, "optimizer", None))) in stepping),
-                     found[0])
-    label = where if where in ctx.namespace else "trainer"
+    label, tr = picked
     d = Discovered(name, trainer=tr)
     d.where[id(tr)] = label
     opt = getattr(tr, "optimizer", None)

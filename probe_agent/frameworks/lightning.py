@@ -9,7 +9,7 @@ is), ``trainer.train_dataloader`` the loader ``fit`` iterates.
 from __future__ import annotations
 
 from . import unwrap
-from .base import Context, Discovered, loaded_class
+from .base import Context, Discovered
 
 name = "lightning"
 trainer_classes = ("lightning.pytorch.trainer.trainer.Trainer",
@@ -17,14 +17,10 @@ trainer_classes = ("lightning.pytorch.trainer.trainer.Trainer",
 
 
 def find(ctx: Context) -> Discovered | None:
-    classes = [c for c in (loaded_class(q) for q in trainer_classes) if c is not None]
-    found = [f for cls in classes for f in ctx.instances(cls)]
-    if not found:
+    picked = ctx.trainer(trainer_classes, _optimizers, "trainer")
+    if picked is None:
         return None
-    stepping = {id(o) for o in ctx.stepping}
-    where, tr = next(((w, t) for w, t in found
-                      if any(id(o) in stepping for o in _optimizers(t))), found[0])
-    label = where if where in ctx.namespace else "trainer"
+    label, tr = picked
     d = Discovered(name, trainer=tr)
     d.where[id(tr)] = label
     for i, opt in enumerate(_optimizers(tr)):

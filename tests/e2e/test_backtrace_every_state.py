@@ -181,10 +181,23 @@ def _kill_watchdog(run_dir: Path, pid: int) -> int:
     return old
 
 
-def _restarted(run_dir: Path, pid: int, old: int) -> int:
+def _restarted(run_dir: Path, pid: int, old: int, url: str | None = None,
+               count: int = 0) -> int:
+    """The new watchdog's pid, once it is alive and, given ``url``, once the agent has counted
+    restart ``count``: a watchdog killed before it said "ready" is a failed restart, not one
+    (on a loaded machine the test could otherwise kill it mid-start)."""
     def new() -> int | None:
         w = _watchdog_pid(run_dir, pid)
-        return w if w not in (None, old) and _alive(w) else None
+        if w in (None, old) or not _alive(w):
+            return None
+        if url is not None:
+            try:
+                restarts = httpx.get(f"{url}/v1/info", timeout=5).json()["watchdog"]["restarts"]
+            except (httpx.HTTPError, KeyError, ValueError):
+                return None
+            if restarts < count:
+                return None
+        return w
 
     return wait_until(new, 15, "the watchdog was not restarted")
 
@@ -213,8 +226,8 @@ def test_watchdog_that_keeps_dying_is_replaced_by_in_process_serving(train_rank,
     run = tmp_path / "run"
     info = train_rank()
     # GIVEN a watchdog killed each time it comes back, MAX_RESTARTS times
-    for _ in range(MAX_RESTARTS):
-        _restarted(run, info["pid"], _kill_watchdog(run, info["pid"]))
+    for n in range(1, MAX_RESTARTS + 1):
+        _restarted(run, info["pid"], _kill_watchdog(run, info["pid"]), info["url"], n)
     # WHEN it is killed once more
     _kill_watchdog(run, info["pid"])
 

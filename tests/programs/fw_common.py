@@ -21,6 +21,8 @@ import os
 import time
 from typing import Any
 
+import ready  # tests/programs/ready.py, beside this script
+
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ready-dir")
@@ -39,21 +41,7 @@ def rank() -> int:
 
 
 def announce(ready_dir: str | None) -> None:
-    if not ready_dir:
-        return
-    info: dict[str, object] = {"rank": rank(), "pid": os.getpid()}
-    try:
-        from probe_agent.agent import current
-
-        agent = current()
-        if agent is not None:
-            info.update(url=agent.url, unix_socket=agent.unix_path)
-    except ImportError:
-        pass
-    path = os.path.join(ready_dir, f"rank{info['rank']}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(info, f)
-    os.replace(path + ".tmp", path)
+    ready.announce(ready_dir, rank())
 
 
 def make_slow(root: Any, name: str | None, ms: float) -> None:

@@ -9,9 +9,8 @@ goes wrong, so a test knows every agent is up without sleeping.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
+import ready  # tests/programs/ready.py, beside this script
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -52,16 +51,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tens
 
 
 def announce(ready_dir: str, **extra: object) -> None:
-    info: dict[str, object] = {"rank": dist.get_rank(), "pid": os.getpid(), **extra}
-    from probe_agent.agent import current
-
-    agent = current()
-    if agent is not None:
-        info["url"] = agent.url
-    path = os.path.join(ready_dir, f"rank{info['rank']}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(info, f)
-    os.replace(path + ".tmp", path)
+    ready.announce(ready_dir, dist.get_rank(), **extra)
 
 
 def start_healthy(args: argparse.Namespace) -> tuple[int, nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
@@ -72,4 +62,3 @@ def start_healthy(args: argparse.Namespace) -> tuple[int, nn.Module, torch.optim
         train_step(model, optimizer, x, y)
     announce(args.ready_dir)
     return rank, model, optimizer, x, y
-

@@ -11,13 +11,13 @@ until ``--stop-file`` exists, and the other rank waits for it in DDP's gradient 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 import lightning as L
 import torch
 import torch.nn as nn
+from ready import announce  # tests/programs/ready.py, beside this script
 
 
 class Regressor(L.LightningModule):
@@ -51,18 +51,6 @@ def wait_for_the_lock(stop_file: str) -> None:
     """A callback that blocks on something outside the job (a lock file, a slow upload)."""
     while not os.path.exists(stop_file):
         time.sleep(0.1)
-
-
-def announce(ready_dir: str, rank: int) -> None:
-    from probe_agent.agent import current
-
-    agent = current()
-    info = {"rank": rank, "pid": os.getpid(), "url": agent.url if agent else None,
-            "agent_rank": agent.rank if agent else None}
-    path = os.path.join(ready_dir, f"rank{rank}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(info, f)
-    os.replace(path + ".tmp", path)
 
 
 def main() -> None:

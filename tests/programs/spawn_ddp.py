@@ -10,7 +10,6 @@ and trains slowly until ``--stop-file`` exists.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import time
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+from ready import announce  # tests/programs/ready.py, beside this script
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -45,21 +45,9 @@ def rank_main(rank: int, world: int, args: argparse.Namespace) -> None:
         optimizer.step()
         step += 1
         if step == 3:
-            announce(args.ready_dir, rank, workers)
+            announce(args.ready_dir, rank, parent_pid=os.getppid(), worker_pids=workers)
         time.sleep(0.05)
     dist.destroy_process_group()
-
-
-def announce(ready_dir: str, rank: int, workers: list[int]) -> None:
-    from probe_agent.agent import current
-
-    agent = current()
-    info = {"rank": rank, "pid": os.getpid(), "parent_pid": os.getppid(), "worker_pids": workers,
-            "url": agent.url if agent else None, "unix_socket": agent.unix_path if agent else None}
-    path = os.path.join(ready_dir, f"rank{rank}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(info, f)
-    os.replace(path + ".tmp", path)
 
 
 def main() -> None:

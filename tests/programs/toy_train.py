@@ -12,11 +12,11 @@ The agent comes from PROBE=1 (the .pth hook) or ``--start-agent`` (``probe_agent
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
+import ready  # tests/programs/ready.py, beside this script
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -40,21 +40,7 @@ def build(workers: int) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
 
 
 def announce(ready_dir: str | None) -> None:
-    if not ready_dir:
-        return
-    info: dict[str, object] = {"rank": int(os.environ.get("RANK", 0)), "pid": os.getpid()}
-    try:
-        from probe_agent.agent import current
-
-        agent = current()
-        if agent is not None:
-            info.update(url=agent.url, unix_socket=agent.unix_path)
-    except ImportError:
-        pass
-    path = os.path.join(ready_dir, f"rank{info['rank']}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(info, f)
-    os.replace(path + ".tmp", path)
+    ready.announce(ready_dir, int(os.environ.get("RANK", 0)))
 
 
 def train(trainer: Trainer, loader: DataLoader, args: argparse.Namespace) -> None:
