@@ -134,6 +134,7 @@ class TorchTracer(CudaRecords, WriterSide):
         self._first_root: Any = None
         self._root_calls = 0
         self._after_step = False
+        self._counted_opt = 0  # id() of the optimizer whose step the clock counted last
         self._prev_recording = False
         self._prev_cuda = False
         self._opt_t0: dict[int, tuple[int, Any, int]] = {}
@@ -304,8 +305,11 @@ class TorchTracer(CudaRecords, WriterSide):
             # A step() given a closure (Lightning, LBFGS) runs the model itself: it is the
             # step being computed even though no root call came before it.
             # (args is what step() got, self first)
+            # The optimizer just counted stepping again is the next step, never the finished
+            # one: on untraced steps the root wrapper is off, so no root call resets
+            # _after_step (an HF Trainer's every-10th traced step got the next step's AdamW row).
             closure = (kwargs or {}).get("closure") or (args[1] if len(args) > 1 else None)
-            if self._after_step and closure is None:
+            if self._after_step and closure is None and id(optimizer) != self._counted_opt:
                 step, record = self.step - 1, self._prev_recording
             else:
                 step, record = self.step, self.recording
@@ -340,6 +344,7 @@ class TorchTracer(CudaRecords, WriterSide):
         self.in_backward = FORWARD
         self._prev_recording, self._prev_cuda = self.recording, self.cuda
         self._after_step = True
+        self._counted_opt = id(optimizer)
         self._apply(self.mode, boundary=True)
 
     def pop_samples(self, step: int) -> int | None:

@@ -141,6 +141,10 @@ def test_sampling_every_n_and_runtime_change(make_agent):
     train(model, 7)
     traced = rows(agent, "SELECT list(DISTINCT step ORDER BY step) FROM torch_trace")
     assert traced == [[[3, 6]]]
+    # one optimizer row per traced step: the untraced step after it keeps its own (the root
+    # wrapper is off then, so no root call tells the tracer a new step began)
+    assert rows(agent, "SELECT step, count(*) FROM torch_trace WHERE stage = 'step' "
+                       "GROUP BY ALL ORDER BY ALL") == [[3, 1], [6, 1]]
     assert rows(agent, "SELECT list(traced ORDER BY step) FROM steps") == [
         [[False, False, True, False, False, True, False]]]
     # WHEN the mode changes at run time, it applies from the next step
