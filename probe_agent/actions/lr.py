@@ -205,9 +205,8 @@ def change_lr(
                 "training script, or set the variable it reads with probe eval")
     if not mine:
         report["notes"] = [
-            "no LR scheduler steps these optimizers: the new LR stays unless the training loop "
-            "sets the LR itself each step (like nanoGPT's get_lr); then change what it reads "
-            "with probe eval"]
+            "no LR scheduler steps these optimizers: whether the training loop keeps the new "
+            "LR (or sets its own each step, like nanoGPT's get_lr) is checked at the next step"]
     return report
 
 

@@ -105,3 +105,28 @@ def judge(before: list[float] | None, after: list[float] | None,
     got = ", ".join(f"{a:.6g}" for a in after)
     exp = ", ".join(f"{w:.6g}" for w in want)
     return "partly", f"its next step sets {got}, not {exp}"
+
+
+def watch_next_step(clock: Any, action: Any, optimizers: list[Any]) -> None:
+    """With no scheduler to simulate, only the next step tells whether the change holds: a
+    loop that sets the LR itself every iteration (nanoGPT's ``get_lr``) puts its own value back
+    before that step runs. At the next counted step (training thread, once) the groups' LRs are
+    compared with what was set, and ``action.data["next_step"]`` says so; `probe lr` waits for
+    it. ``data`` is replaced, never mutated: the serving threads read it meanwhile."""
+    import weakref
+
+    refs = [weakref.ref(o) for o in optimizers]
+    expected = [[_num(g["lr"]) for g in o.param_groups] for o in optimizers]
+    done: list[Any] = []
+
+    def check(step: int, _optimizer: Any) -> None:
+        done[0]()  # once: unsubscribe first, so a failure below cannot repeat every step
+        now = [[_num(g["lr"]) for g in o.param_groups] if o is not None else []
+               for o in (r() for r in refs)]
+        held = all(len(e) == len(n) and all(math.isclose(a, b, rel_tol=_REL_TOL, abs_tol=1e-30)
+                                            for a, b in zip(e, n))
+                   for e, n in zip(expected, now))
+        action.data = {**(action.data or {}), "next_step": {
+            "step": step, "held": held, "lrs": [x for n in now for x in n]}}
+
+    done.append(clock.subscribe(check, "lr: does the change hold at the next step"))

@@ -41,6 +41,11 @@ def run_lr(q: ActionQueue, a: Action, step: int) -> None:
                        names=d.where)
     report["step"] = step
     report["framework"] = d.framework
+    if not report["schedulers"]:  # nothing to simulate: look at the next step instead
+        from .lr_holds import watch_next_step
+
+        report["watch_next_step"] = True
+        watch_next_step(q.clock, a, d.optimizers)
     a.data = report
     a.result = ", ".join(
         f"{o['class']}[{i}] {g['before']:.6g} -> {g['after']:.6g}"

@@ -9,18 +9,22 @@ LR (only they know it), at submit time and again at the step boundary.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import click
 
-from ..errors import EXIT_USAGE, ProbeCLIError
+from ..errors import EXIT_FAILURE, EXIT_USAGE, ProbeCLIError
+from ..group import rank_label
 from ..outcome import Outcome
 from ..render.actions import render_lr
 from ..result import RankResult
+from ..transport.client import ProbeClient
+from ..transport.fanout import calling, fan_out, resolve_ranks
 from ..transport.session import Session
 from ..transport.step_actions import run_step_action
-from ..transport.wire import FinishedAction
+from ..transport.wire import ActionBody, FinishedAction
 from . import pass_session
 from ._step_options import at_step_option, step_outcome, wait_option
 
@@ -89,7 +93,66 @@ def command(session: Session, scale: float | None, set_to: float | None, force: 
     if force:
         body["force"] = True
     so = run_step_action(session, body, at_step=at_step, wait_s=wait_s)
-    return step_outcome(session, so, lambda ok: render_lr(ok, session.colour) + _notes(ok))
+    watched = [r for r in so.results
+               if r.ok and FinishedAction.from_wire(r.data).data.get("watch_next_step")]
+    seen, missing = _next_step(session, so.action_id, watched,
+                               min(wait_s, NEXT_STEP_WAIT_S)) if watched else ({}, [])
+    for r in watched:  # --json carries the answer in each rank's report
+        if r.rank in seen and isinstance(r.data, dict) and isinstance(r.data.get("data"), dict):
+            r.data["data"]["next_step"] = seen[r.rank]
+    out = step_outcome(session, so, lambda ok: render_lr(ok, session.colour) + _notes(ok))
+    if session.output != "json":
+        out.stdout += _held_lines(seen, missing, min(wait_s, NEXT_STEP_WAIT_S))
+    if any(not v.get("held") for v in seen.values()):
+        out.exit_code = EXIT_FAILURE  # the command could not do what it says
+    return out
+
+
+#: How long `probe lr` waits for the step after the change, when no scheduler was simulated.
+NEXT_STEP_WAIT_S = 30.0
+
+
+def _next_step(session: Session, action_id: str, watched: list[RankResult],
+               wait_s: float) -> tuple[dict[int | None, dict[str, Any]], list[int | None]]:
+    """No scheduler steps these optimizers: the agents look at the next step (a loop that sets
+    the LR itself, like nanoGPT's get_lr, has put its own value back by then). Wait for their
+    answers: ``({rank: {step, held, lrs}}, ranks that gave none within wait_s)``."""
+    want = {r.rank for r in watched}
+    targets = [t for t in resolve_ranks(session) if t.rank in want and t.error is None]
+    seen: dict[int | None, dict[str, Any]] = {}
+    deadline = time.monotonic() + wait_s
+    while targets and time.monotonic() < deadline:
+        for r in fan_out(session, targets, calling(ProbeClient.action, action_id)):
+            action = ActionBody.from_wire(r.data).action if r.ok else None
+            nxt = ((action or {}).get("data") or {}).get("next_step")
+            if nxt:
+                seen[r.rank] = nxt
+        targets = [t for t in targets if t.rank not in seen]
+        if targets:
+            time.sleep(0.2)
+    return seen, [t.rank for t in targets]
+
+
+def _held_lines(seen: dict[int | None, dict[str, Any]], missing: list[int | None],
+                wait_s: float) -> list[str]:
+    held = [k for k, v in seen.items() if v.get("held")]
+    lines = []
+    if held:
+        step = max(int(seen[k]["step"]) for k in held)
+        lines.append(f"held: step {step} ran with the new LR on {rank_label(held)}")
+    same: dict[tuple[int, str], list[int | None]] = {}  # identical answers on one line
+    for k, v in seen.items():
+        if not v.get("held"):
+            lrs = ", ".join(f"{x:.6g}" for x in v.get("lrs") or [])
+            same.setdefault((int(v["step"]), lrs), []).append(k)
+    for (step, lrs), ranks in sorted(same.items()):
+        lines.append(f"undone on {rank_label(ranks)}: step {step} ran with lr {lrs}, which the "
+                     "training loop set itself (no scheduler does); change what the loop reads "
+                     "with probe eval (e.g. the variable its get_lr uses)")
+    if missing:
+        lines.append(f"not known yet on {rank_label(missing)}: no step finished within "
+                     f"{wait_s:g} s; `probe actions` shows it later")
+    return lines
 
 
 def _notes(results: Sequence[RankResult]) -> list[str]:

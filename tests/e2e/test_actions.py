@@ -236,3 +236,17 @@ def test_target_step_a_hung_rank_never_reaches_is_reported_without_a_new_hang(
         wait_until(lambda: last_step(log_dir, 0) > now + 3, 120, "rank 0 stopped training")
         assert last_step(log_dir, 1) == 3
         assert not math.isnan(logged(log_dir, 0)[-1]["loss"])
+
+
+def test_lr_without_a_scheduler_reports_the_next_step(tmp_path: Path) -> None:
+    # GIVEN a job whose optimizer no scheduler steps (and whose loop leaves the LR alone)
+    log_dir = tmp_path / "log"
+    with training_job(tmp_path, PROGRAM, ("--log-dir", str(log_dir), "--sched", "none"),
+                      timeout=120) as (_, infos):
+        # WHEN the LR is halved
+        res = probe("-t", targets(infos), "lr", "--scale", "0.5", timeout=90)
+        # THEN the command waits for the next step and says it ran with the new LR
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "no LR scheduler steps these optimizers" in res.stdout, res.stdout
+        assert "held: step " in res.stdout and "ran with the new LR on rank 0" in res.stdout, (
+            res.stdout)
