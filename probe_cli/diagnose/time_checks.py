@@ -127,11 +127,17 @@ def check_collective_wait(report: Report, docs: list[RankDoc]) -> None:
                 f"({waited[r]:.2f} s over {len(window)} collectives)"
                 for r, s in sorted(shares.items())]
     top = max(high.values())
+    # The waiting ranks are the victims: when a straggler was named, it is the cause and
+    # leads (culprit first); this finding then says whom they wait for.
+    named = [f for f in report.findings if f.check == "straggler"]
+    cause = f" ({rank_label(named[0].ranks)}, the straggler above)" if named else ""
+    score = min(top, min(f.score for f in named) - 1e-6) if named else top
     report.findings.append(Finding(
         WARNING, "collectives",
         f"COLLECTIVE WAIT: {rank_label(sorted(high))} "
         f"{'spends' if len(high) == 1 else 'spend'} {top:.0%} of the time waiting in "
-        "collectives for their peers", evidence, "probe straggler", sorted(high), score=top))
+        f"collectives for their peers{cause}", evidence, "probe straggler", sorted(high),
+        score=score))
 
 
 def check_data_wait(report: Report, docs: list[RankDoc]) -> None:

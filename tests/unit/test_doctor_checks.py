@@ -145,6 +145,10 @@ def test_waiting_for_peers_in_collectives():
     found = {f.check: f for f in report.findings}
     assert found["collectives"].ranks == [0]
     assert found["straggler"].ranks == [1]
+    # AND the culprit leads: the straggler first, the waiting rank's finding points at it
+    ordered = [f.check for f in report.ranked() if f.check in ("straggler", "collectives")]
+    assert ordered == ["straggler", "collectives"], ordered
+    assert found["collectives"].title.endswith("(rank 1, the straggler above)")
 
 
 def test_a_hang_hides_the_timing_checks():
