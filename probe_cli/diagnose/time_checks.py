@@ -127,17 +127,25 @@ def check_collective_wait(report: Report, docs: list[RankDoc]) -> None:
                 f"({waited[r]:.2f} s over {len(window)} collectives)"
                 for r, s in sorted(shares.items())]
     top = max(high.values())
+    verb = "spends" if len(high) == 1 else "spend"
     # The waiting ranks are the victims: when a straggler was named, it is the cause and
-    # leads (culprit first); this finding then says whom they wait for.
+    # leads (culprit first); this finding then says whom they wait for. With no straggler the
+    # ranks wait for each other by turns (jitter, a busy node): time lost, but no rank to blame
+    # and nothing wrong with the job, so it is said without a warning (no false alarm).
     named = [f for f in report.findings if f.check == "straggler"]
-    cause = f" ({rank_label(named[0].ranks)}, the straggler above)" if named else ""
-    score = min(top, min(f.score for f in named) - 1e-6) if named else top
+    if not named:
+        report.findings.append(Finding(
+            INFO, "collectives",
+            f"collective wait: {rank_label(sorted(high))} {verb} {top:.0%} of the time waiting "
+            "for peers, by turns (no one rank is the cause: step-time jitter or a busy node)",
+            evidence, "probe straggler", sorted(high), score=top))
+        return
     report.findings.append(Finding(
         WARNING, "collectives",
-        f"COLLECTIVE WAIT: {rank_label(sorted(high))} "
-        f"{'spends' if len(high) == 1 else 'spend'} {top:.0%} of the time waiting in "
-        f"collectives for their peers{cause}", evidence, "probe straggler", sorted(high),
-        score=score))
+        f"COLLECTIVE WAIT: {rank_label(sorted(high))} {verb} {top:.0%} of the time waiting in "
+        f"collectives for their peers ({rank_label(named[0].ranks)}, the straggler above)",
+        evidence, "probe straggler", sorted(high),
+        score=min(top, min(f.score for f in named) - 1e-6)))
 
 
 def check_data_wait(report: Report, docs: list[RankDoc]) -> None:

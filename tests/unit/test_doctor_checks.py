@@ -151,6 +151,20 @@ def test_waiting_for_peers_in_collectives():
     assert found["collectives"].title.endswith("(rank 1, the straggler above)")
 
 
+def test_waiting_by_turns_is_not_a_problem():
+    # ranks arrive last by turns, 80 ms apart (a busy node): both wait, neither is to blame
+    def coll(seq, t):
+        return {"pg": "0", "seq": seq, "op": "allreduce", "state": "done", "start_time": t,
+                "group_ranks": [0, 1]}
+    r0 = [coll(s, s * 0.1 + (0.08 if s % 2 else 0.0)) for s in range(1, 40)]
+    r1 = [coll(s, s * 0.1 + (0.0 if s % 2 else 0.08)) for s in range(1, 40)]
+    report = diagnose(NO_HANG, [doc(0, collectives=r0), doc(1, collectives=r1)], 5.0)
+    found = {f.check: f for f in report.findings}
+    assert "straggler" not in found
+    assert found["collectives"].severity == "info" and "by turns" in found["collectives"].title
+    assert not report.problem
+
+
 def test_a_hang_hides_the_timing_checks():
     hang = HangVerdict(True, "HANG: rank 0 waits in all_reduce #5 (group 0) for 9.0 s; rank 1 is "
                    "not in it", ["rank 1 has not reached all_reduce #5"], [1])
