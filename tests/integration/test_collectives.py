@@ -89,3 +89,23 @@ def test_stop_restores_the_torch_functions(make_agent):
     probe_agent.stop()
     assert dist.all_reduce is original
     assert dist.distributed_c10d.all_reduce is original
+
+
+def test_metrics_count_only_collectives_still_pending(process_group, client):
+    agent = process_group
+    wait_until(lambda: agent.collectors.collectives._armed, 10, "wrappers not installed")
+    # GIVEN finished DDP all-reduces (gloo: the Flight Recorder gives them no end time)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    for _ in range(3):
+        model(torch.randn(3, 4)).sum().backward()
+    sync_loss(torch.ones(5))
+    body = client.post("/v1/query", json={"sql": "SELECT count(*) FROM python.collectives "
+                                                 "WHERE end_time IS NULL"}).json()
+    assert body["rows"][0][0] >= 3, body
+    # WHEN Prometheus scrapes the rank
+    text = client.get("/v1/metrics").text
+    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("probe_collective")}
+    # THEN none of them counts as pending or waiting (a healthy job is not stuck)
+    assert values["probe_collectives_pending"] == 0, text
+    assert values["probe_collective_wait_seconds"] == 0, text

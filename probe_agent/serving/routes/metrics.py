@@ -33,7 +33,7 @@ SELECT 'mem', device, allocated, reserved, peak, rss, agent_mib
         ORDER BY step DESC, timestamp DESC) = 1)
 UNION ALL
 SELECT 'wait', NULL, coalesce(max(epoch(now()) - start_time), 0), count(*), NULL, NULL, NULL
-  FROM python.collectives WHERE end_time IS NULL AND state NOT IN ('completed', 'failed')
+  FROM python.collectives WHERE state = 'pending'
 UNION ALL
 SELECT 'coll', NULL, coalesce(sum(duration), 0), count(*), NULL, NULL, NULL
   FROM python.collectives WHERE duration IS NOT NULL
