@@ -111,3 +111,41 @@ def test_launch_off_loopback_makes_a_job_token_file_and_passes_its_path(tmp_path
     r3 = subprocess.run([sys.executable, "-m", "probe_cli", "launch", "--token-file", path,
                          "--", "true"], env=env, capture_output=True, text=True, timeout=60)
     assert r3.returncode == 2 and f"chmod 600 {path}" in r3.stderr
+
+
+def bursts(late0_steps, steps, per_step=6, lag=0.01, period=0.06, late0=None):
+    """2 ranks, ``per_step`` collectives a step (DDP buckets): the rank late at a step is late
+    at all of its collectives; rank 0 at ``late0_steps`` of the steps, spread evenly (or at the
+    steps in ``late0``)."""
+    rows = {0: [], 1: []}
+    if late0 is None:
+        late0 = {i * steps // late0_steps for i in range(late0_steps)}
+    for s in range(steps):
+        late = 0 if s in late0 else 1
+        for k in range(per_step):
+            seq = s * per_step + k + 1
+            for r in (0, 1):
+                rows[r].append({"pg": "0", "seq": seq, "is_p2p": False, "group_ranks": [0, 1],
+                                "start_time": s * period + k * 0.002 + (lag if r == late else 0)})
+    return rows
+
+
+def test_collectives_of_one_step_count_as_one_sample():
+    # GIVEN a busy node: rank 0 late at 23 of 35 steps (p = 0.09 over steps), each step's 6
+    # collectives late together (138 of 210: p = 1e-5 if each counted on its own)
+    v = diagnose_stragglers(bursts(23, 35), min_share=0.1)
+    # THEN no straggler: the test counts independent samples, and says how many
+    assert not v.problem, v.headline
+    assert "no rank is last more often than chance" in v.headline, v.headline
+    assert "counted once a step" in v.details[-1], v.details
+    # AND a rank late at every step is still named
+    v = diagnose_stragglers(bursts(35, 35), min_share=0.1)
+    assert v.problem and v.culprits == [0], v.headline
+
+
+def test_a_straggler_that_starts_mid_window_is_named():
+    # GIVEN ranks late by turns for 10 steps, then rank 0 late at every one of 25 steps
+    late0 = {s for s in range(10) if s % 2} | set(range(10, 35))
+    v = diagnose_stragglers(bursts(0, 35, late0=late0), min_share=0.1)
+    # THEN rank 0 is named: steps are independent samples whatever the order
+    assert v.problem and v.culprits == [0], (v.headline, v.details)
