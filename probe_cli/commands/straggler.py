@@ -6,17 +6,14 @@ Data (fan-out: ``/v1/collectives`` and the ``straggler_steps`` canned query per 
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from ..diagnose.evidence import straggler_evidence
-from ..diagnose.straggler import diagnose_stragglers
+from ..diagnose.evidence import straggler_evidence, straggler_verdict
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import render_straggler, straggler_json
 from ..transport.fanout import fan_out, resolve_ranks
 from ..transport.session import Session
-from ..transport.wire import CollectivesBody, QueryBody
+from ..transport.wire import QueryBody
 from . import pass_session
 
 
@@ -33,13 +30,7 @@ def command(session: Session, last: int, min_share: float) -> Outcome:
     than the median rank, and every rank's step time split into forward, backward, optimizer
     and other. Exit code 0: no straggler; 4: one was found; 3: some ranks did not answer."""
     results = fan_out(session, resolve_ranks(session), straggler_evidence(last))
-    data: dict[int, dict[str, Any]] = {
-        r.rank: r.data for r in results if r.ok and r.data and r.rank is not None
-    }
-    rows = {k: list(CollectivesBody.from_wire(d["collectives"]).collectives)
-            for k, d in data.items()}
-    verdict = diagnose_stragglers(rows, last=4 * last, min_share=min_share)
-    steps = {k: d["steps"] for k, d in data.items() if d.get("steps")}
+    verdict, steps = straggler_verdict(results, 4 * last, min_share)
     if session.output == "json":
         lines = [straggler_json(verdict, steps)]
     else:

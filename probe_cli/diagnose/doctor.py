@@ -28,7 +28,8 @@ def rank_doc(state: RankState, answer: dict[str, Any] | None) -> RankDoc:
     return RankDoc(
         rank=state.rank, state=data.get("state"), grads=data.get("grads"),
         loop=data.get("loop"), memory=data.get("memory"), metrics=data.get("metrics"),
-        slow=data.get("slow"), frames=state.frames, collectives=state.collectives,
+        slow=data.get("slow"), frames=state.frames,
+        collectives=tuple(data["collectives"]) if data.get("collectives") else state.collectives,
         errors=data.get("errors") or {})
 
 

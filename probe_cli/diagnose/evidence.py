@@ -6,13 +6,16 @@ verdicts themselves are computed by the pure modules beside this one.
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from ..errors import RankError
+from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import Call, RankTarget
-from ..transport.wire import Envelope, QueryBody
+from ..transport.wire import CollectivesBody, Envelope, QueryBody
 from .number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
+from .straggler import StragglerVerdict, diagnose_stragglers
 from .time_checks import TOP_MODULES
 
 #: Recent collectives asked of each rank: enough to see the last done and every pending one.
@@ -56,6 +59,13 @@ def doctor_evidence(last: int, grad_wait: float) -> Call:
                 out["grads"] = client.doctor_grads(grad_wait)
             except RankError as e:
                 out["errors"]["grads"] = e.reason
+        try:
+            # The straggler and collective-wait checks want more history than the hang
+            # round's RECENT: the collectives of about ``last`` steps, as `probe straggler`.
+            coll = CollectivesBody.from_wire(client.collectives(limit=min(10_000, 4 * last)))
+            out["collectives"] = list(coll.collectives)
+        except RankError as e:
+            out["errors"]["collectives"] = e.reason
         values = {"last_steps": last, "steps": last, "warmup": MEMORY_WARMUP_STEPS,
                   "memory_steps": MEMORY_WINDOW_STEPS,
                   "limit": TOP_MODULES}
@@ -91,3 +101,19 @@ def straggler_evidence(last: int) -> Call:
         return {"ok": True, "rank": rank, "collectives": coll, "steps": steps}
 
     return call
+
+
+def straggler_verdict(results: list[RankResult], last: int,
+                      min_share: float) -> tuple[StragglerVerdict, dict[int, dict[str, Any]]]:
+    """``straggler_evidence`` answers -> the verdict, and each rank's ``straggler_steps`` body
+    (for the step split the command prints). The ranks' median step time bounds the samples
+    (diagnose_stragglers' ``step_s``)."""
+    data = {r.rank: r.data for r in results if r.ok and r.data and r.rank is not None}
+    rows = {k: list(CollectivesBody.from_wire(d["collectives"]).collectives)
+            for k, d in data.items()}
+    steps = {k: d["steps"] for k, d in data.items() if d.get("steps")}
+    step_ms = [rec.get("step_ms") for b in steps.values()
+               for rec in QueryBody.from_wire(b).records()]
+    known = [float(x) for x in step_ms if isinstance(x, (int, float)) and x > 0]
+    step_s = statistics.median(known) / 1e3 if known else None
+    return diagnose_stragglers(rows, last=last, min_share=min_share, step_s=step_s), steps

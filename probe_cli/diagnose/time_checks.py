@@ -10,6 +10,7 @@ Thresholds are module constants, chosen so a healthy toy job on 2 busy cores sta
 from __future__ import annotations
 
 import importlib.util
+import statistics
 from typing import Any
 
 from ..group import rank_label
@@ -86,8 +87,11 @@ def check_straggler(report: Report, docs: list[RankDoc]) -> None:
     if len(rows) < 2:
         report.unchecked.append("straggler: needs collectives from 2 or more ranks")
         return
+    step_ms = [num(first_loop(d).get("step_ms")) for d in docs]
+    known = [x for x in step_ms if x is not None and x > 0]
     v = diagnose_stragglers(rows, last=len(next(iter(rows.values()))),
-                            min_share=STRAGGLER_SHARE)
+                            min_share=STRAGGLER_SHARE,
+                            step_s=statistics.median(known) / 1e3 if known else None)
     if v.problem:
         share = max(e.caused_s for e in v.per_rank.values()) / v.window_s if v.window_s else 0
         report.findings.append(Finding(WARNING, "straggler", v.headline, list(v.details),
@@ -137,8 +141,8 @@ def check_collective_wait(report: Report, docs: list[RankDoc]) -> None:
         report.findings.append(Finding(
             INFO, "collectives",
             f"collective wait: {rank_label(sorted(high))} {verb} {top:.0%} of the time waiting "
-            "for peers, by turns (no one rank is the cause: step-time jitter or a busy node)",
-            evidence, "probe straggler", sorted(high), score=top))
+            "for peers, with no straggler to blame (step-time jitter, a busy node, or too "
+            "few steps yet to name one)", evidence, "probe straggler", sorted(high), score=top))
         return
     report.findings.append(Finding(
         WARNING, "collectives",

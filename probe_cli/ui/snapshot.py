@@ -17,16 +17,19 @@ from typing import Any
 
 from ..diagnose.doctor import diagnose as diagnose_doctor
 from ..diagnose.doctor import rank_doc
-from ..diagnose.evidence import doctor_evidence, hang_evidence, straggler_evidence
+from ..diagnose.evidence import (
+    doctor_evidence,
+    hang_evidence,
+    straggler_evidence,
+    straggler_verdict,
+)
 from ..diagnose.hang import diagnose as diagnose_hang
 from ..diagnose.hang import rank_state
-from ..diagnose.straggler import diagnose_stragglers
 from ..errors import ProbeCLIError, RankError
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
 from ..transport.session import Session
-from ..transport.wire import CollectivesBody
 
 #: Seconds in one collective after which a tile says "waiting in a collective".
 WAITING_S = 0.5
@@ -198,9 +201,7 @@ class Snapshotter:
             docs.append(rank_doc(rank_state(r), d.data if d is not None and d.ok else None))
         report = diagnose_doctor(verdict, docs, verdict.threshold_s or 5.0)
         strag = fan_out(self.slow_session, live, straggler_evidence(50))
-        rows = {r.rank: list(CollectivesBody.from_wire(r.data["collectives"]).collectives)
-                for r in strag if r.ok and r.data and r.rank is not None}
-        straggler = diagnose_stragglers(rows, last=200, min_share=0.1)
+        straggler, _ = straggler_verdict(strag, 200, 0.1)  # what `probe straggler` prints
         slow = {d.rank: d.slow or [] for d in docs}
         return {"verdicts": {"doctor": report.to_dict(), "straggler": straggler.to_dict()},
                 "slow": slow, "at": time.time()}

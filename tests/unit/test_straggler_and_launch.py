@@ -113,7 +113,7 @@ def test_launch_off_loopback_makes_a_job_token_file_and_passes_its_path(tmp_path
     assert r3.returncode == 2 and f"chmod 600 {path}" in r3.stderr
 
 
-def bursts(late0_steps, steps, per_step=6, lag=0.01, period=0.06, late0=None):
+def bursts(late0_steps, steps, per_step=6, lag=0.01, period=0.06, late0=None, spacing=0.002):
     """2 ranks, ``per_step`` collectives a step (DDP buckets): the rank late at a step is late
     at all of its collectives; rank 0 at ``late0_steps`` of the steps, spread evenly (or at the
     steps in ``late0``)."""
@@ -126,7 +126,7 @@ def bursts(late0_steps, steps, per_step=6, lag=0.01, period=0.06, late0=None):
             seq = s * per_step + k + 1
             for r in (0, 1):
                 rows[r].append({"pg": "0", "seq": seq, "is_p2p": False, "group_ranks": [0, 1],
-                                "start_time": s * period + k * 0.002 + (lag if r == late else 0)})
+                                "start_time": s * period + k * spacing + (lag if r == late else 0)})
     return rows
 
 
@@ -149,3 +149,14 @@ def test_a_straggler_that_starts_mid_window_is_named():
     v = diagnose_stragglers(bursts(0, 35, late0=late0), min_share=0.1)
     # THEN rank 0 is named: steps are independent samples whatever the order
     assert v.problem and v.culprits == [0], (v.headline, v.details)
+
+
+def test_the_step_time_bounds_the_samples_when_gaps_do_not_show_steps():
+    # GIVEN 2 micro-batches a step whose all-reduces are 20 ms apart in a 60 ms step (gaps of
+    # 20 and 40 ms: no clear step boundary), rank 0 late at 46 of 70 steps (p = 0.02 as steps;
+    # as 140 collectives p = 3e-4, a false alarm)
+    rows = bursts(46, 70, per_step=2, spacing=0.02)
+    assert diagnose_stragglers(rows, min_share=0.1).problem
+    # WHEN the ranks' step time is known, THEN the window counts as 70 samples: not named
+    v = diagnose_stragglers(rows, min_share=0.1, step_s=0.06)
+    assert not v.problem and "counted once a step" in v.details[-1], (v.headline, v.details)
