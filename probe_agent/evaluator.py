@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import eval_guard
 from .operator_code import CodeRun, compile_code, script_namespace, user_traceback
 
 
@@ -56,6 +57,7 @@ class Evaluator:
 
     def run(self, code: str, extra: dict[str, Any] | None = None) -> EvalOutcome:
         compiled = compile_code(code)
+        eval_guard.install()  # cheap and idempotent; FSDP2 may have been imported since
         with self._lock:  # evals are serialised: two at once would race on the namespace
             return self._run_thread(compiled, extra or {})
 
@@ -76,7 +78,7 @@ class Evaluator:
                 box["traceback"] = user_traceback(e)
 
         t0 = time.perf_counter()
-        th = threading.Thread(target=target, name="probe-agent.eval", daemon=True)
+        th = threading.Thread(target=target, name=eval_guard.EVAL_THREAD, daemon=True)
         th.start()
         th.join(self.timeout_s)
         if th.is_alive():

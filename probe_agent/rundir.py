@@ -30,7 +30,8 @@ def problem(path: str) -> str | None:
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            os.makedirs(path, mode=0o700)
+            # exist_ok: the ranks of one job start together and race to make it (seen in CI).
+            os.makedirs(path, mode=0o700, exist_ok=True)
             st = os.lstat(path)
     except OSError as e:
         return f"{path}: {e.strerror}"
@@ -42,7 +43,7 @@ def problem(path: str) -> str | None:
         if stat.S_IMODE(st.st_mode) != 0o700:
             os.chmod(path, 0o700)
         # A socket and a file must fit: a full or read-only filesystem fails here, not later.
-        probe = os.path.join(path, f".probe-{os.getpid()}.check")
+        probe = os.path.join(path, f".probe-{os.getpid()}-{os.urandom(3).hex()}.check")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.bind(probe)
         os.unlink(probe)

@@ -72,7 +72,9 @@ def seed_playbook(endpoint: str, program: str, save_to: Path, save_rank: str | N
     assert all(x > 0 for x in lrs), before.stdout
     ok(probe("-t", endpoint, "eval", LR_EVAL))
     where = ("--rank", save_rank) if save_rank is not None else ()
-    save = ok(probe("-t", endpoint, *where, "eval",
+    # At a step boundary: mid-step, FSDP2's state_dict() would reshard parameters under the
+    # training thread, and the agent refuses it from an immediate eval (eval_guard.py).
+    save = ok(probe("-t", endpoint, *where, "eval", "--next-step",
                     f"torch.save({{'model': model.state_dict(), 'optimizer': "
                     f"optimizer.state_dict()}}, {str(save_to)!r})"))
     assert save_to.exists(), save.stdout + save.stderr

@@ -22,6 +22,24 @@ def test_a_usable_dir_is_kept_and_made_private(tmp_path: Path):
     assert d.stat().st_mode & 0o777 == 0o700
 
 
+def test_ranks_that_make_the_dir_at_once_all_keep_it(tmp_path: Path):
+    # The ranks of one job start together; the loser of the mkdir race once fell back (CI).
+    import threading
+    for i in range(20):
+        d, barrier, got = tmp_path / f"run{i}", threading.Barrier(8), []
+
+        def choose() -> None:
+            barrier.wait()
+            got.append(rundir.choose(str(d)))
+
+        threads = [threading.Thread(target=choose) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == [(str(d), None)] * 8
+
+
 @pytest.mark.parametrize("kind", ["symlink", "file"])
 def test_a_symlink_or_a_file_is_never_used(tmp_path: Path, kind: str):
     d = tmp_path / "run"
