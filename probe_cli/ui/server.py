@@ -32,6 +32,10 @@ def _asset(name: str) -> bytes:
 
 class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True
+    # Ctrl-C must end the dashboard at once: server_close() would otherwise join every handler
+    # thread, and one waiting on a browser's idle keep-alive connection never ends (CI: the
+    # process outlived its SIGINT by 15 s under load).
+    block_on_close = False
 
     def __init__(self, host: str, port: int, snapshots: Snapshotter) -> None:
         super().__init__((host, port), _Handler)
@@ -51,6 +55,7 @@ class DashboardServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: DashboardServer
     protocol_version = "HTTP/1.1"
+    timeout = 60  # an idle keep-alive connection frees its thread (the page polls every 1.5 s)
 
     def log_message(self, *args: Any) -> None:  # the terminal shows the URL, not access logs
         pass
