@@ -63,7 +63,6 @@ class Agent:
         self._owned_inodes: dict[str, int] = {}
         self.peers: dict[int, dict[str, Any]] = {}
         self.serve_budget: Any = None  # set by create_app: requests' CPU budget (budget.py)
-        self.footprint: Any = None  # set by create_app: RSS that serving keeps (footprint.py)
         self.running = False
         #: issue 5: the out-of-process companion that owns the public sockets
         #: (serving/watchdog_link.py).
@@ -158,10 +157,6 @@ class Agent:
         self.collectors = build_collectors(self)
         self.collectors.start(self.store)
 
-    def serving_growth_mib(self) -> float:
-        """RSS that answering requests has kept so far (serving/footprint.py), in MiB."""
-        return self.footprint.growth_mib if self.footprint is not None else 0.0
-
     def stop(self) -> None:
         if not self.running:
             return
@@ -176,8 +171,6 @@ class Agent:
         handover = self.watchdog.stop() if self.watchdog is not None else False
         if self._server is not None:
             self._server.stop()
-        if self.footprint is not None:
-            self.footprint.close()
         self.store.stop()
         for pool in (self.query_pool, self.eval_pool):
             # Not wait=True: a wedged eval must not hang interpreter exit. Workers finish on

@@ -193,9 +193,7 @@ CREATE TABLE IF NOT EXISTS python.steps (
 -- alloc_retries and ooms (counts since start). device 'cpu': those are NULL. rss: the process
 -- resident set in MiB, on every row. The agent's own share of it, sampled every ~2 s on the
 -- writer thread: agent_mib (its in-memory DuckDB: sum of duckdb_memory(), plus pyarrow's
--- allocated bytes, plus the RSS that answering requests kept: the net RSS change over each busy
--- period of at most 2 s, probe_agent/serving/footprint.py), agent_threads (threads named
--- probe*); the job's memory is rss - agent_mib.
+-- allocated bytes), agent_threads (threads named probe*); the job's memory is rss - agent_mib.
 CREATE TABLE IF NOT EXISTS python.memory (
     timestamp     DOUBLE  NOT NULL,
     rank          INTEGER NOT NULL,

@@ -81,7 +81,7 @@ def build_collectors(agent: Agent) -> Collectors:
     return Collectors(
         ranks=_build("ranks", lambda: build_registry(agent)),  # ranks.py: issue 4
         collectives=_build("collectives", lambda: CollectiveRecorder(rank)),
-        steps=_build("steps", lambda: StepRecorder(clock, rank, tracer, agent.serving_growth_mib)),
+        steps=_build("steps", lambda: StepRecorder(clock, rank, tracer)),
         tracer=tracer,
         trainloop=_build("trainloop", lambda: LoopMonitor(clock, rank)),
         stacks=_build("stacks", lambda: BacktraceTables(clock, rank)),

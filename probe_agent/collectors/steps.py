@@ -9,9 +9,8 @@ What gets captured
 - **memory**: one row per step per device. On CUDA (only once the job has initialised CUDA;
   nothing here creates a context): allocated, reserved, active, peak, alloc retries and OOMs
   from ``torch.cuda.memory_stats()`` of the current device. Always: the process RSS, and the
-  agent's own share of it (``agent_mib``: its in-memory DuckDB and Arrow buffers, and the RSS
-  its requests kept (serving/footprint.py), sampled on the writer thread every
-  ``AGENT_SAMPLE_S``; ``agent_threads``), so that a leak check can
+  agent's own share of it (``agent_mib``: its in-memory DuckDB and Arrow buffers, sampled on
+  the writer thread every ``AGENT_SAMPLE_S``; ``agent_threads``), so that a leak check can
   judge the job's memory (rss - agent_mib) and not blame the user for the agent's tables.
 - **metrics**: the user's own scalars from ``probe_agent.log(step=…, loss=…, **scalars)``, so
   that "loss became NaN at step N" is a query.
@@ -30,7 +29,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -58,10 +56,8 @@ class StepRecorder:
         tracer: when present, says which steps were traced and how many samples they saw.
     """
 
-    def __init__(self, clock: StepClock, rank: int, tracer: TorchTracer | None,
-                 serving_mib: Callable[[], float] | None = None) -> None:
+    def __init__(self, clock: StepClock, rank: int, tracer: TorchTracer | None) -> None:
         self.clock = clock
-        self.serving_mib = serving_mib  # RSS kept after serving requests (serving/footprint.py)
         self.rank = rank
         self.tracer = tracer
         self.guard = Guard("step recorder")
@@ -123,8 +119,6 @@ class StepRecorder:
                 "SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
             # + the Arrow buffers the agent's collectors hold between flushes (pyarrow's pool)
             db = (float(row[0] or 0) + pa.total_allocated_bytes()) * _MIB if row else None
-            if db is not None and self.serving_mib is not None:
-                db += self.serving_mib()  # what answering requests kept (footprint.py)
             threads = sum(1 for t in threading.enumerate() if t.name.startswith("probe"))
             self._agent = (db, threads)
         except Exception as e:  # noqa: BLE001 - writer thread: counted, never raised

@@ -23,7 +23,6 @@ from .wire import error_body
 if TYPE_CHECKING:
     from ..agent import Agent
     from .budget import ServeBudget
-    from .footprint import ServingFootprint
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +38,7 @@ ROUTERS = ("core", "trace", "cluster", "actions", "doctor", "access", "profile",
 class AdmissionMiddleware:
     """Pure ASGI middleware (Starlette's ``BaseHTTPMiddleware`` costs a task group and a
     memory stream per request): the access rule (access.py: owner or token, Host and Origin;
-    refusals are audited), the serving CPU budget (serving/budget.py), the memory serving keeps
-    (serving/footprint.py),
+    refusals are audited), the serving CPU budget (serving/budget.py),
     and a JSON 500 for a route's bug, so that a bug never disturbs training."""
 
     def __init__(self, app: Any, agent: Agent, budget: ServeBudget) -> None:
@@ -52,14 +50,6 @@ class AdmissionMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        footprint = self.agent.footprint
-        footprint.enter()
-        try:
-            await self._admit(scope, receive, send)
-        finally:
-            footprint.exit()
-
-    async def _admit(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         rank = self.agent.rank
         gate = self.agent.gate
         peer = gate.peer_of(scope)
@@ -124,10 +114,8 @@ def create_app(agent: Agent) -> FastAPI:
     rank = agent.rank
 
     from .budget import ServeBudget
-    from .footprint import ServingFootprint
 
     agent.serve_budget = ServeBudget(agent.config.serve_cpu)
-    agent.footprint = ServingFootprint()
     app.add_middleware(AdmissionMiddleware, agent=agent, budget=agent.serve_budget)
 
     @app.exception_handler(ProbeAgentError)
