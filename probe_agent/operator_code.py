@@ -20,7 +20,9 @@
   ``sys.stdout`` (contextlib.redirect_stdout is process-global, python/cpython#63602, and would
   capture the training thread's prints).
 - Afterwards: rebinding a ``__main__`` global writes through (``LR = 1e-4`` reaches a script that
-  reads LR every step); other new names persist in ``session`` for later evals.
+  reads LR every step) when the new value is the same kind as the old (``_same_kind``); a
+  rebinding to another kind (the model ``m`` to a ctypes struct) is dropped and the eval's
+  stderr says so. Other new names persist in ``session`` for later evals.
 - Tracebacks start at the operator's code (``<probe eval>``), without the agent's frames.
 
 Stdlib only; it imports neither torch nor the agent's heavy modules.
@@ -167,6 +169,16 @@ def _discovered_names(names: list[str]) -> dict[str, Any]:
     return resolve(names)
 
 
+def _same_kind(old: Any, new: Any) -> bool:
+    """May an eval rebind a script global holding ``old`` to ``new``? The same type, any two
+    real numbers (``LR = 1e-4`` over ``LR = 6e-4``, ``max_iters = 100``), or a global that
+    was None (set later by the script itself)."""
+    if old is None or type(old) is type(new):
+        return True
+    number = (int, float)
+    return isinstance(old, number) and isinstance(new, number)
+
+
 def user_traceback(e: BaseException) -> str:
     """From the operator's code (``<probe eval>``) down; the whole chain when none of it is
     the operator's (a built-in action that raised inside the agent)."""
@@ -238,5 +250,14 @@ class CodeRun:
         finally:
             for k, v in g.items():
                 if k in reserved or before.get(k) == id(v):
+                    continue
+                if k in main_globals and not _same_kind(main_globals[k], v):
+                    # `m = libc.mallinfo2()` replaced a script's DDP model `m` and killed the
+                    # job at its next step: a rebinding to another kind of object is dropped,
+                    # and the operator is told.
+                    self._err.write(
+                        f"probe: {k!r} was not written to the script: it holds a "
+                        f"{type(main_globals[k]).__name__} and this eval bound a "
+                        f"{type(v).__name__}; the job keeps its own (use another name)\n")
                     continue
                 (main_globals if k in main_globals else session)[k] = v
