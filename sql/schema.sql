@@ -193,7 +193,9 @@ CREATE TABLE IF NOT EXISTS python.steps (
 -- alloc_retries and ooms (counts since start). device 'cpu': those are NULL. rss: the process
 -- resident set in MiB, on every row. The agent's own share of it, sampled every ~2 s on the
 -- writer thread: agent_mib (its in-memory DuckDB: sum of duckdb_memory(), plus pyarrow's
--- allocated bytes), agent_threads (threads named probe*); the job's memory is rss - agent_mib.
+-- allocated bytes), agent_threads (threads named probe*), heap_free_mib (the free bytes glibc's
+-- malloc keeps in its arenas, mallinfo2's fordblks: resident, used by nobody; NULL without
+-- glibc 2.33). On CPU the job's memory is rss - agent_mib - heap_free_mib.
 CREATE TABLE IF NOT EXISTS python.memory (
     timestamp     DOUBLE  NOT NULL,
     rank          INTEGER NOT NULL,
@@ -207,7 +209,8 @@ CREATE TABLE IF NOT EXISTS python.memory (
     ooms          BIGINT,
     rss           DOUBLE,
     agent_mib     DOUBLE,
-    agent_threads INTEGER
+    agent_threads INTEGER,
+    heap_free_mib DOUBLE
 );
 
 -- python.metrics: scalars from probe_agent.log(step=None, **scalars), one row per scalar.

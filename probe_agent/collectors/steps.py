@@ -10,8 +10,10 @@ What gets captured
   nothing here creates a context): allocated, reserved, active, peak, alloc retries and OOMs
   from ``torch.cuda.memory_stats()`` of the current device. Always: the process RSS, and the
   agent's own share of it (``agent_mib``: its in-memory DuckDB and Arrow buffers, sampled on
-  the writer thread every ``AGENT_SAMPLE_S``; ``agent_threads``), so that a leak check can
-  judge the job's memory (rss - agent_mib) and not blame the user for the agent's tables.
+  the writer thread every ``AGENT_SAMPLE_S``; ``agent_threads``), and the free bytes malloc
+  keeps (``heap_free_mib``, heap.py), so that a leak check can judge the job's memory
+  (rss - agent_mib - heap_free_mib) and blame the user neither for the agent's tables nor for
+  the allocator's fragmentation.
 - **metrics**: the user's own scalars from ``probe_agent.log(step=…, loss=…, **scalars)``, so
   that "loss became NaN at step N" is a query.
 
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from . import Guard, Sink
+from .heap import free_heap_mib
 
 if TYPE_CHECKING:
     from ..actions.stepclock import StepClock
@@ -73,7 +76,7 @@ class StepRecorder:
         self._pending: list[Any] | None = None
         self._lock = threading.Lock()
         # The agent's own memory, read by the training thread as one tuple (atomic swap).
-        self._agent: tuple[float | None, int | None] = (None, None)
+        self._agent: tuple[float | None, int | None, float | None] = (None, None, None)
         self._agent_at = 0.0
         self._agent_cursor: Any = None
 
@@ -120,7 +123,7 @@ class StepRecorder:
             # + the Arrow buffers the agent's collectors hold between flushes (pyarrow's pool)
             db = (float(row[0] or 0) + pa.total_allocated_bytes()) * _MIB if row else None
             threads = sum(1 for t in threading.enumerate() if t.name.startswith("probe"))
-            self._agent = (db, threads)
+            self._agent = (db, threads, free_heap_mib())
         except Exception as e:  # noqa: BLE001 - writer thread: counted, never raised
             self.guard.failed(e)
 

@@ -208,9 +208,10 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
                 if lr is not None and (lr == 0 or not math.isfinite(lr)):
                     problems.append(f"rank {d.rank}: {o.get('class')} lr is {g.get('lr')}")
                     ranks.add(d.rank)
-    if len({x for x in lines.values()}) > 1:
+    disagree = _settings_disagree(docs)
+    if disagree:
         problems.append("ranks disagree on optimizer settings")
-        ranks.update(lines)
+        ranks.update(disagree)
     if problems:
         report.findings.append(Finding(
             WARNING, "lr", "LEARNING RATE: " + "; ".join(dict.fromkeys(problems)) +
@@ -219,6 +220,40 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
     else:
         report.findings.append(Finding(INFO, "lr", "learning rate and clipping", evidence,
                                        "probe lr --scale 0.5   # to lower it mid-run"))
+
+
+def _settings_disagree(docs: list[RankDoc]) -> set[int]:
+    """The ranks whose optimizer settings are not the others'. The LR is compared only between
+    ranks that answered at the same step: a schedule moves it every step (a healthy cosine
+    job, its ranks one step apart, read as "ranks disagree"); elsewhere only a factor of 1.5
+    or more counts (one rank lowered by `probe lr`, the others not)."""
+    shape: dict[int, tuple[Any, ...]] = {}
+    lrs: dict[int, tuple[float, ...]] = {}
+    steps: dict[int, Any] = {}
+    for d in docs:
+        opts = (d.state or {}).get("optimizers") or []
+        if not opts:
+            continue
+        shape[d.rank] = tuple(
+            (o.get("class"), len(o.get("groups") or []),
+             *(tuple(sorted((k, str(g.get(k))) for k in ("momentum", "weight_decay", "betas")
+                            if k in g)) for g in (o.get("groups") or [])[:1]))
+            for o in opts)
+        lrs[d.rank] = tuple(num(g.get("lr")) or 0.0 for o in opts for g in o.get("groups") or [])
+        steps[d.rank] = ((d.state or {}).get("clock") or {}).get("step")
+    out = set()
+    if len(set(shape.values())) > 1:
+        out.update(shape)
+    for a in lrs:
+        for b in lrs:
+            if a >= b or shape[a] != shape[b] or len(lrs[a]) != len(lrs[b]):
+                continue
+            same_step = steps[a] is not None and steps[a] == steps[b]
+            for x, y in zip(lrs[a], lrs[b]):
+                lo, hi = sorted((abs(x), abs(y)))
+                if (same_step and not math.isclose(x, y, rel_tol=1e-6)) or hi > 1.5 * lo:
+                    out.update((a, b))
+    return out
 
 
 def _size(mib: float) -> str:

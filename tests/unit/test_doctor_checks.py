@@ -172,3 +172,32 @@ def test_a_hang_hides_the_timing_checks():
     report = diagnose(hang, [doc(0, last_step_at=NOW - 60), doc(1)], 5.0)
     assert [f.check for f in report.ranked()][0] == "hang"
     assert "stall" not in checks(report) and "straggler" not in checks(report)
+
+
+def _at_step(d: RankDoc, step: int) -> RankDoc:
+    d.state["clock"]["step"] = step
+    return d
+
+
+def test_a_schedule_seen_one_step_apart_is_not_a_disagreement():
+    # GIVEN a cosine LR set every step (nanoGPT), ranks read one step apart: 4th digits differ
+    report = diagnose(NO_HANG, [_at_step(doc(0, lr=5.9871e-4), 1349),
+                                _at_step(doc(1, lr=5.9869e-4), 1350)], 5.0)
+    # THEN no warning (this was "ranks disagree on optimizer settings" on a healthy job)
+    assert checks(report) == {"lr": "info"}, report
+
+
+@pytest.mark.parametrize("lr1,step1", [(5.9869e-4, 40), (3e-4, 41)])
+def test_ranks_with_different_lrs_disagree(lr1, step1):
+    # GIVEN the same step and another LR, or a step apart and half the LR (`probe lr` on one)
+    report = diagnose(NO_HANG, [doc(0, lr=5.9871e-4), _at_step(doc(1, lr=lr1), step1)], 5.0)
+    lr = next(f for f in report.findings if f.check == "lr")
+    assert lr.severity == "warning" and "ranks disagree on optimizer settings" in lr.title
+    assert lr.ranks == [0, 1]
+
+
+def test_ranks_with_another_optimizer_shape_disagree_at_any_step():
+    other = _at_step(doc(1), 41)
+    other.state["optimizers"][0]["groups"][0]["momentum"] = 0.0
+    report = diagnose(NO_HANG, [doc(0), other], 5.0)
+    assert "ranks disagree" in next(f for f in report.findings if f.check == "lr").title
