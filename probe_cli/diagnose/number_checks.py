@@ -57,6 +57,9 @@ def _memory_line(d: RankDoc, row: dict[str, Any]) -> tuple[str, float, bool]:
     a0, a1 = num(row.get("agent_first_mib")), num(row.get("agent_last_mib"))
     if a0 is not None and a1 is not None:
         line += f"; the agent's own (DuckDB, Arrow) {a0:.1f} -> {a1:.1f} MiB, left out"
+    free = num(row.get("heap_free_mib"))
+    if free is not None and str(dev).startswith("cpu"):
+        line += f"; malloc's free heap ({free:.1f} MiB at the end), left out"
     near_oom = False
     total = num(((d.state or {}).get("cuda_total_mib") or {}).get(dev))
     reserved = num(row.get("reserved_mib"))

@@ -99,7 +99,7 @@ def test_healthy_memory_is_not_a_leak(row):
 
 def test_a_steady_leak_is_named_with_its_evidence():
     # GIVEN 256 KiB kept every step, judged at step 300 (its first quarter left out)
-    row = mem_row(415.1, 473.6, 0.26, 0.27, 3, first_step=75, last_step=300)
+    row = mem_row(415.1, 473.6, 0.26, 0.27, 3, first_step=75, last_step=300, heap_free_mib=41.5)
     report = diagnose(NO_HANG, [doc(0, memory=[row]), doc(1, memory=[row])], 5.0)
     mem = next(f for f in report.findings if f.check == "memory")
     assert mem.severity == "warning" and mem.ranks == [0, 1]
@@ -107,6 +107,7 @@ def test_a_steady_leak_is_named_with_its_evidence():
     assert "robust slope +0.260 MiB/step (+58.5 MiB)" in mem.evidence[0]
     assert "3/3 quarters rising" in mem.evidence[0]
     assert "the agent's own (DuckDB, Arrow) 3.9 -> 8.2 MiB, left out" in mem.evidence[0]
+    assert "malloc's free heap (41.5 MiB at the end), left out" in mem.evidence[0]
 
 
 def test_memory_growth_and_cuda_headroom():
