@@ -19,7 +19,7 @@
 - Output: the code gets its own ``print`` that writes to a capped per-run buffer. We never swap
   ``sys.stdout`` (contextlib.redirect_stdout is process-global, python/cpython#63602, and would
   capture the training thread's prints).
-- Afterwards: rebinding a ``__main__`` global writes through (``LR = 1e-4`` reaches a script that
+- Rebinding a ``__main__`` global writes through at once (``LR = 1e-4`` reaches a script that
   reads LR every step) when the new value is the same kind as the old (``_same_kind``); a
   rebinding to another kind (the model ``m`` to a ctypes struct) is dropped and the eval's
   stderr says so. Other new names persist in ``session`` for later evals.
@@ -179,6 +179,31 @@ def _same_kind(old: Any, new: Any) -> bool:
     return isinstance(old, number) and isinstance(new, number)
 
 
+class _WriteThrough(dict[str, Any]):
+    """The eval's top-level names. Each assignment lands in the eval's globals at once (so
+    functions and comprehensions the code defines see it) and, for a script global of the same
+    kind, in ``__main__`` at once too: ``LR = 1e-4; print(get_lr())`` must see the new LR, and
+    a script function reads ``__main__``, not the eval's copy. A dict subclass as ``locals``
+    makes CPython call ``__setitem__`` for every top-level store (an exact dict is bypassed)."""
+
+    def __init__(self, g: dict[str, Any], main_globals: dict[str, Any],
+                 reserved: set[str]) -> None:
+        super().__init__()
+        self._g, self._main, self._reserved = g, main_globals, reserved
+
+    def __setitem__(self, k: str, v: Any) -> None:
+        super().__setitem__(k, v)
+        self._g[k] = v
+        if k not in self._reserved and k in self._main and _same_kind(self._main[k], v):
+            self._main[k] = v
+
+    def __delitem__(self, k: str) -> None:
+        if k not in self and k not in self._g:
+            raise KeyError(k)
+        self.pop(k, None)
+        self._g.pop(k, None)
+
+
 def user_traceback(e: BaseException) -> str:
     """From the operator's code (``<probe eval>``) down; the whole chain when none of it is
     the operator's (a built-in action that raised inside the agent)."""
@@ -243,9 +268,10 @@ class CodeRun:
         g.setdefault("__builtins__", builtins)
         before = {k: id(v) for k, v in g.items()}
         main_globals = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
+        names = _WriteThrough(g, main_globals, reserved)
         try:
-            exec(body, g)
-            value = eval(tail, g) if tail is not None else None
+            exec(body, g, names)
+            value = eval(tail, g, names) if tail is not None else None
             self.result = None if value is None else full_repr(value, self.output_cap)
         finally:
             for k, v in g.items():

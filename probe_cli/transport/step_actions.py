@@ -189,10 +189,28 @@ def _wait(session: Session, targets: list[RankTarget], action_id: str, target: i
                       if _body(r).state not in TERMINAL]
         for t, r in zip(pending, cancelled):
             final[id(t)] = r if _body(r).action else last.get(id(t), r)
-        notes.append(f"probe: gave up waiting after {wait_s:g} s (--wait); the action was "
-                     f"cancelled on {rank_label([t.rank for t in pending])}")
+        notes.append(_gave_up_note(wait_s, action_id,
+                                   [(t.rank, _body(final[id(t)]).state) for t in pending]))
     results = [_finish(final[id(t)], target) for t in targets]
     return StepOutcome(action_id, target, results, notes)
+
+
+def _gave_up_note(wait_s: float, action_id: str, states: list[tuple[int | None, Any]]) -> str:
+    """What the cancel after ``--wait`` really did on each rank still pending: a queued or
+    agreeing action is cancelled; a running one cannot be (the training thread runs it)."""
+    cancelled = [r for r, s in states if s in ("cancelled", "skipped")]
+    running = [r for r, s in states if s == "running"]
+    other = [r for r, s in states if s not in ("cancelled", "skipped", "running")]
+    parts = [f"probe: gave up waiting after {wait_s:g} s (--wait)"]
+    if cancelled:
+        parts.append(f"the action was cancelled on {rank_label(cancelled)}")
+    if running:
+        parts.append(f"it is still running on {rank_label(running)}'s training thread and "
+                     "cannot be interrupted safely there; `probe actions` shows when it ends")
+    if other:
+        parts.append(f"{rank_label(other)} did not confirm the cancel: {action_id} may still "
+                     f"run there; `probe actions cancel {action_id}` retries it")
+    return "; ".join(parts)
 
 
 def _cancel(session: Session, targets: list[RankTarget], action_id: str) -> list[RankResult]:

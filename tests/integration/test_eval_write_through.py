@@ -42,3 +42,21 @@ def test_same_kind_writes_through_and_another_kind_stays_in_the_session(client, 
     # AND a later eval sees the script's object
     later = client.post("/v1/eval", json={"code": "PROBE_T_MODEL is not None"}).json()
     assert later["ok"] and later["result"] == "True", later
+
+
+def test_a_lowered_global_is_seen_by_the_script_within_the_same_eval(client, script_globals):
+    """Write-through used to land only after the eval ended: a script function called in the
+    same code read the old value."""
+    # GIVEN a script function that reads the global from __main__
+    exec("def probe_t_get_lr():\n    return PROBE_T_LR\n", vars(script_globals))
+    try:
+        # WHEN one eval lowers the global and reads it back through the script's function
+        body = client.post("/v1/eval", json={"code": (
+            "PROBE_T_LR = 1e-5\nseen = probe_t_get_lr()\n"
+            "doubled = [PROBE_T_LR * 2 for _ in range(1)]\n(seen, doubled)")}).json()
+        # THEN the function and a comprehension both see the new value
+        assert body["ok"], body
+        assert body["result"] == "(1e-05, [2e-05])", body
+        assert script_globals.PROBE_T_LR == 1e-5
+    finally:
+        del script_globals.probe_t_get_lr

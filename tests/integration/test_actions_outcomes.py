@@ -1,0 +1,59 @@
+"""What the CLI says about a step-boundary action, against a real in-process agent whose
+"training thread" is a test thread (tests/integration/test_actions_agent.py's Trainer).
+
+Every sentence must be true on the rank it names: an action the training thread is running
+was not cancelled, and one that may still run was not "nothing ran".
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from probe_cli.main import main
+from tests.integration.test_actions_agent import Trainer
+from tests.support import wait_until
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture
+def running_trainer() -> Iterator[Trainer]:
+    t = Trainer()
+    th = threading.Thread(target=t.run, args=(True,), name="trainer", daemon=True)
+    th.start()
+    yield t
+    t.stop.set()
+    th.join(10)
+    assert t.error is None, t.error
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_running_action_is_not_reported_as_cancelled(
+    agent: object, running_trainer: Trainer, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`eval --next-step --wait 10 "time.sleep(600)"` printed both "the action was cancelled
+    on rank 1" and "still running on the training thread"."""
+    wait_until(lambda: running_trainer.steps > 2, 30, "the trainer did not step")
+    release = tmp_path / "release"
+    code = (f"import os, time\nwhile not os.path.exists({str(release)!r}):\n"
+            "    time.sleep(0.01)\n")
+    try:
+        # WHEN the CLI gives up on an action the training thread is running
+        rc, out, err = run(capsys, agent.url.removeprefix("http://"),  # type: ignore[attr-defined]
+                           "eval", "--next-step", "--wait", "3", code)
+    finally:
+        release.touch()
+    # THEN it says the action still runs there, and never that it was cancelled
+    assert rc != 0, (out, err)
+    assert "still running on rank 0's training thread" in err, err
+    assert "cancelled" not in err, err
