@@ -155,6 +155,8 @@ class Agent:
         from .collectors.registry import build_collectors
 
         self.collectors = build_collectors(self)
+        if self.collectors.trainloop is not None:
+            self.actions.scaler = self.collectors.trainloop.scaler
         self.collectors.start(self.store)
 
     def stop(self) -> None:

@@ -238,6 +238,9 @@ CREATE TABLE IF NOT EXISTS python.metrics (
 -- grad_norm / clip_max_norm: the total gradient norm clip_grad_norm_ computed (before clipping;
 --   NaN or Infinity when a gradient is) and its max_norm, for the last call in that step; NULL
 --   when clip_grad_norm_ was not called. clip_calls: calls in that step.
+-- grad_scale: the AMP GradScaler's scale when that clip_grad_norm_ saw gradients the scaler had
+--   not unscaled yet (scaler.unscale_ not called first): grad_norm is then scale times the real
+--   norm, and the clip is wrong. NULL without a scaler, or once unscale_ ran.
 CREATE TABLE IF NOT EXISTS python.step_stats (
     timestamp     DOUBLE  NOT NULL,
     rank          INTEGER NOT NULL,
@@ -247,5 +250,6 @@ CREATE TABLE IF NOT EXISTS python.step_stats (
     lr            DOUBLE,
     grad_norm     DOUBLE,
     clip_max_norm DOUBLE,
-    clip_calls    BIGINT
+    clip_calls    BIGINT,
+    grad_scale    DOUBLE
 );

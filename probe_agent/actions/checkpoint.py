@@ -12,6 +12,8 @@ Two layouts:
        "model": state_dict            (or "models": {name: state_dict} for several roots),
        "optimizer": state_dict        (or "optimizers": [state_dict, ...]),
        "scheduler": state_dict        (or "schedulers": [...]; absent without one),
+       "scaler": state_dict           (the AMP GradScaler's scale and growth tracker;
+                                       absent without an enabled one),
        "rng": {"python", "torch", "numpy"?, "cuda"?},   # rank 0's generators
        "framework": "hf_trainer" | "lightning" | "accelerate" | "plain",
        "names": {"model": [...], "optimizer": [...], "scheduler": [...]}}
@@ -190,12 +192,15 @@ def save(
     path: str, *, step: int, rank: int, world_size: int, tag: str,
     models: list[tuple[str, Any]], optimizers: list[Any], schedulers: list[Any],
     overwrite: bool = False, framework: str | None = None, where: dict[int, str] | None = None,
+    scaler: Any = None,
 ) -> dict[str, Any]:
     """Write this rank's part of the checkpoint; returns ``{"mode", "files": [{path, bytes}]}``.
 
     Args:
         framework: the framework the objects came from (``hf_trainer``), saved as is.
         where: ``id(obj) -> how the job reaches it``, for the names listed in the result.
+        scaler: the job's AMP GradScaler; its ``state_dict()`` is saved as ``"scaler"`` when it
+            is enabled (``scaler.load_state_dict(state["scaler"])`` resumes its scale).
         overwrite: replace an existing regular file (or, sharded, an existing checkpoint
             directory); without it an existing ``path`` is refused. A device, FIFO, socket or
             any other directory is refused either way (checkpoint_target.py).
@@ -210,10 +215,14 @@ def save(
         "optimizer": [label(o) for o in optimizers],
         "scheduler": [label(s) for s in schedulers],
     }
+    scaler_state = scaler.state_dict() if scaler is not None and scaler.is_enabled() else None
+    if scaler_state is not None:
+        names["scaler"] = [label(scaler)]
     if is_sharded([m for _, m in models]):
         return _save_sharded(path, step=step, rank=rank, tag=tag, models=models,
                              optimizers=optimizers, schedulers=schedulers, names=names,
-                             overwrite=overwrite, framework=framework)
+                             overwrite=overwrite, framework=framework,
+                             scaler_state=scaler_state)
     # Each file is checked before this rank writes any (submit already checked them on every
     # rank, so a refusal here means something appeared at a path since then).
     if rank == 0:
@@ -232,6 +241,8 @@ def save(
             state["models"] = {n: m.state_dict() for n, m in models}
         state.update(_one_or_many("optimizer", [o.state_dict() for o in optimizers]))
         state.update(_one_or_many("scheduler", [s.state_dict() for s in schedulers]))
+        if scaler_state is not None:
+            state["scaler"] = scaler_state
         state["rng"] = rng_state()
         files.append({"path": path, "bytes": write_atomic(path, state, tag, overwrite)})
     if world_size > 1:
@@ -243,7 +254,7 @@ def save(
 def _save_sharded(
     path: str, *, step: int, rank: int, tag: str, models: list[tuple[str, Any]],
     optimizers: list[Any], schedulers: list[Any], names: dict[str, Any], overwrite: bool,
-    framework: str | None = None,
+    framework: str | None = None, scaler_state: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     import shutil
 
@@ -261,6 +272,8 @@ def _save_sharded(
         state["optimizer" + key] = osd
     for i, s in enumerate(schedulers):
         state[f"scheduler.{i}"] = s.state_dict()
+    if scaler_state is not None:
+        state["scaler"] = scaler_state
     tmp = f"{path}.tmp-{tag}"
     try:
         dcp.save(state, checkpoint_id=tmp)  # collective: every rank of the job is here (agreed)

@@ -110,6 +110,9 @@ class ActionQueue:
         self._audit_row = audit
         self._running = running
         self.agreement = StepAgreement()
+        #: The job's AMP GradScaler or None (the loop monitor's; set by the agent): a checkpoint
+        #: saves its scale, else a resumed fp16 run starts again from 65536 and skips steps.
+        self.scaler: Callable[[], Any] = lambda: None
         self._cond = threading.Condition()
         self._pending: list[Action] = []
         self._all: OrderedDict[str, Action] = OrderedDict()

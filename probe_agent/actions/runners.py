@@ -63,7 +63,7 @@ def run_checkpoint(q: ActionQueue, a: Action, step: int) -> None:
     a.data = save(str(a.args["path"]), step=step, rank=q.rank, world_size=world,
                   tag=a.id, models=models, optimizers=d.optimizers, schedulers=d.schedulers,
                   overwrite=bool(a.args.get("overwrite")), framework=d.framework,
-                  where=d.where)
+                  where=d.where, scaler=q.scaler())
     a.result = ", ".join(f"{f['path']} ({f['bytes']} bytes)" for f in a.data["files"]) or (
         "nothing to write on this rank")
 

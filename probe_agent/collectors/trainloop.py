@@ -13,6 +13,12 @@ What gets captured
   (``from torch.nn.utils import clip_grad_norm_``). It records ``max_norm`` and the total norm
   that ``clip_grad_norm_`` computed (the norm before clipping; NaN/Inf when a gradient is).
   Scripts that call ``get_total_norm``/``clip_grads_with_norm_`` themselves are not seen.
+- **Clipping under AMP**: ``GradScaler.scale`` is wrapped (on the class) to learn the job's
+  scaler. A ``clip_grad_norm_`` call made while that scaler is enabled and has not unscaled this
+  iteration's gradients (no optimizer of it is in the ``UNSCALED`` stage) sees gradients times
+  the scale (65536 at first): the clip then compares a norm 65536x too large with ``max_norm``,
+  and every update shrinks. The scale is recorded with the norm (``grad_scale``), so doctor can
+  say "clipping scaled gradients" and report the unscaled norm instead of blaming the LR.
 - **Learning rate**: the primary optimizer's first param group's ``lr`` after each step.
 - **Gradient check on request**: ``request_grad_check()`` arms a one-shot check that runs right
   after the next optimizer step (gradients are complete and clipped then): one
@@ -34,6 +40,7 @@ import math
 import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -50,6 +57,7 @@ TABLE = "python.step_stats"
 
 _DL_MODULE = "torch.utils.data.dataloader"
 _CLIP_MODULE = "torch.nn.utils.clip_grad"
+_SCALER_MODULE = "torch.amp.grad_scaler"
 
 
 class GradCheck:
@@ -88,7 +96,11 @@ class LoopMonitor:
         self.clip_norm: Any = None
         self.clip_max: float | None = None
         self.clip_calls = 0
+        self.clip_scale: Any = None  # the GradScaler's scale when the clip saw scaled gradients
         self.clip_total = 0
+        self._scaler: weakref.ref[Any] | None = None  # the job's GradScaler, once it scaled
+        self._scaler_cls: Any = None
+        self._scale_orig: Any = None
         self._pending: GradCheck | None = None
         self._dl_cls: Any = None
         self._dl_orig: Any = None
@@ -119,6 +131,9 @@ class LoopMonitor:
             if self._clip_mod is not None:
                 self._clip_mod._clip_grads_with_norm_ = self._clip_orig
                 self._clip_mod = None
+            if self._scaler_cls is not None:
+                self._scaler_cls.scale = self._scale_orig
+                self._scaler_cls = None
             pending, self._pending = self._pending, None
             if pending is not None:
                 pending.error = "the agent stopped"
@@ -154,21 +169,60 @@ class LoopMonitor:
                 def _clip_grads_with_norm_(parameters: Any, max_norm: Any, total_norm: Any,
                                            *args: Any, **kwargs: Any) -> Any:
                     monitor.clip_norm, monitor.clip_max = total_norm, max_norm
+                    monitor.clip_scale = monitor.pending_scale()
                     monitor.clip_calls += 1
                     return orig_clip(parameters, max_norm, total_norm, *args, **kwargs)
 
                 _clip_grads_with_norm_.__wrapped__ = orig_clip  # type: ignore[attr-defined]
                 self._clip_orig, self._clip_mod = orig_clip, cg
                 cg._clip_grads_with_norm_ = _clip_grads_with_norm_
+        if self._scaler_cls is None and (gs := imported(_SCALER_MODULE)) is not None:
+            scaler_cls = getattr(gs, "GradScaler", None)
+            orig_scale = getattr(scaler_cls, "scale", None)
+            if orig_scale is not None:
+                monitor = self
+
+                def scale(scaler: Any, outputs: Any) -> Any:
+                    ref = monitor._scaler
+                    if ref is None or ref() is not scaler:
+                        monitor._scaler = weakref.ref(scaler)
+                    return orig_scale(scaler, outputs)
+
+                scale.__wrapped__ = orig_scale  # type: ignore[attr-defined]
+                self._scale_orig, self._scaler_cls = orig_scale, scaler_cls
+                scaler_cls.scale = scale
+
+    def scaler(self) -> Any:
+        """The job's GradScaler (the last one seen scaling a loss), or None."""
+        return self._scaler() if self._scaler is not None else None
+
+    def pending_scale(self) -> Any:
+        """The scaler's scale (a tensor copy: no device sync) when the gradients are still
+        scaled, else None. Still scaled: the scaler is enabled and none of its optimizers has
+        been unscaled since its last ``update()`` (which empties ``_per_optimizer_states``)."""
+        if not self.guard.enabled:
+            return None
+        try:
+            sc = self.scaler()
+            if sc is None or not getattr(sc, "_enabled", False) or \
+                    getattr(sc, "_scale", None) is None:
+                return None
+            states = getattr(sc, "_per_optimizer_states", {})
+            if any(getattr(st.get("stage"), "name", "") == "UNSCALED" for st in states.values()):
+                return None
+            return sc._scale.detach().clone()
+        except Exception as e:  # noqa: BLE001 - runs inside the job's clip_grad_norm_
+            self.guard.failed(e)
+            return None
 
     # -- training thread ---------------------------------------------------------------------
     def _on_step(self, step: int, optimizer: Any) -> None:
         groups = getattr(optimizer, "param_groups", None) or [{}]
         row = (time.time(), step, self.data_wait, self.batches, groups[0].get("lr"),
-               self.clip_norm, self.clip_max, self.clip_calls)
+               self.clip_norm, self.clip_max, self.clip_calls, self.clip_scale)
         self.data_wait, self.batches = 0.0, 0
         self.clip_total += self.clip_calls
-        self.clip_norm, self.clip_max, self.clip_calls = None, None, 0
+        self.clip_norm, self.clip_max, self.clip_calls, self.clip_scale = None, None, 0, None
         if len(self.rows) < BUFFER:
             self.rows.append(row)
         pending, self._pending = self._pending, None
@@ -229,6 +283,7 @@ class LoopMonitor:
         self.sink.append(TABLE, pa.table([
             cols[0], [self.rank] * n, cols[1], cols[2], cols[3], [_number(v) for v in cols[4]],
             [_number(v) for v in cols[5]], [_number(v) for v in cols[6]], cols[7],
+            [_number(v) for v in cols[8]],
         ], schema=self._schema))
 
 

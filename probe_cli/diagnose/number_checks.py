@@ -188,13 +188,25 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
                                 "is not used)")
         return
     evidence = [f"{rank_label(rs)}: {x}" for x, rs in _by_value(lines)]
-    problems, ranks = [], set()
+    problems, ranks, scaled = [], set(), {}
     for d in docs:
         loop = first_loop(d)
         clip_steps = int(num(loop.get("clip_steps")) or 0)
-        if clip_steps:
+        n_scaled = int(num(loop.get("scaled_clip_steps")) or 0)
+        med = num(loop.get("grad_norm_median"))
+        if clip_steps and 2 * n_scaled >= clip_steps:
+            # The clip saw gradients times the scale: its norm and its clipping say nothing
+            # about the LR (minGPT-ddp: "LR too high" from a norm of 4.59e+04 that was 0.7).
+            scaled[d.rank] = loop
+            evidence.append(
+                f"rank {d.rank}: clip_grad_norm_(max_norm={loop.get('clip_max_norm')}) ran "
+                f"on {clip_steps} of the last {loop.get('steps')} steps, {n_scaled} of them "
+                f"on gradients still scaled by the GradScaler "
+                f"(x{num(loop.get('grad_scale')) or 0:.0f}); median norm "
+                f"{_g(num(loop.get('unscaled_norm_median')))} unscaled "
+                f"({_g(med)} as the clip saw it)")
+        elif clip_steps:
             clipped = int(num(loop.get("clipped_steps")) or 0)
-            med = num(loop.get("grad_norm_median"))
             evidence.append(f"rank {d.rank}: clip_grad_norm_(max_norm={loop.get('clip_max_norm')}"
                             f") ran on {clip_steps} of the last {loop.get('steps')} steps and "
                             f"clipped {clipped}" + (f"; median norm before clipping {med:.3g}"
@@ -215,14 +227,69 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
     if disagree:
         problems.append("ranks disagree on optimizer settings")
         ranks.update(disagree)
+    own = _loop_sets_lr(docs)
+    if own:
+        evidence.append(own)
+    if scaled:
+        _scaled_clip_finding(report, scaled)
     if problems:
         report.findings.append(Finding(
             WARNING, "lr", "LEARNING RATE: " + "; ".join(dict.fromkeys(problems)) +
-            " (the LR may be too high)", evidence, "probe lr --scale 0.1", sorted(ranks),
-            score=0.5))
+            " (the LR may be too high)", evidence,
+            _OWN_LR_NEXT if own else "probe lr --scale 0.1", sorted(ranks), score=0.5))
     else:
         report.findings.append(Finding(INFO, "lr", "learning rate and clipping", evidence,
+                                       _OWN_LR_NEXT if own else
                                        "probe lr --scale 0.5   # to lower it mid-run"))
+
+
+#: What to change when the loop computes its LR itself (`probe lr` would be undone next step).
+_OWN_LR_NEXT = ("change the LR the training script computes (its schedule's peak/max LR); "
+                "probe lr would be undone at the next step")
+
+
+def _loop_sets_lr(docs: list[RankDoc]) -> str:
+    """Evidence that the training loop sets the LR itself each step (nanoGPT's ``get_lr``): no
+    LR scheduler steps its optimizers, yet the LR moved over the window. Empty otherwise (a
+    constant LR, a scheduler, or an agent that does not report its schedulers)."""
+    moved = []
+    for d in docs:
+        state = d.state or {}
+        if state.get("schedulers") is None or state["schedulers"]:
+            return ""
+        loop = first_loop(d)
+        a, b = num(loop.get("lr_first")), num(loop.get("lr_last"))
+        if a is not None and b is not None and not math.isclose(a, b, rel_tol=1e-9):
+            moved.append((d.rank, a, b, loop.get("steps")))
+    if not moved:
+        return ""
+    r, a, b, n = moved[0]
+    return (f"{rank_label([m[0] for m in moved])}: no LR scheduler, yet the LR moved "
+            f"(rank {r}: {a:.4g} -> {b:.4g} over {n} steps): the training loop sets it itself")
+
+
+def _scaled_clip_finding(report: Report, scaled: dict[int, dict[str, Any]]) -> None:
+    ranks = sorted(scaled)
+    loop = scaled[ranks[0]]
+    scale = num(loop.get("grad_scale")) or 0.0
+    evidence = [
+        f"rank {r}: clip_grad_norm_ ran on {int(num(x.get('scaled_clip_steps')) or 0)} steps with"
+        f" gradients scaled by x{num(x.get('grad_scale')) or 0:.0f}: norm as the clip saw it "
+        f"{_g(num(x.get('grad_norm_median')))}, unscaled {_g(num(x.get('unscaled_norm_median')))}"
+        f" (max_norm {x.get('clip_max_norm')})" for r, x in sorted(scaled.items())]
+    evidence.append("the clip compares a norm x{:.0f} too large with max_norm, so each update is "
+                    "cut down far more than meant; the LR is not the problem".format(scale))
+    report.findings.append(Finding(
+        WARNING, "amp_clip", f"CLIPPING SCALED GRADIENTS: {rank_label(ranks)} "
+        f"{_verb(ranks, 'calls', 'call')} clip_grad_norm_ before scaler.unscale_: the norm is "
+        f"x{scale:.0f} (unscaled {_g(num(loop.get('unscaled_norm_median')))}); call "
+        "scaler.unscale_(optimizer) first", evidence,
+        "in the training script: scaler.unscale_(optimizer) right before clip_grad_norm_",
+        ranks, score=0.6))
+
+
+def _g(v: float | None) -> str:
+    return "?" if v is None else f"{v:.3g}"
 
 
 def _settings_disagree(docs: list[RankDoc]) -> set[int]:

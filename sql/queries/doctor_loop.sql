@@ -1,8 +1,8 @@
 -- name: doctor_loop
--- description: This rank's training loop over its last $last_steps steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window, how often clip_grad_norm_ ran with a finite norm and clipped, the median gradient norm before clipping, and non-finite gradient norms (first and last step). `probe doctor` reads it.
+-- description: This rank's training loop over its last $last_steps steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window, how often clip_grad_norm_ ran with a finite norm and clipped, the median gradient norm before clipping, how often clip_grad_norm_ saw gradients an AMP GradScaler had not unscaled yet (and the median norm once unscaled), and non-finite gradient norms (first and last step). `probe doctor` reads it.
 -- params: last_steps
 WITH s AS (
-    SELECT step, timestamp, data_wait, lr, grad_norm, clip_max_norm, clip_calls,
+    SELECT step, timestamp, data_wait, lr, grad_norm, clip_max_norm, clip_calls, grad_scale,
            timestamp - lag(timestamp) OVER (ORDER BY step) AS step_s
     FROM python.step_stats
     WHERE step > (SELECT max(step) FROM python.step_stats) - $last_steps - 1
@@ -22,6 +22,11 @@ SELECT count(step_s)                                                   AS steps,
                         AND step_s IS NOT NULL)                        AS clipped_steps,
        max(clip_max_norm)                                              AS clip_max_norm,
        median(grad_norm) FILTER (WHERE isfinite(grad_norm))            AS grad_norm_median,
+       count(*) FILTER (WHERE clip_calls > 0 AND grad_scale > 1 AND step_s IS NOT NULL)
+                                                                       AS scaled_clip_steps,
+       median(grad_scale) FILTER (WHERE grad_scale > 1)                AS grad_scale,
+       median(grad_norm / coalesce(grad_scale, 1)) FILTER (WHERE isfinite(grad_norm))
+                                                                       AS unscaled_norm_median,
        count(*) FILTER (WHERE NOT isfinite(grad_norm) AND step_s IS NOT NULL)
                                                                        AS nonfinite_grad_steps,
        min(step) FILTER (WHERE NOT isfinite(grad_norm) AND step_s IS NOT NULL)

@@ -202,3 +202,59 @@ def test_ranks_with_another_optimizer_shape_disagree_at_any_step():
     other.state["optimizers"][0]["groups"][0]["momentum"] = 0.0
     report = diagnose(NO_HANG, [doc(0), other], 5.0)
     assert "ranks disagree" in next(f for f in report.findings if f.check == "lr").title
+
+
+def _scaled_clip(rank: int, scaled_steps: int = 49) -> RankDoc:
+    """A rank of minGPT-ddp: clip_grad_norm_ before scaler.unscale_ (its norm is x65536)."""
+    return doc(rank, loop={"clip_steps": 49, "clipped_steps": 49, "clip_max_norm": 1.0,
+                           "grad_norm_median": 4.59e4, "scaled_clip_steps": scaled_steps,
+                           "grad_scale": 65536.0, "unscaled_norm_median": 0.7})
+
+
+def test_clipping_scaled_gradients_is_named_instead_of_the_lr():
+    # GIVEN both ranks clip every step on gradients the GradScaler has not unscaled
+    report = diagnose(NO_HANG, [_scaled_clip(0), _scaled_clip(1)], 5.0)
+    # THEN the finding is the missing unscale_, with the unscaled norm; no LR warning
+    amp = next(f for f in report.findings if f.check == "amp_clip")
+    assert amp.severity == "warning" and amp.ranks == [0, 1]
+    assert "clipping scaled gradients" in amp.title.lower()
+    assert "scaler.unscale_(optimizer) first" in amp.title and "unscaled 0.7" in amp.title
+    assert "x65536" in amp.title
+    lr = next(f for f in report.findings if f.check == "lr")
+    assert lr.severity == "info" and "lr --scale 0.1" not in lr.next
+    assert any("0.7 unscaled" in e for e in lr.evidence), lr.evidence
+
+
+def test_clipping_after_unscale_is_judged_on_the_lr_as_before():
+    # GIVEN the same norms, but unscale_ ran first (no step clipped scaled gradients)
+    report = diagnose(NO_HANG, [_scaled_clip(0, 0), _scaled_clip(1, 0)], 5.0)
+    # THEN no AMP finding; clipping on every step is the LR warning
+    assert "amp_clip" not in checks(report)
+    assert checks(report)["lr"] == "warning"
+
+
+def _own_lr(d: RankDoc, schedulers: list | None) -> RankDoc:
+    d.state["schedulers"] = schedulers
+    d.loop[0].update({"lr_first": 5.9e-4, "lr_last": 5.7e-4})
+    return d
+
+
+def test_a_loop_that_sets_its_own_lr_is_not_told_to_run_probe_lr():
+    # GIVEN nanoGPT: no scheduler, the LR moves every step, and clipping on every step
+    clip = {"clip_steps": 49, "clipped_steps": 49, "clip_max_norm": 1.0, "grad_norm_median": 9.0}
+    docs = [_own_lr(doc(r, loop=clip), []) for r in (0, 1)]
+    report = diagnose(NO_HANG, docs, 5.0)
+    # THEN the advice is to change the script's schedule, never `probe lr`
+    lr = next(f for f in report.findings if f.check == "lr")
+    assert lr.severity == "warning" and "probe lr --scale" not in lr.next
+    assert "training script" in lr.next
+    assert any("sets it itself" in e for e in lr.evidence), lr.evidence
+    # AND without a problem the info line does not suggest it either
+    quiet = diagnose(NO_HANG, [_own_lr(doc(r), []) for r in (0, 1)], 5.0)
+    assert "probe lr --scale" not in next(f for f in quiet.findings if f.check == "lr").next
+
+
+@pytest.mark.parametrize("schedulers", [["CosineAnnealingLR"], None], ids=["scheduler", "old"])
+def test_a_scheduled_lr_still_gets_probe_lr(schedulers):
+    report = diagnose(NO_HANG, [_own_lr(doc(r), schedulers) for r in (0, 1)], 5.0)
+    assert "probe lr --scale 0.5" in next(f for f in report.findings if f.check == "lr").next

@@ -49,8 +49,21 @@ def _state(agent: Agent) -> dict[str, Any]:
         clock=clock.state(),
         loop=monitor.state() if monitor is not None else None,
         optimizers=optimizer_state(clock.optimizers()),
+        schedulers=_schedulers(clock.optimizers()),
         cuda_total_mib=_cuda_totals(),
     ))
+
+
+def _schedulers(optimizers: list[Any]) -> list[str] | None:
+    """The class names of the LR schedulers of the stepping optimizers (framework discovery,
+    wrappers off), so doctor can tell a loop that sets its own LR each step (nanoGPT's
+    ``get_lr``: `probe lr` is undone there) from a scheduled one. None before any step.
+    Discovery's gc scan is cached (frameworks/discovery.py), so repeated doctors are cheap."""
+    if not optimizers:
+        return None
+    from ...frameworks.discovery import discover
+
+    return [type(s).__name__ for s in discover(optimizers=optimizers).schedulers]
 
 
 @router.get("/doctor")
