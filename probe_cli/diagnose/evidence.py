@@ -109,11 +109,13 @@ def straggler_verdict(results: list[RankResult], last: int,
     (for the step split the command prints). The ranks' median step time bounds the samples
     (diagnose_stragglers' ``step_s``)."""
     data = {r.rank: r.data for r in results if r.ok and r.data and r.rank is not None}
-    rows = {k: list(CollectivesBody.from_wire(d["collectives"]).collectives)
-            for k, d in data.items()}
+    bodies = {k: CollectivesBody.from_wire(d["collectives"]) for k, d in data.items()}
+    rows = {k: list(b.collectives) for k, b in bodies.items()}
+    now = {k: b.now for k, b in bodies.items() if b.now}
     steps = {k: d["steps"] for k, d in data.items() if d.get("steps")}
     step_ms = [rec.get("step_ms") for b in steps.values()
                for rec in QueryBody.from_wire(b).records()]
     known = [float(x) for x in step_ms if isinstance(x, (int, float)) and x > 0]
     step_s = statistics.median(known) / 1e3 if known else None
-    return diagnose_stragglers(rows, last=last, min_share=min_share, step_s=step_s), steps
+    return diagnose_stragglers(rows, last=last, min_share=min_share, step_s=step_s,
+                               now_by_rank=now), steps

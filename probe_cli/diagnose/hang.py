@@ -133,7 +133,7 @@ def where(frames: tuple[dict[str, Any], ...], limit: int = 3) -> tuple[str, list
            f"{anchor.get('lineno')})", lines
 
 
-def _oldest_pending(state: RankState, min_wait_s: float) -> dict[str, Any] | None:
+def oldest_pending(state: RankState, min_wait_s: float) -> dict[str, Any] | None:
     pending = [r for r in state.collectives if r.get("state") == "pending"
                and state.now - float(r.get("start_time") or state.now) >= min_wait_s]
     return min(pending, key=lambda r: float(r.get("start_time") or 0.0)) if pending else None
@@ -204,7 +204,7 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
     silent = [s for s in states if not s.answered]
     by_rank = {s.rank: s for s in states}
     rule = normal_wait(answered, min_wait_s)
-    waits = {s.rank: w for s in answered if (w := _oldest_pending(s, rule.wait_s)) is not None}
+    waits = {s.rank: w for s in answered if (w := oldest_pending(s, rule.wait_s)) is not None}
     # A failure counts only while it is the rank's latest collective (no later success).
     failed = {s.rank: s.collectives[-1] for s in answered
               if s.collectives and s.collectives[-1].get("state") == "failed"}
@@ -220,7 +220,7 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
         # A rank whose Python does not run (its GIL is held: the watchdog answered for it) is
         # evidence enough: the others' pending collectives, however young, wait for it.
         waits = {s.rank: w for s in answered
-                 if not s.coll_error and (w := _oldest_pending(s, 0.0)) is not None}
+                 if not s.coll_error and (w := oldest_pending(s, 0.0)) is not None}
         if waits:
             rule = WaitRule(0.0, f"{_ranks_word([s.rank for s in stuck])}'s Python has not run "
                             "in time to answer (its GIL is held; read from outside)", rule.gaps)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..group import rank_label
+from .rhythm import normal_wait
 from .verdict import Verdict
 
 
@@ -129,8 +130,29 @@ def arrivals(rows_by_rank: dict[int, list[dict[str, Any]]],
     return [times for _, times in complete[-last:]]
 
 
+def hung_now(rows_by_rank: dict[int, list[dict[str, Any]]],
+             now_by_rank: dict[int, float]) -> str | None:
+    """Why no straggler may be named now: a collective has been pending on some rank for as
+    long as the hang verdict calls stuck (the job's own rhythm, rhythm.py). Arrivals from before
+    a hang describe the past, and the rank that hangs is often not the one that was late (a
+    rank hung in a sleep was named "9.2 ms slower" from the collectives before)."""
+    from .hang import RankState, oldest_pending
+
+    states = [RankState(r, collectives=tuple(rows), now=now_by_rank[r])
+              for r, rows in rows_by_rank.items() if now_by_rank.get(r)]
+    rule = normal_wait(states)
+    waits = [(s.rank, w, s.now) for s in states if (w := oldest_pending(s, rule.wait_s))]
+    if not waits:
+        return None
+    r, w, now = max(waits, key=lambda x: x[2] - float(x[1].get("start_time") or x[2]))
+    return (f"rank {r} has waited {now - float(w.get('start_time') or now):.1f} s in "
+            f"{w.get('op')} #{w.get('seq')} (stuck beyond {rule.wait_s:.1f} s): the job looks "
+            "hung, so arrivals say nothing about a straggler; run probe hang")
+
+
 def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: int = 200,
-                        min_share: float = 0.05, step_s: float | None = None) -> StragglerVerdict:
+                        min_share: float = 0.05, step_s: float | None = None,
+                        now_by_rank: dict[int, float] | None = None) -> StragglerVerdict:
     """Name the rank the others wait for, if it costs them at least ``min_share`` of the time.
 
     ``step_s``: the ranks' median step time, when known: the window then counts as no more
@@ -139,6 +161,9 @@ def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: 
     step do not form separate groups of gaps)."""
     window = arrivals(rows_by_rank, last)
     per_rank = {r: Lateness(r) for r in sorted(rows_by_rank)}
+    hung = hung_now(rows_by_rank, now_by_rank) if now_by_rank else None
+    if hung:
+        return StragglerVerdict(False, f"no straggler verdict: {hung}", per_rank=per_rank)
     if len(window) < 2:
         return StragglerVerdict(False, "no verdict: fewer than 2 collectives seen on every rank "
                                 "(is the job running collectives? is it a single rank?)",

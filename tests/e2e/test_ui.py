@@ -57,8 +57,19 @@ def dashboard(agent_url: str) -> Iterator[str]:
             proc.stderr.close()
 
 
+#: Records every text the banner area shows, from the page's first paint on.
+RECORD_BANNERS = """
+window.__banners = [];
+new MutationObserver(() => {
+  const b = document.getElementById("banners");
+  const t = b ? b.innerText : null;
+  if (t !== null && window.__banners[window.__banners.length - 1] !== t) window.__banners.push(t);
+}).observe(document, {subtree: true, childList: true, characterData: true});
+"""
+
+
 @contextmanager
-def page_at(url: str, tmp: Path) -> Iterator[object]:
+def page_at(url: str, tmp: Path, init_script: str | None = None) -> Iterator[object]:
     sync_api = _need_browser()
     with sync_api.sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
@@ -66,6 +77,8 @@ def page_at(url: str, tmp: Path) -> Iterator[object]:
             viewport={"width": 1400, "height": 1300},
             bypass_csp=True)  # wait_for_function evaluates strings; the page itself needs no eval
         try:
+            if init_script:
+                ctx.add_init_script(init_script)
             page = ctx.new_page()
             page.goto(url)
             yield page
@@ -120,7 +133,8 @@ def test_hang_banner_names_the_culprit(tmp_path):
     _need_browser()
     # GIVEN a 2-rank job whose rank 1 sleeps before the all_reduce rank 0 waits in
     with torchrun_job(tmp_path, "hang_sleep_before_allreduce.py", 2) as (_, infos), \
-            dashboard(infos[0]["url"]) as url, page_at(url, tmp_path) as page:
+            dashboard(infos[0]["url"]) as url, \
+            page_at(url, tmp_path, RECORD_BANNERS) as page:
         # WHEN the page has refreshed past the job's hang threshold
         banner = page.locator("#banner-hang")
         banner.wait_for(timeout=60_000)
@@ -134,3 +148,13 @@ def test_hang_banner_names_the_culprit(tmp_path):
         assert text.startswith("HANG: rank 1"), text
         assert banner.locator("a").get_attribute("href") == "#ev-hang"
         assert "rank 1" in page.locator("#ev-hang summary").inner_text()
+        # AND from its first paint on, the page never said the job was fine: before the first
+        # snapshot it says it is checking
+        seen = page.evaluate("window.__banners")
+        assert seen and seen[0].startswith("Checking the job"), seen
+        assert not any("No hang" in t for t in seen), seen
+        # AND once the doctor and straggler round is in, no straggler is named under the hang
+        page.wait_for_function(
+            "!document.getElementById('findings').textContent.startsWith('waiting')",
+            timeout=60_000)
+        assert page.locator("#banner-straggler").count() == 0

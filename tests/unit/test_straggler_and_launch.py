@@ -35,6 +35,23 @@ def test_the_rank_the_others_wait_for_is_named_with_its_lag():
     assert v.details[0].startswith("rank 2: last to arrive at 50 of 100 collectives")
 
 
+def test_no_straggler_is_named_while_a_collective_hangs():
+    # GIVEN rank 2 was late at every step, then stopped: ranks 0,1,3 wait in the next all_reduce
+    rows = lockstep(4, slow=2, lag=0.05)
+    end = 50 * 0.06
+    for r in (0, 1, 3):
+        rows[r].append({"pg": "0", "seq": 101, "start_time": end, "state": "pending",
+                        "op": "all_reduce", "group_ranks": [0, 1, 2, 3], "is_p2p": False})
+    # WHEN it is asked 9 s into the wait (the job's rhythm calls 3 s stuck)
+    v = diagnose_stragglers(rows, now_by_rank={r: end + 9.0 for r in range(4)})
+    # THEN there is no straggler verdict, and it says why
+    assert not v.problem and not v.culprits, v.headline
+    assert "looks hung" in v.headline and "all_reduce #101" in v.headline, v.headline
+    assert "probe hang" in v.headline
+    # AND a second into it (a normal wait) the straggler is still named
+    assert diagnose_stragglers(rows, now_by_rank={r: end + 0.1 for r in range(4)}).problem
+
+
 def test_balanced_ranks_have_no_straggler():
     v = diagnose_stragglers(lockstep(4, slow=None, lag=0.0))
     assert not v.problem and v.headline.startswith("no straggler")

@@ -119,15 +119,22 @@ function renderHeatmap(slow, at) {
   box.appendChild(s);
 }
 
+const CHECKING = '<div class="banner checking" id="banner-checking">Checking the job\u2026 (no answer from the ranks yet)</div>';
+
 // Verdict headlines already lead with their label ("HANG: rank 1 …"); add one only if not.
 const label = (word, text) => (/^[A-Z][A-Z /]+:/.test(text || "") ? text : `${word}: ${text}`);
 
 function banners(v) {
   const out = [];
   const hang = v.hang;
+  if (!hang) {  // no snapshot yet: say nothing about the job's health before the first answer
+    $("banners").innerHTML = CHECKING;
+    return;
+  }
   if (hang && hang.problem) out.push(`<div class="banner hang" id="banner-hang">${esc(label("HANG", hang.headline))}<a href="#ev-hang">evidence</a></div>`);
   const st = v.straggler;
-  if (st && st.problem) out.push(`<div class="banner straggler" id="banner-straggler">${esc(label("STRAGGLER", st.headline))}<a href="#ev-straggler">evidence</a></div>`);
+  // A straggler is not news while the job hangs: its arrivals are from before the hang.
+  if (st && st.problem && !hang.problem) out.push(`<div class="banner straggler" id="banner-straggler">${esc(label("STRAGGLER", st.headline))}<a href="#ev-straggler">evidence</a></div>`);
   const doc = v.doctor;
   (doc && doc.findings || []).filter((f) => f.severity !== "info" && f.check !== "hang" && f.check !== "straggler")
     .forEach((f, i) => out.push(`<div class="banner ${esc(f.severity)}">${esc(label("DOCTOR", f.title))}<a href="#ev-doctor-${i}">evidence</a></div>`));
