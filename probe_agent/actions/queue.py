@@ -16,7 +16,10 @@ Model
   would refuse (lr.py, checkpoint_target.py); 409 for a checkpoint path that exists without
   overwrite.
 - Refused at once (HTTP 409): no torch, no optimizer step seen yet (nothing to ride on), a step
-  this rank has already passed (``reason: "past"``, with ``current_step``), a duplicate id.
+  this rank has already passed (``reason: "past"``, with ``current_step``), an id already used
+  for another request. The id is the client's idempotency key: a submission that repeats an
+  earlier one (same id, kind, step, code and arguments) gets that action back, whatever its
+  state, and nothing is queued twice.
 - Failures: an exception in the code is reported (``state: error`` with the traceback) and
   training goes on. An action still running after PROBE_ACTION_TIMEOUT_S is reported as
   ``overran`` and logged; it is *not* interrupted: stopping code mid-way on the training thread
@@ -81,11 +84,19 @@ class Action:
     overran: bool = False
     cancel_requested: bool = False
     order: int = field(default_factory=lambda: next(_ticket))
+    #: What the submission asked for (``request_key``), to recognise a retry of it.
+    request: tuple[Any, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("order")
+        d.pop("request")
         return d
+
+
+def request_key(kind: str, step: int | None, code: str, args: dict[str, Any]) -> tuple[Any, ...]:
+    """A submission as it arrived (the checks fill defaults into ``args`` afterwards)."""
+    return (kind, step, code, repr(sorted(args.items())))
 
 
 class ActionQueue:
@@ -147,6 +158,14 @@ class ActionQueue:
                client: str, requested_by: str | None, action_id: str,
                group: list[int] | None) -> Action:
         rank = self.rank
+        request = request_key(kind, step, code, args)
+        with self._cond:
+            again = self._all.get(action_id)
+        if again is not None and again.request == request:
+            # A retry of a request whose answer was lost (a 504 while this rank's GIL was held,
+            # a dropped connection): the id is the client's idempotency key, so the retry gets
+            # the action the first request queued and nothing runs twice.
+            return again
         try:
             if kind == "step-eval":
                 compile_code(code)  # a SyntaxError is a 400 now, not later
@@ -164,8 +183,10 @@ class ActionQueue:
                     )
                 if action_id in self._all:
                     raise ConflictError(f"an action with id {action_id} already exists on rank "
-                                        f"{rank}", reason="duplicate", current_step=cur)
-                a = Action(action_id, kind, target, code, args, client, requested_by, group)
+                                        f"{rank} with another request; choose a new id",
+                                        reason="duplicate", current_step=cur)
+                a = Action(action_id, kind, target, code, args, client, requested_by, group,
+                           request=request)
                 self._all[action_id] = a
                 self._pending.append(a)
                 self._pending.sort(key=lambda x: (x.step, x.order))

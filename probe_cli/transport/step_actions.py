@@ -29,7 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import AgentHTTPError, RankError
+import httpx
+
+from ..errors import AgentHTTPError, AgentTimeoutError, AgentUnreachableError, RankError
 from ..group import rank_label
 from ..result import RankResult
 from .client import ProbeClient
@@ -42,6 +44,8 @@ RETRIES = 3
 TERMINAL = frozenset({"ok", "error", "cancelled", "skipped"})
 #: How long, after cancelling, to wait for ranks that were agreeing to settle on "skipped".
 SETTLE_S = 3.0
+#: Pauses before re-sending a POST whose answer was lost (a 504 while a rank's GIL is held).
+SUBMIT_RETRY_S = (0.25, 0.5, 1.0, 2.0)
 
 
 class StepActionError(RankError):
@@ -136,22 +140,81 @@ def run_step_action(
         action_id = uuid.uuid4().hex[:12]
         body = {**request, "id": action_id, "step": target, "group": group,
                 "requested_by": requested_by()}
-        posted = _send(session, targets, ProbeClient.submit_action, body)
+        posted = _submit(session, targets, body)
         if all(r.ok for r in posted):
             return _wait(session, targets, action_id, target, wait_s)
+        unknown = [t for t, r in zip(targets, posted) if not r.ok and _may_have_arrived(r)]
+        refused = [r for r in posted if not r.ok and not _may_have_arrived(r)]
+        if unknown and not refused:
+            return _maybe_queued(posted, targets, unknown, action_id, target)
         queued = [t for t, r in zip(targets, posted) if r.ok]
-        _cancel(session, queued, action_id)
+        _cancel(session, queued + unknown, action_id)
         past = [r for r in posted if _body(r).reason == "past"]
-        if past and at_step is None and attempt < RETRIES:
+        if past and at_step is None and attempt < RETRIES and not unknown:
             continue  # a rank stepped past the target while we queued: choose again
-        note = "probe: nothing ran" + (
+        note = ("probe: nothing ran" if not unknown else
+                f"probe: not queued: {rank_label([r.rank for r in refused])} refused it; "
+                f"{action_id} was cancelled on every rank that answered, and "
+                f"{rank_label([t.rank for t in unknown])} did not answer: if the request "
+                "reached it, the action is skipped there (its peers cancelled it)") + (
             f"; cancelled again on {rank_label([t.rank for t in queued])}, which had queued it"
-            if queued else "")
+            if queued and not unknown else "")
         return StepOutcome(action_id, target, [
             r if not r.ok else _as_failed(r, "cancelled: not every rank accepted the action")
             for r in posted
         ], [note])
     raise AssertionError("unreachable")
+
+
+def _may_have_arrived(r: RankResult) -> bool:
+    """Whether a failed POST may still have reached the agent: no answer in time, a gateway
+    error (the watchdog's 504 while the rank's GIL is held), or a connection lost after the
+    request was sent. Only a refusal from the agent itself, or a connection never made, is
+    known to have queued nothing."""
+    e = r.error
+    if isinstance(e, AgentHTTPError):
+        return e.status >= 500
+    if isinstance(e, AgentTimeoutError):
+        return not isinstance(e.__cause__, httpx.ConnectTimeout)
+    if isinstance(e, AgentUnreachableError):
+        return not isinstance(e.__cause__, httpx.ConnectError)
+    return False
+
+
+def _submit(session: Session, targets: list[RankTarget],
+            body: dict[str, Any]) -> list[RankResult]:
+    """POST the action to every target; a rank whose answer was lost (``_may_have_arrived``)
+    gets the same body again, a few times over a few seconds. The agents treat the action id
+    as an idempotency key, so a request that did arrive is answered with its action and never
+    queued twice."""
+    posted = _send(session, targets, ProbeClient.submit_action, body)
+    for pause in SUBMIT_RETRY_S:
+        again = [i for i, r in enumerate(posted) if not r.ok and _may_have_arrived(r)]
+        if not again:
+            break
+        time.sleep(pause)
+        answers = _send(session, [targets[i] for i in again], ProbeClient.submit_action, body)
+        for i, r in zip(again, answers):
+            posted[i] = r
+    return posted
+
+
+def _maybe_queued(posted: list[RankResult], targets: list[RankTarget],
+                  unknown: list[RankTarget], action_id: str, target: int | None) -> StepOutcome:
+    """Some ranks queued the action and the others never answered: it is not "nothing ran".
+    It stays queued: it runs at the step on every rank, or, if a silent rank never got it,
+    on none (the ranks agree before running, agreement.py)."""
+    silent = rank_label([t.rank for t in unknown])
+    step = f"step {target}" if target is not None else "each rank's next step"
+    why = (f"did not answer in time (its GIL may be held); the request may still be queued "
+           f"there as {action_id}")
+    results = [r if r.ok else _as_failed(r, why) for r in posted]
+    queued = [t.rank for t, r in zip(targets, posted) if r.ok]
+    where = f" on {rank_label(queued)}" if queued else ""
+    return StepOutcome(action_id, target, results, [
+        f"probe: queued as {action_id}{where}; {silent} {why}. It will run at {step} on "
+        "every rank (or on none, if a rank never got it) unless you "
+        f"`probe actions cancel {action_id}`"])
 
 
 def _wait(session: Session, targets: list[RankTarget], action_id: str, target: int | None,

@@ -57,3 +57,21 @@ def test_a_running_action_is_not_reported_as_cancelled(
     assert rc != 0, (out, err)
     assert "still running on rank 0's training thread" in err, err
     assert "cancelled" not in err, err
+
+
+def test_the_action_id_is_an_idempotency_key(
+    client: object, running_trainer: Trainer,
+) -> None:
+    wait_until(lambda: running_trainer.steps > 2, 30, "the trainer did not step")
+    body = {"kind": "lr", "scale": 0.5, "id": "A17", "step": running_trainer.steps + 10_000}
+    # WHEN the same request is sent twice (its first answer was lost)
+    first = client.post("/v1/actions", json=body)  # type: ignore[attr-defined]
+    again = client.post("/v1/actions", json=body)  # type: ignore[attr-defined]
+    # THEN the retry gets the first action back, and one action is queued
+    assert first.status_code == again.status_code == 200, (first.text, again.text)
+    assert again.json()["action"]["submitted_at"] == first.json()["action"]["submitted_at"]
+    listed = client.get("/v1/actions").json()["actions"]  # type: ignore[attr-defined]
+    assert [a["id"] for a in listed] == ["A17"], listed
+    # AND the same id for another request is refused
+    other = client.post("/v1/actions", json={**body, "scale": 0.25})  # type: ignore[attr-defined]
+    assert other.status_code == 409 and other.json()["reason"] == "duplicate", other.text

@@ -3,7 +3,8 @@
 It waits in ``waiting_room`` (time.sleep, with a recognisable local) until ``--go-file``
 exists, then calls ``hold_gil`` -> ``spin_in_c`` -> the C ``spin(seconds)`` loaded with
 ``ctypes.PyDLL`` (PyDLL keeps the GIL during the call), then waits again. Each return from the
-C call appends a line to ``--done-file``. The agent is started with ``probe_agent.start()``
+C call appends a line to ``--done-file``. With ``--train``, the waiting room takes an SGD step
+(lr 0.1) of a tiny model every 20 ms, so step-boundary actions have steps to ride on. The agent is started with ``probe_agent.start()``
 (configured from PROBE_* variables); readiness is ``--ready-file`` ({pid, url, unix_socket}).
 """
 
@@ -14,6 +15,7 @@ import ctypes
 import json
 import os
 import time
+from collections.abc import Callable
 
 
 def spin_in_c(lib: ctypes.PyDLL, seconds: float) -> float:
@@ -24,11 +26,27 @@ def hold_gil(lib: ctypes.PyDLL, seconds: float) -> float:
     return spin_in_c(lib, seconds)
 
 
-def waiting_room(go_file: str) -> None:
+def waiting_room(go_file: str, step: Callable[[], None] | None = None) -> None:
     marker = "waiting-for-go"  # noqa: F841 - the test reads it back from the locals
     while not os.path.exists(go_file):
+        if step is not None:
+            step()
         time.sleep(0.02)
     os.unlink(go_file)
+
+
+def sgd_step() -> Callable[[], None]:
+    import torch
+
+    net = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        net(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+
+    return step
 
 
 def main() -> None:
@@ -38,18 +56,20 @@ def main() -> None:
     p.add_argument("--go-file", required=True)
     p.add_argument("--done-file", required=True)
     p.add_argument("--spin-s", type=float, default=4.0)
+    p.add_argument("--train", action="store_true")
     args = p.parse_args()
     lib = ctypes.PyDLL(args.lib)
     lib.spin.restype, lib.spin.argtypes = ctypes.c_double, [ctypes.c_double]
     import probe_agent
 
     agent = probe_agent.start()
+    step = sgd_step() if args.train else None
     tmp = args.ready_file + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"pid": os.getpid(), "url": agent.url, "unix_socket": agent.unix_path}, f)
     os.replace(tmp, args.ready_file)
     while True:
-        waiting_room(args.go_file)
+        waiting_room(args.go_file, step)
         hold_gil(lib, args.spin_s)
         with open(args.done_file, "a") as f:
             f.write(f"{time.time()}\n")
