@@ -30,9 +30,11 @@ import threading
 import time
 from types import CodeType
 
+from .stacks import AGENT_THREAD_PREFIXES
+
 #: Threads whose names start with these are the agent's own and are never sampled: its named
 #: threads, and the AnyIO worker threads its HTTP server runs blocking route code on.
-AGENT_THREADS = ("probe-agent", "AnyIO worker thread")
+AGENT_THREADS = (*AGENT_THREAD_PREFIXES, "AnyIO worker thread")
 #: Unique stacks kept; samples of further ones are counted under "[other stacks]".
 MAX_STACKS = 20_000
 AGENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

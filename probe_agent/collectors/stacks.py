@@ -25,6 +25,14 @@ from typing import Any
 from ..access import redact_locals
 
 AGENT_THREAD_PREFIX = "probe-agent"
+#: Every name the agent gives its own threads. The C++ hot path's builder is not "probe-agent.*"
+#: because it may outlive the agent that started it (one build per machine); it is the agent's
+#: all the same, and not the user's (`probe backtrace` listed it with is_agent false).
+AGENT_THREAD_PREFIXES = (AGENT_THREAD_PREFIX, "probe-native-build")
+
+
+def is_agent_thread(name: str) -> bool:
+    return name.startswith(AGENT_THREAD_PREFIXES)
 #: Files of the agent itself (this package), whose frames are hidden from the user's threads.
 AGENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _MAX_FRAMES = 256
@@ -123,7 +131,7 @@ def snapshot(*, with_locals: bool = False, include_agent: bool = False,
     stacks = []
     for tid, frame in sys._current_frames().items():
         name = names.get(tid, f"Thread-{tid}")
-        is_agent = name.startswith(AGENT_THREAD_PREFIX) or tid == me
+        is_agent = is_agent_thread(name) or tid == me
         if is_agent and not include_agent:
             continue
         stacks.append(ThreadStack(tid, name, tid == main_id, is_agent,

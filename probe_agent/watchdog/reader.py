@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any
 
-from ..collectors.stacks import hide_agent_frames
+from ..collectors.stacks import hide_agent_frames, is_agent_thread
 
 PYSPY_TIMEOUT_S = 5.0
 PYSPY_NATIVE_TIMEOUT_S = 20.0
@@ -38,7 +38,6 @@ DUMP_WAIT_S = 1.0
 #: After ptrace was refused, py-spy is tried again this much later (another tracer may have
 #: been attached at that moment: gdb, a user's py-spy).
 RETRY_PTRACE_S = 30.0
-AGENT_PREFIX = "probe-agent"
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 FATAL_SIGNALS = {
@@ -141,7 +140,7 @@ def thread_from_pyspy(t: dict[str, Any], pid: int) -> dict[str, Any]:
         "thread_id": t.get("thread_id"),
         "thread_name": name,
         "is_main": t.get("os_thread_id") == pid or name == "MainThread",
-        "is_agent": str(name).startswith(AGENT_PREFIX),
+        "is_agent": is_agent_thread(str(name)),
         "os_thread_id": t.get("os_thread_id"),
         "owns_gil": bool(t.get("owns_gil")),
         "active": t.get("active"),
@@ -163,7 +162,7 @@ def parse_faulthandler(text: str, names: dict[int, str] | None = None) -> list[d
         if h:
             tid = int(h.group(2), 16)
             cur = {"thread_id": tid, "thread_name": names.get(tid, f"Thread-{tid:#x}"),
-                   "is_main": False, "is_agent": names.get(tid, "").startswith(AGENT_PREFIX),
+                   "is_main": False, "is_agent": is_agent_thread(names.get(tid, "")),
                    "current": h.group(1) == "Current thread", "frames": []}
             threads.append(cur)
             continue

@@ -43,3 +43,29 @@ def test_cli_rendering_hides_agent_frames_of_an_older_agent():
                    {"depth": 1, "func": "native_call", "file": HOT, "lineno": 160},
                    {"depth": 2, "func": "train", "file": "/job/train.py", "lineno": 88}]}]}
     assert [k[0] for k in stack_key(body)] == ["forward", "train"]
+
+
+def test_the_native_builder_thread_is_the_agents_in_every_stack_view():
+    """`probe backtrace` listed ``Thread … (probe-native-build)`` with is_agent false."""
+    import threading
+
+    from probe_agent.collectors.stacks import snapshot
+
+    # GIVEN a live thread named as the C++ hot path's builder
+    stop = threading.Event()
+    th = threading.Thread(target=stop.wait, name="probe-native-build", daemon=True)
+    th.start()
+    try:
+        # THEN the in-process snapshot hides it from the user's threads, and marks it with --all
+        assert "probe-native-build" not in [s.thread_name for s in snapshot()]
+        mine = [s for s in snapshot(include_agent=True) if s.thread_name == "probe-native-build"]
+        assert len(mine) == 1 and mine[0].is_agent
+    finally:
+        stop.set()
+        th.join(5)
+    # AND so do the watchdog's out-of-process readers (py-spy, faulthandler)
+    assert thread_from_pyspy(pyspy_thread("probe-native-build"), pid=1)["is_agent"]
+    [t] = parse_faulthandler('Thread 0x0000000000000007 (most recent call first):\n'
+                             '  File "/x/trace_native.py", line 1 in _load\n',
+                             {7: "probe-native-build"})
+    assert t["is_agent"]
