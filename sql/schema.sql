@@ -171,6 +171,18 @@ CREATE TABLE IF NOT EXISTS python.torch_trace (
                                       -- the rows of depth+1 that start within its cpu span
                                       -- (queries/slow_modules.sql uses this for self time).
 );
+-- saved_bytes (forward rows of traced steps): bytes of the tensors autograd saved for backward
+--   while this call's OWN forward ran (its children's are on their rows, so sum(saved_bytes)
+--   over a step's forward rows is the step's activation memory and modules rank by it).
+--   A storage saved twice (a tensor and its view, one input saved by two ops) counts once, on
+--   the first call that saved it; parameters saved by their ops are not counted. NULL on
+--   backward and step rows, and on steps not counted (torch.compile in the process; the
+--   accounting switched off after a failure). Hooks a user pushes inside the step (offloading,
+--   non-reentrant checkpointing) take over what they save: it is not counted here.
+--   `SELECT module, sum(saved_bytes) / 2^20 AS mib FROM python.torch_trace WHERE stage =
+--   'forward' AND NOT recompute AND step = (SELECT max(step) FROM python.torch_trace) GROUP BY
+--   module ORDER BY mib DESC LIMIT 5` ranks the modules.
+ALTER TABLE python.torch_trace ADD COLUMN IF NOT EXISTS saved_bytes BIGINT;
 
 -- python.steps: one row per optimizer step (traced or not). start_time is the end of the
 -- previous step (so data loading counts), NULL for the first step the agent saw.
@@ -212,6 +224,22 @@ CREATE TABLE IF NOT EXISTS python.memory (
     agent_threads INTEGER,
     heap_free_mib DOUBLE
 );
+-- Memory by kind, on traced steps (NULL on the others), in MiB, of this rank:
+--   params_mib: parameters (the local shard of FSDP2 DTensors; each storage once),
+--   grads_mib: their .grad right after optimizer.step(),
+--   optimizer_mib: the state tensors of every optimizer seen stepping (AdamW: exp_avg and
+--     exp_avg_sq per parameter, plus its step counters; a sharded optimizer's local share),
+--   activations_mib: the bytes autograd saved for backward in the step's largest forward pass
+--     (gradient accumulation: the largest micro-batch), python.torch_trace.saved_bytes summed;
+--     NULL when that step was not counted.
+-- The rest: on CUDA allocated - params - grads - optimizer; on CPU the job's memory
+-- (rss - agent_mib - heap_free_mib) minus those. Activations are freed by the time the row is
+-- taken (after the step), so they add to it: peak ~ params + grads + optimizer + activations +
+-- the rest.
+ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS params_mib DOUBLE;
+ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS grads_mib DOUBLE;
+ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS optimizer_mib DOUBLE;
+ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS activations_mib DOUBLE;
 
 -- python.metrics: scalars from probe_agent.log(step=None, **scalars), one row per scalar.
 -- step defaults to the last finished optimizer step (log usually follows optimizer.step());

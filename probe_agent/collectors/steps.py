@@ -13,7 +13,10 @@ What gets captured
   the writer thread every ``AGENT_SAMPLE_S``; ``agent_threads``), and the free bytes malloc
   keeps (``heap_free_mib``, heap.py), so that a leak check can judge the job's memory
   (rss - agent_mib - heap_free_mib) and blame the user neither for the agent's tables nor for
-  the allocator's fragmentation.
+  the allocator's fragmentation. On traced steps also the memory by kind: parameters,
+  gradients and optimizer state this rank holds (memory_kinds.py, the local shard under
+  FSDP2), and the activations the largest forward pass saved for backward
+  (tracer/saved_bytes.py).
 - **metrics**: the user's own scalars from ``probe_agent.log(step=…, loss=…, **scalars)``, so
   that "loss became NaN at step N" is a query.
 
@@ -37,6 +40,7 @@ import pyarrow as pa
 
 from . import Guard, Sink
 from .heap import free_heap_mib
+from .memory_kinds import count_kinds
 
 if TYPE_CHECKING:
     from ..actions.stepclock import StepClock
@@ -152,6 +156,7 @@ class StepRecorder:
             self._pending = [step, start, now, duration, samples, traced]
         rss = self.rss_mib()
         torch = sys.modules.get("torch")
+        kinds = self._kinds(torch, optimizer) if traced else _NO_KINDS
         cuda = getattr(torch, "cuda", None)
         if cuda is not None and cuda.is_initialized():
             dev = cuda.current_device()
@@ -161,11 +166,28 @@ class StepRecorder:
                    s.get("reserved_bytes.all.current", 0) * _MIB,
                    s.get("active_bytes.all.current", 0) * _MIB,
                    s.get("allocated_bytes.all.peak", 0) * _MIB,
-                   s.get("num_alloc_retries", 0), s.get("num_ooms", 0), rss, *self._agent)
+                   s.get("num_alloc_retries", 0), s.get("num_ooms", 0), rss, *self._agent,
+                   *kinds)
         else:
-            row = (now, step, "cpu", None, None, None, None, None, None, rss, *self._agent)
+            row = (now, step, "cpu", None, None, None, None, None, None, rss, *self._agent,
+                   *kinds)
         if len(self.memory) < BUFFER:
             self.memory.append(row)
+
+    def _kinds(self, torch: Any, optimizer: Any) -> tuple[float | None, ...]:
+        """Parameters, gradients, optimizer state and activations (MiB) of a traced step."""
+        tracer = self.tracer
+        if torch is None or tracer is None:
+            return _NO_KINDS
+        try:
+            params = tracer.trained_params(optimizer)
+            p, g, o = count_kinds(torch, params, [optimizer, *(tracer.optimizers or ())])
+            saved = tracer.saved
+            act = saved.step_bytes() * _MIB if saved.pushed and saved.enabled else None
+            return p * _MIB, g * _MIB, o * _MIB, act
+        except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
+            self.guard.failed(e)
+            return _NO_KINDS
 
     def _finish_pending(self) -> None:
         """Move the held step row into the buffer (caller holds ``_lock``)."""
@@ -230,6 +252,9 @@ class StepRecorder:
             sink.append("python.metrics", pa.table(
                 [[m[0] for m in metrics], [rank] * len(metrics), [m[1] for m in metrics],
                  [m[2] for m in metrics], values], schema=schema["python.metrics"]))
+
+
+_NO_KINDS: tuple[float | None, ...] = (None, None, None, None)
 
 
 def _drain(buf: list[Any]) -> list[Any]:

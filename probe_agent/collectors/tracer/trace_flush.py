@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..torch_import import torch_ready
+from .saved_bytes import SV_N
 from .trace_columns import BUFFER_ROWS, BW_CUDA, BW_GSEQ, BW_N, FW_CUDA, FW_N, PASS_END
 
 TABLE = "python.torch_trace"
@@ -37,6 +38,7 @@ class WriterSide:
     fcuda: list[Any]
     bcuda: list[Any]
     native: Any
+    saved: Any  # SavedBytes (saved_bytes.py)
     sink: Any
     resolver: Any
     dropped: int
@@ -65,6 +67,7 @@ class WriterSide:
         if self.native is not None:
             _, _, _, n_fw, events = self.native.state()
             records += n_fw
+        events = max(events, len(self.saved.buf) // SV_N)  # saved-tensor records
         if self.sink is None:
             return
         if (self.sink.reader_waiting(TABLE) or records >= RESOLVE_ROWS
@@ -96,9 +99,14 @@ class WriterSide:
             objs += nobjs
             roots += nroots
             self.dropped += fw_dropped + bw_dropped
+        # after the forward records: the saved tensors of every call taken are in this take
+        saved = self.saved
+        sv = _take(saved.buf, len(saved.buf) // SV_N * SV_N)
+        sv_steps, saved.steps = saved.steps, []
         if self.resolver is None or self.sink is None:
             return  # never started: nothing was recorded
-        for table in self.resolver.resolve(fw, objs, roots, fcuda, bw, bcuda, self.recycle):
+        for table in self.resolver.resolve(fw, objs, roots, fcuda, bw, bcuda, self.recycle,
+                                           sv, sv_steps):
             self.sink.append(TABLE, table)
 
 

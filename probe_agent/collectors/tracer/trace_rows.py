@@ -47,6 +47,7 @@ from .trace_columns import (
     RECOMPUTE,
     records,
 )
+from .saved_bytes import SV_N
 from .trace_names import ModuleNames
 
 _MAX_PENDING = 50_000
@@ -55,6 +56,25 @@ _NEAR = 5  # a span's next _NEAR - 1 events are probed by equality before a join
 _SETUP = """
 CREATE TABLE fwd (id BIGINT, t0 BIGINT, t1 BIGINT, step BIGINT, kind TINYINT, depth INTEGER,
                   gseq BIGINT, code INTEGER, seq INTEGER, c0 BIGINT);
+CREATE TABLE sv (t BIGINT, nbytes BIGINT);
+CREATE TABLE owned (fid BIGINT, saved BIGINT);
+CREATE TABLE sv_steps (step BIGINT);
+"""
+# Saved-tensor records (saved_bytes.py) -> the innermost module call whose forward span holds
+# each: that call's OWN saved bytes. A record with no span around it yet belongs to a call still
+# running (its row comes in a later flush; a child ends, and is taken, before its parent), so
+# it waits in sv; one older than the last root call's end was saved outside every module.
+_OWN_SAVED = """
+DELETE FROM owned;
+INSERT INTO owned
+SELECT fid, sum(nbytes) FROM (
+  SELECT s.nbytes, f.id AS fid
+  FROM sv s JOIN fwd f ON f.t0 <= s.t AND s.t <= f.t1 AND f.kind <> {opt_step}
+  QUALIFY row_number() OVER (PARTITION BY s.rowid ORDER BY f.depth DESC, f.t0 DESC) = 1)
+GROUP BY fid;
+DELETE FROM sv WHERE EXISTS (SELECT 1 FROM fwd f WHERE f.t0 <= sv.t AND sv.t <= f.t1
+                                                   AND f.kind <> {opt_step})
+   OR sv.t < (SELECT max(t1) FROM fwd WHERE depth = 0 AND kind <> {opt_step});
 """
 # New forward records ({id0}: id of the first; {c0}: each one's CUDA entry, _CUDA_INDEX).
 _INSERT = """
@@ -116,12 +136,12 @@ far AS (
 bwd AS (
   SELECT a.t AS t0, coalesce(be.t, en.t_end) AS t1, a.step, a.seq, a.code,
          {backward}::TINYINT AS kind, a.depth, a.bc AS c0, CASE WHEN be.eid IS NULL THEN en.bc_end
-                                                       ELSE be.bc END AS c1
+                                                       ELSE be.bc END AS c1, NULL::BIGINT AS id
   FROM p a JOIN ends en ON en.pass = a.pass
   LEFT JOIN (SELECT * FROM near UNION ALL SELECT * FROM far) k ON k.pass = a.pass AND k.fid = a.fid
   LEFT JOIN e be ON be.eid = k.beid),
 x AS (
-  SELECT t0, t1, step, seq, code, kind, depth, c0, NULL::BIGINT AS c1 FROM fwd
+  SELECT t0, t1, step, seq, code, kind, depth, c0, NULL::BIGINT AS c1, id FROM fwd
   WHERE id >= {id0}
   UNION ALL SELECT * FROM bwd)
 SELECT (x.t0 + {off})::DOUBLE * 1e-9 AS timestamp, {rank}::INTEGER AS rank, x.step,
@@ -131,15 +151,18 @@ SELECT (x.t0 + {off})::DOUBLE * 1e-9 AS timestamp, {rank}::INTEGER AS rank, x.st
        (x.t1 - x.t0)::DOUBLE * 1e-9 AS duration, (x.t1 - x.t0)::DOUBLE * 1e-9 AS cpu_duration,
        0.0::DOUBLE AS allocated, 0.0::DOUBLE AS max_allocated, 0.0::DOUBLE AS cached,
        0.0::DOUBLE AS max_cached, nm.root, x.kind = {recompute} AS recompute, 'cpu' AS device,
-       x.depth::INTEGER AS depth, x.c0, x.c1, x.kind
+       x.depth::INTEGER AS depth, x.c0, x.c1, x.kind,
+       CASE WHEN x.kind IN ({forward}, {recompute}) AND x.step IN (SELECT step FROM sv_steps)
+            THEN coalesce(o.saved, 0) END AS saved_bytes
 FROM x JOIN names nm ON nm.code = x.code
+LEFT JOIN owned o ON o.fid = x.id
 """
 # Event b ends span a: b has a call disjoint from a's in the forward, and is no recompute call
 # ending a span of the original forward.
 _OUTPUT = _OUTPUT.replace("{ends_span}", "(b.t1 <= a.t0 OR b.t0 >= a.t1) "
                           "AND (a.kind = {recompute} OR b.kind <> {recompute})")
 _KINDS = {"pass_end": PASS_END, "backward": BACKWARD, "opt_step": OPT_STEP,
-          "recompute": RECOMPUTE}
+          "recompute": RECOMPUTE, "forward": FORWARD}
 # A record's index into the CUDA entries of its flush ({} is the first entry's), when it has one.
 _CUDA_INDEX = "CASE WHEN r[{}] = 1 THEN ({} + sum(r[{}]) OVER (ORDER BY i) - 1)::BIGINT END"
 _PRUNE = f"DELETE FROM fwd WHERE step < (SELECT max(step) FROM fwd) - {KEEP_STEPS}"
@@ -168,6 +191,7 @@ class RowResolver:
         self._fev: dict[int, tuple[Any, Any, Any]] = {}  # c0 -> (ev0, ev1, memory)
         self._bev: dict[int, tuple[Any, Any]] = {}  # bc -> (event, memory)
         self._pending: pa.Table | None = None  # rows waiting for their CUDA events
+        self._sv_waiting = False  # sv holds records of calls not resolved yet
 
     def _con(self) -> duckdb.DuckDBPyConnection:
         if self._db is None:
@@ -183,18 +207,21 @@ class RowResolver:
             self._db.close()
             self._db = None
             self._names_version = -1
+            self._sv_waiting = False
 
     def resolve(self, fw: array, objs: list[Any], roots: list[Any], fcuda: list[Any],
                 bw: array, bcuda: list[Any], recycle: Callable[[list[Any]], None],
+                sv: array | None = None, sv_steps: list[int] | None = None,
                 ) -> list[pa.Table]:
         """One flush -> at most one Arrow table of finished rows.
 
         ``fw``/``bw``: the taken forward records and backward events (whole passes only),
         ``objs``/``roots``: each forward record's object and root call, ``fcuda``/``bcuda``:
-        the CUDA entries of the records flagged as having them, in order.
+        the CUDA entries of the records flagged as having them, in order. ``sv``: saved-tensor
+        records (saved_bytes.py, taken after ``fw``), ``sv_steps``: the steps they counted in.
         """
         n, m = len(fw) // FW_N, len(bw) // BW_N
-        if not n and not m:  # nothing new for SQL: only rows waiting for CUDA events
+        if not n and not m and not sv:  # nothing new for SQL: only rows waiting for CUDA events
             out, self._pending = self._pending, None
             return self._finish(out, recycle) if out is not None else []
         con = self._con()
@@ -217,6 +244,7 @@ class RowResolver:
             self._next_row += n
             self._fev.update(zip(range(self._next_fc, self._next_fc + len(fcuda)), fcuda))
             self._next_fc += len(fcuda)
+        self._saved(con, sv, sv_steps)
         if self.names.version != self._names_version:
             con.register("names", self.names.table())
             self._names_version = self.names.version
@@ -234,6 +262,27 @@ class RowResolver:
             out = pa.concat_tables([self._pending, out])
             self._pending = None
         return self._finish(out, recycle)
+
+    def _saved(self, con: duckdb.DuckDBPyConnection, sv: array | None,
+               sv_steps: list[int] | None) -> None:
+        """Own saved bytes of this flush's forward calls into ``owned`` (``_OWN_SAVED``).
+        Every statement's result is fetched: the connection refuses a register() while one
+        is open."""
+        if sv_steps:
+            con.execute("INSERT INTO sv_steps SELECT unnest($1::BIGINT[])", [sv_steps]).fetchall()
+            con.execute("DELETE FROM sv_steps WHERE step < (SELECT max(step) FROM sv_steps) - 64").fetchall()
+        if sv:
+            con.register("new_sv", pa.table({"r": records(sv, SV_N)}))
+            con.execute("INSERT INTO sv SELECT r[1], r[2] FROM new_sv").fetchall()
+            con.unregister("new_sv")
+            self._sv_waiting = True
+        if self._sv_waiting:
+            for stmt in _OWN_SAVED.format(opt_step=OPT_STEP).split(";"):
+                if stmt.strip():
+                    con.execute(stmt).fetchall()
+            self._sv_waiting = bool(con.execute("SELECT count(*) FROM sv").fetchall()[0][0])
+        else:
+            con.execute("DELETE FROM owned").fetchall()
 
     def _finish(self, out: pa.Table, recycle: Callable[[list[Any]], None]) -> list[pa.Table]:
         if out.column("c0").null_count < out.num_rows:

@@ -51,6 +51,7 @@ import re
 import sys
 import threading
 import time
+import weakref
 from array import array
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,7 @@ from .trace_columns import (
     OPT_STEP,
     pack_fw,
 )
+from .saved_bytes import SavedBytes
 from .trace_cuda import CudaRecords
 from .trace_flush import TABLE as _TABLE
 from .trace_flush import WriterSide
@@ -126,6 +128,9 @@ class TorchTracer(CudaRecords, WriterSide):
         self.hook_gfs: list[Any] = []  # grad_fns waiting for their pre-hook (trace_hot)
         self.dropped = 0
         self.clock = time.perf_counter_ns
+        self.saved = SavedBytes(self.clock)  # activations saved for backward (saved_bytes.py)
+        self._pass_root: Any = None  # the first root called in this step: its calls are passes
+        self.optimizers: Any = None  # weakref.WeakSet of the optimizers seen stepping
         # control state
         self.armed = False
         self.installed = False
@@ -174,6 +179,9 @@ class TorchTracer(CudaRecords, WriterSide):
                 self._unsubscribe()
         finally:
             self._handles.clear()
+            # the hooks are on the training thread's stack: only that thread can pop them;
+            # until it does they pass tensors through
+            self.saved.enabled = False
             trace_hot.unbind(self)
             self.armed = False
             self.flush()
@@ -291,6 +299,11 @@ class TorchTracer(CudaRecords, WriterSide):
                         self.step += 1
                         self.recording = self.traced(self.step) and self.guard.enabled
             self.root = module
+            if self.saved.pushed:
+                if self._pass_root is None:
+                    self._pass_root = module
+                elif module is self._pass_root:
+                    self.saved.new_pass()
             if self.recording and args:
                 a = args[0]
                 if isinstance(a, self._torch.Tensor) and a.dim() > 0:
@@ -321,6 +334,9 @@ class TorchTracer(CudaRecords, WriterSide):
 
     def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
+            if self.optimizers is None:
+                self.optimizers = weakref.WeakSet()
+            self.optimizers.add(optimizer)
             start = self._opt_t0.pop(id(optimizer), None)
             if start is None:
                 return
@@ -346,6 +362,24 @@ class TorchTracer(CudaRecords, WriterSide):
         self._after_step = True
         self._counted_opt = id(optimizer)
         self._apply(self.mode, boundary=True)
+        self._pass_root = None
+        if self.recording or self.saved.pushed:
+            self.saved.switch(self._torch, self.recording and self.guard.enabled, self.step,
+                              self.trained_params(optimizer))
+
+    def trained_params(self, optimizer: Any = None) -> list[Any]:
+        """The parameters of the last root model and of every optimizer seen (training
+        thread): what memory_kinds.py counts and the saved-tensor counter leaves out."""
+        seen: dict[int, Any] = {}
+        root = self.root
+        if root is not None and hasattr(root, "parameters"):
+            for p in root.parameters():
+                seen[id(p)] = p
+        for opt in [optimizer, *(self.optimizers or ())]:
+            for group in getattr(opt, "param_groups", ()) or ():
+                for p in group.get("params", ()):
+                    seen[id(p)] = p
+        return list(seen.values())
 
     def pop_samples(self, step: int) -> int | None:
         """Samples seen by the root calls of traced step ``step`` (their inputs' first
@@ -377,5 +411,8 @@ class TorchTracer(CudaRecords, WriterSide):
             "cuda_events": self.cuda,
             "hot_path": "native" if self.on_native else "python",
             "native_build": LOADER.status,
+            "saved_bytes": {"counting": self.saved.pushed and self.saved.enabled,
+                            "failures": self.saved.failures,
+                            "last_error": self.saved.last_error},
         }
 

@@ -1,0 +1,85 @@
+"""Memory by kind on traced steps (issue 29): parameters, gradients, optimizer state in
+python.memory, and the activations each module's own forward saved in python.torch_trace."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("duckdb")
+
+from tests.integration.memory_support import AttnHeavy, HarnessCounter, tokens  # noqa: E402
+from tests.integration.tracing_support import rows  # noqa: E402
+
+_MIB = 1 / 2**20
+
+
+def _state_bytes(opt: torch.optim.Optimizer) -> int:
+    return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
+               if isinstance(v, torch.Tensor))
+
+
+@pytest.mark.parametrize("hot_path", ["python", "native"])
+def test_saved_bytes_per_module_match_an_independent_count(make_agent, hot_path, request):
+    """The module saving the most comes first, and each module's own saved bytes are within
+    5% of what the test's own saved_tensors_hooks counted in the same step."""
+    if hot_path == "native":
+        request.getfixturevalue("native_hot_path")
+    # GIVEN an agent tracing every step, and the harness counting under its own hooks
+    agent = make_agent(trace="on", trace_native="auto" if hot_path == "native" else "off")
+    torch.manual_seed(0)
+    model = AttnHeavy()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    harness = HarnessCounter(model)
+    idx, tgt = tokens()
+    counts = {}
+    # WHEN four AdamW steps run (the agent counts from step 2, its first full traced step)
+    with harness.counting():
+        for step in range(1, 5):
+            harness.reset()
+            model(idx, tgt).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            counts[step] = dict(harness.by_module)
+    # THEN step 3's modules rank the same, the attention-like block first
+    got = rows(agent, "SELECT module, sum(saved_bytes) FROM torch_trace WHERE step = 3 AND "
+                      "stage = 'forward' AND NOT recompute GROUP BY module ORDER BY 2 DESC")
+    ours = {m: b for m, b in got}
+    assert got[0][0] == "attn", got
+    want = counts[3]
+    assert max(want, key=want.get) == "attn"
+    for module, b in want.items():
+        assert ours.get(module, 0) == pytest.approx(b, rel=0.05), (module, ours, want)
+    # AND modules that saved nothing have 0, not NULL; backward rows have NULL
+    assert all(b is not None for b in ours.values())
+    assert rows(agent, "SELECT count(saved_bytes) FROM torch_trace WHERE stage <> 'forward'") \
+        == [[0]]
+    # AND python.memory's activations are the step's total
+    act = rows(agent, "SELECT activations_mib FROM memory WHERE step = 3")[0][0]
+    assert act == pytest.approx(sum(want.values()) * _MIB, rel=0.05)
+
+
+def test_parameter_gradient_and_optimizer_bytes_are_exact(make_agent):
+    # GIVEN an agent tracing every second step
+    agent = make_agent(trace="every:2")
+    torch.manual_seed(0)
+    model = AttnHeavy()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    idx, tgt = tokens()
+    # WHEN four steps run
+    for _ in range(4):
+        model(idx, tgt).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    # THEN traced steps have exact counts: AdamW keeps two fp32 states per parameter
+    p_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    got = rows(agent, "SELECT step, params_mib, grads_mib, optimizer_mib, activations_mib "
+                      "FROM memory ORDER BY step")
+    by = {r[0]: tuple(r[1:]) for r in got}
+    assert by[1] == (None, None, None, None) and by[3][0] is None  # untraced steps
+    params, grads, optim, act = by[4]
+    assert params == pytest.approx(p_bytes * _MIB)
+    assert grads == pytest.approx(p_bytes * _MIB)
+    assert optim == pytest.approx(_state_bytes(opt) * _MIB)
+    assert 2 * p_bytes * _MIB <= optim < 2 * p_bytes * _MIB + 0.01  # + the step counters
+    assert act > 0
