@@ -26,17 +26,11 @@ import hashlib
 import hmac
 import ipaddress
 import os
-import re
 import socket
 from dataclasses import dataclass, field
 from typing import Any
 
 from .peers import Peer
-
-#: Names of locals whose values stay out of backtraces unless asked for (``secrets=1``).
-_SECRET_NAME = re.compile(r"key|token|secret|passw|credential|auth", re.IGNORECASE)
-REDACTED = "<redacted: name looks like a secret; --show-secrets to see it>"
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +40,6 @@ class Refusal:
     #: Short words for the audit row and counters: 'host', 'origin', 'uid', 'token'.
     reason: str
     headers: tuple[tuple[str, str], ...] = ()
-
-
-def redact_locals(values: dict[str, str] | None, show_secrets: bool) -> dict[str, str] | None:
-    """``values`` with the values of secret-looking names replaced (unless asked for)."""
-    if not values or show_secrets:
-        return values
-    return {k: (REDACTED if _SECRET_NAME.search(str(k)) else v) for k, v in values.items()}
 
 
 def proof(token: str, nonce: str, port: int) -> str:

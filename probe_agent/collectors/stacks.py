@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from types import FrameType
 from typing import Any
 
-from ..access import redact_locals
+from ..redact import redact_locals
 
 AGENT_THREAD_PREFIX = "probe-agent"
 #: Every name the agent gives its own threads. The C++ hot path's builder is not "probe-agent.*"

@@ -28,10 +28,10 @@ from ..access import (
     Refusal,
     header_map,
     overload_message,
-    redact_locals,
     reserve_refusal,
 )
 from ..peers import Peer, tcp_peer, unix_peer_uid
+from ..redact import redact_locals
 from ..serving.wire import error_body, ok_body
 from .httpwire import (
     BadRequest,

@@ -15,7 +15,8 @@ import time
 import httpx
 import pytest
 
-from probe_agent.access import REDACTED, proof
+from probe_agent.access import proof
+from probe_agent.redact import REDACTED
 from probe_agent.config import AgentConfig
 from probe_agent.errors import ConfigError
 from tests.foreign import FOREIGN_UID, check_burst, http_request, need_root, run_as, sweep
@@ -219,3 +220,16 @@ def test_a_burst_of_1000_connections_gets_answers_or_json_503s_never_resets(agen
     # one is answered: 200, or the JSON 503 of a full class; no reset, no silence
     check_burst(port)
     assert httpx.get(agent.url + "/v1/backtrace", timeout=5).status_code == 200
+
+
+def test_secrets_in_common_names_and_inside_values_are_redacted(agent):
+    """Redaction went by the local's name only: ``passphrase`` and ``cfg = {'api_key': …}``
+    showed."""
+    passphrase = "hunter2-phrase"  # noqa: F841 - read by the backtrace below
+    cfg = {"api_key": "sk-in-a-dict", "lr": 0.1}  # noqa: F841
+    me = "test_secrets_in_common_names_and_inside_values_are_redacted"
+    body = httpx.get(agent.url + "/v1/backtrace", params={"locals": 1}).json()
+    frames = body["threads"][0]["frames"]
+    local = next(f for f in frames if f["func"] == me)["locals"]
+    assert local["passphrase"] == REDACTED
+    assert "sk-in-a-dict" not in local["cfg"] and "'lr': 0.1" in local["cfg"], local["cfg"]

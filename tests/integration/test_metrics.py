@@ -49,8 +49,12 @@ def test_metrics_parse_and_step_advances(agent, client):
     assert _value(second, "probe_step_duration_seconds") > 0
     assert _value(second, "probe_memory_rss_bytes") > 2**20
     assert second["probe_trace_mode"].samples[0].labels["mode"]
-    assert {"probe_collective_wait_seconds", "probe_nonfinite_grad_steps",
-            "probe_trace_dropped_rows"} <= set(second)
+    assert "probe_collective_wait_seconds" in second
+    # AND counters parse as counters, with their _total samples (not as `unknown`)
+    for family in ("probe_nonfinite_grad_steps", "probe_trace_dropped_rows"):
+        assert second[family].type == "counter", second[family]
+        assert [s.name for s in second[family].samples] == [family + "_total"], second[family]
+    assert not [f.name for f in second.values() if f.type == "unknown"]
 
 
 def test_metrics_need_the_token_like_other_data_routes(make_agent):

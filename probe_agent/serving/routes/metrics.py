@@ -133,9 +133,11 @@ def render(agent: Agent) -> str:
     for name, (kind, help_text) in _META.items():
         if not samples[name]:
             continue
-        family = name[: -len("_total")] if kind == "counter" else name
-        out.append(f"# HELP {family} {help_text}")
-        out.append(f"# TYPE {family} {kind}")
+        # The metadata names the sample itself, `_total` included: text format 0.0.4 has no
+        # suffix rule, and prometheus_client's parser reads a `# TYPE x counter` followed by
+        # `x_total` samples as an empty counter and an `unknown` x_total.
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
         out.extend(f"{name}{_labels(base, extra)} {text}" for extra, text in samples[name])
     return "\n".join(out) + "\n"
 
