@@ -241,6 +241,22 @@ ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS grads_mib DOUBLE;
 ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS optimizer_mib DOUBLE;
 ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS activations_mib DOUBLE;
 
+-- python.job_memory: the job's own memory, one definition that `probe memory`, `probe doctor`,
+-- the dashboard and GET /v1/metrics all read. host_mib: the RSS minus the agent's share
+-- (agent_mib) and minus the free bytes malloc keeps (heap_free_mib: fragmentation, not use; a
+-- healthy polled rank's RSS grew 66 MiB while its bytes in use stayed flat), on every row.
+-- job_mib: what a memory verdict judges on that device: CUDA allocated on 'cuda:N' rows,
+-- host_mib on 'cpu' rows; measure names which. The raw columns of python.memory follow.
+CREATE VIEW IF NOT EXISTS python.job_memory AS
+SELECT timestamp, rank, step, device,
+       CASE WHEN device LIKE 'cuda%' THEN 'CUDA allocated' ELSE 'job RSS' END AS measure,
+       CASE WHEN device LIKE 'cuda%' THEN allocated
+            ELSE rss - coalesce(agent_mib, 0) - coalesce(heap_free_mib, 0) END AS job_mib,
+       rss - coalesce(agent_mib, 0) - coalesce(heap_free_mib, 0) AS host_mib,
+       rss, agent_mib, agent_threads, heap_free_mib,
+       allocated, reserved, active, peak, alloc_retries, ooms
+FROM python.memory;
+
 -- python.metrics: scalars from probe_agent.log(step=None, **scalars), one row per scalar.
 -- step defaults to the last finished optimizer step (log usually follows optimizer.step());
 -- pass step= to be exact. value is DOUBLE (tensors are converted off the training thread; a

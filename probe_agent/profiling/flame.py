@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..collectors.sampler import StackSampler
+from ..store.catalog import shipped_sql
 
 if TYPE_CHECKING:
     from .sessions import Profiling
@@ -123,10 +124,10 @@ class FlameSession:
         }
         store = self.owner.agent.store
         try:
-            inside = store.query("SELECT duration FROM python.steps WHERE start_time >= ? AND "
-                                 "end_time <= ? AND duration IS NOT NULL", [t0, t1]).rows
-            before = store.query("SELECT duration FROM python.steps WHERE end_time <= ? AND "
-                                 "duration IS NOT NULL ORDER BY step DESC LIMIT 20", [t0]).rows
+            inside = store.query(shipped_sql("step_times_window"),
+                                 params={"since": t0, "until": t1}).rows
+            before = store.query(shipped_sql("step_times_before"), params={
+                "step": 2**62, "until": t0, "last": 20}).rows
         except Exception as e:  # the measure is a courtesy; a store problem must not fail it
             log.info("probe agent: no step times for the cost of a flame: %s", e)
             return cost

@@ -24,6 +24,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, NotFoundError
+from ..store.catalog import shipped_sql
 from .window import ProfileWindow
 
 if TYPE_CHECKING:
@@ -158,9 +159,8 @@ class Profiling:
         """Median step time in a window over the median of the steps before ``before_step``."""
         before: list[float] = []
         try:
-            res = self.agent.store.query(
-                "SELECT duration FROM python.steps WHERE step <= ? AND step > ? "
-                "AND duration IS NOT NULL", [before_step, before_step - BASELINE_STEPS])
+            res = self.agent.store.query(shipped_sql("step_times_before"), params={
+                "step": before_step, "until": time.time(), "last": BASELINE_STEPS})
             before = [float(r[0]) for r in res.rows]
         except Exception as e:  # the measure is a courtesy; a store problem must not fail it
             log.info("probe agent: no baseline for the cost of a profile: %s", e)

@@ -6,6 +6,7 @@ an editable install they are read from the repository's ``sql/`` directory.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -58,3 +59,11 @@ def load_queries() -> dict[str, CannedQuery]:
         q = parse_query(path.stem, path.read_text(encoding="utf-8"))
         out[q.name] = q
     return out
+
+
+@functools.cache
+def shipped_sql(name: str) -> str:
+    """The SQL of ``queries/<name>.sql``, read once: for the queries the agent runs itself
+    (``/v1/metrics``, the cost of a profile or flame window), so that every statement of the
+    project lives in sql/ where the canned-query test runs it."""
+    return load_queries()[name].sql

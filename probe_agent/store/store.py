@@ -147,6 +147,9 @@ class Store:
         self.rows_dropped = 0
         self._columns = self._load_columns()
         self._short_names = {t.split(".")[-1].lower(): t for t in self._columns}
+        # A view (python.job_memory) is read, never written: a read naming it must flush the
+        # tables its own SQL names, and retention and inserts must never see it.
+        self._views = self._load_views()
         self._arrow_schemas = {
             t: self._root.sql(f"SELECT * FROM {t} LIMIT 0").to_arrow_table().schema
             for t in self._columns
@@ -366,7 +369,9 @@ class Store:
     def _load_columns(self) -> dict[str, list[tuple[str, str]]]:
         rows = self._root.execute(
             "SELECT schema_name || '.' || table_name, column_name, data_type "
-            "FROM duckdb_columns() WHERE NOT internal ORDER BY column_index"
+            "FROM duckdb_columns() c WHERE NOT internal AND EXISTS (SELECT 1 FROM duckdb_tables() t "
+            "WHERE t.schema_name = c.schema_name AND t.table_name = c.table_name) "
+            "ORDER BY column_index"
         ).fetchall()
         out: dict[str, list[tuple[str, str]]] = {}
         for table, col, dtype in rows:
@@ -375,6 +380,16 @@ class Store:
             if any(c == "step" for c, _ in cols):
                 self._step_tables[table] = sum(_WIDTH.get(t, 8) for _, t in cols)
         return out
+
+    def _load_views(self) -> dict[str, frozenset[str]]:
+        """short view name -> the tables its SQL names."""
+        rows = self._root.execute(
+            "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()
+        return {name.lower(): self._named_in(sql) for name, sql in rows}
+
+    def _named_in(self, sql: str) -> frozenset[str]:
+        lowered = sql.lower()
+        return frozenset(t for short, t in self._short_names.items() if short in lowered)
 
     def _enforce_retention(self, cur: duckdb.DuckDBPyConnection) -> None:
         """Drop the oldest steps until the step-indexed tables fit PROBE_RETENTION_MB."""
@@ -447,7 +462,8 @@ class Store:
         one extra INSERT or refresh), so that no form of reading a table (a subquery, a CTE,
         ``query_table('steps')``) sees it stale; a parser's table list misses the last."""
         lowered = sql.lower()
-        return frozenset(t for short, t in self._short_names.items() if short in lowered)
+        views = [tables for view, tables in self._views.items() if view in lowered]
+        return self._named_in(sql).union(*views)
 
     def _run_read(self, sql: str, params: list[Any] | None, max_rows: int, consume: Callable):
         self.check_read_only(sql)

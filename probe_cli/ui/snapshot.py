@@ -25,37 +25,30 @@ from ..diagnose.evidence import (
 )
 from ..diagnose.hang import diagnose as diagnose_hang
 from ..diagnose.hang import rank_state
+from ..diagnose.rhythm import FALLBACK_WAIT_S
 from ..errors import ProbeCLIError, RankError
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
 from ..transport.session import Session
 
-#: Seconds in one collective after which a tile says "waiting in a collective".
-WAITING_S = 0.5
-
 #: Steps of history per rank drawn in the charts.
 HISTORY = 60
-
-_SERIES_SQL = f"""
-SELECT s.step, s.duration, s.end_time, m.rss, m.allocated, m.reserved
-FROM (SELECT step, duration, end_time FROM python.steps ORDER BY step DESC LIMIT {HISTORY}) s
-LEFT JOIN (SELECT step, any_value(rss) AS rss, sum(allocated) AS allocated,
-                  sum(reserved) AS reserved FROM python.memory GROUP BY step) m USING (step)
-ORDER BY s.step
-"""
 
 
 def _fast_call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
     out = hang_evidence(client, target)
     try:
-        out["series"] = client.query(_SERIES_SQL)
+        out["series"] = client.canned("dashboard_series", last=HISTORY)
     except RankError as e:  # GIL held or no steps table yet: the tile still shows its state
         out["series_error"] = e.reason
     return out
 
 
-def _state_of(r: RankResult, culprits: set[int], waiting_ranks: set[int], now: float) -> str:
+def _state_of(r: RankResult, culprits: set[int], waiting_ranks: set[int], now: float,
+              stuck_s: float) -> str:
+    """``stuck_s``: the hang verdict's own threshold (the job's rhythm, ``normal_wait``), so a
+    tile never says "waiting" about a wait `probe hang` calls normal."""
     data = r.data or {}
     bt = data.get("backtrace") or {}
     if not r.ok or bt.get("state") == "dead":
@@ -68,9 +61,10 @@ def _state_of(r: RankResult, culprits: set[int], waiting_ranks: set[int], now: f
         return "waiting"  # a hang's victim: it waits in the collective the culprit never reached
     body = data.get("collectives") or {}
     then = body.get("now") or now
-    # A collective pending for a while, not a healthy job's brief all_reduce.
+    # A collective pending as long as the verdict's rule calls stuck, not a healthy job's
+    # all_reduce (a job with 8 s steps waits seconds in each).
     if any(c.get("end_time") is None and c.get("state") not in ("completed", "failed")
-           and then - (c.get("start_time") or then) >= WAITING_S
+           and then - (c.get("start_time") or then) >= stuck_s
            for c in (body.get("collectives") or [])[-8:]):
         return "waiting"
     return "training"
@@ -97,6 +91,7 @@ def build_tiles(results: list[RankResult], hang: dict[str, Any], now: float
                 ) -> list[dict[str, Any]]:
     culprits = set(hang.get("culprits") or []) if hang.get("problem") else set()
     waiting = set((hang.get("waiting") or {}).get("ranks") or []) if hang.get("problem") else set()
+    stuck_s = float(hang.get("threshold_s") or FALLBACK_WAIT_S)
     tiles = []
     for r in results:
         data = r.data or {}
@@ -104,7 +99,7 @@ def build_tiles(results: list[RankResult], hang: dict[str, Any], now: float
         last = series[-1] if series else {}
         tiles.append({
             "rank": r.rank, "host": r.host or data.get("host") or "?", "url": r.url,
-            "state": _state_of(r, culprits, waiting, now),
+            "state": _state_of(r, culprits, waiting, now, stuck_s),
             "step": last.get("step"), "step_time": last.get("duration"),
             "since": None if not last.get("end_time") else round(now - last["end_time"], 1),
             "series": series, "stack": _stacks(data),

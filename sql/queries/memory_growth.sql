@@ -1,14 +1,12 @@
 -- name: memory_growth
--- description: Memory growth per step over the last $steps steps of each rank and device, leaving out the first $warmup steps the rank recorded, or its first quarter when longer (warm-up: optimizer state, caches, the allocator's first arenas; measured on a healthy 2-rank job: ~160 KiB/step over the first 100 steps, ~35 KiB/step by step 300, flat later). The measure is the job's own memory: on CUDA allocated, on CPU the RSS minus the agent's share (agent_mib: its DuckDB) and minus the free bytes malloc keeps (heap_free_mib: fragmentation, not use; a healthy polled job's RSS grew 66 MiB while its bytes in use stayed flat). mem_mib_per_step is a robust slope (Theil-Sen: the median of the pairwise slopes over up to 120 evenly spaced steps), late_mib_per_step the same over the second half, rising_quarters how many of the 3 steps between the medians of the window's 4 quarters go up (3: it grows all along). A leak: a positive slope that keeps up in the second half with rising_quarters = 3, and that adds up. Also raw RSS, the agent's MiB first and last, CUDA reserved, peak, alloc retries and OOMs. The one memory-growth query: `probe memory` and `probe doctor` both read it (issue 18).
+-- description: Memory growth per step over the last $steps steps of each rank and device, leaving out the first $warmup steps the rank recorded, or its first quarter when longer (warm-up: optimizer state, caches, the allocator's first arenas; measured on a healthy 2-rank job: ~160 KiB/step over the first 100 steps, ~35 KiB/step by step 300, flat later). The measure is the job's own memory, python.job_memory's job_mib: on CUDA allocated, on CPU the RSS minus the agent's share (agent_mib: its DuckDB) and minus the free bytes malloc keeps (heap_free_mib: fragmentation, not use). mem_mib_per_step is a robust slope (Theil-Sen: the median of the pairwise slopes over up to 120 evenly spaced steps), late_mib_per_step the same over the second half, rising_quarters how many of the 3 steps between the medians of the window's 4 quarters go up (3: it grows all along). A leak: a positive slope that keeps up in the second half with rising_quarters = 3, and that adds up. Also raw RSS, the agent's MiB first and last, CUDA reserved, peak, alloc retries and OOMs. The one memory-growth query: `probe memory` and `probe doctor` both read it (issue 18).
 -- params: steps, warmup
 WITH span AS (
-    SELECT rank, device, min(step) AS lo, max(step) AS hi FROM python.memory GROUP BY ALL
+    SELECT rank, device, min(step) AS lo, max(step) AS hi FROM python.job_memory GROUP BY ALL
 ),
 m AS (
-    SELECT mem.*,
-           CASE WHEN mem.device LIKE 'cuda%' THEN allocated
-                ELSE rss - coalesce(agent_mib, 0) - coalesce(heap_free_mib, 0) END AS v
-    FROM python.memory mem JOIN span USING (rank, device)
+    SELECT mem.*, job_mib AS v
+    FROM python.job_memory mem JOIN span USING (rank, device)
     WHERE step >= lo + greatest($warmup, (hi - lo) // 4)
     QUALIFY row_number() OVER (PARTITION BY mem.rank, mem.device ORDER BY step DESC) <= $steps
 ),
@@ -33,8 +31,7 @@ q AS (
            median(v) FILTER (WHERE quarter = 3) AS q3, median(v) FILTER (WHERE quarter = 4) AS q4
     FROM n GROUP BY rank, device
 )
-SELECT n.rank, n.device,
-       CASE WHEN n.device LIKE 'cuda%' THEN 'CUDA allocated' ELSE 'job RSS' END AS measure,
+SELECT n.rank, n.device, any_value(n.measure) AS measure,
        count(*) AS steps, min(step) AS first_step, max(step) AS last_step,
        round(arg_min(v, step), 1) AS mem_first_mib,
        round(arg_max(v, step), 1) AS mem_last_mib,

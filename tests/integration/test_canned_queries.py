@@ -15,7 +15,8 @@ _TABLE = re.compile(r"\bpython\.([a-z_]+)")
 
 
 def _tables_in_schema() -> set[str]:
-    return set(re.findall(r"CREATE TABLE IF NOT EXISTS python\.([a-z_]+)", load_schema()))
+    return set(re.findall(r"CREATE (?:TABLE|VIEW) IF NOT EXISTS python\.([a-z_]+)",
+                          load_schema()))
 
 
 @pytest.mark.parametrize("name", sorted(QUERIES))

@@ -48,6 +48,12 @@ def test_metrics_parse_and_step_advances(agent, client):
     assert step.labels["rank"] == "0"
     assert _value(second, "probe_step_duration_seconds") > 0
     assert _value(second, "probe_memory_rss_bytes") > 2**20
+    # the job's memory is python.job_memory's, the figure doctor and `probe memory` judge
+    job = _value(second, "probe_memory_job_bytes")
+    judged = agent.store.query("SELECT host_mib FROM python.job_memory "
+                               "ORDER BY step DESC, timestamp DESC LIMIT 1").rows[0][0]
+    assert 0 < job < _value(second, "probe_memory_rss_bytes")
+    assert job == judged * 2**20
     assert second["probe_trace_mode"].samples[0].labels["mode"]
     assert "probe_collective_wait_seconds" in second
     # AND counters parse as counters, with their _total samples (not as `unknown`)

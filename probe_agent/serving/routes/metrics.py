@@ -17,30 +17,12 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
+from ...store.catalog import shipped_sql
+
 if TYPE_CHECKING:
     from ...agent import Agent
 
 router = APIRouter(prefix="/v1")
-
-#: One statement: last step, last memory row per device, collective wait now, non-finite grads.
-_SQL = """
-SELECT 'step' AS k, NULL AS device, duration AS a, samples_per_s AS b, NULL AS c, NULL AS d,
-       NULL AS e
-  FROM (SELECT * FROM python.steps ORDER BY step DESC LIMIT 1)
-UNION ALL
-SELECT 'mem', device, allocated, reserved, peak, rss, agent_mib
-  FROM (SELECT * FROM python.memory QUALIFY row_number() OVER (PARTITION BY device
-        ORDER BY step DESC, timestamp DESC) = 1)
-UNION ALL
-SELECT 'wait', NULL, coalesce(max(epoch(now()) - start_time), 0), count(*), NULL, NULL, NULL
-  FROM python.collectives WHERE state = 'pending'
-UNION ALL
-SELECT 'coll', NULL, coalesce(sum(duration), 0), count(*), NULL, NULL, NULL
-  FROM python.collectives WHERE duration IS NOT NULL
-UNION ALL
-SELECT 'nonfinite', NULL, count(*) FILTER (WHERE NOT isfinite(grad_norm)), NULL, NULL, NULL,
-       NULL FROM python.step_stats
-"""
 
 #: name -> (type, help)
 _META = {
@@ -50,6 +32,9 @@ _META = {
     "probe_samples_per_second": ("gauge", "Samples per second of the last step, when known."),
     "probe_memory_rss_bytes": ("gauge", "Process resident set size."),
     "probe_memory_agent_bytes": ("gauge", "The agent's own share of the RSS (its DuckDB)."),
+    "probe_memory_job_bytes": ("gauge", "The job's own host memory: RSS minus the agent's share "
+                               "and the free heap malloc keeps (python.job_memory, as judged "
+                               "by probe memory and probe doctor)."),
     "probe_cuda_allocated_bytes": ("gauge", "CUDA memory allocated, per device."),
     "probe_cuda_reserved_bytes": ("gauge", "CUDA memory reserved by the caching allocator."),
     "probe_cuda_peak_allocated_bytes": ("gauge", "CUDA allocated high-water mark."),
@@ -105,8 +90,8 @@ def render(agent: Agent) -> str:
     mode = str(getattr(tracer, "mode", agent.config.trace))
     put("probe_trace_mode", 1, {"mode": mode})
     put("probe_trace_dropped_rows_total", getattr(tracer, "dropped", 0))
-    rows = agent.store.query(_SQL).rows
-    for kind, device, a, b, c, d, e in rows:
+    rows = agent.store.query(shipped_sql("metrics_now")).rows
+    for kind, device, a, b, c, d, e, f in rows:
         if kind == "step":
             put("probe_step_duration_seconds", a)
             put("probe_samples_per_second", b)
@@ -115,6 +100,7 @@ def render(agent: Agent) -> str:
             if device == "cpu" or d is not None and not str(device).startswith("cuda"):
                 put("probe_memory_rss_bytes", None if d is None else d * mib)
                 put("probe_memory_agent_bytes", None if e is None else e * mib)
+                put("probe_memory_job_bytes", None if f is None else f * mib)
             if str(device).startswith("cuda"):
                 dev = {"device": device}
                 put("probe_cuda_allocated_bytes", None if a is None else a * mib, dev)
@@ -122,6 +108,7 @@ def render(agent: Agent) -> str:
                 put("probe_cuda_peak_allocated_bytes", None if c is None else c * mib, dev)
                 if not samples["probe_memory_rss_bytes"]:
                     put("probe_memory_rss_bytes", None if d is None else d * mib)
+                    put("probe_memory_job_bytes", None if f is None else f * mib)
         elif kind == "wait":
             put("probe_collective_wait_seconds", a)
             put("probe_collectives_pending", b)

@@ -183,8 +183,8 @@ async function refresh() {
     renderTiles(tiles);
     lineChart("steptime", tiles, "duration", "s", fmtMs, true);
     const cuda = tiles.some((t) => (t.series || []).some((p) => p.allocated));
-    $("memkind").textContent = cuda ? "(CUDA allocated, MiB)" : "(RSS, MiB)";
-    lineChart("memory", tiles, cuda ? "allocated" : "rss", "MiB", (v) => v.toFixed(0) + " MiB", false);
+    $("memkind").textContent = cuda ? "(CUDA allocated, MiB)" : "(job memory: RSS less agent and free heap, MiB)";
+    lineChart("memory", tiles, cuda ? "allocated" : "job_mib", "MiB", (v) => v.toFixed(0) + " MiB", false);
     renderHeatmap(snap.slow, snap.slow_at);
     banners(snap.verdicts || {});
     renderStacks(tiles);
