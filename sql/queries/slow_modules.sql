@@ -1,5 +1,5 @@
 -- name: slow_modules
--- description: Slowest modules over the last $steps traced steps of each rank, by self time per step: the median over calls of a call's time minus the time of the calls nested in that same call, times the median number of calls per step (so a few steps disturbed by a probe command cannot dominate). Forward against backward; an activation-checkpoint recompute counts as backward time of the module it recomputes, never as a forward call. The optimizer step appears as its class. The one slowest-modules computation: `probe slow` and `probe doctor` both read it.
+-- description: Slowest modules over the last $steps traced steps of each rank, by self time per step: the median over calls of a call's time minus the time of the calls nested in that same call, times the median number of calls per step (so a few steps disturbed by a probe command cannot dominate). Forward against backward; an activation-checkpoint recompute counts as backward time of the module it recomputes, never as a forward call. The optimizer step is not a module and is left out (its time is the optimizer column of `probe straggler`'s step split); a forward it runs through a closure still counts. The one slowest-modules computation: `probe slow` and `probe doctor` both read it.
 -- params: steps, limit
 WITH recent AS (
     SELECT rank, step FROM (SELECT DISTINCT rank, step FROM python.torch_trace)
@@ -75,15 +75,16 @@ per_part AS (
     FROM calls c JOIN cps USING (rank, module, part)
     GROUP BY c.rank, c.module, c.part, cps.n
 ),
+-- the optimizer's step is no module: users read it as one with its time in the forward column
 per_module AS (
     SELECT rank, module,
-           coalesce(sum(calls) FILTER (WHERE part IN ('forward', 'step')), 0) AS calls,
-           coalesce(sum(self_s) FILTER (WHERE part IN ('forward', 'step')), 0) AS fwd_self,
+           coalesce(sum(calls) FILTER (WHERE part = 'forward'), 0) AS calls,
+           coalesce(sum(self_s) FILTER (WHERE part = 'forward'), 0) AS fwd_self,
            coalesce(sum(self_s) FILTER (WHERE part IN ('backward', 'recompute')), 0) AS bwd_self,
-           coalesce(sum(total_s) FILTER (WHERE part IN ('forward', 'step')), 0) AS fwd,
+           coalesce(sum(total_s) FILTER (WHERE part = 'forward'), 0) AS fwd,
            coalesce(sum(total_s) FILTER (WHERE part IN ('backward', 'recompute')), 0) AS bwd,
            sum(self_s) AS self_total
-    FROM per_part GROUP BY rank, module
+    FROM per_part WHERE part <> 'step' GROUP BY rank, module
 ),
 ranked AS (
     SELECT m.*, n.n_steps, sum(self_total) OVER (PARTITION BY m.rank) AS all_self

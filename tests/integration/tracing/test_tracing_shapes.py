@@ -162,5 +162,6 @@ def test_optimizer_step_with_a_closure_is_not_charged_for_the_model(make_agent):
     # THEN the sleeping layer is the slowest, not the optimizer step around it
     top = max(got.values(), key=lambda r: r["self_ms"])
     assert top["module"] == "net.1", sorted(got.items(), key=lambda kv: -kv[1]["self_ms"])[:3]
-    assert got["SGD"]["self_ms"] < 15, got["SGD"]
+    # AND the optimizer is not listed among the modules (nor its time as a forward)
+    assert "SGD" not in got, got["SGD"]
     check_nesting(got)
