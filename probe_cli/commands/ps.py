@@ -42,6 +42,39 @@ def python_version(pid: int) -> str | None:
     return None
 
 
+#: What a Python process that is not a rank is, by its command: launchers start ranks (attach
+#: to the ranks, never to them), the agent's helpers (the C++ hot path's builder, the watchdog)
+#: and the CLI itself are probe's own. The agent decides the same for PROBE=1
+#: (probe_agent/_autostart.py); the CLI cannot import it, so the list is repeated here.
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch",
+                     "deepspeed.launcher.runner", "deepspeed.launcher.launch",
+                     "accelerate.commands.launch", "torch._inductor.compile_worker")
+_LAUNCHER_SCRIPTS = ("torchrun", "deepspeed", "accelerate-launch")
+
+
+def _role(argv: list[str]) -> str | None:
+    """``launcher``, ``probe helper`` or None (a program that may be injected)."""
+    mods = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-m"]
+    if any(m.startswith(("probe_agent", "probe_cli")) for m in mods):
+        return "probe helper"
+    if any(m.startswith(_LAUNCHER_MODULES) for m in mods):
+        return "launcher"
+    scripts = [os.path.basename(a) for a in argv[1:3] if not a.startswith("-")]
+    if any(s in _LAUNCHER_SCRIPTS or s == "probe" for s in scripts[:1]):
+        return "launcher" if scripts[0] != "probe" else "probe helper"
+    if scripts[:2] == ["accelerate", "launch"]:
+        return "launcher"
+    return None
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -73,7 +106,7 @@ def list_processes(run_dir: str) -> list[dict]:
     for d in local_run_dirs(run_dir):
         _agents_in(d, rows)
     _other_pythons(rows)
-    order = {"answering": 0, "stale socket": 2, "injectable": 3, "no": 4}
+    order = {"answering": 0, "stale socket": 2, "injectable": 3, "probe helper": 4, "no": 5}
     return sorted(rows.values(), key=lambda r: (order.get(r["agent"], 1), r["pid"]))
 
 
@@ -126,7 +159,8 @@ def _other_pythons(rows: dict[int, dict]) -> None:
         version = python_version(pid)
         if version is None or "probe_agent.watchdog" in _cmdline(pid):
             continue  # not Python, or a watchdog (it is listed under its rank)
-        rows[pid] = {"pid": pid, "agent": "injectable" if _injectable(version) else "no",
+        role = _role(_argv(pid))
+        rows[pid] = {"pid": pid, "agent": role or ("injectable" if _injectable(version) else "no"),
                      "rank": None, "python": version, "address": None, "command": _cmdline(pid)}
 
 

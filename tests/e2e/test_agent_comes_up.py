@@ -34,11 +34,13 @@ def test_two_jobs_with_the_same_base_port_are_both_reachable(tmp_path: Path):
     run_dir = tmp_path / "run"
     env = {"PROBE_PORT": str(base), "PROBE_RUN_DIR": str(run_dir), "PROBE_TRACE": "off"}
     with ExitStack() as stack:
-        jobs = []
+        jobs, launchers = [], []
         for name in ("one", "two"):
             (tmp_path / name).mkdir()
-            jobs.append(stack.enter_context(
-                training_job(tmp_path / name, nproc=2, env=env, timeout=120))[1])
+            proc, infos = stack.enter_context(
+                training_job(tmp_path / name, nproc=2, env=env, timeout=120))
+            jobs.append(infos)
+            launchers.append(proc.pid)
         # THEN the second job's ranks took other ports instead of failing to start
         urls = [[i["url"] for i in infos] for infos in jobs]
         assert urls[0] == [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
@@ -52,6 +54,9 @@ def test_two_jobs_with_the_same_base_port_are_both_reachable(tmp_path: Path):
         ps = probe("--run-dir", str(run_dir), "--json", "ps")
         answering = {r["pid"] for r in json.loads(ps.stdout) if r["agent"] == "answering"}
         assert {p for _, p in pids[0] + pids[1]} <= answering
+        # AND the torchrun launchers are listed as launchers, not as injectable
+        agent_of = {r["pid"]: r["agent"] for r in json.loads(ps.stdout)}
+        assert [agent_of.get(p) for p in launchers] == ["launcher", "launcher"], ps.stdout
 
 
 def _start(tmp: Path, run_dir: Path, **env: str) -> tuple[subprocess.Popen[str], dict]:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from probe_cli.commands.launch import launch_env
@@ -177,3 +178,19 @@ def test_the_step_time_bounds_the_samples_when_gaps_do_not_show_steps():
     # WHEN the ranks' step time is known, THEN the window counts as 70 samples: not named
     v = diagnose_stragglers(rows, min_share=0.1, step_s=0.06)
     assert not v.problem and "counted once a step" in v.details[-1], (v.headline, v.details)
+
+
+@pytest.mark.parametrize("argv,role", [
+    (["/v/bin/python", "-m", "torch.distributed.run", "--nproc-per-node=2", "t.py"], "launcher"),
+    (["/v/bin/python", "/v/bin/torchrun", "--nproc-per-node=2", "t.py"], "launcher"),
+    (["/v/bin/python", "/v/bin/accelerate", "launch", "t.py"], "launcher"),
+    (["/v/bin/python", "-m", "probe_agent.collectors.tracer.trace_native", "x", "/d"],
+     "probe helper"),
+    (["/v/bin/python", "-m", "probe_cli", "ui"], "probe helper"),
+    (["/v/bin/python", "train.py", "--torchrun"], None),
+    (["/v/bin/python", "-u", "train.py"], None),
+], ids=["torchrun-m", "torchrun", "accelerate", "native-build", "cli", "script", "script-u"])
+def test_ps_does_not_offer_launchers_and_probe_helpers_for_injection(argv, role):
+    from probe_cli.commands.ps import _role
+
+    assert _role(argv) == role
