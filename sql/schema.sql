@@ -246,15 +246,13 @@ ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS activations_mib DOUBLE;
 -- (agent_mib) and minus the free bytes malloc keeps (heap_free_mib: fragmentation, not use; a
 -- healthy polled rank's RSS grew 66 MiB while its bytes in use stayed flat), on every row.
 -- job_mib: what a memory verdict judges on that device: CUDA allocated on 'cuda:N' rows,
--- host_mib on 'cpu' rows; measure names which. The raw columns of python.memory follow.
+-- host_mib on 'cpu' rows; measure names which. Every column of python.memory comes first.
 CREATE VIEW IF NOT EXISTS python.job_memory AS
-SELECT timestamp, rank, step, device,
+SELECT *,
        CASE WHEN device LIKE 'cuda%' THEN 'CUDA allocated' ELSE 'job RSS' END AS measure,
        CASE WHEN device LIKE 'cuda%' THEN allocated
             ELSE rss - coalesce(agent_mib, 0) - coalesce(heap_free_mib, 0) END AS job_mib,
-       rss - coalesce(agent_mib, 0) - coalesce(heap_free_mib, 0) AS host_mib,
-       rss, agent_mib, agent_threads, heap_free_mib,
-       allocated, reserved, active, peak, alloc_retries, ooms
+       rss - coalesce(agent_mib, 0) - coalesce(heap_free_mib, 0) AS host_mib
 FROM python.memory;
 
 -- python.metrics: scalars from probe_agent.log(step=None, **scalars), one row per scalar.

@@ -19,7 +19,8 @@ from probe_agent.store.store import Store  # noqa: E402
 def _memory_rows(store: Store, steps: range, device: str = "cpu") -> pa.Table:
     schema = store.arrow_schema("python.memory")
     n = len(steps)
-    cols = {
+    cols = {f.name: [None] * n for f in schema}
+    cols |= {
         "timestamp": [time.time()] * n, "rank": [0] * n, "step": list(steps),
         "device": [device] * n, "allocated": [50.0 if device != "cpu" else None] * n,
         "reserved": [None] * n, "active": [None] * n, "peak": [None] * n,
