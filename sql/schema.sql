@@ -182,7 +182,10 @@ CREATE TABLE IF NOT EXISTS python.torch_trace (
 --   `SELECT module, sum(saved_bytes) / 2^20 AS mib FROM python.torch_trace WHERE stage =
 --   'forward' AND NOT recompute AND step = (SELECT max(step) FROM python.torch_trace) GROUP BY
 --   module ORDER BY mib DESC LIMIT 5` ranks the modules.
+-- input_bytes (same rows): bytes of the tensor arguments of this call (their storages, once),
+--   what checkpointing the module would keep saved instead of everything its forward saves.
 ALTER TABLE python.torch_trace ADD COLUMN IF NOT EXISTS saved_bytes BIGINT;
+ALTER TABLE python.torch_trace ADD COLUMN IF NOT EXISTS input_bytes BIGINT;
 
 -- python.steps: one row per optimizer step (traced or not). start_time is the end of the
 -- previous step (so data loading counts), NULL for the first step the agent saw.

@@ -20,8 +20,13 @@ hook into its graphs), or after a failure. ``torch.func.grad``/``vjp``/``jacrev`
 under any saved-tensor hooks (they raise), so ``torch.autograd.graph.disable_saved_tensors_hooks``,
 which they enter, is wrapped once: ours are lifted for the duration and pushed back after.
 
+Inputs: what checkpointing a module would keep is its inputs, so a global forward pre-hook
+records the bytes of each call's tensor arguments (their storages, once per call) on the same
+timeline; the writer gives them to the call itself (``input_bytes``).
+
 Cost: one Python call per saved tensor on traced steps (~1.5 us: storage, a set lookup, a
-detach); bench/bench_tracing.py --saved-bytes measures it against tracing without it.
+detach), and per module call the pre-hook plus torch's slower call path that any global hook
+selects (~5 us); bench/bench_memory_accounting.py measures it against tracing without it.
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ from collections.abc import Iterator
 from array import array
 from typing import Any
 
-#: (time, bytes) records buffered between two writer resolves; beyond it they are dropped.
-SV_MAX = 400_000
-SV_N = 2
-_pack_sv = struct.Struct("2q").pack
+#: (time, bytes, kind) records buffered between two writer resolves; beyond it they are dropped.
+SV_MAX = 600_000
+SV_N = 3
+SAVED, INPUT = 0, 1  # a tensor saved for backward; the tensors a module call got
+_pack_sv = struct.Struct("3q").pack
 
 
 class SavedBytes:
@@ -51,6 +57,7 @@ class SavedBytes:
         self.total = 0  # bytes counted in this forward pass
         self.peak = 0  # the largest pass of this step (gradient accumulation: several passes)
         self.pushed = False
+        self._pre_handle: Any = None  # the global forward pre-hook while pushed
         self.steps: list[int] = []  # traced steps counted, taken by the writer with ``buf``
         self.torch: Any = None
         self._prev_pack: Any = None
@@ -106,6 +113,9 @@ class SavedBytes:
             autograd._push_saved_tensors_default_hooks(self._pack, _unpack)
         self.pushed = True
         self._wrap_disable(torch)
+        if self._pre_handle is None:
+            self._pre_handle = torch.nn.modules.module.register_module_forward_pre_hook(
+                self._on_input)
 
     def _wrap_disable(self, torch: Any) -> None:
         """torch.func's transforms enter ``disable_saved_tensors_hooks``, which raises when any
@@ -140,6 +150,13 @@ class SavedBytes:
         if top is not None and top[0] in (self._pack, self._pack_chained):
             autograd._pop_saved_tensors_default_hooks()
             self.pushed = False
+        self.remove_input_hook()
+
+    def remove_input_hook(self) -> None:
+        """Any thread: module calls go back to torch's fast path."""
+        h, self._pre_handle = self._pre_handle, None
+        if h is not None:
+            h.remove()
 
     def off(self, error: str) -> None:
         """Counting stops for good (the hook, if still pushed, only passes tensors through)."""
@@ -163,7 +180,28 @@ class SavedBytes:
             n = t.numel() * t.element_size()
         self.total += n
         if len(self.buf) < SV_MAX:
-            self.buf.frombytes(_pack_sv(self.clock(), n))
+            self.buf.frombytes(_pack_sv(self.clock(), n, SAVED))
+
+    def _on_input(self, module: Any, args: Any) -> None:
+        """Global forward pre-hook: the bytes of this call's tensor arguments."""
+        if not self.enabled or not self.pushed:
+            return
+        try:
+            n = 0
+            ptrs = []
+            tensor = self.torch.Tensor
+            for a in args:
+                if isinstance(a, tensor):
+                    s = a.untyped_storage()
+                    p = s.data_ptr()
+                    if p not in ptrs:
+                        ptrs.append(p)
+                        n += s.nbytes()
+            if n and len(self.buf) < SV_MAX:
+                self.buf.frombytes(_pack_sv(self.clock(), n, INPUT))
+        except Exception as e:  # noqa: BLE001 - inside a module call: never raise into training
+            self.failures += 1
+            self.off(f"{type(e).__name__}: {e}")
 
     def _pack(self, t: Any) -> Any:
         try:

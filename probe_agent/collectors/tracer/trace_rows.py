@@ -47,7 +47,7 @@ from .trace_columns import (
     RECOMPUTE,
     records,
 )
-from .saved_bytes import SV_N
+from .saved_bytes import INPUT, SAVED, SV_N
 from .trace_names import ModuleNames
 
 _MAX_PENDING = 50_000
@@ -56,8 +56,8 @@ _NEAR = 5  # a span's next _NEAR - 1 events are probed by equality before a join
 _SETUP = """
 CREATE TABLE fwd (id BIGINT, t0 BIGINT, t1 BIGINT, step BIGINT, kind TINYINT, depth INTEGER,
                   gseq BIGINT, code INTEGER, seq INTEGER, c0 BIGINT);
-CREATE TABLE sv (t BIGINT, nbytes BIGINT);
-CREATE TABLE owned (fid BIGINT, saved BIGINT);
+CREATE TABLE sv (t BIGINT, nbytes BIGINT, kind TINYINT);
+CREATE TABLE owned (fid BIGINT, saved BIGINT, inputs BIGINT);
 CREATE TABLE sv_steps (step BIGINT);
 """
 # Saved-tensor records (saved_bytes.py) -> the innermost module call whose forward span holds
@@ -67,8 +67,9 @@ CREATE TABLE sv_steps (step BIGINT);
 _OWN_SAVED = """
 DELETE FROM owned;
 INSERT INTO owned
-SELECT fid, sum(nbytes) FROM (
-  SELECT s.nbytes, f.id AS fid
+SELECT fid, sum(nbytes) FILTER (WHERE kind = {saved}), sum(nbytes) FILTER (WHERE kind = {input})
+FROM (
+  SELECT s.nbytes, s.kind, f.id AS fid
   FROM sv s JOIN fwd f ON f.t0 <= s.t AND s.t <= f.t1 AND f.kind <> {opt_step}
   QUALIFY row_number() OVER (PARTITION BY s.rowid ORDER BY f.depth DESC, f.t0 DESC) = 1)
 GROUP BY fid;
@@ -153,7 +154,9 @@ SELECT (x.t0 + {off})::DOUBLE * 1e-9 AS timestamp, {rank}::INTEGER AS rank, x.st
        0.0::DOUBLE AS max_cached, nm.root, x.kind = {recompute} AS recompute, 'cpu' AS device,
        x.depth::INTEGER AS depth, x.c0, x.c1, x.kind,
        CASE WHEN x.kind IN ({forward}, {recompute}) AND x.step IN (SELECT step FROM sv_steps)
-            THEN coalesce(o.saved, 0) END AS saved_bytes
+            THEN coalesce(o.saved, 0) END AS saved_bytes,
+       CASE WHEN x.kind IN ({forward}, {recompute}) AND x.step IN (SELECT step FROM sv_steps)
+            THEN coalesce(o.inputs, 0) END AS input_bytes
 FROM x JOIN names nm ON nm.code = x.code
 LEFT JOIN owned o ON o.fid = x.id
 """
@@ -273,11 +276,12 @@ class RowResolver:
             con.execute("DELETE FROM sv_steps WHERE step < (SELECT max(step) FROM sv_steps) - 64").fetchall()
         if sv:
             con.register("new_sv", pa.table({"r": records(sv, SV_N)}))
-            con.execute("INSERT INTO sv SELECT r[1], r[2] FROM new_sv").fetchall()
+            con.execute("INSERT INTO sv SELECT r[1], r[2], r[3] FROM new_sv").fetchall()
             con.unregister("new_sv")
             self._sv_waiting = True
         if self._sv_waiting:
-            for stmt in _OWN_SAVED.format(opt_step=OPT_STEP).split(";"):
+            sql = _OWN_SAVED.format(opt_step=OPT_STEP, saved=SAVED, input=INPUT)
+            for stmt in sql.split(";"):
                 if stmt.strip():
                     con.execute(stmt).fetchall()
             self._sv_waiting = bool(con.execute("SELECT count(*) FROM sv").fetchall()[0][0])

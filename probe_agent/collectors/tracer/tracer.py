@@ -182,6 +182,7 @@ class TorchTracer(CudaRecords, WriterSide):
             # the hooks are on the training thread's stack: only that thread can pop them;
             # until it does they pass tensors through
             self.saved.enabled = False
+            self.saved.remove_input_hook()
             trace_hot.unbind(self)
             self.armed = False
             self.flush()

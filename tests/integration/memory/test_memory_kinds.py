@@ -83,3 +83,22 @@ def test_parameter_gradient_and_optimizer_bytes_are_exact(make_agent):
     assert optim == pytest.approx(_state_bytes(opt) * _MIB)
     assert 2 * p_bytes * _MIB <= optim < 2 * p_bytes * _MIB + 0.01  # + the step counters
     assert act > 0
+
+
+def test_input_bytes_are_the_calls_tensor_arguments(make_agent):
+    # GIVEN an agent tracing every step and the attention-like model
+    agent = make_agent(trace="on")
+    model = AttnHeavy()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    idx, tgt = tokens()
+    # WHEN three steps run
+    for _ in range(3):
+        model(idx, tgt).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    # THEN the attention block's input is the (8, 64, 32) float32 residual stream, and the
+    # root's is the two int64 token batches
+    got = dict(rows(agent, "SELECT module, input_bytes FROM torch_trace WHERE step = 3 AND "
+                           "stage = 'forward'"))
+    assert got["attn"] == 8 * 64 * 32 * 4
+    assert got["AttnHeavy"] == 2 * 8 * 64 * 8
