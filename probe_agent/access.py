@@ -22,7 +22,6 @@ Refusals carry a one-line reason that says what to do; callers count and audit t
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import ipaddress
 import os
@@ -30,7 +29,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from .peers import Peer
+from probe_protocol.peers import Peer
+from probe_protocol.tokens import proof
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +42,6 @@ class Refusal:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-def proof(token: str, nonce: str, port: int) -> str:
-    """What an agent holding ``token`` answers to a health challenge on ``port``. The port is
-    in it so that a squatter cannot relay a client's challenge to the real agent's port and
-    hand back its answer."""
-    msg = f"probe-agent-proof:{nonce}:{port}".encode()
-    return hmac.new(token.encode(), msg, hashlib.sha256).hexdigest()
 
 
 def token_file_problem(path: str) -> str | None:
@@ -163,14 +157,20 @@ class Policy:
         self.refused += 1
         return Refusal(status, message, reason, headers)
 
-    def health_extra(self, query: dict[str, list[str]] | dict[str, str], port: int | None
-                     ) -> dict[str, str]:
-        """The token proof for ``GET /v1/health?challenge=NONCE`` (empty without a token)."""
+    def health_extra(self, query: dict[str, list[str]] | dict[str, str],
+                     server: tuple[str, int] | None) -> dict[str, str]:
+        """The token proof for ``GET /v1/health?challenge=NONCE`` (empty without a token).
+
+        Args:
+            server: the address the client's connection reached (this side of the accepted
+                socket, not the listener's wildcard): the proof names it, so a relay from
+                another node's address fails (probe_protocol/tokens.py).
+        """
         raw = query.get("challenge")
         nonce = raw[-1] if isinstance(raw, list) else raw
-        if not nonce or self.token is None or port is None or len(nonce) > 128:
+        if not nonce or self.token is None or not server or len(nonce) > 128:
             return {}
-        return {"proof": proof(self.token, nonce, port)}
+        return {"proof": proof(self.token, nonce, str(server[0]), int(server[1]))}
 
 
 #: Open connections each class of peer may hold (issue 20): a flood from another uid or host

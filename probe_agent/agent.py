@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from probe_protocol.tokens import sign_entry
+
 from .config import AgentConfig
 from .errors import AgentStateError, EvalError
 from .ranks import Identity, publish_rank
@@ -259,6 +261,8 @@ class Agent:
             "host": self.identity.host,
             "pid": self.identity.pid,
         }
+        if self.config.token:
+            me = sign_entry(self.config.token, me)
         merged = {**self.peers, self.rank: me}
         return [merged[r] for r in sorted(merged)]
 

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from probe_protocol.tokens import sign_entry
+
 from .config import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, first_set
 
 if TYPE_CHECKING:
@@ -161,7 +163,11 @@ class RankRegistry:
             # A wildcard bind is reachable at the host's name, not at 0.0.0.0.
             for wildcard in ("//0.0.0.0:", "//[::]:"):
                 url = url.replace(wildcard, f"//{ident.host}:")
-        return {"rank": self.agent.rank, "url": url, "host": ident.host, "pid": ident.pid}
+        entry = {"rank": self.agent.rank, "url": url, "host": ident.host, "pid": ident.pid}
+        token = self.agent.config.token
+        # The store has no authentication: the CLI dials an entry only if the job's token
+        # signed it (probe_protocol/tokens.py).
+        return sign_entry(token, entry) if token else entry
 
     def tick(self) -> None:
         """Called every _TICK_S on the registry's thread; cheap until the default process

@@ -44,7 +44,7 @@ from ..access import (
     overload_message,
 )
 from ..errors import BindError
-from ..peers import Peer, tcp_peer, unix_peer_uid
+from probe_protocol.peers import Peer, tcp_peer, unix_peer_uid
 from .wire import encode, error_body
 
 log = logging.getLogger(__name__)

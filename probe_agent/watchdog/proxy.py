@@ -20,6 +20,8 @@ import socket
 import time
 from typing import Any
 
+from probe_protocol.peers import Peer, tcp_peer, unix_peer_uid
+
 from ..access import (
     LINGER_S,
     REQUEST_TIMEOUT_S,
@@ -30,7 +32,6 @@ from ..access import (
     overload_message,
     reserve_refusal,
 )
-from ..peers import Peer, tcp_peer, unix_peer_uid
 from ..redact import redact_locals
 from ..serving.wire import error_body, ok_body
 from .httpwire import (
@@ -198,7 +199,10 @@ class Proxy:
         if req.method == "GET" and req.path == "/v1/health" and req.query.get("challenge"):
             # The proof is the watchdog's to give: it holds the token and the port, and must
             # give it while the agent's Python is frozen too.
-            proof = self.policy.health_extra(req.query, self.port)
+            sockname = writer.get_extra_info("sockname")
+            reached = (sockname[0], self.port) if isinstance(sockname, tuple) and self.port \
+                else None
+            proof = self.policy.health_extra(req.query, reached)
             writer.write(json_response(200, ok_body(self.rank_no, status="ok", **proof)))
             return True
         is_backtrace = req.method == "GET" and req.path == "/v1/backtrace"

@@ -22,6 +22,7 @@ from ..errors import (
     UsageProblemError,
     http_error_class,
 )
+from .guard import Dialled, install
 from .targets import Endpoint
 from .trust import check_agent
 from .wire import ArrowBody
@@ -79,6 +80,9 @@ class ProbeClient:
             transport = httpx.HTTPTransport(uds=endpoint.uds, verify=verify)
         else:
             transport = httpx.HTTPTransport(socket_options=_TCP_OPTIONS, verify=verify)
+        # Every connection is owner-checked before its first byte (guard.py).
+        self._dialled = Dialled()
+        install(transport, endpoint.label, self._dialled)
         self.token = token
         self.cacert = cacert
         # Sent per request, and only once trust.check_agent has vouched for the agent.
@@ -259,7 +263,8 @@ class ProbeClient:
         def health(params: dict[str, Any]) -> dict[str, Any]:
             return _decode(self._send("GET", "/v1/health", params=params, anonymous=True)) or {}
 
-        check_agent(self.endpoint, token=self.token, cacert=self.cacert, health=health)
+        check_agent(self.endpoint, token=self.token, cacert=self.cacert, health=health,
+                    dialled=self._dialled)
         self._trusted = True
 
     def _send(self, method: str, path: str, *, anonymous: bool = False, stream: bool = False,

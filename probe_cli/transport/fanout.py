@@ -44,6 +44,7 @@ from ..result import RankResult, result_order
 from .client import ProbeClient
 from .session import Session
 from .targets import Endpoint
+from .trust import rank_entry_problem
 from .wire import Envelope, RanksBody
 
 #: Requests in flight at once. 64 keeps a 512-rank job to 8 waves of short requests while
@@ -90,17 +91,30 @@ _NO_ANSWER = (AgentUnreachableError, AgentTimeoutError, AuthError, ForbiddenErro
 
 def _expand(session: Session, ep: Endpoint) -> list[RankTarget]:
     try:
-        body = RanksBody.from_wire(session.client(ep).ranks())
+        raw = session.client(ep).ranks()
     except _NO_ANSWER as e:
         return [RankTarget(None, ep, error=e)]
     except RankError:
         return [RankTarget(None, ep)]  # an agent without /v1/ranks: ask the target itself
+    body = RanksBody.from_wire(raw)
     me = body.rank
+    # The list comes from the job's c10d store, which anyone who reaches it can write: each
+    # entry must carry the token's signature before its URL gets the token or code.
+    raws = {e.get("rank"): e for e in raw.get("ranks") or () if isinstance(e, dict)}
     out: list[RankTarget] = []
     for entry in body.ranks:
         rank = entry.rank
+        problem = rank_entry_problem(raws.get(rank) or {}, session.token)
         if rank == me:
             out.append(RankTarget(rank, ep, entry.host, entry.pid))
+        elif problem is not None:
+            label = entry.url or f"rank {rank}"
+            err = UntrustedAgentError(
+                f"rank {rank} dropped: {problem}; nothing was sent to {label}", url=label,
+                reason=f"dropped: {problem}",
+                help_text="someone may have rewritten the job's rank list; reach that rank "
+                          "with -t HOST:PORT, or check who can reach the c10d store's port")
+            out.append(RankTarget(rank, Endpoint(label), entry.host, entry.pid, error=err))
         elif entry.url:
             out.append(RankTarget(rank, Endpoint(entry.url.rstrip("/")), entry.host, entry.pid))
         else:

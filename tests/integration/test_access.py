@@ -15,10 +15,10 @@ import time
 import httpx
 import pytest
 
-from probe_agent.access import proof
 from probe_agent.redact import REDACTED
 from probe_agent.config import AgentConfig
 from probe_agent.errors import ConfigError
+from probe_protocol.tokens import proof
 from tests.foreign import FOREIGN_UID, check_burst, http_request, need_root, run_as, sweep
 from tests.support import wait_until
 
@@ -141,11 +141,14 @@ def test_a_non_loopback_bind_with_token_needs_it_on_every_route(make_agent):
     assert all(s not in (401, 403) for s, _ in list(with_token.values())[:-1])
 
 
-def test_health_proves_the_token_for_its_port(make_agent):
+def test_health_proves_the_token_for_its_address_and_port(make_agent):
     agent = make_agent(token="s3cret")
     body = httpx.get(agent.url + "/v1/health", params={"challenge": "abc"}).json()
-    assert body["proof"] == proof("s3cret", "abc", _port(agent))
-    assert body["proof"] != proof("s3cret", "abc", _port(agent) + 1)
+    assert body["proof"] == proof("s3cret", "abc", "127.0.0.1", _port(agent))
+    assert body["proof"] == proof("s3cret", "abc", "::ffff:127.0.0.1", _port(agent))
+    assert body["proof"] != proof("s3cret", "abc", "127.0.0.1", _port(agent) + 1)
+    # another node with the same token and port makes another proof: a relay cannot pass
+    assert body["proof"] != proof("s3cret", "abc", "127.0.0.2", _port(agent))
     assert "proof" not in httpx.get(agent.url + "/v1/health").json()
 
 

@@ -65,10 +65,13 @@ def _client(request: Request) -> str:
 
 @router.get("/health")
 async def health(request: Request, challenge: str | None = None) -> dict[str, Any]:
-    """Open to anyone. With ``challenge``, an agent that has a token proves it (access.proof)
-    before a client sends it the token (issue 19)."""
+    """Open to anyone. With ``challenge``, an agent that has a token proves it for the address
+    the client reached (probe_protocol.tokens.proof) before the client sends it the token."""
     agent = _agent(request)
-    proof = agent.gate.policy.health_extra({"challenge": challenge or ""}, agent.tcp_port)
+    server = request.scope.get("server")
+    reached = (server[0], agent.tcp_port) if isinstance(server, tuple | list) and server[0] \
+        and agent.tcp_port else None
+    proof = agent.gate.policy.health_extra({"challenge": challenge or ""}, reached)
     return ok_body(agent.rank, status="ok", **proof)
 
 

@@ -1,9 +1,11 @@
-"""Who is on the other end of a connection, by the kernel's word (issue 19). Stdlib only.
+"""Who is on the other end of a connection, by the kernel's word. Stdlib only.
 
 A unix-socket peer's uid comes from SO_PEERCRED. A TCP peer on this machine is the owner of the
-*client's* socket (the one bound to the peer address and connected to ours), asked of the kernel
-by exact 4-tuple over NETLINK_SOCK_DIAG, with /proc/net/tcp{,6} as the fallback. The access rule
-(access.py) decides what each peer may do; the agent's server and the watchdog both ask here.
+*other end's* socket, asked of the kernel by exact 4-tuple over NETLINK_SOCK_DIAG, with
+/proc/net/tcp{,6} as the fallback. Both sides ask here: the agent and its watchdog about the
+client that connected (``tcp_peer``; probe_agent/access.py decides what it may do), and the CLI
+and its dashboard about the server it connected to or the browser that connected to it
+(``server_owner``, ``tcp_peer``) before a byte of token or code is sent.
 """
 
 from __future__ import annotations
@@ -55,15 +57,25 @@ _NETLINK_SOCK_DIAG = 4
 _INET_DIAG_NOCOOKIE = 0xFFFFFFFF
 
 
-def _diag_lookup(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, int] | None:
+def _diag_lookup(local: tuple[str, int], remote: tuple[str, int], *, mapped: bool = False
+                 ) -> tuple[int, int] | None:
     """(uid, inode) of the TCP socket ``local`` -> ``remote``, asked of the kernel by exact
     4-tuple over NETLINK_SOCK_DIAG: one lookup, whatever the number of sockets on the node
     (reading /proc/net/tcp per connection made a 520-connection flood cost O(n²) and delayed
     the owner's answer by 3.6 s). None when there is no such socket; OSError where netlink
-    sock_diag is not available."""
+    sock_diag is not available.
+
+    Args:
+        mapped: look for IPv4 addresses as an AF_INET6 socket holds them (``::ffff:a.b.c.d``):
+            the server end of a v4 connection to a dual-stack ``[::]`` listener.
+    """
     a, b = _parse_ip(local[0]), _parse_ip(remote[0])
     if a is None or b is None or a.version != b.version:
         return None
+    if mapped:
+        if a.version != 4:
+            return None
+        a, b = (ipaddress.IPv6Address(f"::ffff:{x}") for x in (a, b))
     family = socket.AF_INET if a.version == 4 else socket.AF_INET6
     sockid = struct.pack("!HH16s16s", local[1], remote[1], a.packed.ljust(16, b"\0"),
                          b.packed.ljust(16, b"\0"))
@@ -146,3 +158,25 @@ def tcp_peer(sock: socket.socket) -> Peer:
         return Peer("remote", None, address)
     # The client's socket is bound to the peer address, connected to our local address.
     return Peer("local", connection_owner((remote[0], remote[1]), (local[0], local[1])), address)
+
+
+def server_owner(sock: socket.socket) -> tuple[bool, int | None]:
+    """For a connected TCP client socket: is the server's end on this machine (in this network
+    namespace), and which uid owns it. The server's socket is bound to our peer address and
+    connected to ours, whatever spelling of the host was dialled (``127.1``, ``2130706433``,
+    ``[::ffff:127.0.0.1]``, a name): the kernel answers for the socket actually connected.
+
+    ``(False, None)`` when no socket of this machine is the other end (another host, or a port
+    mapping into another namespace); ``(True, None)`` when it is local but the owner cannot be
+    read (neither sock_diag nor /proc/net): callers must then refuse, not trust."""
+    local, remote = sock.getsockname()[:2], sock.getpeername()[:2]
+    server, client = (remote[0], remote[1]), (local[0], local[1])
+    try:
+        found = _diag_lookup(server, client) or _diag_lookup(server, client, mapped=True)
+    except OSError:
+        found = _proc_lookup(server, client)
+    if found is not None:
+        # A server socket not yet accept()ed has inode 0 but already the listener's uid.
+        return True, found[0]
+    ip = _parse_ip(str(remote[0]))
+    return (True, None) if ip is not None and ip.is_loopback else (False, None)
