@@ -45,10 +45,32 @@ def default_run_dir(environ: dict[str, str] | os._Environ[str] | None = None) ->
     return env.get("PROBE_RUN_DIR") or os.path.join("/tmp", f"probe-{os.getuid()}")
 
 
+def run_dir_problem(path: str) -> str | None:
+    """Why the run dir ``path`` must not be trusted, or None. Any local user can create
+    ``/tmp/probe-<uid>`` for every uid, and fill it with symlinks to sockets of their own: the
+    CLI uses a run dir only if it is a real directory (not a symlink), ours, and 0700."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None  # nothing there: nothing found in it either
+    except OSError as e:
+        return f"run dir {path}: {e.strerror}"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"run dir {path} is not a directory (a symlink or a file)"
+    if st.st_uid != os.getuid():
+        return (f"run dir {path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): "
+                "another user may have made it first")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        return (f"run dir {path} has mode {stat.S_IMODE(st.st_mode):o}, not 700: others could "
+                f"plant sockets in it (chmod 700 {path}, if it is yours)")
+    return None
+
+
 def local_run_dirs(run_dir: str) -> list[str]:
     """``run_dir``, then where an agent goes when its run dir cannot be used (the agent's
     probe_agent/rundir.py; the two share no code): ``$XDG_RUNTIME_DIR/probe`` and private
-    ``/tmp/probe-<uid>-*`` directories. Only directories of ours, never a symlink."""
+    ``/tmp/probe-<uid>-*`` directories. Only those ``run_dir_problem`` finds nothing wrong with
+    (the agent makes its own 0700)."""
     cands = [run_dir]
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and os.path.isabs(xdg):
@@ -59,18 +81,8 @@ def local_run_dirs(run_dir: str) -> list[str]:
                         if n.startswith(prefix))
     except OSError:
         pass
-    out = []
-    for d in cands:
-        try:
-            st = os.lstat(d)
-        except OSError:
-            continue
-        # A fallback dir others can write to may hold their planted sockets: the agent makes
-        # its own 0700, so anything looser is not one of ours.
-        private = d == run_dir or not st.st_mode & 0o077
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and private and d not in out:
-            out.append(d)
-    return out
+    return [d for i, d in enumerate(cands)
+            if os.path.isdir(d) and run_dir_problem(d) is None and d not in cands[:i]]
 
 
 def socket_of(pid: int, run_dir: str) -> str | None:
@@ -117,7 +129,13 @@ def parse_endpoint(
     kind = _kind(text)
     if kind == "pid":
         pid = int(text)
-        path = socket_of(pid, run_dir) or os.path.join(run_dir, f"{pid}.sock")
+        found = socket_of(pid, run_dir)
+        why = run_dir_problem(run_dir)
+        if found is None and why is not None:
+            raise NoAgentError(f"not looking for PID {pid}'s agent in {run_dir}: {why}",
+                               help_text="set PROBE_RUN_DIR to the job's own run dir, or remove "
+                                         "the one you do not own")
+        path = found or os.path.join(run_dir, f"{pid}.sock")
         if check_pid and not os.path.exists(path):
             raise _no_agent(pid, path)
         return Endpoint("http://localhost", uds=path, pid=pid)
@@ -168,10 +186,12 @@ def read_hostfile(path: str) -> list[str]:
 def default_endpoint(run_dir: str, scheme: str = "http") -> tuple[Endpoint, str]:
     """The target when none was given, and a note saying how it was chosen (for errors).
 
-    Exactly one agent socket in the run dir: that agent. Otherwise ``127.0.0.1:9700``.
+    Exactly one agent socket in the run dir: that agent. Otherwise ``127.0.0.1:9700``. A run
+    dir that is not ours, not 0700 or a symlink is not looked into, and the note says why.
     """
+    why = run_dir_problem(run_dir)
     try:
-        socks = sorted(n for n in os.listdir(run_dir) if n.endswith(".sock"))
+        socks = [] if why else sorted(n for n in os.listdir(run_dir) if n.endswith(".sock"))
     except OSError:
         socks = []
     if len(socks) == 1:
@@ -181,8 +201,9 @@ def default_endpoint(run_dir: str, scheme: str = "http") -> tuple[Endpoint, str]
         note = f"no target given; using the only agent socket in {run_dir} ({socks[0]})"
         return Endpoint("http://localhost", uds=path, pid=pid), note
     found = f"{len(socks)} agent sockets" if socks else "no agent socket"
+    where = f"{found} in {run_dir}" if why is None else f"not trusted: {why}"
     note = (
-        f"no target given, so probe used {DEFAULT_TARGET} ({found} in {run_dir}); "
+        f"no target given, so probe used {DEFAULT_TARGET} ({where}); "
         "pass -t HOST:PORT or a PID"
     )
     return Endpoint(f"{scheme}://{DEFAULT_TARGET}"), note

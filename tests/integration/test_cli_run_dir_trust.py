@@ -1,0 +1,111 @@
+"""The CLI trusts a run dir and a unix socket only when they are the caller's (probe_cli/transport/
+targets.py's run_dir_problem, guard.py's SO_PEERCRED check after connect).
+
+The attacker is a real process of another uid (tests/foreign.py): it makes a directory, serves a
+unix socket of its own that answers like an agent and records what it receives, and flips a
+symlink between the real agent's socket and its own as fast as it can. Checking the socket file
+before connecting (as the CLI did) loses that race now and then: 2 of 20 evals went to the
+attacker in the report.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from probe_cli.main import main
+from tests.foreign import FOREIGN_UID, need_root, run_as
+from tests.support import wait_until
+
+pytest.importorskip("duckdb")
+CODE = "'the owner''s code'"
+
+
+def _flip(dir_: str, link: str, real: str, seconds: float) -> str:
+    """As the attacker: serve ``dir_/evil.sock`` and flip ``link`` between ``real`` and it for
+    ``seconds``; everything received, as text."""
+    import select
+    import time
+
+    os.mkdir(dir_, 0o755)
+    evil = os.path.join(dir_, "evil.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(evil)
+    os.chmod(evil, 0o777)
+    srv.listen(64)
+    got, conns, n = b"", [], 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        n += 1
+        tmp = f"{link}.{n % 2}"
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        os.symlink(real if n % 2 else evil, tmp)
+        os.replace(tmp, link)  # atomic: the link always exists, pointing one way or the other
+        ready, _, _ = select.select([srv, *conns], [], [], 0.0005)
+        for s in ready:
+            if s is srv:
+                conns.append(srv.accept()[0])
+                continue
+            data = s.recv(65536)
+            got += data
+            if not data:
+                conns.remove(s)
+                s.close()
+            elif b"\r\n\r\n" in data:
+                body = b'{"ok": true, "rank": 0, "result": "\'pwned\'", "status": "ok"}'
+                s.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    return got.decode("latin-1")
+
+
+@pytest.fixture
+def flipper(make_agent) -> Iterator[tuple[object, str, dict]]:
+    """(the real agent, the attacker's dir, {"received": text} once the attacker is done)."""
+    need_root()
+    agent = make_agent()
+    dir_ = f"/tmp/probe-flip-{uuid.uuid4().hex[:8]}"
+    link = os.path.join(dir_, f"{os.getpid()}.sock")
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(
+        received=run_as(FOREIGN_UID, _flip, dir_, link, agent.unix_path, 12, timeout=40)))
+    t.start()
+    wait_until(lambda: os.path.lexists(link), 10, "the attacker never made its link")
+    try:
+        yield agent, dir_, out
+    finally:
+        t.join(45)
+        shutil.rmtree(dir_, ignore_errors=True)
+
+
+def test_a_flipped_socket_link_gets_zero_sends(flipper, capsys, monkeypatch):
+    agent, dir_, seen = flipper
+    link = os.path.join(dir_, f"{os.getpid()}.sock")
+    codes = []
+    # WHEN the operator evals 20 times through the flipping link, named as a socket path
+    for _ in range(20):
+        codes.append(main([f"unix:{link}", "eval", CODE]))
+    err = capsys.readouterr().err
+    # AND through the attacker's dir as the run dir: the default target and `probe PID`
+    monkeypatch.setenv("PROBE_RUN_DIR", dir_)
+    for argv in (["eval", CODE], [str(os.getpid()), "eval", CODE]):
+        codes.append(main(argv))
+    err2 = capsys.readouterr().err
+    # THEN the attacker received nothing, whichever way the link pointed
+    wait_until(lambda: "received" in seen, 40, "the attacker never reported")
+    assert seen["received"] == "", seen["received"][:300]
+    # AND each socket eval either reached the real agent or was refused by the server's uid
+    assert set(codes[:20]) <= {0, 1}, err
+    if 1 in codes[:20]:
+        assert f"served by uid {FOREIGN_UID}" in err
+    # AND the attacker's run dir is not used at all, and the CLI says why
+    assert codes[20:] != [0, 0]
+    assert f"belongs to uid {FOREIGN_UID}" in err2, err2
