@@ -8,7 +8,9 @@ so a stuck request never delays the next one):
 - ``GET /v1/backtrace``: forward; if the agent has not answered within the deadline, or its
   heartbeat is already older than the deadline, read the stacks from outside instead;
 - anything else: forward and relay; while waiting, a heartbeat older than the deadline means the
-  rank's Python is not running, and the client gets a 504 that says so at once.
+  rank's Python is not running, and the client gets a 504 that says so at once; a fresh
+  heartbeat with an event loop that does not answer a health check (liveness.py) gets a 504
+  within 1.5 deadlines too.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from .httpwire import (
     read_request,
     read_response_head,
 )
+from .liveness import LoopCheck
 from .rank import RankWatch
 from .reader import ReadError, StackReader, stop_note
 
@@ -265,31 +268,56 @@ class Proxy:
         # backtrace's deadline, not MAX_WAIT_S, even while the heartbeat is fresh (a wedged
         # event loop beside a live training thread, issue 20).
         is_ranks = req.method == "GET" and req.path == "/v1/ranks"
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.05 if patience else 0.01)
-            if done:
-                break
-            waited = time.monotonic() - started
-            stale = self._stale()
-            if not self.rank.alive or (stale is not None and waited >= patience) or \
-                    (is_ranks and waited >= self.deadline_s) or waited > MAX_WAIT_S:
-                task.cancel()
-                if not self.rank.alive:
-                    writer.write(self._dead(req, False))
+        loop_check = LoopCheck(self.fetch, self.deadline_s)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.05 if patience else 0.01)
+                if done:
+                    break
+                waited = time.monotonic() - started
+                if not is_ranks and loop_check.wedged(waited) and self.rank.alive:
+                    task.cancel()
+                    writer.write(self._error(
+                        504, f"rank {self.rank_no}'s agent did not answer: its event loop has "
+                        f"not served a request for {waited:.1f} s while its Python runs (a "
+                        "route is blocking it); `probe backtrace` still answers "
+                        "(out-of-process)", loop_wedged=True))
                     return True
-                if is_ranks:
-                    # Discovery must still fan out to the other ranks while this one is stuck.
-                    writer.write(json_response(200, self._known_ranks()))
+                if await self._gave_up(req, writer, task, started, patience, is_ranks):
                     return True
-                stopped = stop_note(self.pid)
-                what = (f"is not running: {stopped}" if stopped else
-                        f"has not run for {stale:.1f} s (its GIL is held, probably by a C call)"
-                        if stale is not None else f"did not answer within {MAX_WAIT_S:g} s")
-                writer.write(self._error(
-                    504, f"rank {self.rank_no}'s Python {what}; `probe backtrace` still answers "
-                    "(out-of-process)", gil_held=stale is not None,
-                    heartbeat_age_s=round(stale, 3) if stale is not None else None))
-                return True
+        finally:
+            loop_check.close()
+        return await self._relayed(req, writer, task, is_ranks)
+
+    async def _gave_up(self, req: Request, writer: asyncio.StreamWriter, task: Any,
+                       started: float, patience: float, is_ranks: bool) -> bool:
+        """Whether to stop waiting for the agent; if so, the client has been answered."""
+        waited = time.monotonic() - started
+        stale = self._stale()
+        if not (not self.rank.alive or (stale is not None and waited >= patience) or
+                (is_ranks and waited >= self.deadline_s) or waited > MAX_WAIT_S):
+            return False
+        task.cancel()
+        if not self.rank.alive:
+            writer.write(self._dead(req, False))
+            return True
+        if is_ranks:
+            # Discovery must still fan out to the other ranks while this one is stuck.
+            writer.write(json_response(200, self._known_ranks()))
+            return True
+        stopped = stop_note(self.pid)
+        what = (f"is not running: {stopped}" if stopped else
+                f"has not run for {stale:.1f} s (its GIL is held, probably by a C call)"
+                if stale is not None else f"did not answer within {MAX_WAIT_S:g} s")
+        writer.write(self._error(
+            504, f"rank {self.rank_no}'s Python {what}; `probe backtrace` still answers "
+            "(out-of-process)", gil_held=stale is not None,
+            heartbeat_age_s=round(stale, 3) if stale is not None else None))
+        return True
+
+    async def _relayed(self, req: Request, writer: asyncio.StreamWriter, task: Any,
+                       is_ranks: bool) -> bool:
+        """Relay the agent's answer to ``req`` (``task`` has finished)."""
         try:
             head, r, w = task.result()
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -120,6 +121,15 @@ def test_wedged_event_loop_with_live_heartbeat(train_rank, tmp_path):
     # AND discovery itself answers from the watchdog's last known ranks, within its deadline
     ranks = httpx.get(f"{info['url']}/v1/ranks", timeout=10).json()
     assert ranks["ok"] and ranks["cached"] is True and ranks["ranks"][0]["pid"] == info["pid"]
+    # AND the owner's other routes get a 504 that says why within 1.5 deadlines (1 s here),
+    # instead of no answer at all
+    for method, path, body in (("GET", "/v1/info", None),
+                               ("POST", "/v1/query", {"sql": "SELECT 1"})):
+        t0 = time.monotonic()
+        r = httpx.request(method, f"{info['url']}{path}", json=body, timeout=30)
+        took = time.monotonic() - t0
+        assert r.status_code == 504 and r.json()["loop_wedged"] is True, (path, r.text)
+        assert "event loop" in r.json()["error"] and took < 3.0, (path, took)
 
 
 def test_wedged_target_still_reaches_the_other_ranks(tmp_path):

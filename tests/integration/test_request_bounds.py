@@ -265,3 +265,17 @@ def test_an_unlimited_budget_ignores_bytes():
 def test_json_reply_is_one_valid_document(small):
     r = small.post("/v1/query", json={"sql": "SELECT 'é\"\\' AS s, 1.5 AS f"})
     assert json.loads(r.content)["rows"] == [['é"\\', 1.5]]
+
+
+def test_a_mid_size_body_through_the_watchdog_is_413_not_502(make_agent):
+    """Bodies of 0.4-1 MiB were refused by the agent before it read them; the watchdog's write
+    of the rest then broke (EPIPE) and the client got a 502 saying the agent did not answer."""
+    # GIVEN an agent behind its watchdog
+    agent = make_agent(watchdog=True)
+    with httpx.Client(base_url=agent.url, timeout=30) as c:
+        for size in (400_000, 700_000, 1_000_000):
+            # WHEN a body of that size is sent
+            r = c.post("/v1/query", json={"sql": "SELECT 1 -- " + "x" * size})
+            # THEN the agent's own 413 comes back, naming the variable
+            assert r.status_code == 413, (size, r.text[:300])
+            assert "PROBE_MAX_SQL_BYTES" in r.json()["error"]

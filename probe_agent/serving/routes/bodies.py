@@ -14,6 +14,7 @@ and eval routes therefore take the raw request and call ``read_body``, which
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, TypeVar
 
@@ -29,6 +30,10 @@ Model = TypeVar("Model", bound=BaseModel)
 #: still hold text within it. The rest of the body (keys, max_rows) fits in the slack.
 _ESCAPE = 6
 _SLACK = 4096
+#: A refused body up to this size is read to its end before the 413 (``_discard``): the
+#: watchdog's own cap (watchdog/httpwire.py MAX_BODY), past which it refuses bodies itself.
+DRAIN_BYTES = 1024 * 1024
+DRAIN_S = 5.0
 
 
 class BadBodyError(ProbeAgentError):
@@ -41,6 +46,24 @@ def _body_too_large(size: int, more: str, field: str, cap: int, limit: int,
         f"the request body is {size} bytes{more}: more than '{field}' within {var}={cap} bytes "
         f"can take (at most {limit} bytes with JSON escapes); send less, or raise {var} in the "
         "training job's environment")
+
+
+async def _discard(request: Request, budget: int) -> None:
+    """Read and drop the rest of a refused body, up to ``budget`` bytes. Answering before the
+    sender has written it all and then closing breaks its write: the watchdog, writing a
+    0.4-1 MiB body to our socket, got EPIPE and reported a 502 instead of our 413. Bodies up
+    to the watchdog's own cap are cheap to drop; past it the sender is cut off."""
+    async def drop() -> None:
+        nonlocal budget
+        async for chunk in request.stream():
+            budget -= len(chunk)
+            if budget < 0:
+                return
+
+    try:  # a sender that declares a body and never sends it is not waited for long
+        await asyncio.wait_for(drop(), DRAIN_S)
+    except asyncio.TimeoutError:
+        pass
 
 
 def body_limit(text_cap: int) -> int:
@@ -65,11 +88,14 @@ async def read_body(request: Request, model: type[Model], field: str, text_cap: 
     limit = body_limit(text_cap)
     declared = request.headers.get("content-length", "")
     if declared.strip().isdigit() and int(declared) > limit:
+        if int(declared) <= DRAIN_BYTES:
+            await _discard(request, DRAIN_BYTES)
         raise _body_too_large(int(declared), "", field, text_cap, limit, var)
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > limit:
+            await _discard(request, DRAIN_BYTES - len(raw))
             raise _body_too_large(len(raw), " or more", field, text_cap, limit, var)
     try:
         data = json.loads(raw)
