@@ -242,7 +242,13 @@ CREATE TABLE IF NOT EXISTS python.memory (
 ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS params_mib DOUBLE;
 ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS grads_mib DOUBLE;
 ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS optimizer_mib DOUBLE;
+--   params_fp32_mib: the float32 part of params_mib (what bf16 would halve),
+--   sharded: some parameter is a DTensor (FSDP2): its optimizer state is sharded already.
+-- capacity_mib: the CUDA device's total memory (NULL on CPU).
 ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS activations_mib DOUBLE;
+ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS params_fp32_mib DOUBLE;
+ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS sharded BOOLEAN;
+ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS capacity_mib DOUBLE;
 
 -- python.job_memory: the job's own memory, one definition that `probe memory`, `probe doctor`,
 -- the dashboard and GET /v1/metrics all read. host_mib: the RSS minus the agent's share

@@ -37,11 +37,16 @@ def _sum(tensors: Iterable[Any], seen: set[tuple[int, int]]) -> int:
     return total
 
 
-def count_kinds(torch: Any, params: list[Any], optimizers: Iterable[Any]) -> tuple[int, int, int]:
-    """``(parameter, gradient, optimizer-state)`` bytes held by this rank."""
+def count_kinds(torch: Any, params: list[Any],
+                optimizers: Iterable[Any]) -> tuple[int, int, int, int, bool]:
+    """``(parameter, gradient, optimizer-state, fp32-parameter bytes, sharded)`` of this rank;
+    ``sharded``: some parameter is a DTensor (FSDP2: optimizer state is sharded already)."""
     seen: set[tuple[int, int]] = set()
     tensor = torch.Tensor
     p_bytes = _sum(params, seen)
+    fp32 = torch.float32
+    p32 = sum(local_bytes(p)[1] for p in params if p.dtype == fp32)
+    sharded = any(getattr(p, "_local_tensor", None) is not None for p in params)
     g_bytes = _sum((p.grad for p in params if isinstance(p.grad, tensor)), seen)
     o_bytes = 0
     done: set[int] = set()
@@ -52,4 +57,4 @@ def count_kinds(torch: Any, params: list[Any], optimizers: Iterable[Any]) -> tup
         state = getattr(opt, "state", None) or {}
         o_bytes += _sum((v for s in state.values() if isinstance(s, dict)
                          for v in s.values() if isinstance(v, tensor)), seen)
-    return p_bytes, g_bytes, o_bytes
+    return p_bytes, g_bytes, o_bytes, p32, sharded

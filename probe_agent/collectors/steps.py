@@ -81,6 +81,7 @@ class StepRecorder:
         self._lock = threading.Lock()
         # The agent's own memory, read by the training thread as one tuple (atomic swap).
         self._agent: tuple[float | None, int | None, float | None] = (None, None, None)
+        self._capacity: dict[int, float] = {}  # MiB of each CUDA device
         self._agent_at = 0.0
         self._agent_cursor: Any = None
 
@@ -161,30 +162,34 @@ class StepRecorder:
         if cuda is not None and cuda.is_initialized():
             dev = cuda.current_device()
             s = cuda.memory_stats(dev)
+            cap = self._capacity.get(dev)
+            if cap is None:  # cached device properties: no context, no synchronisation
+                cap = self._capacity[dev] = cuda.get_device_properties(dev).total_memory * _MIB
             row = (now, step, f"cuda:{dev}",
                    s.get("allocated_bytes.all.current", 0) * _MIB,
                    s.get("reserved_bytes.all.current", 0) * _MIB,
                    s.get("active_bytes.all.current", 0) * _MIB,
                    s.get("allocated_bytes.all.peak", 0) * _MIB,
                    s.get("num_alloc_retries", 0), s.get("num_ooms", 0), rss, *self._agent,
-                   *kinds)
+                   *kinds, cap)
         else:
             row = (now, step, "cpu", None, None, None, None, None, None, rss, *self._agent,
-                   *kinds)
+                   *kinds, None)
         if len(self.memory) < BUFFER:
             self.memory.append(row)
 
-    def _kinds(self, torch: Any, optimizer: Any) -> tuple[float | None, ...]:
+    def _kinds(self, torch: Any, optimizer: Any) -> tuple[Any, ...]:
         """Parameters, gradients, optimizer state and activations (MiB) of a traced step."""
         tracer = self.tracer
         if torch is None or tracer is None:
             return _NO_KINDS
         try:
             params = tracer.trained_params(optimizer)
-            p, g, o = count_kinds(torch, params, [optimizer, *(tracer.optimizers or ())])
+            p, g, o, p32, sharded = count_kinds(torch, params,
+                                                [optimizer, *(tracer.optimizers or ())])
             saved = tracer.saved
             act = saved.step_bytes() * _MIB if saved.pushed and saved.enabled else None
-            return p * _MIB, g * _MIB, o * _MIB, act
+            return p * _MIB, g * _MIB, o * _MIB, act, p32 * _MIB, sharded
         except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
             self.guard.failed(e)
             return _NO_KINDS
@@ -254,7 +259,7 @@ class StepRecorder:
                  [m[2] for m in metrics], values], schema=schema["python.metrics"]))
 
 
-_NO_KINDS: tuple[float | None, ...] = (None, None, None, None)
+_NO_KINDS: tuple[Any, ...] = (None, None, None, None, None, None)
 
 
 def _drain(buf: list[Any]) -> list[Any]:
