@@ -26,6 +26,8 @@ from .outcome import Outcome
 from .transport.client import ssl_context
 from .transport.session import Progress, Session
 from .transport.targets import (
+    DEFAULT_TARGET,
+    Endpoint,
     default_endpoint,
     default_run_dir,
     parse_endpoints,
@@ -33,6 +35,9 @@ from .transport.targets import (
     read_hostfile,
     rewrite_endpoint_argv,
 )
+
+#: Commands that reach no job through the session's targets (they find local processes).
+_LOCAL_COMMANDS = frozenset({"ps", "launch", "inject"})
 
 CONTEXT_SETTINGS = {
     # PROBE_TARGET, PROBE_TOKEN, PROBE_TIMEOUT... for every option, new commands included.
@@ -102,7 +107,9 @@ def cli(
     scheme = "https" if cacert else "http"
     endpoints = parse_endpoints(values, run_dir, scheme)
     note = None
-    if not endpoints:
+    if not endpoints and ctx.invoked_subcommand in _LOCAL_COMMANDS:
+        endpoints = [Endpoint(f"{scheme}://{DEFAULT_TARGET}")]  # never asked: no job to pick
+    elif not endpoints:
         endpoint, note = default_endpoint(run_dir, scheme)
         endpoints = [endpoint]
     output = output or "text"
@@ -193,6 +200,44 @@ def _value_options(group: click.Group) -> list[str]:
     return names
 
 
+def hoist_global_options(args: list[str], group: click.Group) -> list[str]:
+    """`probe query "SQL" --rank 0` -> `probe --rank 0 query "SQL"`: the group's options
+    (``--rank``, ``--json``, ``--timeout``, ``-t``...) work after the subcommand too, where
+    users type them. Left in place: an option the subcommand defines itself (its own wins),
+    anything after ``--``, and commands that take raw arguments (``launch -- CMD``)."""
+    value_opts = set(_value_options(group))
+    flags = {o for p in group.params if isinstance(p, click.Option) and p.is_flag
+             for o in (*p.opts, *p.secondary_opts)}
+    i = 0
+    while i < len(args):  # find the subcommand past the group's own options
+        if args[i] == "--":
+            return args
+        if args[i] in value_opts:
+            i += 2
+        elif args[i].startswith("-"):
+            i += 1
+        else:
+            break
+    cmd = group.commands.get(args[i]) if i < len(args) else None
+    if cmd is None or cmd.context_settings.get("ignore_unknown_options"):
+        return args
+    own = {o for p in cmd.params if isinstance(p, click.Option)
+           for o in (*p.opts, *p.secondary_opts)}
+    head, rest, moved = args[: i + 1], args[i + 1:], []
+    j = 0
+    while j < len(rest):
+        name = rest[j].split("=", 1)[0]
+        if rest[j] == "--":
+            break
+        if name in own or name not in value_opts | flags:
+            j += 1
+            continue
+        n = 2 if name in value_opts and "=" not in rest[j] and j + 1 < len(rest) else 1
+        moved += rest[j: j + n]
+        del rest[j: j + n]
+    return [*args[:i], *moved, *head[i:], *rest]
+
+
 def emit(outcome: Outcome) -> None:
     """Print a command's Outcome: results on stdout, everything else on stderr."""
     for line in outcome.stdout:
@@ -216,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run `probe` and return its exit code (0, 1, 2 or 3; see probe_cli/errors.py)."""
     args = list(sys.argv[1:] if argv is None else argv)
     args = rewrite_endpoint_argv(args, cli.commands, _value_options(cli))
+    args = hoist_global_options(args, cli)
     try:
         rv = cli.main(args, prog_name="probe", standalone_mode=False)
     except ProbeCLIError as e:

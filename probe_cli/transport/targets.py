@@ -186,8 +186,11 @@ def read_hostfile(path: str) -> list[str]:
 def default_endpoint(run_dir: str, scheme: str = "http") -> tuple[Endpoint, str]:
     """The target when none was given, and a note saying how it was chosen (for errors).
 
-    Exactly one agent socket in the run dir: that agent. Otherwise ``127.0.0.1:9700``. A run
-    dir that is not ours, not 0700 or a symlink is not looked into, and the note says why.
+    Exactly one agent socket in the run dir: that agent. The agents of exactly one job (their
+    ``<pid>.json`` records, grouped by the job's rendezvous): its lowest rank's socket, which
+    reaches every rank. Several jobs: ``UsageProblemError`` listing them, with the ``-t`` that
+    picks each (a guess would probe the wrong job). Otherwise ``127.0.0.1:9700``. A run dir
+    that is not ours, not 0700 or a symlink is not looked into, and the note says why.
     """
     why = run_dir_problem(run_dir)
     try:
@@ -200,6 +203,20 @@ def default_endpoint(run_dir: str, scheme: str = "http") -> tuple[Endpoint, str]
         pid = int(stem) if stem.isdigit() else None
         note = f"no target given; using the only agent socket in {run_dir} ({socks[0]})"
         return Endpoint("http://localhost", uds=path, pid=pid), note
+    jobs = local_jobs(run_dir, socks)
+    if len(jobs) == 1:
+        (rank, pid), *_ = jobs[0]
+        note = (f"no target given; using rank {rank}'s socket ({pid}.sock) of the only job in "
+                f"{run_dir} ({len(jobs[0])} agents)")
+        return Endpoint("http://localhost", uds=os.path.join(run_dir, f"{pid}.sock"),
+                        pid=pid), note
+    if len(jobs) > 1:
+        lines = [f"job {i + 1}: rank{'s' if len(j) > 1 else ''} "
+                 f"{','.join(str(r) for r, _ in j)} (pids {','.join(str(p) for _, p in j)}): "
+                 f"probe -t {j[0][1]} COMMAND" for i, j in enumerate(jobs)]
+        raise UsageProblemError(
+            f"{len(jobs)} jobs have agents in {run_dir}; say which one with -t",
+            help_text="\n  ".join(["pick one:", *lines]))
     found = f"{len(socks)} agent sockets" if socks else "no agent socket"
     where = f"{found} in {run_dir}" if why is None else f"not trusted: {why}"
     note = (
@@ -207,6 +224,37 @@ def default_endpoint(run_dir: str, scheme: str = "http") -> tuple[Endpoint, str]
         "pass -t HOST:PORT or a PID"
     )
     return Endpoint(f"{scheme}://{DEFAULT_TARGET}"), note
+
+
+def local_jobs(run_dir: str, socks: list[str]) -> list[list[tuple[int, int]]]:
+    """The live agents of ``run_dir`` that wrote their ``<pid>.json``, as jobs: lists of
+    (rank, pid) by rank. Ranks of one job share the rendezvous torchrun (or the user) gave
+    them (MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID); a process without one is a job."""
+    import json
+
+    jobs: dict[tuple[str, ...], list[tuple[int, int]]] = {}
+    for name in socks:
+        stem = name.removesuffix(".sock")
+        if not stem.isdigit() or not os.path.exists(f"/proc/{stem}"):
+            continue
+        try:
+            with open(os.path.join(run_dir, f"{stem}.json")) as f:
+                rank = int(json.load(f).get("rank") or 0)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        env = _environ(int(stem))
+        key = tuple(env.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"))
+        jobs.setdefault(key if key[1] else ("pid", stem), []).append((rank, int(stem)))
+    return sorted((sorted(j) for j in jobs.values()), key=lambda j: j[0][1])
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(i.decode(errors="replace").partition("=")[::2] for i in items if b"=" in i)
 
 
 def parse_rank_list(text: str) -> list[int]:

@@ -57,6 +57,21 @@ def test_two_jobs_with_the_same_base_port_are_both_reachable(tmp_path: Path):
         # AND the torchrun launchers are listed as launchers, not as injectable
         agent_of = {r["pid"]: r["agent"] for r in json.loads(ps.stdout)}
         assert [agent_of.get(p) for p in launchers] == ["launcher", "launcher"], ps.stdout
+        # AND a command without -t says which jobs it found and how to pick each
+        which = probe("--run-dir", str(run_dir), "eval", "1")
+        assert which.returncode == 2, which.stdout + which.stderr
+        assert "2 jobs have agents" in which.stderr, which.stderr
+        for job in pids:
+            assert f"ranks 0,1 (pids {job[0][1]},{job[1][1]}): probe -t {job[0][1]}" \
+                in which.stderr, which.stderr
+        # AND once one job is gone, the other is found with no -t, through its rank 0
+        stack.close()
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    with training_job(lone, nproc=2, env=env, timeout=120) as (_, infos):
+        one = probe("--run-dir", str(run_dir), "--json", "eval", "1")
+        assert one.returncode == 0, one.stdout + one.stderr
+        assert [b["rank"] for b in json.loads(one.stdout)] == [0, 1]
 
 
 def _start(tmp: Path, run_dir: Path, **env: str) -> tuple[subprocess.Popen[str], dict]:

@@ -128,6 +128,20 @@ def test_token_file(capsys, tmp_path):
     assert code == 0, err
 
 
+def test_global_options_work_after_the_subcommand(capsys):
+    # GIVEN a 2-rank job; WHEN --rank, --json and --timeout come after the subcommand
+    with canned_job(2) as a:
+        code, out, _ = run(capsys, a[0].address, "query", "SELECT 1", "--rank", "1", "--json",
+                           "--timeout=5")
+        # THEN they apply as before it: rank 1 only, as JSON
+        assert code == 0, out
+        assert [b["rank"] for b in json.loads(out)] == [1]
+        # AND a subcommand's own option of the same name is still its own (query --format csv)
+        code, out, _ = run(capsys, a[0].address, "query", "SELECT 1", "--format", "csv",
+                           "--rank", "0")
+        assert code == 0 and out.splitlines() == ["rank,x,name", "0,0,r0"]
+
+
 def test_unknown_rank_is_a_usage_error(capsys):
     with canned_job(2) as a:
         code, _, err = run(capsys, a[0].address, "--rank", "0,9", "info")
