@@ -60,7 +60,7 @@ def check_profile(args: dict[str, Any]) -> dict[str, Any]:
                            f"is {HARD_MAX_STEPS} steps")
     if steps > max_steps:
         raise CeilingError(
-            f"profile --steps {steps:g} refused: above the ceiling of {max_steps:g} steps "
+            f"profile --for {steps:g} refused: above the ceiling of {max_steps:g} steps "
             f"(each profiled step costs extra time and trace size); pass --max-steps "
             f"{steps:g} to raise it")
     if not 0 < max_seconds <= HARD_MAX_SECONDS:

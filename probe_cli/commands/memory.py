@@ -9,12 +9,12 @@ from ..outcome import Outcome
 from ..transport.session import Session
 from . import pass_session
 from ._canned import canned_outcome
+from ._window import last_option
 
 
 @click.command("memory")
-@click.option("--steps", type=click.IntRange(min=2), default=None,
-              help="Look at the last K steps (default: 1000, the window `probe doctor` judges; "
-                   "with --modules: the last K traced steps, default 50).")
+@last_option(None, 2, "Look at the last N steps (default: 1000, the window `probe doctor` "
+             "judges; with --modules: the last N traced steps, default 50).")
 @click.option("--modules", "by_module", is_flag=True,
               help="CUDA memory per module (allocated when calls end, allocator peak) instead "
                    "of growth per step.")
@@ -25,7 +25,7 @@ from ._canned import canned_outcome
               help="Leave out the first N steps each rank recorded (optimizer state and caches "
                    "grow there); the defaults show the numbers `probe doctor` judged.")
 @pass_session
-def command(session: Session, steps: int | None, by_module: bool, limit: int,
+def command(session: Session, last: int | None, by_module: bool, limit: int,
             warmup: int) -> Outcome:
     """Memory growth per step on every rank and device, the job's and the agent's apart: the
     job's memory (CUDA allocated, or RSS minus the agent's share) with a robust growth per step
@@ -36,10 +36,10 @@ def command(session: Session, steps: int | None, by_module: bool, limit: int,
         return canned_outcome(
             session, "memory_by_module",
             "no traced steps yet (`probe trace on` traces every step from the next one)",
-            steps=steps or 50, limit=limit,
+            last=last or 50, limit=limit,
         )
     return canned_outcome(
         session, "memory_growth",
         "no optimizer step seen yet (python.memory gets one row per optimizer step)",
-        steps=steps or MEMORY_WINDOW_STEPS, warmup=warmup,
+        last=last or MEMORY_WINDOW_STEPS, warmup=warmup,
     )

@@ -38,6 +38,7 @@ from ..transport.session import Session
 from ..transport.step_actions import StepActionError, StepOutcome, run_step_action
 from . import pass_session
 from ._step_options import at_step_option, check_exclusive, step_outcome, wait_option
+from ._window import for_option
 
 #: The agents' ceilings (probe_agent/actions/profile.py): above them needs --max-steps.
 MAX_STEPS = 20
@@ -47,10 +48,10 @@ EXPORT_GRACE_S = 120.0
 
 
 @click.command("profile")
-@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, metavar="N",
-              help="Optimizer steps to profile on every rank (the same N steps everywhere).")
+@for_option(5, 1, "Profile the next N optimizer steps on every rank (the same N steps "
+            "everywhere).")
 @click.option("--max-steps", type=click.IntRange(min=1), default=MAX_STEPS, show_default=True,
-              metavar="N", help="Ceiling on --steps; raise it to profile more steps (each "
+              metavar="N", help="Ceiling on --for; raise it to profile more steps (each "
               "profiled step costs extra time and tens of MB of trace).")
 @click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True),
               default=MAX_SECONDS, show_default=True, metavar="SECONDS",
@@ -66,7 +67,7 @@ EXPORT_GRACE_S = 120.0
 @at_step_option
 @wait_option
 @pass_session
-def command(session: Session, steps: int, max_steps: int, max_seconds: float, next_step: bool,
+def command(session: Session, ahead: int, max_steps: int, max_seconds: float, next_step: bool,
             out_path: str | None, record_shapes: bool, with_stack: bool, at_step: int | None,
             wait_s: float) -> Outcome:
     """Profile the same optimizer steps on every rank with torch.profiler (CPU, plus CUDA where
@@ -76,13 +77,13 @@ def command(session: Session, steps: int, max_steps: int, max_seconds: float, ne
     (the program's own torch.profiler or another `probe profile`); training goes on either way.
     """
     check_exclusive(at_step, next_step)
-    if steps > max_steps:
+    if ahead > max_steps:
         raise ProbeCLIError(
-            f"profile --steps {steps} refused: above the ceiling of {max_steps} steps (each "
-            f"profiled step costs extra time and trace size); pass --max-steps {steps} to raise "
+            f"profile --for {ahead} refused: above the ceiling of {max_steps} steps (each "
+            f"profiled step costs extra time and trace size); pass --max-steps {ahead} to raise "
             "it", exit_code=EXIT_USAGE)
     body = {"kind": "profile", "profile": {
-        "steps": steps, "max_steps": max_steps, "max_seconds": max_seconds,
+        "steps": ahead, "max_steps": max_steps, "max_seconds": max_seconds,
         "record_shapes": record_shapes, "with_stack": with_stack}}
     so = run_step_action(session, body, at_step=at_step, wait_s=wait_s)
     started = [r for r in so.results if r.ok]
@@ -90,7 +91,7 @@ def command(session: Session, steps: int, max_steps: int, max_seconds: float, ne
         out = step_outcome(session, so, lambda ok: [])
         if started:
             out.stderr.append("probe: the ranks where it started stop on their own after "
-                              f"{steps} steps; nothing is merged")
+                              f"{ahead} steps; nothing is merged")
         return out
     targets = {t.endpoint.label: t for t in resolve_ranks(session)}
     mine = [targets[r.url] for r in started]

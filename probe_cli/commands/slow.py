@@ -8,15 +8,15 @@ from ..outcome import Outcome
 from ..transport.session import Session
 from . import pass_session
 from ._canned import canned_outcome
+from ._window import last_option
 
 
 @click.command("slow")
-@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Look at the last K traced steps of each rank.")
+@last_option(20, 1, "Look at the last N traced steps of each rank.")
 @click.option("--limit", type=click.IntRange(min=1), default=15, show_default=True,
               help="Modules shown per rank.")
 @pass_session
-def command(session: Session, steps: int, limit: int) -> Outcome:
+def command(session: Session, last: int, limit: int) -> Outcome:
     """Slowest modules of every rank, by self time per step: each call's time minus the calls
     nested in that same call, median per call times the median calls per step (a few steps
     slowed by something else do not count), split into forward and backward; an activation
@@ -27,5 +27,5 @@ def command(session: Session, steps: int, limit: int) -> Outcome:
         session, "slow_modules",
         "no traced steps (the agent traces every 10th step by default; `probe trace on` traces "
         "every step from the next one)",
-        steps=steps, limit=limit,
+        last=last, limit=limit,
     )

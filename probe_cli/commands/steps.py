@@ -14,26 +14,26 @@ from ..transport.fanout import RankTarget, fan_out, resolve_ranks
 from ..transport.session import Session
 from ..transport.wire import Envelope, QueryBody
 from . import pass_session
+from ._window import last_option
 
 TREND, OUTLIERS = "steps_trend", "steps_outliers"
 
 
 @click.command("steps")
-@click.option("--steps", type=click.IntRange(min=2), default=100, show_default=True,
-              help="Look at the last K steps of each rank.")
+@last_option(100, 2, "Look at the last N steps of each rank.")
 @click.option("--factor", type=click.FloatRange(min=1.0), default=2.0, show_default=True,
               help="A step slower than FACTOR x its rank's median step time is an outlier.")
 @click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True,
               help="Outlier steps shown per rank.")
 @pass_session
-def command(session: Session, steps: int, factor: float, limit: int) -> Outcome:
+def command(session: Session, last: int, factor: float, limit: int) -> Outcome:
     """Step time of every rank over the last K steps: median, p90, max, whether it is getting
     slower (trend_pct: newer half against older half) and samples/s; then the outlier steps,
     slowest first, and whether they were traced. From python.steps."""
 
     def both(client: ProbeClient, _target: RankTarget) -> dict[str, Any]:
-        trend = client.canned(TREND, steps=steps)
-        outliers = client.canned(OUTLIERS, steps=steps, factor=factor, limit=limit)
+        trend = client.canned(TREND, last=last)
+        outliers = client.canned(OUTLIERS, last=last, factor=factor, limit=limit)
         rank = Envelope.from_wire(trend).rank
         return {"ok": True, "rank": rank, "trend": trend, "outliers": outliers}
 

@@ -1,5 +1,5 @@
 """`probe trace [on|off|every N]`: show or change torch tracing; `--perfetto -o FILE` exports
-the last K traced steps of every rank as one Chrome/Perfetto trace."""
+the last N traced steps of every rank as one Chrome/Perfetto trace."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from ..transport.session import Session
 from ..transport.wire import QueryBody, TraceBody
 from . import pass_session
 from ._canned import run_canned
+from ._window import last_option
 
 STATE_COLUMNS = ("rank", "mode", "tracing_now", "step", "failures", "disabled", "dropped_rows",
                  "hot_path")
@@ -27,15 +28,14 @@ STATE_COLUMNS = ("rank", "mode", "tracing_now", "step", "failures", "disabled", 
 @click.argument("mode", required=False, type=click.Choice(["on", "off", "every"]))
 @click.argument("every", required=False, type=click.IntRange(min=1))
 @click.option("--perfetto", is_flag=True,
-              help="Write the last K traced steps of every rank as Chrome/Perfetto trace JSON "
+              help="Write the last N traced steps of every rank as Chrome/Perfetto trace JSON "
                    "(open it in ui.perfetto.dev); needs -o.")
 @click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), default=None,
               help="With --perfetto: the file to write.")
-@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True,
-              help="With --perfetto: how many of the last traced steps to export.")
+@last_option(3, 1, "With --perfetto: how many of the last traced steps to export.")
 @pass_session
 def command(session: Session, mode: str | None, every: int | None, perfetto: bool,
-            out_path: str | None, steps: int) -> Outcome:
+            out_path: str | None, last: int) -> Outcome:
     """Show the torch tracing mode of every rank, or change it: `on` (every module, every
     step), `off`, or `every N` (every module on every Nth step). A change takes effect at each
     rank's next optimizer step, so no step is half traced.
@@ -45,7 +45,7 @@ def command(session: Session, mode: str | None, every: int | None, perfetto: boo
             raise UsageProblemError("--perfetto exports; it takes no mode")
         if not out_path:
             raise UsageProblemError("--perfetto writes a file", help_text="add -o trace.json")
-        return _export(session, out_path, steps)
+        return _export(session, out_path, last)
     if mode == "every" and every is None:
         raise UsageProblemError("`every` needs N", help_text="e.g. probe trace every 10")
     if mode != "every" and every is not None:
@@ -66,8 +66,8 @@ def _render_state(session: Session, ok: list[RankResult]) -> list[str]:
     return format_table(STATE_COLUMNS, rows, colour=session.colour)
 
 
-def _export(session: Session, path: str, steps: int) -> Outcome:
-    results = run_canned(session, "trace_timeline", steps=steps)
+def _export(session: Session, path: str, last: int) -> Outcome:
+    results = run_canned(session, "trace_timeline", last=last)
     ok = [r for r in results if r.ok]
     out = finish(session, results, lambda _: [], as_json=False)
     out.stderr[:0] = query_notes(ok)

@@ -36,15 +36,17 @@ def hang_evidence(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
     return out
 
 
-#: (key, canned query, params): what each rank is asked in the second round. Memory growth and
-#: the slowest modules are the queries `probe memory` and `probe slow` run, so the commands
-#: cannot disagree with doctor (issue 18); doctor only picks the window.
-QUERIES = (
-    ("loop", "doctor_loop", ("last_steps",)),
-    ("memory", "memory_growth", ("memory_steps", "warmup")),
-    ("metrics", "doctor_metrics", ()),
-    ("slow", "slow_modules", ("steps", "limit")),
-)
+def doctor_queries(last: int) -> tuple[tuple[str, str, dict[str, int]], ...]:
+    """(key, canned query, params): what each rank is asked in the second round. Memory growth
+    and the slowest modules are the queries `probe memory` and `probe slow` run, so the commands
+    cannot disagree with doctor (issue 18); doctor only picks the window (``last``, the
+    look-back every canned query takes; memory growth looks further back)."""
+    return (
+        ("loop", "doctor_loop", {"last": last}),
+        ("memory", "memory_growth", {"last": MEMORY_WINDOW_STEPS, "warmup": MEMORY_WARMUP_STEPS}),
+        ("metrics", "doctor_metrics", {}),
+        ("slow", "slow_modules", {"last": last, "limit": TOP_MODULES}),
+    )
 
 
 def doctor_evidence(last: int, grad_wait: float) -> Call:
@@ -66,13 +68,9 @@ def doctor_evidence(last: int, grad_wait: float) -> Call:
             out["collectives"] = list(coll.collectives)
         except RankError as e:
             out["errors"]["collectives"] = e.reason
-        values = {"last_steps": last, "steps": last, "warmup": MEMORY_WARMUP_STEPS,
-                  "memory_steps": MEMORY_WINDOW_STEPS,
-                  "limit": TOP_MODULES}
-        for key, name, params in QUERIES:
+        for key, name, params in doctor_queries(last):
             try:
-                body = client.canned(name, **{p.removeprefix("memory_"): values[p]
-                                              for p in params})
+                body = client.canned(name, **params)
                 out[key] = QueryBody.from_wire(body).records()
             except RankError as e:
                 out["errors"][key] = _short(e)
@@ -94,7 +92,7 @@ def straggler_evidence(last: int) -> Call:
     def call(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
         coll = client.collectives(limit=min(10_000, 4 * last))
         try:
-            steps: dict[str, Any] | None = client.canned("straggler_steps", last_steps=last)
+            steps: dict[str, Any] | None = client.canned("straggler_steps", last=last)
         except RankError:  # python.steps not recorded by this agent (tracing not built/on)
             steps = None
         rank = Envelope.from_wire(coll).rank

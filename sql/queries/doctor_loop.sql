@@ -1,11 +1,11 @@
 -- name: doctor_loop
--- description: This rank's training loop over its last $last_steps steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window, how often clip_grad_norm_ ran with a finite norm and clipped, the median gradient norm before clipping, how often clip_grad_norm_ saw gradients an AMP GradScaler had not unscaled yet (and the median norm once unscaled), and non-finite gradient norms (first and last step). `probe doctor` reads it.
--- params: last_steps
+-- description: This rank's training loop over its last $last steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window, how often clip_grad_norm_ ran with a finite norm and clipped, the median gradient norm before clipping, how often clip_grad_norm_ saw gradients an AMP GradScaler had not unscaled yet (and the median norm once unscaled), and non-finite gradient norms (first and last step). `probe doctor` reads it.
+-- params: last
 WITH s AS (
     SELECT step, timestamp, data_wait, lr, grad_norm, clip_max_norm, clip_calls, grad_scale,
            timestamp - lag(timestamp) OVER (ORDER BY step) AS step_s
     FROM python.step_stats
-    WHERE step > (SELECT max(step) FROM python.step_stats) - $last_steps - 1
+    WHERE step > (SELECT max(step) FROM python.step_stats) - $last - 1
 )
 SELECT count(step_s)                                                   AS steps,
        max(step)                                                       AS last_step,

@@ -1,9 +1,9 @@
 -- name: memory_by_module
--- description: CUDA memory per module over the last $steps traced steps (MiB): the most allocated when a forward call ended and when its backward started, the allocator peak, and the most reserved (cached). All zero on CPU; use memory_growth there.
--- params: steps, limit
+-- description: CUDA memory per module over the last $last traced steps (MiB): the most allocated when a forward call ended and when its backward started, the allocator peak, and the most reserved (cached). All zero on CPU; use memory_growth there.
+-- params: last, limit
 WITH recent AS (
     SELECT rank, step FROM (SELECT DISTINCT rank, step FROM python.torch_trace)
-    QUALIFY row_number() OVER (PARTITION BY rank ORDER BY step DESC) <= $steps
+    QUALIFY row_number() OVER (PARTITION BY rank ORDER BY step DESC) <= $last
 ),
 t AS (
     SELECT tt.* FROM python.torch_trace tt SEMI JOIN recent USING (rank, step)

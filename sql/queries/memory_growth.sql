@@ -1,6 +1,6 @@
 -- name: memory_growth
--- description: Memory growth per step over the last $steps steps of each rank and device, leaving out the first $warmup steps the rank recorded, or its first quarter when longer (warm-up: optimizer state, caches, the allocator's first arenas; measured on a healthy 2-rank job: ~160 KiB/step over the first 100 steps, ~35 KiB/step by step 300, flat later). The measure is the job's own memory, python.job_memory's job_mib: on CUDA allocated, on CPU the RSS minus the agent's share (agent_mib: its DuckDB) and minus the free bytes malloc keeps (heap_free_mib: fragmentation, not use). mem_mib_per_step is a robust slope (Theil-Sen: the median of the pairwise slopes over up to 120 evenly spaced steps), late_mib_per_step the same over the second half, rising_quarters how many of the 3 steps between the medians of the window's 4 quarters go up (3: it grows all along). A leak: a positive slope that keeps up in the second half with rising_quarters = 3, and that adds up. Also raw RSS, the agent's MiB first and last, CUDA reserved, peak, alloc retries and OOMs. The one memory-growth query: `probe memory` and `probe doctor` both read it (issue 18).
--- params: steps, warmup
+-- description: Memory growth per step over the last $last steps of each rank and device, leaving out the first $warmup steps the rank recorded, or its first quarter when longer (warm-up: optimizer state, caches, the allocator's first arenas; measured on a healthy 2-rank job: ~160 KiB/step over the first 100 steps, ~35 KiB/step by step 300, flat later). The measure is the job's own memory, python.job_memory's job_mib: on CUDA allocated, on CPU the RSS minus the agent's share (agent_mib: its DuckDB) and minus the free bytes malloc keeps (heap_free_mib: fragmentation, not use). mem_mib_per_step is a robust slope (Theil-Sen: the median of the pairwise slopes over up to 120 evenly spaced steps), late_mib_per_step the same over the second half, rising_quarters how many of the 3 steps between the medians of the window's 4 quarters go up (3: it grows all along). A leak: a positive slope that keeps up in the second half with rising_quarters = 3, and that adds up. Also raw RSS, the agent's MiB first and last, CUDA reserved, peak, alloc retries and OOMs. The one memory-growth query: `probe memory` and `probe doctor` both read it (issue 18).
+-- params: last, warmup
 WITH span AS (
     SELECT rank, device, min(step) AS lo, max(step) AS hi FROM python.job_memory GROUP BY ALL
 ),
@@ -8,7 +8,7 @@ m AS (
     SELECT mem.*, job_mib AS v
     FROM python.job_memory mem JOIN span USING (rank, device)
     WHERE step >= lo + greatest($warmup, (hi - lo) // 4)
-    QUALIFY row_number() OVER (PARTITION BY mem.rank, mem.device ORDER BY step DESC) <= $steps
+    QUALIFY row_number() OVER (PARTITION BY mem.rank, mem.device ORDER BY step DESC) <= $last
 ),
 n AS (
     SELECT *,

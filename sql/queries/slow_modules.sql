@@ -1,9 +1,9 @@
 -- name: slow_modules
--- description: Slowest modules over the last $steps traced steps of each rank, by self time per step: the median over calls of a call's time minus the time of the calls nested in that same call, times the median number of calls per step (so a few steps disturbed by a probe command cannot dominate). Forward against backward; an activation-checkpoint recompute counts as backward time of the module it recomputes, never as a forward call. The optimizer step is not a module and is left out (its time is the optimizer column of `probe straggler`'s step split); a forward it runs through a closure still counts. The one slowest-modules computation: `probe slow` and `probe doctor` both read it.
--- params: steps, limit
+-- description: Slowest modules over the last $last traced steps of each rank, by self time per step: the median over calls of a call's time minus the time of the calls nested in that same call, times the median number of calls per step (so a few steps disturbed by a probe command cannot dominate). Forward against backward; an activation-checkpoint recompute counts as backward time of the module it recomputes, never as a forward call. The optimizer step is not a module and is left out (its time is the optimizer column of `probe straggler`'s step split); a forward it runs through a closure still counts. The one slowest-modules computation: `probe slow` and `probe doctor` both read it.
+-- params: last, limit
 WITH recent AS (
     SELECT rank, step FROM (SELECT DISTINCT rank, step FROM python.torch_trace)
-    QUALIFY row_number() OVER (PARTITION BY rank ORDER BY step DESC) <= $steps
+    QUALIFY row_number() OVER (PARTITION BY rank ORDER BY step DESC) <= $last
 ),
 -- part: calls that nest only among themselves (a recompute runs inside a backward span)
 t AS (

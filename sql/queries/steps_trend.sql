@@ -1,10 +1,10 @@
 -- name: steps_trend
--- description: Step time over the last $steps steps of each rank: median, p90 and max (ms), the median of the older half against the newer half (trend_pct > 0: getting slower), samples/s, and how many steps took more than 2x the median.
--- params: steps
+-- description: Step time over the last $last steps of each rank: median, p90 and max (ms), the median of the older half against the newer half (trend_pct > 0: getting slower), samples/s, and how many steps took more than 2x the median.
+-- params: last
 WITH s AS (
     SELECT *, row_number() OVER (PARTITION BY rank ORDER BY step DESC) AS age
     FROM python.steps WHERE duration IS NOT NULL
-    QUALIFY age <= $steps
+    QUALIFY age <= $last
 ),
 half AS (SELECT rank, max(age) AS n FROM s GROUP BY rank)
 SELECT rank, count(*) AS steps, min(step) AS first_step, max(step) AS last_step,

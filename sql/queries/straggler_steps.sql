@@ -1,9 +1,9 @@
 -- name: straggler_steps
--- description: This rank's median step time over its last $last_steps steps, split into forward, backward and optimizer time from python.torch_trace (the outermost module of each stage; NULL for steps that were not traced) and the rest ("other": data loading, host code, waits outside modules). `probe straggler` compares it across ranks.
--- params: last_steps
+-- description: This rank's median step time over its last $last steps, split into forward, backward and optimizer time from python.torch_trace (the outermost module of each stage; NULL for steps that were not traced) and the rest ("other": data loading, host code, waits outside modules). `probe straggler` compares it across ranks.
+-- params: last
 WITH recent AS (
     SELECT step, duration FROM python.steps
-    WHERE step > (SELECT max(step) FROM python.steps) - $last_steps
+    WHERE step > (SELECT max(step) FROM python.steps) - $last
 ),
 per_module AS (
     SELECT step, stage, module, sum(duration) AS d

@@ -37,7 +37,7 @@ def test_slow_and_doctor_name_the_same_layer_by_its_full_path(tmp_path, program,
         start = max(fc.read_log(tmp_path / "log"), default=0)
         fc.wait_for_step(tmp_path / "log", start + 5, ranks=max(nproc, 1))
         # WHEN the operator asks probe slow and probe doctor
-        slow = fc.ok(probe("-t", endpoint, "--json", "slow", "--steps", "5"))
+        slow = fc.ok(probe("-t", endpoint, "--json", "slow", "--last", "5"))
         doctor = fc.ok(probe("-t", endpoint, "doctor"))
     # THEN probe slow ranks the slow layer first on every rank, by its full path in the model
     bodies = json.loads(slow.stdout)

@@ -64,7 +64,7 @@ def test_profile_merges_every_rank_on_the_same_steps(job, capsys, tmp_path):
     tmp, infos = job
     out_path = tmp_path / "trace.json"
     # WHEN
-    res = cli(capsys, "-t", target(infos), "profile", "--steps", "3", "-o", str(out_path))
+    res = cli(capsys, "-t", target(infos), "profile", "--for", "3", "-o", str(out_path))
     # THEN one valid Chrome trace with a process per rank
     assert res.returncode == 0, res.stderr + res.stdout
     assert str(out_path) in res.stderr
@@ -142,7 +142,7 @@ def test_profile_refused_while_the_programs_own_profiler_runs(job, capsys, tmp_p
                "the program's own profiler did not start")
     before = wait_until(lambda: logged_step(tmp), 10, "no step logged")
     # WHEN
-    res = cli(capsys, "-t", target(infos), "profile", "--steps", "3", "-o",
+    res = cli(capsys, "-t", target(infos), "profile", "--for", "3", "-o",
               str(tmp_path / "t.json"))
     # THEN refused with the reason, nothing written, and training goes on
     assert res.returncode != 0, res.stdout
@@ -153,7 +153,7 @@ def test_profile_refused_while_the_programs_own_profiler_runs(job, capsys, tmp_p
 
 
 def test_ceilings_refuse_with_the_flag_to_raise_them(capsys):
-    res = cli(capsys, "-t", "127.0.0.1:1", "profile", "--steps", "50")
+    res = cli(capsys, "-t", "127.0.0.1:1", "profile", "--for", "50")
     assert res.returncode == 2 and "--max-steps 50" in res.stderr, res.stderr
     res = cli(capsys, "-t", "127.0.0.1:1", "flame", "--seconds", "120")
     assert res.returncode == 2 and "--max-seconds 120" in res.stderr, res.stderr

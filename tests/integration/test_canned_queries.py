@@ -47,6 +47,23 @@ def test_unknown_canned_query_is_a_404_naming_the_known_ones(client):
     assert "pending_collectives" in r.json()["error"]
 
 
+def test_every_look_back_window_is_called_last():
+    """One name for one idea: a canned query's look-back window is `last`, never `steps` or
+    `last_steps` (which a prefix hack in the CLI once bridged)."""
+    windows = {n: q.params for n, q in QUERIES.items() if {"steps", "last_steps"} & set(q.params)}
+    assert not windows, f"say `last` for the look-back window: {windows}"
+
+
+def test_an_older_clients_window_name_still_answers(client):
+    # GIVEN a script written when the window was `steps` (slow_modules) or `last_steps`
+    old = client.post("/v1/queries/slow_modules", json={"params": {"steps": 5, "limit": 3}})
+    older = client.post("/v1/queries/doctor_loop", json={"params": {"last_steps": 5}})
+    new = client.post("/v1/queries/slow_modules", json={"params": {"last": 5, "limit": 3}})
+    # THEN each gets the rows the new name gets
+    assert old.status_code == older.status_code == new.status_code == 200, old.text
+    assert old.json()["columns"] == new.json()["columns"]
+
+
 def test_canned_query_params_are_checked(client):
     r = client.post("/v1/queries/pending_collectives", json={"params": {"x": 1}})
     assert r.status_code == 400 and "unknown: x" in r.json()["error"]

@@ -97,7 +97,7 @@ def test_a_clip_of_scaled_gradients_is_recorded_with_the_scale(make_agent, unsca
         scaler.update()
     # WHEN doctor's loop query runs
     with httpx.Client(base_url=agent.url) as c:
-        body = c.post("/v1/queries/doctor_loop", json={"params": {"last_steps": 50}}).json()
+        body = c.post("/v1/queries/doctor_loop", json={"params": {"last": 50}}).json()
         state = c.get("/v1/doctor").json()
     row = dict(zip(body["columns"], body["rows"][0]))
     # THEN the scaled clips are counted, and the unscaled norm is the real one (< 10)

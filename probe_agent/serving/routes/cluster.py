@@ -54,6 +54,20 @@ class CannedRequest(BaseModel):
                                    description="values for the query's `-- params:` names")
 
 
+#: What the look-back window was called before it was `last` in every canned query; an older
+#: CLI or script still sends these, and gets the same rows.
+_OLD_WINDOW_PARAMS = ("steps", "last_steps")
+
+
+def _window_renamed(takes: tuple[str, ...], params: dict[str, Any]) -> dict[str, Any]:
+    if "last" not in takes or "last" in params:
+        return params
+    old = [p for p in _OLD_WINDOW_PARAMS if p in params and p not in takes]
+    if len(old) != 1:
+        return params
+    return {**{k: v for k, v in params.items() if k != old[0]}, "last": params[old[0]]}
+
+
 def _canned(agent: Agent, name: str, params: dict[str, Any]) -> Any:
     from ...store.catalog import load_queries
 
@@ -61,6 +75,7 @@ def _canned(agent: Agent, name: str, params: dict[str, Any]) -> Any:
     q = queries.get(name)
     if q is None:
         raise NotFoundError(f"no canned query {name!r}; known: {', '.join(sorted(queries))}")
+    params = _window_renamed(q.params, params)
     missing = [p for p in q.params if p not in params]
     extra = [p for p in params if p not in q.params]
     if missing or extra:

@@ -41,7 +41,7 @@ def test_probe_slow_ranks_the_sleeping_module_first(make_agent, capsys):
     train(SlowBlockGPT(), 4)
     flush(agent)
     # WHEN the operator asks for the slowest modules
-    code, out, err = run(capsys, agent, "--json", "slow", "--steps", "3")
+    code, out, err = run(capsys, agent, "--json", "slow", "--last", "3")
     assert code == 0, err
     [body] = json.loads(out)
     cols = body["columns"]
@@ -66,7 +66,7 @@ def test_probe_memory_shows_a_leak_growing_per_step(make_agent, capsys):
         opt.step()
         leak.append(torch.ones(4 << 20, dtype=torch.uint8))  # 4 MiB kept every step
     flush(agent)
-    code, out, err = run(capsys, agent, "--json", "memory", "--steps", "10", "--warmup", "0")
+    code, out, err = run(capsys, agent, "--json", "memory", "--last", "10", "--warmup", "0")
     assert code == 0, err
     [body] = json.loads(out)
     row = dict(zip(body["columns"], body["rows"][0]))
@@ -128,7 +128,7 @@ def test_probe_trace_switches_mode_and_exports_perfetto(make_agent, capsys, tmp_
     assert code == 0 and json.loads(out)[0]["mode"] == "on", err
     # WHEN the last two traced steps are exported
     path = tmp_path / "trace.json"
-    code, out, err = run(capsys, agent, "trace", "--perfetto", "-o", str(path), "--steps", "2")
+    code, out, err = run(capsys, agent, "trace", "--perfetto", "-o", str(path), "--last", "2")
     assert code == 0, err
     assert "ui.perfetto.dev" in err
     trace = json.loads(path.read_text())

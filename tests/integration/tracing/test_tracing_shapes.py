@@ -27,7 +27,7 @@ def slow(agent, steps: int, limit: int = 500) -> dict[str, dict[str, float]]:
     """slow_modules as the agent serves it to `probe slow` and `probe doctor`, by module."""
     rows(agent, "SELECT 1")  # flush what was recorded
     res = agent.store.query(load_queries()["slow_modules"].sql,
-                            params={"steps": steps, "limit": limit})
+                            params={"last": steps, "limit": limit})
     return {r[1]: dict(zip(res.columns, r)) for r in res.rows}
 
 
