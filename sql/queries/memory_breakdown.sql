@@ -1,9 +1,9 @@
 -- name: memory_breakdown
--- description: Where each rank's memory goes, from its last $steps traced steps (medians, MiB): parameters, gradients and optimizer state this rank holds (the local shard under FSDP2), activations saved for backward in a step's largest forward pass, and the rest (CUDA: allocated minus the three, as the allocator saw it after the step; CPU: the job's memory, python.job_memory's job_mib, minus the three: on CPU that includes the interpreter and torch's libraries). total_mib = the five: about the step's peak, since activations are freed by the time the row is taken. On CUDA also allocated, reserved, the allocator's peak and the device's capacity. params_fp32_mib: the float32 part of the parameters; sharded: parameters are DTensors (FSDP2).
--- params: steps
+-- description: Where each rank's memory goes, from its last $last traced steps (medians, MiB): parameters, gradients and optimizer state this rank holds (the local shard under FSDP2), activations saved for backward in a step's largest forward pass, and the rest (CUDA: allocated minus the three, as the allocator saw it after the step; CPU: the job's memory, python.job_memory's job_mib, minus the three: on CPU that includes the interpreter and torch's libraries). total_mib = the five: about the step's peak, since activations are freed by the time the row is taken. On CUDA also allocated, reserved, the allocator's peak and the device's capacity. params_fp32_mib: the float32 part of the parameters; sharded: parameters are DTensors (FSDP2).
+-- params: last
 WITH m AS (
     SELECT *, job_mib AS job FROM python.job_memory WHERE params_mib IS NOT NULL
-    QUALIFY row_number() OVER (PARTITION BY rank, device ORDER BY step DESC) <= $steps
+    QUALIFY row_number() OVER (PARTITION BY rank, device ORDER BY step DESC) <= $last
 ),
 k AS (
     SELECT rank, device, max(step) AS step, count(*) AS traced_steps,
