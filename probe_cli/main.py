@@ -75,6 +75,9 @@ CONTEXT_SETTINGS = {
 @click.option("--run-dir", envvar="PROBE_RUN_DIR", default=None, show_envvar=True,
               help="Where local agents' unix sockets are. Default: /tmp/probe-<uid>.")
 @click.option("--no-color", is_flag=True, help="No colour (sets NO_COLOR for the process).")
+@click.option("--raw", is_flag=True,
+              help="Print the agents' strings as they are. By default their control "
+                   "characters (terminal escapes) are shown as \\xNN: text from a job is data.")
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -88,6 +91,7 @@ def cli(
     cacert: str | None,
     run_dir: str | None,
     no_color: bool,
+    raw: bool,
 ) -> None:
     """Query, eval and backtrace every rank of a running PyTorch job.
 
@@ -123,6 +127,7 @@ def cli(
         colour=output == "text" and decide_colour(os.environ, sys.stdout),
         target_note=note,
         progress=_progress_for(sys.stderr),
+        raw=raw,
     )
     ctx.obj = session
     ctx.call_on_close(session.close)

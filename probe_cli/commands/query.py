@@ -21,6 +21,7 @@ from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import fan_out, resolve_ranks, run_on_ranks
 from ..transport.session import Session
+from ..transport.untrusted_text import escape_body
 from ..transport.wire import GatheredBody
 from . import pass_session
 
@@ -106,6 +107,8 @@ def _via_arrow(
         )
     else:
         cols, types, rows = merge.table_rows(table)
+        if not session.raw:  # Arrow strings skip the client's JSON decoding: escape them here
+            cols, rows = escape_body(list(cols)), escape_body([list(r) for r in rows])
         if fmt == "json":
             body = GatheredBody(tuple(r.rank for r in ok), tuple(cols), tuple(types), tuple(rows))
             out.stdout = [json.dumps(body.to_wire(), ensure_ascii=False, default=json_default)]

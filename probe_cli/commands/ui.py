@@ -28,8 +28,9 @@ def _loopback(host: str) -> bool:
 @click.option("--port", type=click.IntRange(0, 65535), default=8700, show_default=True,
               help="Port of the dashboard (0: any free port).")
 @click.option("--bind", "bind", default="127.0.0.1", show_default=True,
-              help="Address the dashboard listens on. Anything but loopback exposes the job's "
-                   "data to whoever reaches it: tunnel with ssh -L instead.")
+              help="Address the dashboard listens on. It answers only your uid (or root) on "
+                   "this machine, with the secret in the URL it prints: from elsewhere, tunnel "
+                   "with ssh -L.")
 @click.option("--refresh", type=click.FloatRange(0.5, 60), default=1.5, show_default=True,
               help="Seconds between refreshes (one fan-out to every rank each; none while no "
                    "page is open).")
@@ -46,8 +47,9 @@ def command(session: Session, port: int, bind: str, refresh: float,
     from ..ui.snapshot import Snapshotter
 
     if not _loopback(bind):
-        click.echo(f"probe: warning: the dashboard listens on {bind}, not loopback: anyone "
-                   "who reaches it reads the job's data", err=True)
+        click.echo(f"probe: warning: the dashboard listens on {bind}, not loopback, but "
+                   "answers only your uid on this machine: tunnel with ssh -L to reach it from "
+                   "elsewhere", err=True)
     snaps = Snapshotter(session, refresh_s=refresh).start()
     try:
         server = DashboardServer(bind, port, snaps)

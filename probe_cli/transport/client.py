@@ -25,6 +25,7 @@ from ..errors import (
 from .guard import Dialled, install
 from .targets import Endpoint
 from .trust import check_agent
+from .untrusted_text import escape_body, escape_controls
 from .wire import ArrowBody
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -69,11 +70,14 @@ class ProbeClient:
             reported as silent.
         cacert: PEM CA bundle that https agents' certificates must chain to (``--cacert``);
             None trusts the system's store.
+        raw: keep control characters in the agent's strings (``--raw``); by default they are
+            escaped as they are decoded (untrusted_text.py).
     """
 
     def __init__(self, endpoint: Endpoint, *, token: str | None = None, timeout: float = 5.0,
-                 cacert: str | None = None):
+                 cacert: str | None = None, raw: bool = False):
         self.endpoint = endpoint
+        self.raw = raw
         self.timeout = timeout
         verify = ssl_context(cacert)
         if endpoint.uds:
@@ -108,7 +112,7 @@ class ProbeClient:
 
     def health(self) -> dict[str, Any]:
         """Open to anyone: sent without the token and without the trust check."""
-        body = _decode(self._send("GET", "/v1/health", anonymous=True))
+        body = self._decode(self._send("GET", "/v1/health", anonymous=True))
         if body is None:
             raise ProtocolError(f"{self.endpoint.label} answered /v1/health with no probe body",
                                 url=self.endpoint.label, reason="not a probe answer")
@@ -249,10 +253,14 @@ class ProbeClient:
         """One JSON route. Private: a route the CLI uses gets a method above, so that no
         command spells a path (issue 18)."""
         resp = self._send(method, path, json=json, params=params)
-        body = _decode(resp)
+        body = self._decode(resp)
         if body is None:
             raise self._protocol_error(resp, "a JSON body")
         return body
+
+    def _decode(self, resp: httpx.Response) -> dict[str, Any] | None:
+        body = _decode(resp)
+        return body if self.raw or body is None else escape_body(body)
 
     def _ensure_trusted(self) -> None:
         """Once per client: no token and no code before the agent is shown to be the job's
@@ -261,7 +269,8 @@ class ProbeClient:
             return
 
         def health(params: dict[str, Any]) -> dict[str, Any]:
-            return _decode(self._send("GET", "/v1/health", params=params, anonymous=True)) or {}
+            return self._decode(self._send("GET", "/v1/health", params=params,
+                                           anonymous=True)) or {}
 
         check_agent(self.endpoint, token=self.token, cacert=self.cacert, health=health,
                     dialled=self._dialled)
@@ -304,11 +313,11 @@ class ProbeClient:
 
     def _http_error(self, resp: httpx.Response) -> RankError:
         url = self.endpoint.label
-        body = _decode(resp)
+        body = self._decode(resp)
         if body is None:
             return self._protocol_error(resp, "a probe error body")
         status = resp.status_code
-        error = str(body.get("error") or resp.reason_phrase)
+        error = str(body.get("error") or escape_controls(resp.reason_phrase))
         cls = http_error_class(status)
         return cls(
             f"agent at {url} answered HTTP {status}: {error}",
@@ -320,7 +329,7 @@ class ProbeClient:
 
     def _protocol_error(self, resp: httpx.Response, wanted: str) -> ProtocolError:
         url = self.endpoint.label
-        kind = resp.headers.get("content-type", "no content type")
+        kind = escape_controls(resp.headers.get("content-type", "no content type"))
         return ProtocolError(
             f"{url} answered HTTP {resp.status_code} ({kind}) instead of {wanted}",
             url=url,

@@ -43,6 +43,8 @@ class Session:
     """How the target was chosen when none was given; added to errors about it."""
     progress: Progress = _no_progress
     """Called from the main thread as answers arrive; a no-op unless stderr is a TTY."""
+    raw: bool = False
+    """``--raw``: the agents' strings keep their control characters (untrusted_text.py)."""
     _clients: dict[Endpoint, ProbeClient] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     rank_cache: list | None = field(default=None, repr=False)
@@ -57,8 +59,8 @@ class Session:
             c = self._clients.get(endpoint)
             if c is None:
                 c = self._clients[endpoint] = ProbeClient(
-                    endpoint, token=self.token, timeout=self.timeout, cacert=self.cacert
-                )
+                    endpoint, token=self.token, timeout=self.timeout, cacert=self.cacert,
+                    raw=self.raw)
             return c
 
     def close(self) -> None:

@@ -2,21 +2,35 @@
 does not depend on fastapi/uvicorn). It serves the page (``static/``), the cached snapshot and
 the SQL console; it never talks to agents per request except for the console's own query.
 
-Loopback by default. Requests must name this server in Host (a DNS-rebinding page cannot read
-the job's data through the operator's browser), and the console's POST must come from the page
-itself (Origin, when the browser sends one, is this server).
+The dashboard is its owner's alone, as the agents are: it runs its console over the owner's
+own connections to the agents, so anyone who reached it would borrow the owner's authority.
+Every request passes, in order:
+
+1. the peer: the client's socket must belong to our uid or root, by the kernel's word
+   (probe_protocol.peers, as the agents ask); another local user, or another host, gets 403;
+2. Host must name this server (a DNS-rebinding page cannot read the job's data through the
+   operator's browser), and a browser's cross-site request (``Sec-Fetch-Site: cross-site``, or
+   an ``Origin`` that is not this server) is refused before it runs anything;
+3. a per-run secret: the URL printed carries ``?token=SECRET``; that request gets a
+   ``SameSite=Strict`` HttpOnly cookie and a redirect to the page (Jupyter's scheme). Every
+   other route needs the cookie: a page on another site cannot send it, nor read it.
 """
 
 from __future__ import annotations
 
 import csv
+import hmac
 import io
 import json
+import os
+import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from probe_protocol.peers import tcp_peer
 
 from .snapshot import Snapshotter, run_sql
 
@@ -42,7 +56,9 @@ class DashboardServer(ThreadingHTTPServer):
         self.snapshots = snapshots
         self.assets = {name: _asset(name) for name in ASSETS}
         shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{self.server_address[1]}/"
+        self.secret = secrets.token_urlsafe(24)
+        self.cookie = f"probe_ui_{self.server_address[1]}"  # one per port: cookies ignore ports
+        self.url = f"http://{shown}:{self.server_address[1]}/?token={self.secret}"
         port_s = str(self.server_address[1])
         self.hosts = {f"{h}:{port_s}" for h in (shown, "localhost", "127.0.0.1", "[::1]")}
 
@@ -59,6 +75,53 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:  # the terminal shows the URL, not access logs
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        # Once per connection: who holds the client's socket (a keep-alive connection keeps it).
+        peer = tcp_peer(self.connection)
+        if peer.kind == "local" and peer.uid in (os.getuid(), 0):
+            self.refusal: str | None = None
+        elif peer.kind == "local":
+            self.refusal = (f"uid {peer.uid} is not this dashboard's owner (uid {os.getuid()}): "
+                            "run your own `probe ui`")
+        else:
+            self.refusal = ("the dashboard serves its owner on this machine only: tunnel with "
+                            "ssh -L instead of opening it to the network")
+
+    def _refuse(self, why: str) -> None:
+        # The body of a refused POST is never read: close, or it would parse as the next request.
+        self.close_connection = True
+        self._send(403, json.dumps({"error": why}).encode(), "application/json",
+                   {"Connection": "close"})
+
+    def _gate(self, *, secret_needed: bool = True) -> bool:
+        """True when this request may go on; otherwise the refusal has been sent."""
+        if self.refusal is not None:
+            self._refuse(self.refusal)
+            return False
+        if self.headers.get("Host") not in self.server.hosts:
+            self._refuse("unexpected Host header: open the URL probe ui printed")
+            return False
+        origin = self.headers.get("Origin")
+        cross_origin = origin is not None and origin.rstrip("/") + "/" not in {
+            f"http://{h}/" for h in self.server.hosts}
+        if self.headers.get("Sec-Fetch-Site") == "cross-site" or cross_origin:
+            self._refuse("cross-site request refused")
+            return False
+        if secret_needed and not hmac.compare_digest(
+                self._cookie().encode(), self.server.secret.encode()):
+            self._refuse("open the URL `probe ui` printed (it carries this run's secret); this "
+                         "browser has no cookie for it")
+            return False
+        return True
+
+    def _cookie(self) -> str:
+        for part in (self.headers.get("Cookie") or "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == self.server.cookie:
+                return value
+        return ""
 
     def _send(self, status: int, body: bytes, ctype: str, extra: dict[str, str] | None = None
               ) -> None:
@@ -77,16 +140,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj: Any) -> None:
         self._send(status, json.dumps(obj, default=str).encode(), "application/json")
 
-    def _host_ok(self) -> bool:
-        if self.headers.get("Host") in self.server.hosts:
-            return True
-        self._json(403, {"error": "unexpected Host header: open the URL probe ui printed"})
-        return False
-
     def do_GET(self) -> None:
-        if not self._host_ok():
-            return
         url = urlparse(self.path)
+        offered = (parse_qs(url.query).get("token") or [""])[0]
+        if offered:
+            self._exchange(offered)
+            return
+        if not self._gate():
+            return
         name = "index.html" if url.path in ("/", "/index.html") else url.path.removeprefix(
             "/static/")
         if name in ASSETS:
@@ -99,13 +160,20 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"error": f"no such page: {url.path}"})
 
-    def do_POST(self) -> None:
-        if not self._host_ok():
+    def _exchange(self, offered: str) -> None:
+        """``?token=SECRET``: the cookie, and a redirect to the page without the secret in it."""
+        if not self._gate(secret_needed=False):
             return
-        origin = self.headers.get("Origin")
-        if origin is not None and origin.rstrip("/") + "/" not in {
-                f"http://{h}/" for h in self.server.hosts}:
-            self._json(403, {"error": "cross-origin request refused"})
+        if not hmac.compare_digest(offered.encode(), self.server.secret.encode()):
+            self._refuse("wrong token: open the URL this run of `probe ui` printed")
+            return
+        self._send(303, b"", "text/plain", {
+            "Location": "/",
+            "Set-Cookie": f"{self.server.cookie}={self.server.secret}; HttpOnly; "
+                          "SameSite=Strict; Path=/"})
+
+    def do_POST(self) -> None:
+        if not self._gate():
             return
         if urlparse(self.path).path != "/api/query":
             self._json(404, {"error": "no such route"})

@@ -41,7 +41,7 @@ def dashboard(agent_url: str) -> Iterator[str]:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
-        m = re.search(r"dashboard at (http://127\.0\.0\.1:\d+/)", line)
+        m = re.search(r"dashboard at (http://127\.0\.0\.1:\d+/\?token=\S+)", line)
         assert m, line + proc.stderr.read() if proc.poll() is not None else line
         yield m.group(1)
     finally:
@@ -119,7 +119,10 @@ def test_tiles_advance_and_sql_console_returns_rows(tmp_path):
         assert all(int(r.split()[1]) > 0 for r in rows[1:])
         # AND its CSV download carries the same columns
         assert page.locator("#csv").get_attribute("href").startswith("/api/query.csv?sql=")
-        csv = httpx.get(url + "api/query.csv", params={"sql": "SELECT 7 AS seven"}, timeout=15)
+        with httpx.Client(timeout=15, follow_redirects=True) as owner:
+            owner.get(url)  # the secret in the URL becomes this client's cookie
+            csv = owner.get(url.split("?")[0] + "api/query.csv",
+                            params={"sql": "SELECT 7 AS seven"})
         assert csv.headers["content-disposition"].startswith("attachment")
         assert csv.text.splitlines() == ["rank,seven", "0,7", "1,7"]
         # AND the slowest modules' heatmap fills once the doctor round has traced steps

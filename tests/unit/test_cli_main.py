@@ -253,7 +253,7 @@ def test_cli_surface_is_pinned():
     group_opts = {o for p in cli.params for o in p.opts}
     assert group_opts == {"-t", "--target", "--hostfile", "--rank", "--json", "--csv",
                           "--timeout", "--token", "--token-file", "--cacert", "--run-dir",
-                          "--no-color"}
+                          "--no-color", "--raw"}
     assert {"backtrace", "query", "eval", "info"} <= set(cli.commands)
     opts = {name: {o for p in cli.commands[name].params for o in p.opts}
             for name in ("backtrace", "query", "ps")}
