@@ -14,7 +14,7 @@ from __future__ import annotations
 import click
 
 from ..diagnose.doctor import diagnose, rank_doc, steps_seen
-from ..diagnose.evidence import doctor_evidence
+from ..gather.evidence import doctor_evidence
 from ..diagnose.hang import rank_state
 from ..errors import EXIT_FAILURE
 from ..outcome import Outcome, failure_summary, verdict_outcome

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from ..diagnose.evidence import hang_evidence
+from ..gather.evidence import hang_evidence
 from ..diagnose.hang import HangVerdict, diagnose, rank_state
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import hang_json, render_verdict

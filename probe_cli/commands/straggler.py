@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from ..diagnose.evidence import straggler_evidence, straggler_verdict
+from ..gather.evidence import straggler_evidence, straggler_verdict
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import render_straggler, straggler_json
 from ..transport.fanout import fan_out, resolve_ranks

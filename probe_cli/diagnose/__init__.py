@@ -1,5 +1,5 @@
 """Diagnoses: what every rank answered -> a verdict object with its evidence. Pure functions and
-dataclasses; no I/O, no printing, no click. commands/ gather the answers; render/ turns the
+dataclasses; no I/O, no printing, no click. gather/ asks the ranks; render/ turns the
 verdicts into text and JSON (the dashboard renders the same objects); outcome.py turns a
 verdict's ``problem`` into the exit code.
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..diagnose.doctor import diagnose as diagnose_doctor
 from ..diagnose.doctor import rank_doc
-from ..diagnose.evidence import (
+from ..gather.evidence import (
     doctor_evidence,
     hang_evidence,
     straggler_evidence,

@@ -1,7 +1,7 @@
 """What each rank is asked for a verdict: the per-rank calls of `probe hang`, `probe doctor` and
 `probe straggler`, shared with `probe ui` so the dashboard shows the verdicts the commands print
 from the same evidence (one home for diagnosis, issue 14). Each returns a ``fanout.Call``; the
-verdicts themselves are computed by the pure modules beside this one.
+verdicts themselves are computed by the pure modules of diagnose/.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import Call, RankTarget
 from ..transport.wire import CollectivesBody, Envelope, QueryBody
-from .number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
-from .straggler import StragglerVerdict, diagnose_stragglers
-from .time_checks import TOP_MODULES
+from ..diagnose.number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
+from ..diagnose.straggler import StragglerVerdict, diagnose_stragglers
+from ..diagnose.time_checks import TOP_MODULES
 
 #: Recent collectives asked of each rank: enough to see the last done and every pending one.
 RECENT = 64
