@@ -94,7 +94,7 @@ class FlameSession:
 
             exe = find_pyspy()
             if exe is None:
-                self.note = "py-spy is not installed (pip install 'probe[watchdog]')"
+                self.note = "py-spy is not installed (pip install 'probe-torch[agent]')"
             else:
                 t0 = time.time()
                 folded, cpu, why = pyspy.record(exe, os.getpid(), self.seconds, self.rate,

@@ -32,7 +32,7 @@ def sql_dir() -> Path:
     if source.is_dir():
         return source
     raise FileNotFoundError(
-        "probe_agent cannot find its sql/ directory; reinstall with: pip install 'probe[agent]'"
+        "probe_agent cannot find its sql/ directory; reinstall with: pip install 'probe-torch[agent]'"
     )
 
 

@@ -52,7 +52,7 @@ try:
     import duckdb
     import pyarrow as pa
 except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError("probe_agent needs the agent extra: pip install 'probe[agent]'") from e
+    raise ImportError("probe_agent needs the agent extra: pip install 'probe-torch[agent]'") from e
 
 from ..config import AgentConfig
 from ..errors import QueryError, QueryTimeoutError

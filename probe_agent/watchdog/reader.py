@@ -220,7 +220,7 @@ class StackReader:
         if self.mode == "faulthandler":
             return "PROBE_WATCHDOG_READER=faulthandler"
         if not self.pyspy:
-            return "py-spy is not installed (pip install 'probe[watchdog]')"
+            return "py-spy is not installed (pip install 'probe-torch[agent]')"
         if self.ptrace_refused and time.monotonic() - self._refused_at > RETRY_PTRACE_S:
             self.ptrace_refused = None  # capabilities rarely change, but another tracer leaves
         return self.ptrace_refused

@@ -41,9 +41,15 @@ def wait_option(fn: Any) -> Any:
     )(fn)
 
 
-def at_step_option(fn: Any) -> Any:
+def at_step_option(fn: Any, default: str = "the next step (the smallest step no rank has "
+                                            "passed yet)") -> Any:
     return click.option(
         "--at-step", type=click.IntRange(min=0), default=None, metavar="N",
-        help="Run right after optimizer step N on every rank. Default: the next step (the "
-             "smallest step no rank has passed yet).",
+        help=f"Run right after optimizer step N on every rank. Default: {default}.",
     )(fn)
+
+
+def at_step_or_now_option(fn: Any) -> Any:
+    """``--at-step`` of a command that, without it, runs at once (``eval``)."""
+    return at_step_option(fn, "neither: the code runs at once, beside the training thread "
+                              "(mid-step), not at a step boundary")

@@ -10,12 +10,12 @@ from ..transport.client import ProbeClient
 from ..transport.fanout import run_on_ranks
 from ..transport.session import Session
 from . import pass_session
-from ._step_options import at_step_option, check_exclusive, wait_option
+from ._step_options import at_step_or_now_option, check_exclusive, wait_option
 
 
 @click.command("eval")
 @click.argument("code")
-@at_step_option
+@at_step_or_now_option
 @click.option("--next-step", is_flag=True,
               help="Run on the training thread right after the next optimizer step, the same "
                    "step on every rank (the smallest step no rank has passed yet).")

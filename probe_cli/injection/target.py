@@ -227,7 +227,7 @@ def check_agent_importable(t: Target, timeout: float = 20.0) -> list[str]:
         raise InjectError(
             f"the target (Python {t.version_text}, {exe}) cannot import {', '.join(missing)}",
             help_text=f"install the agent into that environment: {exe} -m pip install "
-                      "'probe[agent]'")
+                      "'probe-torch[agent]'")
     return paths
 
 

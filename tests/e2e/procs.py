@@ -52,7 +52,7 @@ def require_pyspy() -> None:
     from probe_agent.serving.watchdog_link import find_pyspy
 
     if find_pyspy() is None:
-        pytest.skip("py-spy is not installed (pip install 'probe[watchdog]')")
+        pytest.skip("py-spy is not installed (pip install 'probe-torch[agent]')")
 
 
 def require_ptrace() -> None:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 @pytest.mark.skipif(
     shutil.which("schemathesis") is None
     and not Path(sys.executable).with_name("schemathesis").exists(),
-    reason="schemathesis not installed (pip install 'probe[test]')",
+    reason="schemathesis not installed (pip install 'probe-torch[test]')",
 )
 def test_fuzz_finds_no_server_errors_and_training_continues():
     env = python_env()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -21,7 +22,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (whl,) = out.glob("probe-*.whl")
+    (whl,) = out.glob("probe_torch-*.whl")
     return whl
 
 
@@ -100,3 +101,48 @@ def test_autostart_skips_children_of_an_agent():
 
     assert should_start(["python", "w.py"], {"PROBE_AGENT_PID": "10"}, 11) is False
     assert should_start(["python", "w.py"], {"PROBE_AGENT_PID": "11"}, 11) is True
+
+
+#: Wheels of the dependencies, for installing offline (this machine's local index; CI images
+#: set PROBE_WHEELHOUSE). Without one the install test skips: it must never reach the network.
+WHEELHOUSE = os.environ.get("PROBE_WHEELHOUSE", "/opt/pypi/files")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_the_readmes_install_lines_work_offline_from_a_clean_venv(wheel, tmp_path):
+    """README: `pip install 'probe-torch[agent]'` in the training environment (the agent, with
+    py-spy for the watchdog), `pip install probe-torch` for the CLI alone on a laptop."""
+    if not os.path.isdir(WHEELHOUSE):
+        pytest.skip(f"no local wheelhouse at {WHEELHOUSE} (set PROBE_WHEELHOUSE)")
+    readme = (ROOT / "README.md").read_text()
+    assert "pip install 'probe-torch[agent]'" in readme and "`pip install probe-torch`" in readme
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON"))}
+    env["PIP_CONFIG_FILE"] = os.devnull  # this machine's index settings play no part
+
+    def venv(name: str, spec: str) -> Path:
+        d = tmp_path / name
+        subprocess.run([sys.executable, "-m", "venv", str(d)], check=True, timeout=120)
+        pip = subprocess.run(
+            [str(d / "bin" / "python"), "-m", "pip", "install", "--no-index", "--find-links",
+             str(wheel.parent), "--find-links", WHEELHOUSE, spec],
+            capture_output=True, text=True, timeout=480, env=env)
+        assert pip.returncode == 0, pip.stdout[-3000:] + pip.stderr[-3000:]
+        return d / "bin"
+
+    def run(bindir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(bindir / argv[0]), *argv[1:]], capture_output=True,
+                              text=True, timeout=120, env=env, cwd=tmp_path)
+
+    # WHEN the CLI alone is installed, THEN `probe` runs, without DuckDB or the agent's server
+    cli = venv("laptop", "probe-torch")
+    assert run(cli, "probe", "--help").returncode == 0
+    missing = run(cli, "python", "-c", "import duckdb")
+    assert missing.returncode != 0
+    # WHEN the agent extra is installed, THEN its store, server and the watchdog's py-spy are in
+    agent = venv("training", "probe-torch[agent]")
+    ok = run(agent, "python", "-c", "import probe_agent.store.store, probe_agent.serving.app, "
+                                    "probe_cli.main; print('ok')")
+    assert ok.stdout.strip() == "ok", ok.stderr
+    assert run(agent, "py-spy", "--version").returncode == 0
+    assert run(agent, "probe", "--help").returncode == 0
