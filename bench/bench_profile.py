@@ -202,7 +202,7 @@ def run_sampler(size: str, rounds: int, window: float, rate: float) -> dict[str,
 
 # -- merge --------------------------------------------------------------------------------------
 def run_merge(repeats: int) -> dict[str, object]:
-    from probe_cli.render.trace_merge import RankTrace, merge_traces
+    from probe_cli.export.trace_merge import RankTrace, merge_traces
     from probe_cli.transport.client import ProbeClient
     from probe_cli.transport.targets import Endpoint
 

@@ -27,8 +27,8 @@ import click
 
 from ..errors import EXIT_USAGE, ProbeCLIError, RankError
 from ..outcome import Outcome, finish
-from ..render.flame import folded_lines, merge_folded, render_flame, to_speedscope
-from ..render.flame_svg import to_html, to_svg
+from ..export.flame import folded_lines, merge_folded, render_flame, to_speedscope
+from ..export.flame_svg import to_html, to_svg
 from ..result import RankResult
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
 from ..transport.session import Session

@@ -4,7 +4,7 @@
    its profiler right after step S and stops it right after step S+N, on its own (a CLI that
    dies leaves no profiler running; the agent also stops it after --max-seconds).
 2. Wait until every rank has written its trace (``GET /v1/profile/ID?wait=``).
-3. Estimate each rank's clock offset from a request's round trip (render/trace_merge.py).
+3. Estimate each rank's clock offset from a request's round trip (export/trace_merge.py).
 4. Stream each rank's trace to a file next to ``-o`` (memory stays flat), merge them into one
    Perfetto/Chrome trace, one process per rank, and remove the per-rank files.
 5. Print the top operators per rank and the step spans side by side; the measured cost per
@@ -30,7 +30,7 @@ from ..render.profile import (
     trace_line,
     window_of,
 )
-from ..render.trace_merge import RankTrace, merge_traces
+from ..export.trace_merge import RankTrace, merge_traces
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, parallel_map, resolve_ranks

@@ -9,7 +9,7 @@ import click
 
 from ..errors import ProbeCLIError, UsageProblemError
 from ..outcome import Outcome, finish
-from ..render.perfetto import build_trace
+from ..export.perfetto import build_trace
 from ..render.text import format_csv, format_table, query_notes
 from ..result import RankResult
 from ..transport.client import ProbeClient

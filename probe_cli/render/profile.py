@@ -27,7 +27,7 @@ def render_top_ops(ops: Mapping[int, list[dict[str, Any]]], top: int = TOP,
     """One block of columns per rank: operator, self ms, calls; rows by self time.
 
     Args:
-        ops: per rank, its operators by self time (render/op_stats.py, from its trace).
+        ops: per rank, its operators by self time (export/op_stats.py, from its trace).
     """
     ranks = sorted(ops.items())
     if not ranks:

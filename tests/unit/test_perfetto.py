@@ -1,10 +1,10 @@
-"""probe_cli.render.perfetto: trace_timeline rows -> Chrome/Perfetto JSON (pure, stdlib only)."""
+"""probe_cli.export.perfetto: trace_timeline rows -> Chrome/Perfetto JSON (pure, stdlib only)."""
 
 from __future__ import annotations
 
 import json
 
-from probe_cli.render.perfetto import TRACKS, build_trace
+from probe_cli.export.perfetto import TRACKS, build_trace
 
 COLS = ["rank", "step", "seq", "root", "module", "stage", "depth", "recompute", "timestamp",
         "duration", "cpu_duration", "allocated", "device"]

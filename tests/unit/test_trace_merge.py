@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from probe_cli.render import trace_merge
-from probe_cli.render.flame import (
+from probe_cli.export import trace_merge
+from probe_cli.export.flame import (
     merge_folded,
     rank_differences,
     render_flame,
     to_speedscope,
     widest_frames,
 )
-from probe_cli.render.flame_svg import to_html, to_svg
-from probe_cli.render.op_stats import OpStats
-from probe_cli.render.trace_merge import RankTrace, TraceFormatError, merge_traces, read_trace
+from probe_cli.export.flame_svg import to_html, to_svg
+from probe_cli.export.op_stats import OpStats
+from probe_cli.export.trace_merge import RankTrace, TraceFormatError, merge_traces, read_trace
 
 BASE_NS = 1_700_000_000_000_000_000  # Kineto's baseTimeNanoseconds: epoch, whole seconds
 

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from .text import format_table
+from ..render.text import format_table
 
 Folded = Mapping[str, int]
 
