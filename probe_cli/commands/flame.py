@@ -27,8 +27,9 @@ import click
 
 from ..errors import EXIT_USAGE, ProbeCLIError, RankError
 from ..outcome import Outcome, finish
-from ..export.flame import folded_lines, merge_folded, render_flame, to_speedscope
+from ..export.flame import flame_tables, folded_lines, merge_folded, to_speedscope
 from ..export.flame_svg import to_html, to_svg
+from ..render.flame import render_flame
 from ..result import RankResult
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
 from ..transport.session import Session
@@ -79,7 +80,7 @@ def command(session: Session, seconds: float, rate: float, max_seconds: float, s
     done = {r.rank: _flame(r)["folded"] for r in results
             if r.ok and _flame(r).get("state") == "done" and r.rank is not None}
     out = finish(session, sorted(results, key=lambda r: (r.rank is None, r.rank or 0)),
-                 lambda ok: render_flame(done, session.colour) if done else [])
+                 lambda ok: render_flame(flame_tables(done), session.colour) if done else [])
     if done:
         base = out_base or f"probe-flame-{flame_id}"
         out.stderr += _write(base, done, seconds, rate)
@@ -139,7 +140,7 @@ def _write(base: str, per_rank: dict[int, Any], seconds: float, rate: float) -> 
     with open(base + ".svg", "w") as f:
         f.write(svg)
     with open(base + ".html", "w") as f:
-        f.write(to_html(svg, title, render_flame(per_rank)))
+        f.write(to_html(svg, title, render_flame(flame_tables(per_rank))))
     return [f"probe: flame graph written to {base}.html and {base}.svg; stacks in "
             f"{base}.folded and {base}.speedscope.json (open in https://www.speedscope.app)"]
 

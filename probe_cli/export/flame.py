@@ -1,5 +1,6 @@
-"""Pure data -> text for `probe flame` (issue 16): merged folded stacks, speedscope JSON, the widest
-frames, and the frames where one rank spends far more time than the others. Stdlib only.
+"""Pure data for `probe flame`'s files and tables (issue 16): merged folded stacks, speedscope JSON,
+the widest frames, and the frames where one rank spends far more time than the others (the text
+is render/flame.py's). Stdlib only.
 
 Input: each rank's folded stacks, ``"thread;outer;...;inner" -> samples`` (the agent's sampler,
 probe_agent/collectors/sampler.py). Shares are per rank (samples with the frame on the stack /
@@ -11,8 +12,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 from typing import Any
-
-from ..render.text import format_table
 
 Folded = Mapping[str, int]
 
@@ -133,26 +132,9 @@ def _speedscope_frame(label: str) -> dict[str, Any]:
     return {"name": label}
 
 
-def render_flame(per_rank: Mapping[int, Folded], colour: bool = False) -> list[str]:
-    ranks = sorted(per_rank)
-    out = ["widest frames (% of each rank's samples with the frame on the stack)"]
-    rows = [[w["frame"], f"{w['median_pct']:.1f}", f"{w['self_pct']:.1f}",
-             *(f"{w['ranks'].get(r, 0.0):.1f}" for r in ranks)] for w in widest_frames(per_rank)]
-    out += format_table(["frame", "median%", "self%", *(f"rank {r}%" for r in ranks)], rows,
-                        colour=colour)
-    hot = [[h["frame"], f"{h['self_pct']:.1f}", *(f"{h['ranks'].get(r, 0.0):.1f}" for r in ranks)]
-           for h in hottest_frames(per_rank)]
-    out += ["", "hottest frames (self time: the frame itself was running)"]
-    out += format_table(["frame", "median self%", *(f"rank {r}%" for r in ranks)], hot,
-                        colour=colour)
-    diffs = rank_differences(per_rank)
-    out.append("")
-    if diffs:
-        out.append("rank differences (one rank far above the median of the ranks)")
-        out += format_table(["rank", "frame", "rank%", "median%"],
-                            [[d["rank"], d["frame"], f"{d['pct']:.1f}",
-                              f"{d['median_pct']:.1f}"] for d in diffs], colour=colour)
-    elif len(ranks) > 1:
-        out.append(f"rank differences: none (no frame {DIFF_POINTS:g} points and "
-                   f"{DIFF_RATIO:g}x above the median on any rank)")
-    return out
+def flame_tables(per_rank: Mapping[int, Folded]) -> dict[str, Any]:
+    """What `probe flame` shows as text (render/flame.py): the widest and hottest frames with
+    each rank's share, and the rank differences with the rule that found them."""
+    return {"ranks": sorted(per_rank), "widest": widest_frames(per_rank),
+            "hottest": hottest_frames(per_rank), "differences": rank_differences(per_rank),
+            "diff_points": DIFF_POINTS, "diff_ratio": DIFF_RATIO}

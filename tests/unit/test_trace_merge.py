@@ -11,15 +11,16 @@ import pytest
 
 from probe_cli.export import trace_merge
 from probe_cli.export.flame import (
+    flame_tables,
     merge_folded,
     rank_differences,
-    render_flame,
     to_speedscope,
     widest_frames,
 )
 from probe_cli.export.flame_svg import to_html, to_svg
 from probe_cli.export.op_stats import OpStats
 from probe_cli.export.trace_merge import RankTrace, TraceFormatError, merge_traces, read_trace
+from probe_cli.render.flame import render_flame
 
 BASE_NS = 1_700_000_000_000_000_000  # Kineto's baseTimeNanoseconds: epoch, whole seconds
 
@@ -137,7 +138,7 @@ def test_widest_frames_and_outputs():
     assert {"name": "slow", "file": "t.py", "line": 9} in frames
     svg = to_svg(merged, "t <&>")
     ET.fromstring(svg)  # well-formed, labels escaped
-    html = to_html(svg, "t", render_flame(FOLDED))
+    html = to_html(svg, "t", render_flame(flame_tables(FOLDED)))
     assert "rank differences" in html and "<script" not in html
 
 
