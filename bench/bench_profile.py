@@ -258,7 +258,7 @@ def run_merge(repeats: int) -> dict[str, object]:
     timed = {}
     for workers in (1, os.cpu_count() or 1):  # one process, and as the CLI does (every core)
         t0 = time.perf_counter()
-        rep = merge_traces(traces, str(tmp / "merged16.json"), workers=workers)
+        rep = merge_traces(traces, str(tmp / "merged16.json"), workers=workers, overwrite=True)
         timed[workers] = time.perf_counter() - t0
     src_mib = round(os.path.getsize(src) / 2**20, 2)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -49,8 +49,9 @@ def combine(results: Sequence[RankResult], why: str = "--format arrow") -> Any:
     return pa.concat_tables(tables, promote_options="permissive")
 
 
-def write_table(table: Any, path: str, fmt: str) -> None:
-    """Write ``table`` to ``path`` as an Arrow IPC file (``arrow``) or Parquet (``parquet``)."""
+def write_table(table: Any, sink: Any, fmt: str) -> None:
+    """Write ``table`` into ``sink`` (a binary file object: output_files.output_file) as an
+    Arrow IPC file (``arrow``) or Parquet (``parquet``)."""
     pa = _pyarrow(f"--format {fmt}")
     if fmt == "parquet":
         try:
@@ -60,9 +61,9 @@ def write_table(table: Any, path: str, fmt: str) -> None:
                 "--format parquet needs pyarrow built with Parquet support",
                 help_text="pip install pyarrow (the PyPI wheels include Parquet)",
             ) from None
-        pq.write_table(table, path)
+        pq.write_table(table, sink)
         return
-    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+    with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
 
 

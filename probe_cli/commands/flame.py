@@ -29,6 +29,7 @@ from ..errors import EXIT_USAGE, ProbeCLIError, RankError
 from ..outcome import Outcome, finish
 from ..export.flame import flame_tables, folded_lines, merge_folded, to_speedscope
 from ..export.flame_svg import to_html, to_svg
+from ..output_files import output_file, refuse_existing
 from ..render.flame import render_flame
 from ..result import RankResult
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
@@ -56,9 +57,11 @@ MAX_SECONDS = 60.0
 @click.option("-o", "--output", "out_base", type=click.Path(dir_okay=False), default=None,
               metavar="FILE", help="Base name of the files written (FILE.folded, "
               "FILE.speedscope.json, FILE.svg, FILE.html). Default: ./probe-flame-<id>.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing output file (never written through a symlink).")
 @pass_session
 def command(session: Session, seconds: float, rate: float, max_seconds: float, sampler: str,
-            out_base: str | None) -> Outcome:
+            out_base: str | None, overwrite: bool) -> Outcome:
     """Sample the Python stacks of every rank for T seconds and merge them into one flame graph
     (folded stacks, speedscope JSON, SVG and HTML). Prints the widest frames per rank and the
     frames where one rank spends far more time than the others. The agent's own frames are
@@ -69,6 +72,8 @@ def command(session: Session, seconds: float, rate: float, max_seconds: float, s
                             f"{max_seconds:g} s; pass --max-seconds {seconds:g} to raise it",
                             exit_code=EXIT_USAGE)
     flame_id = uuid.uuid4().hex[:12]
+    for suffix in SUFFIXES if out_base else ():  # before sampling, not after it
+        refuse_existing(out_base + suffix, overwrite)
     body = {"id": flame_id, "seconds": seconds, "rate": rate, "max_seconds": max_seconds,
             "sampler": sampler, "requested_by": requested_by()}
     targets = resolve_ranks(session)
@@ -83,7 +88,7 @@ def command(session: Session, seconds: float, rate: float, max_seconds: float, s
                  lambda ok: render_flame(flame_tables(done), session.colour) if done else [])
     if done:
         base = out_base or f"probe-flame-{flame_id}"
-        out.stderr += _write(base, done, seconds, rate)
+        out.stderr += _write(base, done, seconds, rate, overwrite)
     out.stderr += _cost_lines(results)
     return out
 
@@ -128,18 +133,23 @@ def _wait(session: Session, targets: list[RankTarget], flame_id: str,
     return list(final.values())
 
 
-def _write(base: str, per_rank: dict[int, Any], seconds: float, rate: float) -> list[str]:
+#: The files ``-o BASE`` names.
+SUFFIXES = (".folded", ".speedscope.json", ".svg", ".html")
+
+
+def _write(base: str, per_rank: dict[int, Any], seconds: float, rate: float,
+           overwrite: bool) -> list[str]:
     merged = merge_folded(per_rank)
     title = (f"probe flame: {len(per_rank)} rank(s), {seconds:g} s at {rate:g} Hz "
              f"({sum(merged.values())} samples)")
-    with open(base + ".folded", "w") as f:
+    with output_file(base + ".folded", overwrite=overwrite) as f:
         f.write("\n".join(folded_lines(merged)) + "\n")
-    with open(base + ".speedscope.json", "w") as f:
+    with output_file(base + ".speedscope.json", overwrite=overwrite) as f:
         json.dump(to_speedscope(per_rank, title), f)
     svg = to_svg(merged, title)
-    with open(base + ".svg", "w") as f:
+    with output_file(base + ".svg", overwrite=overwrite) as f:
         f.write(svg)
-    with open(base + ".html", "w") as f:
+    with output_file(base + ".html", overwrite=overwrite) as f:
         f.write(to_html(svg, title, render_flame(flame_tables(per_rank))))
     return [f"probe: flame graph written to {base}.html and {base}.svg; stacks in "
             f"{base}.folded and {base}.speedscope.json (open in https://www.speedscope.app)"]

@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from ..errors import EXIT_USAGE, ProbeCLIError
+from ..output_files import private_dir, refuse_existing
 from ..outcome import Outcome
 from ..render.profile import (
     cost_lines,
@@ -61,6 +62,8 @@ EXPORT_GRACE_S = 120.0
               help="Start right after the next step (the default without --at-step).")
 @click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), default=None,
               metavar="FILE", help="Merged trace file. Default: ./probe-profile-<id>.json.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing output file (never written through a symlink).")
 @click.option("--record-shapes", is_flag=True, help="Record input shapes of each operator.")
 @click.option("--with-stack", is_flag=True,
               help="Record the Python stack of each operator (larger traces).")
@@ -68,7 +71,7 @@ EXPORT_GRACE_S = 120.0
 @wait_option
 @pass_session
 def command(session: Session, ahead: int, max_steps: int, max_seconds: float, next_step: bool,
-            out_path: str | None, record_shapes: bool, with_stack: bool, at_step: int | None,
+            out_path: str | None, overwrite: bool, record_shapes: bool, with_stack: bool, at_step: int | None,
             wait_s: float) -> Outcome:
     """Profile the same optimizer steps on every rank with torch.profiler (CPU, plus CUDA where
     the job uses it), starting and stopping at the same step boundary, then write one merged
@@ -77,6 +80,8 @@ def command(session: Session, ahead: int, max_steps: int, max_seconds: float, ne
     (the program's own torch.profiler or another `probe profile`); training goes on either way.
     """
     check_exclusive(at_step, next_step)
+    if out_path:
+        refuse_existing(out_path, overwrite)  # before the window, not after it
     if ahead > max_steps:
         raise ProbeCLIError(
             f"profile --for {ahead} refused: above the ceiling of {max_steps} steps (each "
@@ -105,7 +110,8 @@ def command(session: Session, ahead: int, max_steps: int, max_seconds: float, ne
         return out
     offsets = _clock_offsets(session, [targets[r.url] for r in done])
     path = out_path or f"probe-profile-{so.action_id}.json"
-    report, fetch_failed = _gather_and_merge(session, done, targets, so.action_id, path, offsets)
+    report, fetch_failed = _gather_and_merge(session, done, targets, so.action_id, path, offsets,
+                                             overwrite)
     ops = report.ops if report else {}
     for r in done:  # --json carries them too, next to each rank's window
         window_of(r)["top_ops"] = ops.get(r.rank, [])
@@ -186,10 +192,11 @@ def _clock_offsets(session: Session, targets: list[RankTarget]) -> dict[Any, flo
 
 def _gather_and_merge(session: Session, done: list[RankResult],
                       targets: dict[str, RankTarget], profile_id: str, path: str,
-                      offsets: dict[Any, float]) -> tuple[Any, list[RankResult]]:
-    """Stream every rank's trace into ``<path>.ranks/``, merge into ``path``, remove them."""
-    parts = path + ".ranks"
-    os.makedirs(parts, exist_ok=True)
+                      offsets: dict[Any, float], overwrite: bool
+                      ) -> tuple[Any, list[RankResult]]:
+    """Stream every rank's trace into a private directory beside ``path`` (mkdtemp: nothing in
+    it can have been planted), merge into ``path``, remove them."""
+    parts = private_dir(path)
     by_rank = {r.rank: r for r in done}
 
     def fetch(client: ProbeClient, t: RankTarget) -> dict[str, Any]:
@@ -206,7 +213,10 @@ def _gather_and_merge(session: Session, done: list[RankResult],
                                 pid=f.pid or w.get("pid"), host=f.host,
                                 clock_offset_s=offsets.get(f.rank, 0.0),
                                 window_start=spans[0]["start"] if spans else None))
-    report = merge_traces(traces, path, workers=os.cpu_count() or 1) if traces else None
-    shutil.rmtree(parts, ignore_errors=True)
+    try:
+        report = merge_traces(traces, path, workers=os.cpu_count() or 1,
+                              overwrite=overwrite) if traces else None
+    finally:
+        shutil.rmtree(parts, ignore_errors=True)
     return report, [f for f in fetched if not f.ok]
 

@@ -8,6 +8,7 @@ import click
 
 from ..errors import EXIT_FAILURE, ProbeCLIError, UsageProblemError
 from ..group import rank_label
+from ..output_files import output_file, refuse_existing
 from ..outcome import Outcome, exit_code, failure_summary, finish
 from ..render.text import (
     format_csv,
@@ -40,12 +41,14 @@ BINARY = ("arrow", "parquet")
               help="Load every rank's rows (plus a `rank` column) into a local in-memory DuckDB "
                    "as table `results`, run this SQL over it and print that instead. Needs "
                    "duckdb and pyarrow on this machine.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing output file (never written through a symlink).")
 @click.option("--max-rows", type=click.IntRange(min=1), default=None,
               help="Rows per rank at most; the agent's PROBE_MAX_ROWS caps it anyway.")
 @pass_session
 def command(
     session: Session, sql: str, fmt: str | None, out_path: str | None, gather_sql: str | None,
-    max_rows: int | None,
+    max_rows: int | None, overwrite: bool,
 ) -> Outcome:
     """Run one read-only SQL statement on every rank.
 
@@ -57,14 +60,16 @@ def command(
         raise UsageProblemError(
             f"--format {fmt} writes a binary file", help_text=f"add -o FILE (e.g. -o result.{fmt})"
         )
+    if out_path:
+        refuse_existing(out_path, overwrite)
     if gather_sql is not None or fmt in BINARY:
-        out = _via_arrow(session, sql, fmt, out_path, gather_sql, max_rows)
+        out = _via_arrow(session, sql, fmt, out_path, gather_sql, max_rows, overwrite)
     else:
         results = run_on_ranks(session, ProbeClient.query, sql, max_rows)
         out = finish(session, results, lambda ok: _render(session, ok, fmt), as_json=fmt == "json")
         out.stderr[:0] = query_notes([r for r in results if r.ok])
     if out_path and out.stdout and fmt not in BINARY:
-        _write_text(out_path, out.stdout)
+        _write_text(out_path, out.stdout, overwrite)
         out.stderr.insert(0, f"wrote {out_path}")
         out.stdout = []
     return out
@@ -78,7 +83,7 @@ def _render(session: Session, ok: list[RankResult], fmt: str) -> list[str]:
 
 def _via_arrow(
     session: Session, sql: str, fmt: str, out_path: str | None, gather_sql: str | None,
-    max_rows: int | None,
+    max_rows: int | None, overwrite: bool,
 ) -> Outcome:
     from .. import merge  # pyarrow/duckdb stay unimported unless this path runs
 
@@ -99,7 +104,8 @@ def _via_arrow(
     if fmt in BINARY:
         assert out_path is not None
         try:
-            merge.write_table(table, out_path, fmt)
+            with output_file(out_path, "wb", overwrite=overwrite) as f:
+                merge.write_table(table, f, fmt)
         except OSError as e:
             raise ProbeCLIError(f"cannot write {out_path}: {e.strerror or e}", EXIT_FAILURE) from e
         out.stderr.append(
@@ -120,9 +126,9 @@ def _via_arrow(
     return out
 
 
-def _write_text(path: str, lines: list[str]) -> None:
+def _write_text(path: str, lines: list[str], overwrite: bool) -> None:
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        with output_file(path, overwrite=overwrite) as f:
             f.write("\n".join(lines) + "\n")
     except OSError as e:
         raise ProbeCLIError(f"cannot write {path}: {e.strerror or e}") from e

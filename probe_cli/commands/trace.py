@@ -10,6 +10,7 @@ import click
 from ..errors import ProbeCLIError, UsageProblemError
 from ..outcome import Outcome, finish
 from ..export.perfetto import build_trace
+from ..output_files import output_file, refuse_existing
 from ..render.text import format_csv, format_table, query_notes
 from ..result import RankResult
 from ..transport.client import ProbeClient
@@ -32,10 +33,12 @@ STATE_COLUMNS = ("rank", "mode", "tracing_now", "step", "failures", "disabled", 
                    "(open it in ui.perfetto.dev); needs -o.")
 @click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), default=None,
               help="With --perfetto: the file to write.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing output file (never written through a symlink).")
 @last_option(3, 1, "With --perfetto: how many of the last traced steps to export.")
 @pass_session
 def command(session: Session, mode: str | None, every: int | None, perfetto: bool,
-            out_path: str | None, last: int) -> Outcome:
+            out_path: str | None, overwrite: bool, last: int) -> Outcome:
     """Show the torch tracing mode of every rank, or change it: `on` (every module, every
     step), `off`, or `every N` (every module on every Nth step). A change takes effect at each
     rank's next optimizer step, so no step is half traced.
@@ -45,7 +48,8 @@ def command(session: Session, mode: str | None, every: int | None, perfetto: boo
             raise UsageProblemError("--perfetto exports; it takes no mode")
         if not out_path:
             raise UsageProblemError("--perfetto writes a file", help_text="add -o trace.json")
-        return _export(session, out_path, last)
+        refuse_existing(out_path, overwrite)
+        return _export(session, out_path, last, overwrite)
     if mode == "every" and every is None:
         raise UsageProblemError("`every` needs N", help_text="e.g. probe trace every 10")
     if mode != "every" and every is not None:
@@ -66,7 +70,7 @@ def _render_state(session: Session, ok: list[RankResult]) -> list[str]:
     return format_table(STATE_COLUMNS, rows, colour=session.colour)
 
 
-def _export(session: Session, path: str, last: int) -> Outcome:
+def _export(session: Session, path: str, last: int, overwrite: bool) -> Outcome:
     results = run_canned(session, "trace_timeline", last=last)
     ok = [r for r in results if r.ok]
     out = finish(session, results, lambda _: [], as_json=False)
@@ -80,7 +84,7 @@ def _export(session: Session, path: str, last: int) -> Outcome:
         return out
     trace = build_trace(columns, rows)
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        with output_file(path, overwrite=overwrite) as f:
             json.dump(trace, f)
     except OSError as e:
         raise ProbeCLIError(f"cannot write {path}: {e.strerror or e}") from e

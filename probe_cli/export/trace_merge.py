@@ -19,7 +19,6 @@ share a clock, so their offsets are equal up to the round-trip noise.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from ..output_files import output_file, private_dir
 from .op_stats import OpStats
 
 CHUNK = 1 << 20
@@ -143,7 +143,8 @@ class MergeReport:
     notes: list[str] = field(default_factory=list)
 
 
-def merge_traces(traces: list[RankTrace], out_path: str, workers: int = 1) -> MergeReport:
+def merge_traces(traces: list[RankTrace], out_path: str, workers: int = 1,
+                 overwrite: bool = False) -> MergeReport:
     """Write one Chrome trace of every rank to ``out_path`` (atomically); see the module doc.
 
     Args:
@@ -155,7 +156,9 @@ def merge_traces(traces: list[RankTrace], out_path: str, workers: int = 1) -> Me
     starts = [t.window_start - t.clock_offset_s for t in traces if t.window_start is not None]
     origin_s = min(starts) if starts else 0.0
     report = MergeReport(out_path, origin_epoch_s=origin_s)
-    jobs = [(t, origin_s, f"{out_path}.rank{t.rank}.part")
+    # The per-rank parts live in a private directory: a name beside -o could be a planted link.
+    scratch = private_dir(out_path)
+    jobs = [(t, origin_s, os.path.join(scratch, f"rank{t.rank}.part"))
             for t in sorted(traces, key=lambda t: t.rank)]
     try:
         size = sum(os.path.getsize(t.path) for t in traces)
@@ -169,8 +172,7 @@ def merge_traces(traces: list[RankTrace], out_path: str, workers: int = 1) -> Me
                 done = list(pool.map(_convert_rank, jobs))
         else:
             done = [_convert_rank(j) for j in jobs]
-        tmp = out_path + ".part"
-        with open(tmp, "w", encoding="utf-8") as out:
+        with output_file(out_path, overwrite=overwrite) as out:
             out.write('{"traceEvents":[\n')
             for i, (_, _, part) in enumerate(jobs):
                 if i:
@@ -184,11 +186,8 @@ def merge_traces(traces: list[RankTrace], out_path: str, workers: int = 1) -> Me
                                         "clock_offset_s": t.clock_offset_s} for t in traces},
             }}
             out.write('\n],"displayTimeUnit":"ms","otherData":' + json.dumps(meta) + "}\n")
-        os.replace(tmp, out_path)
     finally:
-        for _, _, part in jobs:
-            with contextlib.suppress(OSError):
-                os.unlink(part)
+        shutil.rmtree(scratch, ignore_errors=True)
     for r, n, steps, ops, notes in done:
         report.events[r], report.steps[r], report.ops[r] = n, steps, ops
         report.notes += notes
