@@ -80,7 +80,6 @@ def med(xs: list[float]) -> float:
 
 # -- profile ------------------------------------------------------------------------------------
 def run_profile(size: str, rounds: int, block: int, steps: int) -> dict[str, object]:
-    from probe_agent.profiling import Profiling
 
     agent = start_agent()
     m = Model(size)
@@ -99,7 +98,7 @@ def run_profile(size: str, rounds: int, block: int, steps: int) -> dict[str, obj
             while True:  # until the window closes (the action runs at the next boundary)
                 n = agent.stepclock.current_step + 1  # the step about to run
                 times[n] = m.step()[0]
-                w = Profiling.of(agent).windows.get(a.id)
+                w = agent.profiling.windows.get(a.id)
                 if w is not None and w.state != "recording":
                     break
                 if a.state in ("error", "skipped", "cancelled"):
@@ -135,7 +134,6 @@ def run_profile(size: str, rounds: int, block: int, steps: int) -> dict[str, obj
 
 # -- sampler ------------------------------------------------------------------------------------
 def run_sampler(size: str, rounds: int, window: float, rate: float) -> dict[str, object]:
-    from probe_agent.profiling import Profiling
 
     agent = start_agent()
     m = Model(size)
@@ -155,7 +153,7 @@ def run_sampler(size: str, rounds: int, window: float, rate: float) -> dict[str,
                 if arm == "plain":
                     time.sleep(window)
                 else:  # the agent's own flame session, as `probe flame --sampler ...` runs it
-                    f = Profiling.of(agent).start_flame(
+                    f = agent.profiling.start_flame(
                         f"{arm}{r}", window, rate, "bench", None,
                         "in-process" if arm == "inprocess" else "py-spy")
                     f.wait(window + 30)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__
+
 __all__ = ["__version__", "log", "start", "stop"]
 
 if TYPE_CHECKING:
@@ -40,13 +41,11 @@ def log(step: int | None = None, **scalars: Any) -> None:
     Tensors are fine: they are converted on the agent's writer thread, so this never waits for
     the GPU. ``samples=N`` also fills ``python.steps.samples_per_s`` (issue 3).
     """
+    # No agent was ever started while probe_agent.agent is not loaded: return without loading
+    # it (and config, ssl with it) into a program that only logs.
     agent_mod = sys.modules.get("probe_agent.agent")
-    agent = getattr(agent_mod, "_current", None)
-    if agent is None:
-        return
-    recorder = agent.collectors.steps
-    if recorder is not None:
-        recorder.log(step, scalars)
+    if agent_mod is not None:
+        agent_mod.log_scalars(step, scalars)
 
 
 def __getattr__(name: str) -> Any:  # pragma: no cover - convenience for REPL users

@@ -1,5 +1,11 @@
 """Agent: wires the store, the collectors, the evaluator and the HTTP server of one rank.
 
+This is the top of the agent's layers (docs/design-decisions.md, "Agent"): it builds every part
+and hands each what it uses; no part imports this module. Only the entry points do
+(``probe_agent.start``/``stop``/``log``, the ``PROBE=1`` start-up hook, ``probe inject``'s
+``attach``), through the process-level functions at the bottom of this file, which keep the
+process's one agent.
+
 Lifecycle: ``start()`` binds every socket in the caller's thread (so a taken port fails at once),
 then starts the writer and HTTP threads. ``stop()`` is idempotent and joins them. A forked child
 (a DataLoader worker) gets ``_after_fork_in_child``: the agent is marked stopped there and the
@@ -17,13 +23,23 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from probe_protocol.tokens import sign_entry
 
-from .config import AgentConfig
+from . import roles, rundir
+from .access import Gate, Policy, RefusalLog
+from .actions import ActionQueue
+from .clock import StepClock
+from .collectors.registry import Collectors, build_collectors
+from .config import LOCAL_RANK_VARS, AgentConfig, first_set
 from .errors import AgentStateError, EvalError
-from .ranks import Identity, publish_rank
+from .evaluator import Evaluator
+from .frameworks.playbook import resolve
+from .profiling.sessions import Profiling
+from ._version import __version__
+from .ranks import Identity, RankRegistry, publish_rank
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +50,9 @@ _fork_handler_registered = False
 
 class Agent:
     def __init__(self, config: AgentConfig, identity: Identity) -> None:
-        from .access import Gate, Policy, RefusalLog
-        from .actions import ActionQueue
-        from .actions.stepclock import StepClock
-        from .collectors.registry import Collectors
-        from .evaluator import Evaluator
-        from .store import Store
+        # Lazy: duckdb and pyarrow load with the store, when an agent is built, never at
+        # `import probe_agent.agent` (probe_agent.log and the role hooks import this module).
+        from .store.store import Store
 
         self.config = config
         self.identity = identity
@@ -53,7 +66,10 @@ class Agent:
         self.tcp_port: int | None = None
         self.started_at = time.time()
         self.store = Store(config)
-        self.evaluator = Evaluator(config.eval_timeout_s, config.eval_output_bytes)
+        # issue 6: the one step counter of this agent (the tracer uses it too).
+        self.stepclock = StepClock()
+        self.evaluator = Evaluator(config.eval_timeout_s, config.eval_output_bytes,
+                                   playbook=self._playbook)
         # Separate pools so a slow query can never starve eval or backtrace, and vice versa.
         self.query_pool = ThreadPoolExecutor(4, thread_name_prefix="probe-agent.query")
         self.eval_pool = ThreadPoolExecutor(2, thread_name_prefix="probe-agent.evalwait")
@@ -69,18 +85,28 @@ class Agent:
         #: issue 5: the out-of-process companion that owns the public sockets
         #: (serving/watchdog_link.py).
         self.watchdog: Any = None
-        # issue 6: the one step counter of this agent (the tracer uses it too), and the queue of
-        # step-boundary actions that rides on it.
-        self.stepclock = StepClock()
+        # Profile windows and flame sessions; the run dir is settled by start() first.
+        self.profiling: Profiling = self._new_profiling()
+        # The queue of step-boundary actions that rides on the step clock.
         self.actions = ActionQueue(self.stepclock, self.evaluator, rank=self.rank,
                                    timeout_s=config.action_timeout_s, audit=self.audit,
-                                   running=lambda: self.running)
+                                   running=lambda: self.running, profiling=self.profiling)
+
+    def _new_profiling(self) -> Profiling:
+        return Profiling(self.config.run_dir, self.rank, self.stepclock, self.store,
+                         tracer=lambda: self.collectors.tracer, audit=self.audit)
+
+    def _playbook(self, names: list[str]) -> dict[str, Any]:
+        """The playbook names of an eval (``optimizer``, ``model``...) from the framework
+        layer, with the optimizers this agent's clock saw stepping."""
+        return resolve(names, None, self.stepclock.optimizers())
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        from .collectors import stacks
-        from .serving.app import create_app
-        from .serving.server import AgentServer, bind_unix
+        # Lazy: fastapi and uvicorn load when an agent starts, never at import.
+        from .collectors.stacks import BacktraceTables
+        from .serving.ports import bind_tcp_reclaiming
+        from .serving.server import bind_unix
 
         if self.config.unix_socket:
             self._settle_run_dir()
@@ -95,7 +121,7 @@ class Agent:
                     "set PROBE_TOKEN_FILE (a 0600 file) to serve other hosts. The unix socket "
                     "still answers on this machine (`probe ps`).\n")
             elif self.config.tcp:
-                tcp = _bind_tcp_reclaiming(self.config, self.rank,
+                tcp = bind_tcp_reclaiming(self.config, self.rank,
                                            self.identity.local_world_size)
                 sockets.append(tcp)
                 host, port = tcp.getsockname()[:2]
@@ -115,7 +141,7 @@ class Agent:
                 s.close()
             raise
         # python.backtrace(_all) answer from the first request, before the collectors start.
-        stacks.BacktraceTables(self.stepclock, self.rank).start(self.store)
+        BacktraceTables(self.stepclock, self.rank).start(self.store)
         self.store.start()
         serve, tls = sockets, []
         if self.config.watchdog:
@@ -123,14 +149,14 @@ class Agent:
 
             # The watchdog will own the public sockets (and their TLS); the agent serves a
             # private one.
-            self.watchdog = WatchdogLink.create(self, sockets)
+            self.watchdog = WatchdogLink.create(
+                self.config, self.identity, self.stepclock, self.gate.policy.host_names,
+                sockets, serve_fallback=self._serve)
             if self.watchdog is not None:
                 serve = [self.watchdog.inner_socket]
         if self.watchdog is None and self.config.tls and self.config.tcp:
             serve, tls = sockets[1:], sockets[:1]  # the TCP socket is bound first
-        self._server = AgentServer(create_app(self), serve, self.rank, self.gate,
-                                   tls_sockets=tls, tls=self.config)
-        self._server.start()
+        self._server = self._serve(serve, tls)
         if self.watchdog is not None:
             self.watchdog.start()
         self.running = True
@@ -139,35 +165,54 @@ class Agent:
         self._start_collectors()
         self._write_info_file()
 
+    def _serve(self, plain: list[Any], tls: list[Any]) -> Any:
+        """Start an HTTP server of this agent on ``plain`` and ``tls`` sockets (the agent's
+        own, or the public ones when the watchdog cannot serve them)."""
+        from .serving.app import create_app
+        from .serving.server import AgentServer
+
+        server = AgentServer(create_app(self), plain, self.rank, self.gate, tls_sockets=tls,
+                             tls=self.config)
+        server.start()
+        return server
+
     def _settle_run_dir(self) -> None:
         """A run dir that cannot be used falls back to a private one, with one warning, and
         dead jobs' files are cleared from it (issue 20; rundir.py)."""
-        from . import rundir
-
         path, warning = rundir.choose(self.config.run_dir)
         if warning is not None:
             log.warning("probe agent on rank %d: %s", self.rank, warning)
             self.config = self.config.with_(run_dir=path)
+            self.profiling.out_dir = os.path.join(path, "profiles")
         removed = rundir.sweep(path, keep=self.identity.pid)
         if removed:
             log.info("probe agent: removed %d files of dead processes from %s", len(removed),
                      path)
 
     def _start_collectors(self) -> None:
-        from .collectors.registry import build_collectors
-
-        self.collectors = build_collectors(self)
+        self.collectors = build_collectors(self.stepclock, self.rank, self.config,
+                                           ranks=self._rank_registry)
         if self.collectors.trainloop is not None:
             self.actions.scaler = self.collectors.trainloop.scaler
         self.collectors.start(self.store)
+
+    def _rank_registry(self) -> RankRegistry:
+        def on_peers(peers: dict[int, dict[str, Any]]) -> None:
+            self.peers = peers
+
+        return RankRegistry(self._entry, on_group=self.adopt_group, on_peers=on_peers,
+                            token=self.config.token)
+
+    def _entry(self) -> dict[str, Any]:
+        """This rank's entry in the job's rank registry and in /v1/ranks."""
+        return {"rank": self.rank, "url": self.url, "host": self.identity.host,
+                "pid": self.identity.pid}
 
     def stop(self) -> None:
         if not self.running:
             return
         self.running = False
-        profiling = sys.modules.get("probe_agent.profiling.sessions")  # loaded on first use
-        if profiling is not None:
-            profiling.stop_for(self)  # no profile window or flame session outlives the agent
+        self.profiling.stop()  # no profile window or flame session outlives the agent
         self.collectors.stop()
         self.actions.stop()  # releases a paused training thread
         self.stepclock.stop()
@@ -193,11 +238,34 @@ class Agent:
                     pass
 
     def adopt_group(self, rank: int, world_size: int) -> None:
-        """Take the identity ``init_process_group`` gave this process (ranks.adopt_group)."""
-        from .ranks import adopt_group
+        """Take the identity ``init_process_group`` gave this process (issue 17).
 
-        if adopt_group(self, rank, world_size):
-            self._write_info_file()
+        Lightning's rank 0 starts with no RANK or WORLD_SIZE, and a rank started from its
+        environment may be renumbered by the group. Rows written from now on carry the new
+        rank; the port stays (base + LOCAL_RANK, bound at start). Called on the training
+        thread right after ``init_process_group`` returns (roles.py), and by the rank registry
+        when it first sees the group (an agent injected after init)."""
+        ident = self.identity
+        try:
+            local = int(os.environ.get(first_set(os.environ, LOCAL_RANK_VARS), ""))
+        except ValueError:
+            local = ident.local_rank
+        if (rank, world_size, local) == (ident.rank, ident.world_size, ident.local_rank):
+            return
+        if rank != ident.rank:
+            log.warning("probe agent: rank %d until now, init_process_group gave rank %d; "
+                        "using %d", ident.rank, rank, rank)
+        self.identity = replace(ident, rank=rank, world_size=world_size, local_rank=local)
+        self.rank = self.actions.rank = self.profiling.rank = rank
+        if self.watchdog is not None:
+            self.watchdog.rank = rank
+        # The collectors stamp every row with the rank they were built with.
+        for _, collector in self.collectors.running():
+            for holder in (collector, getattr(collector, "resolver", None)):
+                if holder is not None and hasattr(holder, "rank"):
+                    holder.rank = rank
+        publish_rank(self.identity)
+        self._write_info_file()
 
     def _write_info_file(self) -> None:
         """``run_dir/<pid>.json`` lets `probe ps` and `probe PID` find this agent locally."""
@@ -216,8 +284,6 @@ class Agent:
 
     # -- what routes call -------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
-        from . import __version__
-
         torch = sys.modules.get("torch")
         return {
             "rank": self.rank,
@@ -255,12 +321,7 @@ class Agent:
         self.audit(client, what, "refused", message, 0.0, kind="access")
 
     def known_ranks(self) -> list[dict[str, Any]]:
-        me = {
-            "rank": self.rank,
-            "url": self.url,
-            "host": self.identity.host,
-            "pid": self.identity.pid,
-        }
+        me = self._entry()
         if self.config.token:
             me = sign_entry(self.config.token, me)
         merged = {**self.peers, self.rank: me}
@@ -272,7 +333,7 @@ class Agent:
     ) -> None:
         """One row of python.evals. ``action`` (kind, action_id, at_step, requested_by)
         is set by step-boundary actions (issue 6); a plain eval is kind 'eval'."""
-        import pyarrow as pa
+        import pyarrow as pa  # lazy: loaded with the store already; off `import` of this module
 
         row: dict[str, list[Any]] = {
             "timestamp": [time.time()],
@@ -316,44 +377,6 @@ class Agent:
         return out
 
 
-#: How many other ports a rank tries when its own is taken (another job on the node).
-PORT_TRIES = 64
-
-
-def _bind_tcp_reclaiming(config: AgentConfig, rank: int, local_world: int) -> Any:
-    """bind_tcp; a port still held by the watchdog of this rank's dead predecessor (a restart
-    on the same node) is asked back once (issue 5). A port another job holds (two jobs on one
-    node with the default base, issue 20) is not an error: the rank takes the next free one in
-    steps of the node's rank count, so that rank r of the second job does not take the port
-    rank r+1 of that job wants, and registers it for discovery as usual."""
-    from .errors import BindError
-    from .serving.server import bind_tcp
-
-    try:
-        return bind_tcp(config.host, config.port, rank)
-    except BindError as first:
-        from .serving.watchdog_link import reclaim_port
-
-        if config.port == 0:
-            raise
-        if reclaim_port(config.run_dir, config.port):
-            return bind_tcp(config.host, config.port, rank)
-        step = max(1, local_world)
-        for k in range(1, PORT_TRIES + 1):
-            port = config.port + k * step
-            if port > 65535:
-                break
-            try:
-                sock = bind_tcp(config.host, port, rank)
-            except BindError:
-                continue
-            log.warning("probe agent on rank %d: port %d is taken (another job?); listening "
-                        "on %d instead (`probe ps` and /v1/ranks show it)", rank, config.port,
-                        port)
-            return sock
-        raise first
-
-
 def start(config: AgentConfig | None = None, environ: Mapping[str, str] | None = None) -> Agent:
     """Start the agent in this process; raises ``AgentStateError`` if one already runs."""
     global _current, _fork_handler_registered
@@ -370,9 +393,8 @@ def start(config: AgentConfig | None = None, environ: Mapping[str, str] | None =
         _current = agent
         os.environ["PROBE_AGENT_PID"] = str(os.getpid())
         publish_rank(agent.identity)
-        from .roles import arm
-
-        arm()  # issue 17: init_process_group renumbers it, start_processes makes it a launcher
+        # issue 17: init_process_group renumbers it, start_processes makes it a launcher
+        roles.arm(after_init=on_group_init, before_spawn=on_start_processes)
         if not _fork_handler_registered:
             # NOTE: forked children (DataLoader workers) must not answer for their parent.
             os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -390,7 +412,54 @@ def stop() -> None:
 
 
 def current() -> Agent | None:
+    """This process's running agent, for programs and tests in the same process. The agent's
+    own parts never call it: they are handed what they use (tests/unit/test_import_graph.py
+    checks that no part imports this module)."""
     return _current
+
+
+def start_once(config: AgentConfig, environ: Mapping[str, str]) -> tuple[Agent, bool]:
+    """The running agent and False, or a new one started from ``config`` and True
+    (``probe inject`` into a process that may already have one)."""
+    with _lock:
+        agent = _current
+    if agent is not None and agent.running:
+        return agent, False
+    return start(config, environ), True
+
+
+def log_scalars(step: int | None, scalars: dict[str, Any]) -> None:
+    """``probe_agent.log``: into python.metrics when an agent runs, else nothing."""
+    agent = _current
+    recorder = agent.collectors.steps if agent is not None else None
+    if recorder is not None:
+        recorder.log(step, scalars)
+
+
+def on_group_init(rank: int, world: int) -> None:
+    """After ``init_process_group`` returned (roles.py): the running agent takes the group's
+    identity; a process without one (an ``mp.spawn`` rank under PROBE=1) starts one now."""
+    agent = _current
+    if agent is not None and agent.running:
+        agent.adopt_group(rank, world)
+    elif os.environ.get("PROBE", "") not in ("", "0"):
+        environ = roles.group_environ(rank, world)
+        start(AgentConfig.from_env(environ), environ)
+
+
+def on_start_processes() -> None:
+    """Before ``torch.multiprocessing.start_processes`` from outside a process group
+    (roles.py): this process is a launcher, not a rank; its agent stops so the real rank 0
+    can bind the base port, and ``<pid>.launcher.json`` tells `probe ps` what it is."""
+    agent = _current
+    if agent is None or not agent.running:
+        return
+    if agent.config.unix_socket:
+        roles.write_launcher_record(agent.config.run_dir, agent.identity.pid,
+                                    agent.identity.host)
+    log.info("probe agent: pid %d starts ranks with torch.multiprocessing: it is a launcher, "
+             "not rank %d; its agent stops", os.getpid(), agent.rank)
+    stop()
 
 
 def _after_fork_in_child() -> None:
@@ -401,3 +470,5 @@ def _after_fork_in_child() -> None:
     agent.running = False  # its threads do not exist in the child; nothing to join
     if agent._server is not None:
         agent._server.close_sockets()
+    if agent.watchdog is not None:
+        agent.watchdog.after_fork_in_child()

@@ -15,15 +15,13 @@ from typing import Any
 
 def attach(overrides: dict[str, str]) -> dict[str, Any]:
     """Start the agent; the returned dict becomes the status `probe inject` prints."""
-    from .agent import current, start
+    # Imported here: this module is loaded into the target by the injector before it calls
+    # attach(), and must stay cheap until then.
+    from .agent import start_once
     from .config import AgentConfig
 
     base = {"pid": os.getpid(), "python": sys.version.split()[0]}
-    agent = current()
-    if agent is not None and agent.running:
-        return {**base, "state": "already", "url": agent.url, "unix_socket": agent.unix_path,
-                "rank": agent.rank}
     environ = {**os.environ, **overrides}
-    agent = start(AgentConfig.from_env(environ), environ)
-    return {**base, "state": "started", "url": agent.url, "unix_socket": agent.unix_path,
-            "rank": agent.rank}
+    agent, started = start_once(AgentConfig.from_env(environ), environ)
+    return {**base, "state": "started" if started else "already", "url": agent.url,
+            "unix_socket": agent.unix_path, "rank": agent.rank}

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from . import eval_guard
@@ -47,9 +48,14 @@ class Evaluator:
     Args:
         timeout_s: how long an eval may run before it is interrupted and reported as a timeout.
         output_cap: characters of stdout and of stderr kept per eval.
+        playbook: resolves the playbook names (``optimizer``, ``model``...) the code reads and
+            the script does not define (operator_code.CodeRun.execute); none: they stay
+            undefined.
     """
 
-    def __init__(self, timeout_s: float, output_cap: int) -> None:
+    def __init__(self, timeout_s: float, output_cap: int,
+                 playbook: Callable[[list[str]], dict[str, Any]] | None = None) -> None:
+        self.playbook = playbook
         self.timeout_s = timeout_s
         self.output_cap = output_cap
         self.session: dict[str, Any] = {}
@@ -69,7 +75,8 @@ class Evaluator:
         def target() -> None:
             try:
                 run.execute(compiled, session=self.session, extra=extra,
-                            namespace=script_namespace(sys._current_frames().get(main_thread)))
+                            namespace=script_namespace(sys._current_frames().get(main_thread)),
+                            playbook=self.playbook)
                 box["ok"] = True
             except EvalTimeout:
                 box["timeout"] = True

@@ -163,12 +163,6 @@ def script_namespace(innermost: FrameType | None) -> ScriptNames:
     return ns
 
 
-def _discovered_names(names: list[str]) -> dict[str, Any]:
-    from .frameworks.playbook import resolve  # imports torch-free code only; torch is loaded
-
-    return resolve(names)
-
-
 def _same_kind(old: Any, new: Any) -> bool:
     """May an eval rebind a script global holding ``old`` to ``new``? The same type, any two
     real numbers (``LR = 1e-4`` over ``LR = 6e-4``, ``max_iters = 100``), or a global that
@@ -249,7 +243,8 @@ class CodeRun:
             namespace: the script's names (``script_namespace``); they override ``session``.
             extra: names for this run only (``probe_step``); never written back.
             playbook: resolves the playbook names the code reads and neither the script nor
-                ``session`` defines (default: the framework layer, from the main thread).
+                ``session`` defines (the agent passes the framework layer's
+                ``playbook.resolve``); none: those names stay undefined.
         """
         body, tail, loads = compiled
         reserved = {"print", "__builtins__", *(extra or {})}
@@ -261,8 +256,8 @@ class CodeRun:
         wanted = [n for n in PLAYBOOK_NAMES
                   if n in loads and n not in session and n not in (extra or {})
                   and (n not in own or isinstance(namespace.get(n), ModuleType))]
-        if wanted:
-            g.update((playbook or _discovered_names)(wanted))
+        if wanted and playbook is not None:
+            g.update(playbook(wanted))
         g.update(extra or {})
         g["print"] = self._print
         g.setdefault("__builtins__", builtins)

@@ -13,16 +13,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from probe_protocol.tokens import sign_entry
 
 from .config import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, first_set
-
-if TYPE_CHECKING:
-    from .agent import Agent
 
 log = logging.getLogger(__name__)
 
@@ -65,35 +62,6 @@ def publish_rank(identity: Identity) -> None:
     os.environ["PROBE_AGENT_RANK"] = f"{identity.rank}:{identity.local_rank}"
 
 
-def adopt_group(agent: Agent, rank: int, world_size: int) -> bool:
-    """Give ``agent`` the identity ``init_process_group`` gave its process (issue 17); True when
-    it changed. Lightning's rank 0 starts with no RANK or WORLD_SIZE, and a rank started from
-    its environment may be renumbered by the group. Rows written from now on carry the new
-    rank; the port stays (base + LOCAL_RANK, bound at start). Called on the training thread
-    right after ``init_process_group`` returns (roles.py), and by the registry when it first
-    sees the group (an agent injected after init)."""
-    ident = agent.identity
-    try:
-        local = int(os.environ.get(first_set(os.environ, LOCAL_RANK_VARS), ""))
-    except ValueError:
-        local = ident.local_rank
-    if (rank, world_size, local) == (ident.rank, ident.world_size, ident.local_rank):
-        return False
-    if rank != ident.rank:
-        log.warning("probe agent: rank %d until now, init_process_group gave rank %d; using %d",
-                    ident.rank, rank, rank)
-    agent.identity = replace(ident, rank=rank, world_size=world_size, local_rank=local)
-    agent.rank = rank
-    agent.actions.rank = rank
-    # The collectors stamp every row with the rank they were built with.
-    for _, collector in agent.collectors.running():
-        for holder in (collector, getattr(collector, "resolver", None)):
-            if holder is not None and hasattr(holder, "rank"):
-                holder.rank = rank
-    publish_rank(agent.identity)
-    return True
-
-
 #: Keys live under this prefix in the job's c10d store: ``probe_agent/rank{N}`` -> JSON.
 STORE_PREFIX = "probe_agent"
 #: How often the registry looks for the process group, and retries while ranks are missing.
@@ -109,7 +77,8 @@ class RankRegistry:
     TCPStore (a connection of its own, so a training thread blocked in a store call never holds
     ours), writes ``probe_agent/rank{N}`` = ``{rank, url, host, pid}``, and from then on reads
     the published entries with ``list_keys`` + ``multi_get`` — never a blocking ``get`` on a key
-    that may not exist. Entries land in ``agent.peers``; ``/v1/ranks`` serves them.
+    that may not exist. Entries go to ``on_peers`` (the agent's ``peers``, which
+    ``/v1/ranks`` serves).
 
     If the store cannot be reached, the failure is logged once and retried with back-off; the
     agent keeps serving itself, and ``/v1/ranks`` says why ranks are missing (``discovery``).
@@ -118,13 +87,26 @@ class RankRegistry:
     up the rows of every table or the reads waiting for them.
 
     Args:
-        agent: the running agent; its ``url``, ``identity`` and ``peers`` are read and written.
+        me: this rank's entry as it stands now (``{rank, url, host, pid}``; the URL may have a
+            wildcard host, replaced here by the host name).
+        on_group: called with (rank, world size) when the registry first sees the process
+            group: an agent injected after ``init_process_group`` learns its identity there.
+        on_peers: receives every rank's entry, by rank, after each read.
+        token: the job's token (PROBE_TOKEN); this rank's entry is signed with it, since the
+            store itself has no authentication.
         refresh_s: once every rank has published, how often the list is re-read (ranks of an
             elastic job can come back at new addresses).
     """
 
-    def __init__(self, agent: Agent, refresh_s: float = 30.0) -> None:
-        self.agent = agent
+    def __init__(self, me: Callable[[], dict[str, Any]],
+                 on_group: Callable[[int, int], None],
+                 on_peers: Callable[[dict[int, dict[str, Any]]], None],
+                 token: str | None = None, refresh_s: float = 30.0) -> None:
+        self.me = me
+        self.token = token
+        self.on_group = on_group
+        self.on_peers = on_peers
+        self.peers = 0  # how many ranks the last read found
         self.refresh_s = refresh_s
         self.store: Any = None
         self.world_size = 0
@@ -157,17 +139,16 @@ class RankRegistry:
         return {"state": state, "failures": self.failures, "error": self.last_error}
 
     def entry(self) -> dict[str, Any]:
-        ident = self.agent.identity
-        url = self.agent.url
+        me = dict(self.me())
+        url = me.get("url")
         if url:
             # A wildcard bind is reachable at the host's name, not at 0.0.0.0.
             for wildcard in ("//0.0.0.0:", "//[::]:"):
-                url = url.replace(wildcard, f"//{ident.host}:")
-        entry = {"rank": self.agent.rank, "url": url, "host": ident.host, "pid": ident.pid}
-        token = self.agent.config.token
+                url = url.replace(wildcard, f"//{me['host']}:")
+        me["url"] = url
         # The store has no authentication: the CLI dials an entry only if the job's token
         # signed it (probe_protocol/tokens.py).
-        return sign_entry(token, entry) if token else entry
+        return sign_entry(self.token, me) if self.token else me
 
     def tick(self) -> None:
         """Called every _TICK_S on the registry's thread; cheap until the default process
@@ -182,11 +163,12 @@ class RankRegistry:
                     return
                 self._arm(dist)
             if not self.published:
-                self.store.set(f"rank{self.agent.rank}", json.dumps(self.entry()))
+                entry = self.entry()
+                self.store.set(f"rank{entry['rank']}", json.dumps(entry))
                 self.published = True
             self._read()
             self.failures, self.last_error = 0, None  # the store answers (again)
-            complete = len(self.agent.peers) >= self.world_size
+            complete = self.peers >= self.world_size
             self._next = now + (self.refresh_s if complete else _TICK_S)
         except Exception as e:  # store down or gone: serve ourselves, retry later
             self.failures += 1
@@ -196,7 +178,7 @@ class RankRegistry:
                 log.warning(
                     "probe agent on rank %d: cannot use the job's c10d store for rank "
                     "discovery (%s); this agent serves itself only, pass -t for the others",
-                    self.agent.rank, self.last_error,
+                    self.me()["rank"], self.last_error,
                 )
             self._next = now + min(30.0, 0.5 * 2 ** min(self.failures, 6))
 
@@ -222,7 +204,7 @@ class RankRegistry:
         base.set_timeout(timedelta(seconds=2))
         # Normally done already by roles' init_process_group wrapper; an agent injected after
         # init (or a group made another way) learns its identity here.
-        self.agent.adopt_group(dist.get_rank(), dist.get_world_size())
+        self.on_group(dist.get_rank(), dist.get_world_size())
         self.world_size = dist.get_world_size()
         self.store = dist.PrefixStore(STORE_PREFIX, base)
 
@@ -237,8 +219,5 @@ class RankRegistry:
                 peers[int(value["rank"])] = value
             except (ValueError, KeyError, TypeError):
                 log.debug("probe agent: ignoring malformed store entry %s", key)
-        self.agent.peers = peers
-
-
-def build_registry(agent: Agent) -> RankRegistry:
-    return RankRegistry(agent)
+        self.peers = len(peers)
+        self.on_peers(peers)

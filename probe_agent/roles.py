@@ -6,7 +6,7 @@ kinds cannot be told apart there, only later by what they call:
 - An ``mp.spawn`` rank has no rank in its environment; it looks like a DataLoader worker until
   it calls ``init_process_group``. ``DistHooks`` wraps that function once the program has
   imported torch (never before, never by importing it): when it returns, a process without an
-  agent starts one with the group's rank and world size (``start_for_group``), and a process
+  agent starts one with the group's rank and world size (``agent.on_group_init``), and a process
   with one takes the group's identity (``Agent.adopt_group``: Lightning's rank 0 starts with no
   RANK at all). DataLoader and compile workers never call it, so they never carry an agent.
   Forked ranks (``start_processes(start_method="fork")``) inherit the wrapper and start theirs
@@ -32,15 +32,27 @@ from typing import Any
 # module at start-up. The rest is imported when torch is.
 _MARK = "__probe_wrapped__"
 _armed = False
+#: What runs after ``init_process_group`` returns (with the group's rank and world size) and
+#: before ``start_processes`` starts children: the agent's process-level handlers, given to
+#: ``arm`` (agent.py). The wrappers are process-wide, so these are too.
+_after_init_hook: Any = None
+_before_spawn_hook: Any = None
 
 
-def arm() -> None:
+def arm(after_init: Any, before_spawn: Any) -> None:
     """Install the hooks now if the program has imported torch, else right after it does.
-    Idempotent; never imports torch. Called at start-up (one thread) or from agent.start()."""
-    global _armed
+    Idempotent; never imports torch. Called at start-up (one thread) or from agent.start().
+
+    Args:
+        after_init: ``(rank, world_size) -> None``, after ``init_process_group`` returns.
+        before_spawn: ``() -> None``, before ``start_processes`` starts the children.
+    """
+    global _armed, _after_init_hook, _before_spawn_hook
     if _armed:
         return
     _armed = True
+    _after_init_hook, _before_spawn_hook = after_init, before_spawn
+    # Imported here, not at the top: see the note above (start-up cost of every process).
     from .collectors.torch_import import TorchImportWatcher, imported
 
     if imported("torch") is not None:
@@ -102,57 +114,39 @@ def _after_init() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_initialized():
         return
-    from .agent import current
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    agent = current()
-    if agent is not None and agent.running:
-        agent.adopt_group(rank, world)
-    elif os.environ.get("PROBE", "") not in ("", "0"):
-        start_for_group(rank, world)
+    _after_init_hook(dist.get_rank(), dist.get_world_size())
 
 
-def start_for_group(rank: int, world: int) -> Any:
-    """Start this process's agent as rank ``rank`` of ``world``. Its port is the base plus
-    LOCAL_RANK, or plus ``rank`` when no launcher set LOCAL_RANK (``mp.spawn`` on one node)."""
-    from .agent import start
-    from .config import LOCAL_RANK_VARS, AgentConfig, first_set
+def _before_start_processes() -> None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_initialized():
+        return  # a rank that starts helper processes stays a rank
+    _before_spawn_hook()
+
+
+def group_environ(rank: int, world: int) -> dict[str, str]:
+    """The environment of rank ``rank`` of ``world``, for an agent started after
+    ``init_process_group``: its port is the base plus LOCAL_RANK, or plus ``rank`` when no
+    launcher set LOCAL_RANK (``mp.spawn`` on one node)."""
+    from .config import LOCAL_RANK_VARS, first_set
 
     environ = dict(os.environ)
     local_var = first_set(environ, LOCAL_RANK_VARS)
     if not environ.get(local_var, "").strip():
         environ["LOCAL_RANK"] = str(rank)
     environ.update(RANK=str(rank), WORLD_SIZE=str(world))
-    return start(AgentConfig.from_env(environ), environ)
+    return environ
 
 
-def _before_start_processes() -> None:
-    from .agent import current, stop
-
-    agent = current()
-    if agent is None or not agent.running:
-        return
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_initialized():
-        return  # a rank that starts helper processes stays a rank
-    _write_launcher_record(agent)
-    _log().info("probe agent: pid %d starts ranks with torch.multiprocessing: it is a launcher, "
-             "not rank %d; its agent stops", os.getpid(), agent.rank)
-    stop()
-
-
-def _write_launcher_record(agent: Any) -> None:
+def write_launcher_record(run_dir: str, pid: int, host: str) -> None:
     """``<run_dir>/<pid>.launcher.json``: `probe ps` shows the process as a launcher. The run
     dir's sweep removes it once the process is gone, like every ``<pid>.*`` file."""
     import atexit
     import json
     import time
 
-    if not agent.config.unix_socket:
-        return
-    pid = agent.identity.pid
-    path = os.path.join(agent.config.run_dir, f"{pid}.launcher.json")
-    record = {"pid": pid, "role": "launcher", "host": agent.identity.host,
+    path = os.path.join(run_dir, f"{pid}.launcher.json")
+    record = {"pid": pid, "role": "launcher", "host": host,
               "argv": sys.argv[:8], "since": time.time()}
     try:
         with open(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ProbeAgentError
 
 if TYPE_CHECKING:
+    from ..profiling.sessions import Profiling
     from .queue import Action, ActionQueue
 
 #: Profiled steps without raising --max-steps; a profiled step can cost several times a plain
@@ -86,27 +87,16 @@ def check_flame(seconds: float, rate: float, max_seconds: float) -> None:
         raise CeilingError(f"flame --rate {rate:g} refused: give 0 < HZ <= {FLAME_MAX_RATE:g}")
 
 
-def check_args(args: dict[str, Any]) -> None:
+def check_args(args: dict[str, Any], profiling: Profiling) -> None:
     """The submit-time check (queue.py): the ceilings, and no other profiler active (409)."""
     args.update(check_profile(args))
-    from ..agent import current
-    from ..profiling import Profiling
-
-    agent = current()
-    if agent is not None:
-        Profiling.of(agent).check_free()
+    profiling.check_free()
 
 
 def run_profile(q: ActionQueue, a: Action, step: int) -> None:
     """The runner (runners.py): start the window at boundary ``step`` on the training thread."""
-    from ..agent import current
-    from ..profiling import Profiling
-
-    agent = current()
-    if agent is None or agent.actions is not q:
-        raise RuntimeError("the probe agent that queued this profile is gone")
     a.args.update(check_profile(a.args))
-    w = Profiling.of(agent).start_window(a, step)
+    w = q.profiling.start_window(a, step)
     a.data = {"first_step": w.start_step + 1, "last_step": w.last_step,
               "activities": w.activities, "max_seconds": w.max_seconds}
     a.result = (f"profiling steps {w.start_step + 1}..{w.last_step} "

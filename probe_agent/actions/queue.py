@@ -4,7 +4,7 @@ Model
 -----
 - An action is queued for step N on every targeted rank (the CLI sends the same id to each). It
   runs on the training thread right after optimizer step N, from the step clock's subscriber
-  (stepclock.py), in submission order with the other actions due then. Queries, evals and
+  (clock.py), in submission order with the other actions due then. Queries, evals and
   backtraces keep working meanwhile (they run on agent threads).
 - Before running, the ranks agree through the job's store that every one of them reached step
   N (agreement.py): an action runs on all of them or on none, so collectives inside it match
@@ -46,8 +46,9 @@ from .agreement import StepAgreement
 from .runners import RUNNERS
 
 if TYPE_CHECKING:
+    from ..clock import StepClock
     from ..evaluator import Evaluator
-    from .stepclock import StepClock
+    from ..profiling.sessions import Profiling
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +111,14 @@ class ActionQueue:
         audit: writes one ``python.evals`` row (``Agent.audit``).
         running: whether the agent still runs; a held (paused) training thread is released
             once it does not.
+        profiling: the agent's profile windows: a ``profile`` action starts one there.
     """
 
     def __init__(self, clock: StepClock, evaluator: Evaluator, *, rank: int, timeout_s: float,
-                 audit: Callable[..., None], running: Callable[[], bool]) -> None:
+                 audit: Callable[..., None], running: Callable[[], bool],
+                 profiling: Profiling) -> None:
         self.rank = rank
+        self.profiling = profiling
         self.evaluator = evaluator
         self.clock = clock
         self.timeout_s = timeout_s
@@ -231,7 +235,7 @@ class ActionQueue:
         elif kind == "profile":  # issue 16: the ceilings, and no other profiler active
             from .profile import check_args as check_profile
 
-            check_profile(args)
+            check_profile(args, self.profiling)
 
     def get(self, action_id: str) -> Action:
         a = self._all.get(action_id)

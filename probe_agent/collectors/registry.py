@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import Sink
 
 if TYPE_CHECKING:
-    from ..agent import Agent
+    from ..clock import StepClock
+    from ..config import AgentConfig
     from ..ranks import RankRegistry
     from .collectives import CollectiveRecorder
     from .stacks import BacktraceTables
@@ -68,18 +69,21 @@ class Collectors:
 _ORDER = tuple(Collectors.__dataclass_fields__)
 
 
-def build_collectors(agent: Agent) -> Collectors:
-    from ..ranks import build_registry
+def build_collectors(clock: StepClock, rank: int, config: AgentConfig,
+                     ranks: Callable[[], RankRegistry]) -> Collectors:
+    """Build each collector from what it uses; ``ranks`` builds the rank registry (agent.py
+    gives it the agent's identity and peers)."""
+    # Here, at agent start, not at the top: the tracer and the step recorder import pyarrow
+    # and duckdb, which must stay off `import probe_agent`.
     from .collectives import CollectiveRecorder
     from .stacks import BacktraceTables
     from .steps import StepRecorder
     from .tracer.tracer import TorchTracer
     from .trainloop import LoopMonitor
 
-    clock, rank = agent.stepclock, agent.rank
-    tracer = _build("tracer", lambda: TorchTracer(clock, rank, agent.config))
+    tracer = _build("tracer", lambda: TorchTracer(clock, rank, config))
     return Collectors(
-        ranks=_build("ranks", lambda: build_registry(agent)),  # ranks.py: issue 4
+        ranks=_build("ranks", ranks),  # ranks.py
         collectives=_build("collectives", lambda: CollectiveRecorder(rank)),
         steps=_build("steps", lambda: StepRecorder(clock, rank, tracer)),
         tracer=tracer,

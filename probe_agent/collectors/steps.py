@@ -43,7 +43,7 @@ from .heap import free_heap_mib
 from .memory_kinds import count_kinds
 
 if TYPE_CHECKING:
-    from ..actions.stepclock import StepClock
+    from ..clock import StepClock
     from .tracer.tracer import TorchTracer
 
 _MIB = 1.0 / (1 << 20)

@@ -49,7 +49,7 @@ from . import Guard, Sink
 from .torch_import import imported
 
 if TYPE_CHECKING:
-    from ..actions.stepclock import StepClock
+    from ..clock import StepClock
 
 BUFFER = 100_000
 

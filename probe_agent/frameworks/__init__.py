@@ -30,8 +30,9 @@ from the root in ``d.models`` that owns the optimizer's parameters: under Lightn
 LightningModule, which is never called itself (its ``self.net`` is).
 
 ``discover(frame=None, optimizers=None, fresh=False)``: ``frame`` is the training thread's
-innermost frame (default: the main thread's); ``optimizers`` those seen stepping (default: the
-agent's step clock); ``fresh`` rescans live objects (actions do, once per action).
+innermost frame (default: the main thread's); ``optimizers`` those the step clock saw stepping
+(the caller passes ``StepClock.optimizers()``; none: only the script's names and live objects);
+``fresh`` rescans live objects (actions do, once per action).
 
 Adding a framework (DeepSpeed's own engine loop, torchtitan) is one module with ``name``,
 ``trainer_classes`` (qualified class names, for the gc scan) and ``find(ctx) -> Discovered |

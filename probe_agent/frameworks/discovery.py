@@ -93,15 +93,6 @@ def _kinds() -> dict[str, tuple[type, ...]]:
     return kinds
 
 
-def stepping_optimizers() -> list[Any]:
-    """The optimizers this process's agent saw stepping (primary first); [] without an agent."""
-    from ..agent import current
-
-    agent = current()
-    clock = getattr(agent, "stepclock", None)
-    return list(clock.optimizers()) if clock is not None else []
-
-
 def main_frame() -> FrameType | None:
     return sys._current_frames().get(threading.main_thread().ident or -1)
 
@@ -113,11 +104,12 @@ def discover(frame: FrameType | None = None, optimizers: list[Any] | None = None
     Args:
         frame: the training thread's innermost frame; default: the main thread's. Its frames'
             locals are where framework loops keep their trainer (``self``).
-        optimizers: those seen stepping; default: this process's step clock's.
+        optimizers: those the step clock saw stepping (``StepClock.optimizers()``); none
+            given: only what the script's names and the live objects show.
         fresh: rescan live objects now instead of reusing the last scan.
     """
     frame = frame if frame is not None else main_frame()
-    stepping = stepping_optimizers() if optimizers is None else list(optimizers)
+    stepping = list(optimizers or ())
     frames = []
     f = frame
     while f is not None:

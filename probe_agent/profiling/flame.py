@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..collectors.sampler import StackSampler
 from ..store.catalog import shipped_sql
+from . import pyspy
 
 if TYPE_CHECKING:
     from .sessions import Profiling
@@ -59,7 +60,7 @@ class FlameSession:
                                         daemon=True)
 
     def start(self) -> None:
-        self.owner.audit("flame", self.id, self.owner.agent.stepclock.current_step,
+        self.owner.audit("flame", self.id, self.owner.clock.current_step,
                          f"flame {self.seconds:g} s at {self.rate:g} Hz", "started", None, 0.0,
                          self.client, self.requested_by)
         self._thread.start()
@@ -81,7 +82,7 @@ class FlameSession:
             log.warning("probe agent: flame %s failed: %s", self.id, self.error)
         finally:
             self.ended = self.ended or time.time()
-            self.owner.audit("flame", self.id, self.owner.agent.stepclock.current_step,
+            self.owner.audit("flame", self.id, self.owner.clock.current_step,
                              f"flame {self.seconds:g} s at {self.rate:g} Hz: "
                              f"{describe(self.cost)}", self.state, self.error,
                              (self.ended - self.started) * 1e3, self.client, self.requested_by)
@@ -89,10 +90,7 @@ class FlameSession:
     def _sample(self) -> float:
         """Run the sampler; returns its CPU seconds. Sets ``_folded``, ``used``, ``note``."""
         if self.mode != "in-process":
-            from ..serving.watchdog_link import find_pyspy
-            from . import pyspy
-
-            exe = find_pyspy()
+            exe = pyspy.find_pyspy()
             if exe is None:
                 self.note = "py-spy is not installed (pip install 'probe-torch[agent]')"
             else:
@@ -122,7 +120,7 @@ class FlameSession:
             "sampler_cpu_ms": round(cpu_s * 1e3, 3), "elapsed_s": round(elapsed, 3),
             "sampler_cpu_share": round(cpu_s / elapsed, 5),
         }
-        store = self.owner.agent.store
+        store = self.owner.store
         try:
             inside = store.query(shipped_sql("step_times_window"),
                                  params={"since": t0, "until": t1}).rows

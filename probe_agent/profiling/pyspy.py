@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import time
 
@@ -28,6 +31,17 @@ _THREAD = re.compile(r"^thread \((\d+)\): ?(.*)$")
 _FRAME = re.compile(r"^(.*) \((.*):(\d+)\)$")
 #: Extra seconds py-spy may take beyond the sampling (attach, write).
 GRACE_S = 15.0
+
+
+def find_pyspy() -> str | None:
+    """PROBE_PYSPY, then py-spy next to this interpreter (a venv), then PATH."""
+    for cand in (os.environ.get("PROBE_PYSPY"),
+                 os.path.join(os.path.dirname(sys.executable), "py-spy"),
+                 os.path.join(sysconfig.get_path("scripts"), "py-spy"),
+                 shutil.which("py-spy")):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
 
 
 def record(pyspy: str, pid: int, seconds: float, rate: float, out_dir: str

@@ -20,16 +20,14 @@ import statistics
 import sys
 import threading
 import time
-import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
+from ..clock import StepClock
 from ..errors import ConflictError, NotFoundError
 from ..store.catalog import shipped_sql
+from .flame import FlameSession
 from .window import ProfileWindow
-
-if TYPE_CHECKING:
-    from ..agent import Agent
-    from .flame import FlameSession
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +37,6 @@ KEEP_WINDOWS = 20
 #: Steps before a window whose median is the cost baseline.
 BASELINE_STEPS = 20
 
-_registry: weakref.WeakKeyDictionary[Any, Profiling] = weakref.WeakKeyDictionary()
-_registry_lock = threading.Lock()
 
 
 def other_profiler() -> str | None:
@@ -64,40 +60,47 @@ def other_profiler() -> str | None:
     return None
 
 
-class Profiling:
-    """The agent's profile windows and flame sessions; ``Profiling.of(agent)``."""
+#: Records one row of the audit table: (client, code, outcome, error, ms, **action fields).
+Audit = Callable[..., None]
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+
+class Profiling:
+    """One agent's profile windows and flame sessions (agent.py builds one per agent).
+
+    Args:
+        run_dir: trace files go to ``<run_dir>/profiles``.
+        rank: named in refusals; the agent updates it when the process group renumbers it.
+        clock: the step clock; a window starts and stops at its boundaries.
+        store: read for the step times before a window (the cost baseline).
+        tracer: returns the torch tracer when it runs, else None (a window pauses its trace).
+        audit: the agent's audit writer.
+    """
+
+    def __init__(self, run_dir: str, rank: int, clock: StepClock, store: Any,
+                 tracer: Callable[[], Any], audit: Audit) -> None:
+        self.rank = rank
+        self.clock = clock
+        self.store = store
+        self.tracer = tracer
+        self._audit = audit
+        self.out_dir = os.path.join(run_dir, "profiles")
         self.windows: dict[str, ProfileWindow] = {}
         self.flames: dict[str, FlameSession] = {}
         self._lock = threading.Lock()
-
-    @classmethod
-    def of(cls, agent: Agent) -> Profiling:
-        with _registry_lock:
-            found = _registry.get(agent)
-            if found is None:
-                found = _registry[agent] = cls(agent)
-            return found
-
-    @property
-    def out_dir(self) -> str:
-        return os.path.join(self.agent.config.run_dir, "profiles")
 
     # -- profile windows ----------------------------------------------------------------------
     def busy(self) -> str | None:
         """Why no profile window may start now, else None."""
         for w in self.windows.values():
             if w.state in ("recording", "exporting"):
-                return (f"`probe profile` {w.id} is already {w.state} on rank {self.agent.rank} "
+                return (f"`probe profile` {w.id} is already {w.state} on rank {self.rank} "
                         f"(steps {w.start_step + 1}..{w.last_step}); wait for it to finish")
         return other_profiler()
 
     def check_free(self) -> None:
         why = self.busy()
         if why is not None:
-            raise ConflictError(f"profile refused on rank {self.agent.rank}: {why}; nothing "
+            raise ConflictError(f"profile refused on rank {self.rank}: {why}; nothing "
                                 "was started and training goes on", reason="profiler-active")
 
     def start_window(self, action: Any, step: int) -> ProfileWindow:
@@ -106,11 +109,11 @@ class Profiling:
             self.check_free()
             args = action.args
             w = ProfileWindow(
-                action_id=action.id, rank=self.agent.rank, start_step=step,
+                action_id=action.id, rank=self.rank, start_step=step,
                 steps=int(args["steps"]), record_shapes=bool(args.get("record_shapes")),
                 with_stack=bool(args.get("with_stack")),
                 max_seconds=float(args["max_seconds"]), out_dir=self.out_dir,
-                clock=self.agent.stepclock, tracer=self.agent.collectors.tracer,
+                clock=self.clock, tracer=self.tracer(),
                 on_done=lambda w, final: self._window_done(w, final, action.client,
                                                           action.requested_by),
             )
@@ -124,7 +127,7 @@ class Profiling:
     def window(self, window_id: str) -> ProfileWindow:
         w = self.windows.get(window_id)
         if w is None:
-            raise NotFoundError(f"no profile {window_id} on rank {self.agent.rank}; it never "
+            raise NotFoundError(f"no profile {window_id} on rank {self.rank}; it never "
                                 "started here (see `probe actions`), or it is too old")
         return w
 
@@ -159,7 +162,7 @@ class Profiling:
         """Median step time in a window over the median of the steps before ``before_step``."""
         before: list[float] = []
         try:
-            res = self.agent.store.query(shipped_sql("step_times_before"), params={
+            res = self.store.query(shipped_sql("step_times_before"), params={
                 "step": before_step, "until": time.time(), "last": BASELINE_STEPS})
             before = [float(r[0]) for r in res.rows]
         except Exception as e:  # the measure is a courtesy; a store problem must not fail it
@@ -176,19 +179,17 @@ class Profiling:
     # -- flame sessions -----------------------------------------------------------------------
     def start_flame(self, flame_id: str, seconds: float, rate: float, client: str,
                     requested_by: str | None, sampler: str = "auto") -> FlameSession:
-        from .flame import FlameSession
-
         with self._lock:
             for f in self.flames.values():
                 if f.state == "sampling":
                     since = time.strftime("%H:%M:%S", time.localtime(f.started))
                     raise ConflictError(
-                        f"flame {f.id} is already sampling on rank {self.agent.rank} "
+                        f"flame {f.id} is already sampling on rank {self.rank} "
                         f"({f.seconds:g} s from {since}); wait for it to finish",
                         reason="sampler-active")
             if flame_id in self.flames:
                 raise ConflictError(f"a flame session {flame_id} already exists on rank "
-                                    f"{self.agent.rank}", reason="duplicate")
+                                    f"{self.rank}", reason="duplicate")
             f = FlameSession(self, flame_id, seconds, rate, client, requested_by, sampler)
             self.flames[flame_id] = f
             for old in list(self.flames)[:-KEEP_WINDOWS]:
@@ -200,14 +201,14 @@ class Profiling:
     def flame(self, flame_id: str) -> FlameSession:
         f = self.flames.get(flame_id)
         if f is None:
-            raise NotFoundError(f"no flame session {flame_id} on rank {self.agent.rank}")
+            raise NotFoundError(f"no flame session {flame_id} on rank {self.rank}")
         return f
 
     # -- audit --------------------------------------------------------------------------------
     def audit(self, kind: str, action_id: str, at_step: int | None, code: str, outcome: str,
               error: str | None, ms: float, client: str, requested_by: str | None) -> None:
         try:
-            self.agent.audit(client, code, outcome, error, ms, kind=kind, action_id=action_id,
+            self._audit(client, code, outcome, error, ms, kind=kind, action_id=action_id,
                              at_step=at_step, requested_by=requested_by)
         except Exception as e:  # the audit table must never fail a profile or the training
             log.warning("probe agent: could not audit %s %s: %s", kind, action_id, e)
@@ -222,11 +223,3 @@ def describe_cost(cost: dict[str, Any]) -> str:
     if "window_ms" in cost:
         return f"step time {cost['window_ms']:.1f} ms (no earlier steps to compare with)"
     return "no step finished in the window"
-
-
-def stop_for(agent: Agent) -> None:
-    """The agent stops: end its windows and flame sessions, if it ever had any."""
-    with _registry_lock:
-        found = _registry.get(agent)
-    if found is not None:
-        found.stop()

@@ -1,13 +1,13 @@
 """create_app(agent) -> FastAPI: authentication, the error contract, and the feature routers.
 
 Routes live in ``probe_agent/serving/routes/<feature>.py``, each an ``APIRouter`` listed in
-``ROUTERS``; they reach the agent through ``request.app.state.agent``. Routes translate HTTP to
+``ROUTERS`` (imported by name: a route module missing from a build is an ImportError at start,
+not a silent 404); they reach the agent through ``request.app.state.agent``. Routes translate HTTP to
 and from the store, the evaluator and the collectors, and nothing more.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -18,10 +18,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..access import SCOPE_KEYS, header_map, reserve_refusal
 from ..errors import ProbeAgentError
+from .._version import __version__
+from .routes import access, actions, cluster, core, doctor, metrics, profile, trace
 from .wire import error_body
 
 if TYPE_CHECKING:
-    from ..agent import Agent
+    from .parts import AgentParts
     from .budget import ServeBudget
 
 log = logging.getLogger(__name__)
@@ -29,10 +31,8 @@ log = logging.getLogger(__name__)
 #: Cheap GETs that skip the serving budget (serving/budget.py).
 _UNBUDGETED = frozenset({"/v1/health", "/v1/step", "/v1/backtrace"})
 
-#: Feature routers, by module under ROUTES. Each module exposes ``router``.
-ROUTES = "probe_agent.serving.routes"
-ROUTERS = ("core", "trace", "cluster", "actions", "doctor", "access", "profile",
-           "metrics")
+#: Feature routers, in the order they are mounted. Each module exposes ``router``.
+ROUTERS = (core, trace, cluster, actions, doctor, access, profile, metrics)
 
 
 class AdmissionMiddleware:
@@ -41,7 +41,7 @@ class AdmissionMiddleware:
     refusals are audited), the serving CPU budget (serving/budget.py),
     and a JSON 500 for a route's bug, so that a bug never disturbs training."""
 
-    def __init__(self, app: Any, agent: Agent, budget: ServeBudget) -> None:
+    def __init__(self, app: Any, agent: AgentParts, budget: ServeBudget) -> None:
         self.app = app
         self.agent = agent
         self.budget = budget
@@ -102,9 +102,7 @@ class AdmissionMiddleware:
                 self.budget.done()
 
 
-def create_app(agent: Agent) -> FastAPI:
-    from .. import __version__
-
+def create_app(agent: AgentParts) -> FastAPI:
     app = FastAPI(
         title="probe agent",
         version=__version__,
@@ -141,12 +139,6 @@ def create_app(agent: Agent) -> FastAPI:
             error_body(rank, 422, "malformed request: " + "; ".join(parts)), status_code=422
         )
 
-    for name in ROUTERS:
-        try:
-            module = importlib.import_module(f"{ROUTES}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"{ROUTES}.{name}":
-                continue  # that feature is not part of this build
-            raise
+    for module in ROUTERS:
         app.include_router(module.router)
     return app

@@ -1,8 +1,8 @@
 """The agent's side of the watchdog (runs inside the rank; see the package docstring).
 
-``WatchdogLink.create(agent, public_sockets)`` binds the private socket the agent then serves.
-``start()`` (after the agent's server runs) registers the faulthandler dumps, starts the
-``probe-agent.heartbeat`` thread, spawns the watchdog with the public listening sockets and
+``WatchdogLink.create(...)`` (agent.py passes what it uses) binds the private socket the
+agent then serves. ``start()`` (after the agent's server runs) registers the faulthandler
+dumps, starts the ``probe-agent.heartbeat`` thread, spawns the watchdog with the public listening sockets and
 grants it ptrace (Yama), and starts ``probe-agent.watchdog``, which waits on the watchdog
 process. If it dies while the rank lives, that thread starts a new one
 (``watchdog_restarts.py``, issue 20), logging one line each time; ``describe()``
@@ -22,43 +22,31 @@ import json
 import logging
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 import traceback
 import weakref
-from typing import IO, TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import IO, Any
 
+from ..clock import StepClock
+from ..config import AgentConfig
+from ..errors import BindError
+from ..profiling.pyspy import find_pyspy
+from ..ranks import Identity
 from ..watchdog import beat
 from ..watchdog.files import RunFiles
-from .server import AgentServer, bind_unix, close_sockets
+from .server import bind_unix, close_sockets
 from .watchdog_restarts import RESTART_WINDOW_S, Restarts, supervise
-
-if TYPE_CHECKING:
-    from ..agent import Agent
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 10.0
 PR_SET_PTRACER = 0x59616D61
-_links: weakref.WeakSet[WatchdogLink] = weakref.WeakSet()
-_fork_hook = False
-
-
-def find_pyspy() -> str | None:
-    """PROBE_PYSPY, then py-spy next to this interpreter (a venv), then PATH."""
-    for cand in (os.environ.get("PROBE_PYSPY"),
-                 os.path.join(os.path.dirname(sys.executable), "py-spy"),
-                 os.path.join(sysconfig.get_path("scripts"), "py-spy"),
-                 shutil.which("py-spy")):
-        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
-            return cand
-    return None
 
 
 def _free_signal(candidates: list[int]) -> int | None:
@@ -84,48 +72,39 @@ def grant_ptrace(pid: int) -> None:
                     "not read stacks with py-spy", ctypes.get_errno())
 
 
-def reclaim_port(run_dir: str, port: int, timeout: float = 2.0) -> bool:
-    """Ask the watchdogs of *dead* ranks that still hold ``port`` to let go (a restarted rank
-    wants its port back); True when one was asked and has let go."""
-    asked = []
-    try:
-        names = [n for n in os.listdir(run_dir) if n.endswith(".watchdog.json")]
-    except OSError:
-        return False
-    for name in names:
-        try:
-            with open(os.path.join(run_dir, name)) as f:
-                rec = json.load(f)
-            if rec.get("state") == "dead" and rec.get("port") == port:
-                os.kill(int(rec["watchdog_pid"]), signal.SIGUSR1)
-                asked.append(os.path.join(run_dir, name))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    deadline = time.monotonic() + timeout
-    while asked and time.monotonic() < deadline:
-        time.sleep(0.02)
-        still = []
-        for path in asked:
-            try:
-                with open(path) as f:
-                    if json.load(f).get("port") == port:
-                        still.append(path)
-            except (OSError, ValueError):
-                pass
-        if not still:
-            return True
-        asked = still
-    return False
+#: Starts a server in this process on (plain sockets, TLS sockets): the fallback when the
+#: watchdog cannot serve the public sockets. Returns something with ``stop()``.
+ServeFallback = Callable[[list[socket.socket], list[socket.socket]], Any]
 
 
 class WatchdogLink:
-    def __init__(self, agent: Agent, public: list[socket.socket]) -> None:
-        self.agent = agent
-        cfg = agent.config
-        self.files = RunFiles(cfg.run_dir, agent.identity.pid)
+    """The rank's side of its watchdog.
+
+    Args:
+        config: the agent's; the run dir, token, TLS and the watchdog's own settings.
+        identity: who this rank is; ``rank`` is updated by the agent when the process group
+            renumbers it.
+        clock: the step clock; its step goes into every heartbeat and the exit record.
+        host_names: the names the access rule accepts (``access.Policy.host_names``); the
+            watchdog applies the same rule.
+        public: the listening sockets the watchdog will own.
+        serve_fallback: starts an in-process server on the public sockets, used when the
+            watchdog cannot start or keeps dying.
+    """
+
+    def __init__(self, config: AgentConfig, identity: Identity, clock: StepClock,
+                 host_names: set[str], public: list[socket.socket],
+                 serve_fallback: ServeFallback) -> None:
+        self.config = config
+        self.identity = identity
+        self.rank = identity.rank
+        self.clock = clock
+        self.host_names = host_names
+        self.serve_fallback = serve_fallback
+        self.files = RunFiles(config.run_dir, identity.pid)
         self.public = public
         self.inner_socket, self.inner_path = bind_unix(
-            cfg.run_dir, agent.identity.pid, agent.rank, name=self.files.inner_name)
+            config.run_dir, identity.pid, identity.rank, name=self.files.inner_name)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pyspy = find_pyspy()
         self.dump_signal: int | None = None
@@ -144,41 +123,34 @@ class WatchdogLink:
         self._spawning = threading.Lock()
 
     @classmethod
-    def create(cls, agent: Agent, public: list[socket.socket]) -> WatchdogLink | None:
-        from ..errors import BindError
-
+    def create(cls, config: AgentConfig, identity: Identity, clock: StepClock,
+               host_names: set[str], public: list[socket.socket],
+               serve_fallback: ServeFallback) -> WatchdogLink | None:
         try:
-            return cls(agent, public)
+            return cls(config, identity, clock, host_names, public, serve_fallback)
         except BindError as e:
             log.warning("probe agent: no watchdog (%s); serving without it", e)
             return None
 
     # -- start ------------------------------------------------------------------------------
     def start(self) -> None:
-        global _fork_hook
-        _links.add(self)
-        if not _fork_hook:
-            os.register_at_fork(after_in_child=_after_fork_in_child)
-            _fork_hook = True
         self._register_dumps()
         self._beat_fd = os.open(self.files.beat, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         beat.write(self._beat_fd, next(self._seq), self._step())
         self._spawn_thread("probe-agent.heartbeat", self._beat_loop)
-        clock = getattr(self.agent, "stepclock", None)
-        if clock is not None and hasattr(clock, "subscribe"):
-            # Exact last step for crash reports: one 32-byte pwrite per step (~2 us).
-            self._unsubscribe = clock.subscribe(self._on_step, name="watchdog heartbeat")
+        # Exact last step for crash reports: one 32-byte pwrite per step (~2 us).
+        self._unsubscribe = self.clock.subscribe(self._on_step, name="watchdog heartbeat")
         try:
             self._spawn()
         except (OSError, RuntimeError) as e:
             log.warning("probe agent on rank %d: watchdog did not start (%s); serving its "
                         "sockets in-process, without the out-of-process backtrace",
-                        self.agent.rank, e)
+                        self.rank, e)
             self._serve_in_process()
             return
         # NOTE: this thread outlives interpreter exit when the watchdog stays to report the
         # death (handover), so it must not hold the link (neither as its target nor in its
-        # frame): through link.agent it would keep the DuckDB connection alive at finalization,
+        # frame): through serve_fallback it would keep the DuckDB connection alive at finalization,
         # and duckdb's nanobind then prints "leaked 28 instances" on every training exit.
         self._spawn_thread("probe-agent.watchdog", supervise,
                            (self.proc, weakref.ref(self), self._stop))
@@ -209,12 +181,12 @@ class WatchdogLink:
         return f
 
     def _spawn(self) -> None:
-        cfg = self.agent.config
+        cfg = self.config
         tcp = next((s for s in self.public if s.family != socket.AF_UNIX), None)
         uds = next((s for s in self.public if s.family == socket.AF_UNIX), None)
         conf = {
-            "pid": self.agent.identity.pid, "rank": self.agent.rank,
-            "hostname": self.agent.identity.host, "run_dir": cfg.run_dir,
+            "pid": self.identity.pid, "rank": self.rank,
+            "hostname": self.identity.host, "run_dir": cfg.run_dir,
             "inner_path": self.inner_path, "token": cfg.token,
             "tcp_fd": tcp.fileno() if tcp else None, "uds_fd": uds.fileno() if uds else None,
             "host": tcp.getsockname()[0] if tcp else None,
@@ -224,7 +196,7 @@ class WatchdogLink:
             "snapshot_s": cfg.watchdog_snapshot_s,
             "tls_cert": cfg.tls_cert, "tls_key": cfg.tls_key,
             # issue 19: the same access rule as the agent's (access.Policy), host names included.
-            "host_names": sorted(self.agent.gate.policy.host_names),
+            "host_names": sorted(self.host_names),
         }
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         boot = (f"import sys; sys.path.insert(0, {root!r}); "
@@ -253,10 +225,7 @@ class WatchdogLink:
 
     # -- threads ----------------------------------------------------------------------------
     def _step(self) -> int | None:
-        clock = getattr(self.agent, "stepclock", None)
-        if clock is None or not getattr(clock, "seen_step", False):
-            return None
-        return getattr(clock, "current_step", None)
+        return self.clock.current_step if self.clock.seen_step else None
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(beat.INTERVAL_S):
@@ -279,7 +248,7 @@ class WatchdogLink:
         if delay is None:
             log.warning("probe agent on rank %d: the watchdog died %d times within %g s (last: "
                         "%s); serving the public sockets in-process from now on, without the "
-                        "out-of-process backtrace; see %s", self.agent.rank, self.restarts.recent,
+                        "out-of-process backtrace; see %s", self.rank, self.restarts.recent,
                         RESTART_WINDOW_S, why, self.files.log)
             self._serve_in_process()
         return delay
@@ -298,31 +267,40 @@ class WatchdogLink:
         self.restarts.count += 1
         assert self.proc is not None
         log.warning("probe agent on rank %d: the watchdog (pid %s) died (%s); restarted it as "
-                    "pid %d (restart %d; `probe info` shows them)", self.agent.rank, old,
+                    "pid %d (restart %d; `probe info` shows them)", self.rank, old,
                     self.restarts.last_death, self.proc.pid, self.restarts.count)
         return self.proc, None
 
     def _serve_in_process(self) -> None:
-        from .app import create_app
-
-        cfg = self.agent.config
+        tls = self.config.tls
         tcp = [s for s in self.public if s.family != socket.AF_UNIX]
-        plain = [s for s in self.public if s.family == socket.AF_UNIX] if cfg.tls else self.public
+        plain = [s for s in self.public if s.family == socket.AF_UNIX] if tls else self.public
         # The watchdog held the TLS of the TCP port; in-process, uvicorn must take it over.
-        self._fallback = AgentServer(create_app(self.agent), list(plain), self.agent.rank,
-                                     self.agent.gate, tls_sockets=tcp if cfg.tls else [],
-                                     tls=cfg)
-        self._fallback.start()
+        self._fallback = self.serve_fallback(list(plain), tcp if tls else [])
 
     def describe(self) -> dict[str, Any]:
         alive = self.proc is not None and self.proc.poll() is None
         return {
             "pid": self.proc.pid if alive and self.proc else None,
-            "reader": self.agent.config.watchdog_reader, "pyspy": self.pyspy,
+            "reader": self.config.watchdog_reader, "pyspy": self.pyspy,
             "dump_signal": signal.Signals(self.dump_signal).name if self.dump_signal else None,
             "in_process_fallback": self._fallback is not None,
             **self.restarts.describe(),
         }
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child (a DataLoader worker): let go of the public port, and never dump
+        the child's SIGTERM into the rank's forensics. The agent's fork handler calls this."""
+        self._stop.set()
+        close_sockets(self.public)
+        for sig in self._registered:
+            try:
+                faulthandler.unregister(sig)
+            except (ValueError, RuntimeError):
+                pass
+        if self._fatal_enabled:
+            faulthandler.disable()
+        self.proc = None
 
     # -- stop -------------------------------------------------------------------------------
     def stop(self) -> bool:
@@ -405,20 +383,3 @@ def _nonempty(path: str) -> bool:
         return os.path.getsize(path) > 0
     except OSError:
         return False
-
-
-def _after_fork_in_child() -> None:
-    """A forked child (DataLoader worker) must not hold the public port, nor dump its own
-    SIGTERM into the rank's forensics."""
-    for link in list(_links):
-        link._stop.set()
-        close_sockets(link.public)
-        for sig in link._registered:
-            try:
-                faulthandler.unregister(sig)
-            except (ValueError, RuntimeError):
-                pass
-        if link._fatal_enabled:
-            faulthandler.disable()
-        link.proc = None
-    _links.clear()

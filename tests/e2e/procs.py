@@ -49,7 +49,7 @@ def spin_library(tmp: Path) -> str:
 
 def require_pyspy() -> None:
     sys.path.insert(0, str(ROOT))
-    from probe_agent.serving.watchdog_link import find_pyspy
+    from probe_agent.profiling.pyspy import find_pyspy
 
     if find_pyspy() is None:
         pytest.skip("py-spy is not installed (pip install 'probe-torch[agent]')")

@@ -327,7 +327,7 @@ def test_a_taken_port_moves_the_agent_to_the_next_free_one(make_agent, caplog):
 
 
 def test_port_in_use_fails_at_once_with_advice_when_no_port_near_it_is_free(make_agent):
-    from probe_agent.agent import PORT_TRIES
+    from probe_agent.serving.ports import PORT_TRIES
 
     held = []
     taken = socket.socket()

@@ -13,13 +13,15 @@ torch = pytest.importorskip("torch")
 
 from probe_agent.actions.lr import change_lr  # noqa: E402
 from probe_agent.frameworks import discover, unwrap  # noqa: E402
+from probe_agent.frameworks.playbook import resolve  # noqa: E402
 from probe_agent.operator_code import CodeRun, compile_code, script_namespace  # noqa: E402
 
 
 def run_code(code: str) -> CodeRun:
     """Eval code as /v1/eval runs it, with this test's frames as the script's."""
     run = CodeRun(10_000)
-    run.execute(compile_code(code), session={}, namespace=script_namespace(sys._getframe(1)))
+    run.execute(compile_code(code), session={}, namespace=script_namespace(sys._getframe(1)),
+                playbook=resolve)
     return run
 
 

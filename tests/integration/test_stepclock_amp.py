@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from probe_agent.actions.stepclock import StepClock  # noqa: E402
+from probe_agent.clock import StepClock  # noqa: E402
 
 
 def amp_steps(n: int, overflow_at: set[int]) -> tuple[torch.optim.Optimizer, list[int]]:

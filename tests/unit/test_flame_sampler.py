@@ -45,7 +45,7 @@ def test_in_process_sampler_counts_a_threads_stack_and_skips_agent_threads():
 def test_pyspy_raw_lines_become_the_same_folded_format():
     raw = "\n".join([
         "thread (101): MainThread;<module> (/job/train.py:1);step (/job/train.py:40);"
-        f"_on_step ({AGENT_DIR}/actions/stepclock.py:160);slow (/job/train.py:9) 70",
+        f"_on_step ({AGENT_DIR}/clock.py:160);slow (/job/train.py:9) 70",
         "thread (102): probe-agent.writer;run (/x/store.py:3) 50",
         "thread (103): ;run (/x/y.py:3) 5",
         "not a stack line",

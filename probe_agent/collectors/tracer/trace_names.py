@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -36,7 +37,10 @@ _PARENTS_TTL_S = 30.0
 class ModuleNames:
     """Names and name codes of traced objects; ``version`` changes when ``table`` does."""
 
-    def __init__(self) -> None:
+    def __init__(self, optimizers: Callable[[], list[Any]] = list) -> None:
+        """``optimizers``: those the step clock saw stepping (the model roots they train name
+        the modules)."""
+        self._optimizers = optimizers
         self._names: dict[int, tuple[Any, str, str]] = {}
         self._labels: dict[int, tuple[Any, str]] = {}
         self._label_counts: dict[str, int] = {}
@@ -52,7 +56,7 @@ class ModuleNames:
     def _owner(self, root: Any) -> Any:
         """The top-most module above ``root`` whose trainable parameters the optimizers hold,
         below any wrapper (DDP, compile, Lightning's); ``root`` when it has no such parent."""
-        wanted = _optimized_params()
+        wanted = self._optimized_params()
         if not wanted:
             self._unowned = True
             return root
@@ -118,7 +122,7 @@ class ModuleNames:
     def codes(self, objs: list[Any], roots: list[Any], optimizer: set[int]) -> list[int]:
         """Each object's code; objects whose id is in ``optimizer`` are named by their class
         under the root label ``optimizer``. Names are looked up once per distinct object."""
-        if self._unowned and _optimized_params():
+        if self._unowned and self._optimized_params():
             # names given from a called root before any optimizer stepped: give them again
             # from the model it trains (codes stay: the rows kept for backward refer to them)
             self._unowned = False
@@ -154,6 +158,14 @@ class ModuleNames:
                 pass
         return list(map(code_of.__getitem__, oids))
 
+    def _optimized_params(self) -> set[int]:
+        """ids of the parameters of the optimizers the agent saw stepping."""
+        try:
+            opts = self._optimizers()
+            return {id(x) for o in opts for g in o.param_groups for x in g["params"]}
+        except Exception:  # noqa: BLE001 - writer thread: a failure keeps the root's names
+            return set()
+
     def table(self) -> pa.Table:
         """code -> (module, root) for every code handed out."""
         pairs = list(self._interned)
@@ -163,17 +175,6 @@ class ModuleNames:
             "root": pa.array([p[1] for p in pairs], pa.string()),
         })
 
-
-
-def _optimized_params() -> set[int]:
-    """ids of the parameters of the optimizers the agent saw stepping."""
-    try:
-        from ...frameworks.discovery import stepping_optimizers
-
-        opts = stepping_optimizers()
-    except Exception:  # noqa: BLE001 - writer thread: a failure keeps the called root's names
-        return set()
-    return {id(x) for o in opts for g in o.param_groups for x in g["params"]}
 
 
 def _is_wrapper(module: Any) -> bool:

@@ -179,13 +179,15 @@ class RowResolver:
     """Resolves one flush of records at a time; keeps what later flushes need (the last
     steps' forward rows, names, rows whose CUDA events are still running)."""
 
-    def __init__(self, rank: int, schema: pa.Schema) -> None:
+    def __init__(self, rank: int, schema: pa.Schema,
+                 optimizers: Callable[[], list[Any]] = list) -> None:
+        """``optimizers``: the step clock's (``StepClock.optimizers``), for module names."""
         self.rank = rank
         self.schema = schema  # python.torch_trace as the store has it (schema.sql)
         self.torch: Any = None
         # perf_counter_ns -> nanoseconds since the epoch
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
-        self.names = ModuleNames()
+        self.names = ModuleNames(optimizers)
         self._names_version = -1
         self._db: duckdb.DuckDBPyConnection | None = None
         self._next_row = 0  # id of the next forward record

@@ -72,7 +72,7 @@ from .trace_native import LOADER
 from .trace_rows import RowResolver
 
 if TYPE_CHECKING:
-    from ...actions.stepclock import StepClock
+    from ...clock import StepClock
     from ...config import AgentConfig
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,8 @@ class TorchTracer(CudaRecords, WriterSide):
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Sink) -> None:
         self.sink = sink
-        self.resolver = RowResolver(self.rank, sink.arrow_schema(_TABLE))
+        self.resolver = RowResolver(self.rank, sink.arrow_schema(_TABLE),
+                                    self.stepclock.optimizers)
         sink.add_flusher(self.tick)
         if torch_ready():
             self.arm()

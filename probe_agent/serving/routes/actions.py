@@ -23,7 +23,7 @@ from ..wire import ok_body
 from .core import _agent, _client
 
 if TYPE_CHECKING:
-    from ...agent import Agent
+    from ..parts import AgentParts
 
 router = APIRouter(prefix="/v1")
 
@@ -115,7 +115,7 @@ def _require_eval_rights(request: Request, what: str) -> None:
         )
 
 
-def _envelope(agent: Agent, **body: Any) -> dict[str, Any]:
+def _envelope(agent: AgentParts, **body: Any) -> dict[str, Any]:
     return ok_body(agent.rank, step=agent.stepclock.current_step,
                    paused_at=agent.actions.paused_at, **body)
 

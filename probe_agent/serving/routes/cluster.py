@@ -17,12 +17,12 @@ from ...errors import NotFoundError, QueryError
 from ..wire import ok_body, query_body
 
 if TYPE_CHECKING:
-    from ...agent import Agent
+    from ..parts import AgentParts
 
 router = APIRouter(prefix="/v1")
 
 
-def _collective_rows(agent: Agent, state: str | None, limit: int) -> dict[str, Any]:
+def _collective_rows(agent: AgentParts, state: str | None, limit: int) -> dict[str, Any]:
     recorder = agent.collectors.collectives
     rows = recorder.rows() if recorder is not None else []
     if state:
@@ -68,7 +68,7 @@ def _window_renamed(takes: tuple[str, ...], params: dict[str, Any]) -> dict[str,
     return {**{k: v for k, v in params.items() if k != old[0]}, "last": params[old[0]]}
 
 
-def _canned(agent: Agent, name: str, params: dict[str, Any]) -> Any:
+def _canned(agent: AgentParts, name: str, params: dict[str, Any]) -> Any:
     from ...store.catalog import load_queries
 
     queries = load_queries()

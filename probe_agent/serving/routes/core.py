@@ -18,7 +18,7 @@ from ..wire import ok_body, query_parts
 from .bodies import openapi_body, read_body
 
 if TYPE_CHECKING:
-    from ...agent import Agent
+    from ..parts import AgentParts
 
 router = APIRouter(prefix="/v1")
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -49,7 +49,7 @@ def _charge(request: Request, nbytes: int) -> None:
         budget.charge_bytes(nbytes)
 
 
-def _agent(request: Request) -> Agent:
+def _agent(request: Request) -> AgentParts:
     return request.app.state.agent
 
 

@@ -21,7 +21,7 @@ from ...jsonsafe import jsonable
 from ..wire import ok_body
 
 if TYPE_CHECKING:
-    from ...agent import Agent
+    from ..parts import AgentParts
 
 router = APIRouter(prefix="/v1")
 
@@ -39,7 +39,7 @@ def _cuda_totals() -> dict[str, float]:
     return out
 
 
-def _state(agent: Agent) -> dict[str, Any]:
+def _state(agent: AgentParts) -> dict[str, Any]:
     monitor = agent.collectors.trainloop
     clock = agent.stepclock
     clock.poll()

@@ -20,7 +20,7 @@ from fastapi.responses import PlainTextResponse
 from ...store.catalog import shipped_sql
 
 if TYPE_CHECKING:
-    from ...agent import Agent
+    from ..parts import AgentParts
 
 router = APIRouter(prefix="/v1")
 
@@ -69,7 +69,7 @@ def _num(value: Any) -> str | None:
     return repr(v)
 
 
-def render(agent: Agent) -> str:
+def render(agent: AgentParts) -> str:
     """The exposition text; a metric with no value yet (no step so far) is left out."""
     ident = agent.identity
     base = {"rank": str(agent.rank), "local_rank": str(ident.local_rank), "host": ident.host,

@@ -38,9 +38,7 @@ MAX_WAIT_S = 30.0
 
 
 def _profiling(request: Request) -> Any:
-    from ...profiling import Profiling
-
-    return Profiling.of(_agent(request))
+    return _agent(request).profiling
 
 
 async def _until(done: Any, wait: float) -> None:

@@ -54,8 +54,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..collectors import Guard, Sink
-from ..collectors.torch_import import imported
+from .collectors import Guard, Sink
+from .collectors.torch_import import imported
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,57 @@
+"""What the HTTP side uses of its agent, as a protocol: the routes, the app and the admission
+middleware are typed against ``AgentParts``, never against agent.py, which sits above serving
+and wires it (``create_app(agent)``). agent.py's ``Agent`` is the one implementation.
+
+Every name here is something a route reads or calls; a route that needs more adds it here, so
+the list stays the whole contract between the agent and its HTTP side.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..access import Gate, Refusal, RefusalLog
+    from ..actions.queue import ActionQueue
+    from ..clock import StepClock
+    from ..collectors.registry import Collectors
+    from ..config import AgentConfig
+    from ..profiling.sessions import Profiling
+    from ..ranks import Identity
+    from ..store.store import Store
+
+
+class AgentParts(Protocol):
+    rank: int
+    config: AgentConfig
+    identity: Identity
+    store: Store
+    stepclock: StepClock
+    actions: ActionQueue
+    collectors: Collectors
+    profiling: Profiling
+    gate: Gate
+    refusals: RefusalLog
+    #: Separate pools so a slow query never starves eval or backtrace, and vice versa.
+    query_pool: ThreadPoolExecutor
+    eval_pool: ThreadPoolExecutor
+    #: Set by create_app: the requests' CPU budget (budget.py).
+    serve_budget: Any
+    tcp_port: int | None
+
+    def info(self) -> dict[str, Any]:
+        """``/v1/info``: who and where this rank is."""
+
+    def known_ranks(self) -> list[dict[str, Any]]:
+        """Every rank this agent knows, itself included, by rank."""
+
+    def run_eval(self, code: str, client: str) -> Any:
+        """Run operator code (``/v1/eval``); audited; raises EvalError on failure."""
+
+    def audit(self, client: str, code: str, outcome: str, error: str | None, ms: float,
+              **action: Any) -> None:
+        """One row of the audit table."""
+
+    def audit_refusal(self, client: str, method: str, path: str, refusal: Refusal) -> None:
+        """Count a refused request, and audit it within the refusal log's burst."""
