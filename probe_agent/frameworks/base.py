@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -97,17 +97,6 @@ class Context:
                            if any(id(unwrap.optimizer(o)) in stepping
                                   for o in optimizers(t) or ())), found[0])
         return (where if where in self.namespace else default_label), obj
-
-
-class Adapter(Protocol):
-    """One framework. ``find`` returns None when the job does not use it (its modules not
-    imported, or no trainer alive); it never imports the framework itself."""
-
-    name: str
-    #: Fully qualified class names of the trainer objects it looks for (for the gc scan).
-    trainer_classes: tuple[str, ...]
-
-    def find(self, ctx: Context) -> Discovered | None: ...
 
 
 def loaded_class(qualified: str) -> type | None:

@@ -518,6 +518,3 @@ class Store:
             return res
 
         return self._run_read(sql, None, cap, consume)
-
-    def table_columns(self) -> dict[str, list[tuple[str, str]]]:
-        return dict(self._columns)

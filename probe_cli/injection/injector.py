@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from . import ptrace
@@ -34,18 +33,6 @@ ROUTINE = bytes.fromhex(
     "5b" "31c0" "c3")
 ARGS_AT, CODE_AT = 64, 128
 SAFE_MOMENT_S = 3.0
-
-
-@dataclass(slots=True)
-class Injection:
-    """What happened, for the command to print."""
-
-    pid: int
-    route: str
-    thread: int | None
-    inject_ms: float
-    status: dict[str, Any]
-    waited_s: float
 
 
 def _unsafe_ranges(t: Target) -> list[tuple[int, int]]:
@@ -230,6 +217,3 @@ def boot_line(script: str) -> str:
     return (f"exec(compile(open({script!r}).read(), {script!r}, 'exec'), "
             "{'__name__': '__probe_inject__'})")
 
-
-def python_of_cli() -> str:
-    return sys.version.split()[0]
