@@ -44,7 +44,7 @@ COMMANDS = ("doctor", "hang", "straggler")
 #: wait is what a straggler costs the others; an OOM is memory).
 KIND = {"hang": "hang", "stall": "hang", "straggler": "straggler", "collectives": "straggler",
         "memory": "memory", "oom": "memory", "nonfinite": "nonfinite", "dataloader": "dataloader",
-        "lr": "lr"}
+        "lr": "lr", "amp_clip": "amp_clip"}
 ODD = 1  # the rank that misbehaves (the last of 2)
 
 
@@ -59,6 +59,8 @@ class Scenario:
     kill: bool = False
     healthy: bool = False
     lib: bool = False
+    #: text no doctor finding's next command may hold (own_lr: `probe lr` would be undone)
+    forbid_next: str = ""
 
 
 def _s(*kinds: str) -> frozenset[str]:
@@ -66,7 +68,8 @@ def _s(*kinds: str) -> frozenset[str]:
 
 
 NONE = {"hang": _s(), "straggler": _s(), "doctor": _s()}
-HANG = {"hang": _s("hang"), "doctor": _s("hang")}
+# A hang is also asked for a straggler: none may be named from arrivals before the hang.
+HANG = {"hang": _s("hang"), "doctor": _s("hang"), "straggler": _s()}
 SCENARIOS = [
     Scenario("healthy", NONE, ready_step=300, step_s=0.01, healthy=True),
     Scenario("busy", NONE, ready_step=200, step_s=0.01, hog=True, healthy=True),
@@ -87,6 +90,11 @@ SCENARIOS = [
              ready_step=60, step_s=0.0),
     Scenario("lr_high", {"hang": _s(), "straggler": _s(), "doctor": _s("lr")},
              allow=_s("nonfinite"), ready_step=60),
+    Scenario("amp_scaled", {"hang": _s(), "straggler": _s(), "doctor": _s("amp_clip")},
+             ready_step=60),
+    Scenario("amp_unscaled", NONE, ready_step=60),
+    Scenario("own_lr", {"hang": _s(), "straggler": _s(), "doctor": _s("lr")},
+             allow=_s("nonfinite"), ready_step=60, forbid_next="probe lr"),
 ]
 QUICK = ("healthy", "leak", "hang_gil", "slow_rank")
 
@@ -140,6 +148,9 @@ def score(sc: Scenario, o: Outcome) -> None:
         ok = False  # the right verdict on the wrong rank is wrong
     if o.command == "doctor" and not want:
         ok = ok and o.exit == 0  # healthy: exit 0, nothing above info
+    if o.command == "doctor" and sc.forbid_next:
+        ok = ok and not any(sc.forbid_next in (f.get("next") or "")
+                            for f in o.body.get("findings", []))
     o.right = ok
 
 

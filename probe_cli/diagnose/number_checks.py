@@ -223,11 +223,11 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
                 if lr is not None and (lr == 0 or not math.isfinite(lr)):
                     problems.append(f"rank {d.rank}: {o.get('class')} lr is {g.get('lr')}")
                     ranks.add(d.rank)
-    disagree = _settings_disagree(docs)
+    own = _loop_sets_lr(docs)
+    disagree = _settings_disagree(docs, loop_sets_lr=bool(own))
     if disagree:
         problems.append("ranks disagree on optimizer settings")
         ranks.update(disagree)
-    own = _loop_sets_lr(docs)
     if own:
         evidence.append(own)
     if scaled:
@@ -244,8 +244,8 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
 
 
 #: What to change when the loop computes its LR itself (`probe lr` would be undone next step).
-_OWN_LR_NEXT = ("change the LR the training script computes (its schedule's peak/max LR); "
-                "probe lr would be undone at the next step")
+_OWN_LR_NEXT = ("edit the LR the training script computes each step (its peak/max LR): the "
+                "loop overwrites an LR changed from outside at its next step")
 
 
 def _loop_sets_lr(docs: list[RankDoc]) -> str:
@@ -292,11 +292,13 @@ def _g(v: float | None) -> str:
     return "?" if v is None else f"{v:.3g}"
 
 
-def _settings_disagree(docs: list[RankDoc]) -> set[int]:
+def _settings_disagree(docs: list[RankDoc], loop_sets_lr: bool = False) -> set[int]:
     """The ranks whose optimizer settings are not the others'. The LR is compared only between
     ranks that answered at the same step: a schedule moves it every step (a healthy cosine
     job, its ranks one step apart, read as "ranks disagree"); elsewhere only a factor of 1.5
-    or more counts (one rank lowered by `probe lr`, the others not)."""
+    or more counts (one rank lowered by `probe lr`, the others not). A loop that sets its own
+    LR does so before the step the clock counts, so two ranks at the same count may hold the
+    LRs of two steps: then only the factor counts."""
     shape: dict[int, tuple[Any, ...]] = {}
     lrs: dict[int, tuple[float, ...]] = {}
     steps: dict[int, Any] = {}
@@ -318,7 +320,7 @@ def _settings_disagree(docs: list[RankDoc]) -> set[int]:
         for b in lrs:
             if a >= b or shape[a] != shape[b] or len(lrs[a]) != len(lrs[b]):
                 continue
-            same_step = steps[a] is not None and steps[a] == steps[b]
+            same_step = not loop_sets_lr and steps[a] is not None and steps[a] == steps[b]
             for x, y in zip(lrs[a], lrs[b]):
                 lo, hi = sorted((abs(x), abs(y)))
                 if (same_step and not math.isclose(x, y, rel_tol=1e-6)) or hi > 1.5 * lo:

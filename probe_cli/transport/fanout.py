@@ -123,9 +123,20 @@ def _expand(session: Session, ep: Endpoint) -> list[RankTarget]:
             out.append(RankTarget(rank, Endpoint("http://unknown"), error=err))
     if me is not None and all(t.rank != me for t in out):
         out.append(RankTarget(me, ep))
-    note = _missing_ranks_note(body, ep, {t.rank for t in out})
+    found = {t.rank for t in out}
+    note = _missing_ranks_note(body, ep, found)
     if note:
         session.notes.append(note)
+        # A rank the job has but the CLI cannot reach is silent: it is reported with the others
+        # that did not answer, and the exit code says the answer is partial (3), as promised.
+        for rank in sorted(set(range(body.world_size or 0)) - found):
+            err = AgentUnreachableError(
+                f"rank {rank} is in the job (world size {body.world_size}) but not in "
+                f"{ep.label}'s rank list: it was not asked", url=f"rank {rank}",
+                reason="not registered: no address known",
+                help_text="pass every rank's agent with -t HOST:PORT,HOST:PORT or --hostfile")
+            out.append(RankTarget(rank, Endpoint(f"http://rank-{rank}.unregistered"),
+                                  error=err))
     return _dedupe(out) or [RankTarget(None, ep)]
 
 

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
+
 from tests.support import PROGRAMS, kill_tree, python_env, wait_until
 
 
@@ -51,6 +53,16 @@ def training_job(
 
         wait_until(all_ready, timeout, "training ranks did not become ready")
         infos = [json.loads((ready / f"rank{r}.json").read_text()) for r in range(ranks)]
+        if nproc > 1 and infos[0].get("url"):
+            # Ranks register in the job's store from a thread of their agent: a command sent
+            # through rank 0 before that reaches only some ranks (fsdp2's `probe slow` did,
+            # under load). Wait for the real signal: rank 0 lists every rank.
+            def registered() -> bool:
+                assert proc.poll() is None, f"training exited early:\n{proc.stdout.read()}"
+                body = httpx.get(f"{infos[0]['url']}/v1/ranks", timeout=10).json()
+                return len(body.get("ranks") or ()) >= ranks
+
+            wait_until(registered, timeout, "the ranks never all registered with rank 0")
         yield proc, infos
     finally:
         stop.touch()

@@ -10,7 +10,11 @@ Scenarios: healthy, busy (healthy; the harness adds a CPU hog), long_steps (8 s 
 uneven (random per-step work on each rank, steady on average), slow_rank, hang_sleep,
 hang_gil (C spin with the GIL held, ``--lib``), hang_dataloader, hang_collective, dead_rank
 (the harness kills the odd rank), nan (loss NaN from ``--bad-from``), leak (256 KiB kept per
-step), slow_input (a slow Dataset), lr_high (LR far too high: clipping on every step).
+step), slow_input (a slow Dataset), lr_high (LR far too high: clipping on every step),
+amp_scaled (AMP with a GradScaler, clip_grad_norm_ before scaler.unscale_: the clip sees the
+norm x65536), amp_unscaled (the same loop, unscale_ first: healthy), own_lr (the loop sets a
+cosine LR itself every step, nanoGPT's get_lr, and clips on every step: `probe lr` would be
+undone).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import random
 import threading
@@ -30,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import probe_agent
 
+AMP = ("amp_scaled", "amp_unscaled")
 HANGS = ("hang_sleep", "hang_gil", "hang_dataloader", "hang_collective", "dead_rank")
 
 
@@ -61,6 +67,14 @@ def spin_with_gil(lib_path: str) -> None:
     lib = ctypes.PyDLL(lib_path)  # PyDLL: the GIL stays held during the call
     lib.spin.restype, lib.spin.argtypes = ctypes.c_double, [ctypes.c_double]
     lib.spin(3600.0)
+
+
+def own_lr(step: int, warmup: int = 10, decay: int = 2000) -> float:
+    """nanoGPT's get_lr: linear warm-up, then cosine from 2.0 down to 1.0 (clips every step)."""
+    if step < warmup:
+        return 2.0 * (step + 1) / warmup
+    ratio = min(1.0, (step - warmup) / decay)
+    return 1.0 + 0.5 * (1.0 + math.cos(math.pi * ratio)) * 1.0
 
 
 def announce(ready_dir: str, step: int) -> None:
@@ -95,6 +109,7 @@ def main() -> None:
         nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)))
     lr = 2.0 if sc == "lr_high" else 0.01
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu") if sc in AMP else None  # bf16 autocast: scale 65536
     data = Samples(0.004 if sc == "slow_input" else 0.0)
     loader = iter(DataLoader(data, batch_size=16))
     step_s = 8.0 if sc == "long_steps" else args.step_s
@@ -121,12 +136,25 @@ def main() -> None:
                 work += 0.1
             time.sleep(work)
             optimizer.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()  # DDP's gradient all-reduce
-            # lr_high: clipping rescales every update (what doctor's LR check reads)
-            torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                           max_norm=1.0 if sc == "lr_high" else 100.0)
-            optimizer.step()
+            if sc == "own_lr":
+                for g in optimizer.param_groups:
+                    g["lr"] = own_lr(step)
+            if scaler is not None:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = nn.functional.mse_loss(model(x).float(), y)
+                scaler.scale(loss).backward()
+                if sc == "amp_unscaled":
+                    scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=100.0)
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()  # DDP's gradient all-reduce
+                # lr_high: clipping rescales every update (what doctor's LR check reads)
+                torch.nn.utils.clip_grad_norm_(
+                    model.parameters(), max_norm=1.0 if sc in ("lr_high", "own_lr") else 100.0)
+                optimizer.step()
             report = loss.detach().clone()
             if step == fault_at and odd and sc == "hang_collective":
                 dist.broadcast(report, 0)  # the others call all_reduce: the paths diverged

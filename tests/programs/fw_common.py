@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
+import sys
 import time
 from typing import Any
 
@@ -90,4 +92,9 @@ class StepLog:
 
 
 def print_json(obj: dict[str, Any]) -> None:
-    print("PROBE-VERIFY " + json.dumps(obj), flush=True)
+    """One ``os.write`` per record: the ranks share torchrun's stdout, and print's two writes
+    (text, then newline) of two ranks interleaved into one unparseable line under load."""
+    line = ("PROBE-VERIFY " + json.dumps(obj) + "\n").encode()
+    assert len(line) <= select.PIPE_BUF, "longer records are not written atomically to a pipe"
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), line)

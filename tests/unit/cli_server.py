@@ -50,6 +50,7 @@ class CannedAgent:
         self.eval_result = eval_result
         self.extra_backtrace = extra_backtrace or {}
         self.peers: list[dict[str, Any]] | None = None
+        self.world_size: int | None = None  # said in /v1/ranks when set (ranks may be missing)
         self.requests: list[str] = []
         self.release = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -89,7 +90,8 @@ class CannedAgent:
                                          "job's token")
         ok = {"ok": True, "rank": self.rank}
         if path == "/v1/ranks":
-            return 200, {**ok, "ranks": self.peers or [self.entry()]}
+            world = {"world_size": self.world_size} if self.world_size else {}
+            return 200, {**ok, "ranks": self.peers or [self.entry()], **world}
         if path == "/v1/info":
             return 200, {**ok, "pid": 1000 + self.rank, "host": "node0", "world_size": 1,
                          "local_rank": self.rank, "python": "3.11.7", "torch": "2.13.0",

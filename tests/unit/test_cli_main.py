@@ -142,6 +142,21 @@ def test_global_options_work_after_the_subcommand(capsys):
         assert code == 0 and out.splitlines() == ["rank,x,name", "0,0,r0"]
 
 
+def test_a_rank_the_job_has_but_discovery_does_not_list_is_silent(capsys):
+    """fsdp2 CI: `probe slow` asked before rank 1 registered got one rank's answer, printed
+    "only 1 of 2 ranks found" and still exited 0."""
+    with canned_job(1) as a:
+        a[0].world_size = 2  # GIVEN rank 0 answers for a 2-rank job whose rank 1 is not listed
+        # WHEN a command reaches the job through rank 0
+        code, out, err = run(capsys, a[0].address, "eval", "1+1")
+        # THEN rank 0's answer is printed, rank 1 is reported, and the exit code is partial
+        assert code == 3, err
+        assert out.strip() == "2"
+        assert "1/2 ranks answered" in err and "failed: 1 (not registered" in err, err
+        # AND asking rank 0 alone is a complete answer
+        assert run(capsys, a[0].address, "--rank", "0", "eval", "1+1")[0] == 0
+
+
 def test_unknown_rank_is_a_usage_error(capsys):
     with canned_job(2) as a:
         code, _, err = run(capsys, a[0].address, "--rank", "0,9", "info")
