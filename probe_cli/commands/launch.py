@@ -22,6 +22,7 @@ from collections.abc import Mapping
 import click
 
 from ..transport.targets import default_run_dir
+from ._certs import default_hosts, make_job_cert
 
 _TRACE = re.compile(r"^(on|off|every:[1-9][0-9]*)$")
 
@@ -115,9 +116,17 @@ def _trace_mode(_: click.Context, __: click.Parameter, value: str | None) -> str
                    "token, is passed to the ranks (PROBE_TOKEN_FILE).")
 @click.option("--trace", callback=_trace_mode, default=None,
               help="Module tracing at start: on, off or every:N. [default: every:10]")
+@click.option("--make-cert", "cert_dir", type=click.Path(file_okay=False), default=None,
+              metavar="DIR",
+              help="Serve TLS with a certificate made for this job (a CA of its own, never "
+                   "kept, and one certificate) in DIR, or the one already there: the mode for "
+                   "reaching ranks across nodes. Prints the --cacert to use.")
+@click.option("--cert-host", "cert_hosts", multiple=True, metavar="NAME",
+              help="With --make-cert: a name or address of a node the certificate covers "
+                   "(repeat for every node). [default: this node's name and addresses]")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, required=True)
 def command(port: int | None, host: str | None, token_file: str | None, trace: str | None,
-           cmd: tuple[str, ...]) -> None:
+            cert_dir: str | None, cert_hosts: tuple[str, ...], cmd: tuple[str, ...]) -> None:
     """Run CMD (torchrun, python, srun, deepspeed …) with a probe agent in every rank.
 
     \b
@@ -144,6 +153,12 @@ def command(port: int | None, host: str | None, token_file: str | None, trace: s
                    f"(0600); from another host: probe --token-file {token_file} -t HOST:PORT …",
                    err=True)
     env = launch_env(os.environ, port=port, host=host, token_file=token_file, trace=trace)
+    if cert_dir is not None:
+        ca, cert, key, made = make_job_cert(cert_dir, list(cert_hosts) or default_hosts())
+        env["PROBE_TLS_CERT"], env["PROBE_TLS_KEY"] = os.path.abspath(cert), os.path.abspath(key)
+        click.echo(f"probe: {'made the' if made else 'using the'} job's TLS certificate in "
+                   f"{cert_dir}; reach the ranks with: probe --cacert {os.path.abspath(ca)} "
+                   "-t HOST:PORT …", err=True)
     shown_host = env.get("PROBE_HOST", "127.0.0.1")
     shown_port = env.get("PROBE_PORT", "9700")
     click.echo(

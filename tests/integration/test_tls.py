@@ -94,3 +94,39 @@ def test_tls_config_is_validated_at_start(pki, tmp_path):
         AgentConfig(tls_cert=pki["cert"], tls_key=pki["ca"])  # not the matching key
     env = {"PROBE_TLS_CERT": os.path.relpath(pki["cert"]), "PROBE_TLS_KEY": pki["key"]}
     assert AgentConfig.from_env(env).tls_cert == pki["cert"]  # made absolute for the watchdog
+
+
+def test_launch_makes_the_jobs_certificate_and_the_cli_pins_it(make_agent, tmp_path, capsys):
+    """`probe launch --make-cert DIR` (probe_cli/commands/_certs.py): a CA of the job's own and
+    a certificate for its nodes; the agent serves it, the CLI verifies it with --cacert."""
+    import subprocess
+    import sys
+
+    from tests.support import python_env
+
+    pki = tmp_path / "pki"
+    # WHEN the operator launches a command with --make-cert (`env` shows what the ranks get)
+    done = subprocess.run(
+        [sys.executable, "-m", "probe_cli", "launch", "--make-cert", str(pki), "--cert-host",
+         "127.0.0.1", "--", "env"], capture_output=True, text=True, env=python_env(),
+        timeout=60)
+    assert done.returncode == 0, done.stderr
+    env = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    # THEN the ranks get the certificate and key, and the operator the --cacert to pass
+    assert env["PROBE_TLS_CERT"] == str(pki / "cert.pem")
+    assert env["PROBE_TLS_KEY"] == str(pki / "key.pem")
+    assert f"--cacert {pki / 'ca.pem'}" in done.stderr
+    assert (pki / "key.pem").stat().st_mode & 0o777 == 0o600
+    # AND an agent serving it is verified through the job's CA, and only through it
+    agent = make_agent(tls_cert=env["PROBE_TLS_CERT"], tls_key=env["PROBE_TLS_KEY"])
+    port = port_of(agent)
+    code, out, err = run(capsys, "--cacert", str(pki / "ca.pem"), "-t", f"127.0.0.1:{port}",
+                         "eval", "6*7")
+    assert (code, out) == (0, "42\n"), err
+    code, _, err = run(capsys, "-t", f"https://127.0.0.1:{port}", "eval", "1")
+    assert code == 1 and "--cacert" in err
+    # AND a second node's launch in the same shared directory uses the same files
+    again = subprocess.run(
+        [sys.executable, "-m", "probe_cli", "launch", "--make-cert", str(pki), "--", "true"],
+        capture_output=True, text=True, env=python_env(), timeout=60)
+    assert again.returncode == 0 and "using the job's TLS certificate" in again.stderr
