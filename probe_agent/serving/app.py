@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..access import SCOPE_KEYS, header_map, reserve_refusal
 from ..errors import ProbeAgentError
 from .._version import __version__
-from .routes import access, actions, cluster, core, doctor, metrics, profile, trace
+from .routes import access, actions, cluster, core, doctor, memory, metrics, profile, trace
 from .wire import error_body
 
 if TYPE_CHECKING:
@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 _UNBUDGETED = frozenset({"/v1/health", "/v1/step", "/v1/backtrace"})
 
 #: Feature routers, in the order they are mounted. Each module exposes ``router``.
-ROUTERS = (core, trace, cluster, actions, doctor, access, profile, metrics)
+ROUTERS = (core, trace, cluster, actions, doctor, access, profile, metrics,
+           memory)
 
 
 class AdmissionMiddleware:

@@ -1,14 +1,26 @@
-"""`probe memory`: memory growth per step (leaks) and, with --modules, memory per module."""
+"""`probe memory`: where memory goes (by kind, per rank), memory growth per step (leaks), what
+would free memory (--advice), the live tensors (--tensors), per-module CUDA memory (--modules)
+and the CUDA allocator's history (--snapshot)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+from ..diagnose.memory_use import BREAKDOWN_STEPS, TOP_ACTIVATIONS, Breakdown, breakdown
 from ..diagnose.number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
-from ..outcome import Outcome
+from ..errors import RankError
+from ..outcome import Outcome, finish
+from ..render.memory import render_breakdown
+from ..render.text import query_notes
+from ..result import RankResult
+from ..transport.client import ProbeClient
+from ..transport.fanout import RankTarget, fan_out, resolve_ranks
 from ..transport.session import Session
+from ..transport.wire import QueryBody
 from . import pass_session
-from ._canned import canned_outcome
+from ._canned import canned_outcome, render_rows
 from ._window import last_option
 
 
@@ -24,22 +36,104 @@ from ._window import last_option
               show_default=True,
               help="Leave out the first N steps each rank recorded (optimizer state and caches "
                    "grow there); the defaults show the numbers `probe doctor` judged.")
+@click.option("--advice", is_flag=True,
+              help="Also list what would free memory on each rank, most bytes first, each with "
+                   "its estimate and the numbers it rests on.")
+@click.option("--tensors", is_flag=True,
+              help="The live tensors instead, grouped by device, dtype and shape (count, bytes, "
+                   "parameters/gradients/optimizer state labelled, a holder where cheap) and "
+                   "how each group's count changed since the previous --tensors call.")
+@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
+              help="With --tensors: groups shown per rank, largest first.")
 @pass_session
 def command(session: Session, last: int | None, by_module: bool, limit: int,
-            warmup: int) -> Outcome:
-    """Memory growth per step on every rank and device, the job's and the agent's apart: the
-    job's memory (CUDA allocated, or RSS minus the agent's share) with a robust growth per step
-    (Theil-Sen; mem_mib_per_step, late_mib_per_step for the second half, rising_quarters), the
-    raw RSS, the agent's own DuckDB MiB and threads, CUDA reserved, peak, alloc retries and
-    OOMs. From python.memory (canned query memory_growth)."""
+            warmup: int, advice: bool, tensors: bool, top: int) -> Outcome:
+    """Where each rank's memory goes, then its growth per step.
+
+    Breakdown (from the traced steps; `probe trace every 10` traces one step in ten): parameters,
+    gradients, optimizer state (this rank's local shard under FSDP2), activations saved for
+    backward (and the modules that save the most, with their share), and the rest (CUDA:
+    allocated minus those; CPU: the job's memory minus those, the interpreter and torch
+    included); on CUDA the total against the device's capacity.
+
+    Growth: the job's memory (CUDA allocated, or RSS minus the agent's share and malloc's free
+    heap) with a robust growth per step (Theil-Sen; mem_mib_per_step, late_mib_per_step for the
+    second half, rising_quarters), the raw RSS, the agent's own MiB and threads, CUDA reserved,
+    peak, alloc retries and OOMs (canned query memory_growth).
+
+    --json: one object per rank: the memory_growth query body (columns, rows) plus
+    "breakdown" (null before a traced step was counted) with rank, device, step,
+    parameters_mib, gradients_mib, optimizer_mib, activations_mib, other_mib, total_mib,
+    capacity_mib and used_share (CUDA; else null), allocated_mib, reserved_mib, peak_mib,
+    params_fp32_mib, sharded, cause (the largest of parameters, gradients, optimizer,
+    activations), top_activations [{module, saved_mib, share, input_mib,
+    checkpoint_saves_mib}] and advice [{lever, saves_mib, basis, action, acts_on}], most bytes
+    first (lever: checkpoint, micro_batch, shard_optimizer, bf16, expandable_segments).
+    --csv: the growth table.
+    """
+    if tensors:
+        from ._memory_tensors import tensors_outcome
+
+        return tensors_outcome(session, top)
     if by_module:
         return canned_outcome(
             session, "memory_by_module",
             "no traced steps yet (`probe trace on` traces every step from the next one)",
             last=last or 50, limit=limit,
         )
-    return canned_outcome(
-        session, "memory_growth",
-        "no optimizer step seen yet (python.memory gets one row per optimizer step)",
-        last=last or MEMORY_WINDOW_STEPS, warmup=warmup,
-    )
+    if session.output == "csv":
+        return canned_outcome(
+            session, "memory_growth",
+            "no optimizer step seen yet (python.memory gets one row per optimizer step)",
+            last=last or MEMORY_WINDOW_STEPS, warmup=warmup,
+        )
+    growth = {"last": last or MEMORY_WINDOW_STEPS, "warmup": warmup}
+    results = fan_out(session, resolve_ranks(session), _gather(growth))
+    world = len(results)
+    bds: dict[Any, Breakdown] = {}
+    for r in results:
+        if r.ok and r.data is not None:
+            bd = r.data.pop("_breakdown", None)
+            r.data["breakdown"] = bd.to_json(world) if bd is not None else None
+            if bd is not None:
+                bds[r.rank] = bd
+    out = finish(session, results, lambda ok: _render(session, ok, bds, world, advice))
+    ok = [r for r in results if r.ok]
+    out.stderr[:0] = query_notes(ok)
+    if ok and session.output == "text":
+        if not any(QueryBody.from_wire(r.data).rows for r in ok if r.data):
+            out.stderr.insert(0, "probe: no rows yet: no optimizer step seen yet "
+                                 "(python.memory gets one row per optimizer step)")
+        elif not any((r.data or {}).get("breakdown") for r in ok):
+            out.stderr.insert(0, "probe: no breakdown yet: memory by kind is counted on traced "
+                                 "steps (`probe trace every 10` traces one step in ten)")
+    return out
+
+
+def _gather(growth: dict[str, Any]) -> Any:
+    def call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
+        body = client.canned("memory_growth", **growth)
+        try:
+            rows = QueryBody.from_wire(client.canned("memory_breakdown",
+                                                     last=BREAKDOWN_STEPS)).records()
+            acts = QueryBody.from_wire(client.canned("memory_activations",
+                                                     top=TOP_ACTIVATIONS)).records()
+        except RankError:  # an agent without these queries: growth only
+            rows, acts = [], []
+        rank = body.get("rank", target.rank)
+        body["_breakdown"] = breakdown(rank, rows[0], acts) if rows else None
+        return body
+
+    return call
+
+
+def _render(session: Session, ok: list[RankResult], bds: dict[Any, Breakdown], world: int,
+            advice: bool) -> list[str]:
+    lines: list[str] = []
+    for r in ok:
+        b = bds.get(r.rank)
+        if b is not None:
+            lines += render_breakdown(b, world, advice)
+    if lines:
+        lines += ["", "memory growth per step:"]
+    return lines + render_rows(session, ok)

@@ -9,6 +9,7 @@ from typing import Any
 
 from .findings import RankDoc, Report
 from .hang import HangVerdict, RankState
+from .memory_use import check_memory_use
 from .number_checks import check_lr_clip, check_memory, check_nonfinite
 from .time_checks import (
     check_collective_wait,
@@ -28,6 +29,7 @@ def rank_doc(state: RankState, answer: dict[str, Any] | None) -> RankDoc:
     return RankDoc(
         rank=state.rank, state=data.get("state"), grads=data.get("grads"),
         loop=data.get("loop"), memory=data.get("memory"), metrics=data.get("metrics"),
+        breakdown=data.get("breakdown"), activations=data.get("activations"),
         slow=data.get("slow"), frames=state.frames,
         collectives=tuple(data["collectives"]) if data.get("collectives") else state.collectives,
         errors=data.get("errors") or {})
@@ -40,6 +42,7 @@ def diagnose(verdict: HangVerdict, docs: list[RankDoc], min_wait: float) -> Repo
         check_stalls(report, docs, min_wait)
     check_nonfinite(report, docs)
     check_memory(report, docs)
+    check_memory_use(report, docs)
     if verdict.problem:  # timings from before a hang describe the past, and would distract
         report.unchecked.append("straggler, collective wait: the job is hung (see above)")
     else:

@@ -30,10 +30,14 @@ class Finding:
     next: str = ""
     ranks: list[int] = field(default_factory=list)
     score: float = 0.0  # orders findings of one severity: bigger first
+    detail: dict[str, Any] = field(default_factory=dict)  # a check's own numbers, for scripts
 
     def to_json(self) -> dict[str, Any]:
-        return {"severity": self.severity, "check": self.check, "title": self.title,
+        body = {"severity": self.severity, "check": self.check, "title": self.title,
                 "evidence": self.evidence, "next": self.next, "ranks": self.ranks}
+        if self.detail:
+            body["detail"] = self.detail
+        return body
 
     to_dict = to_json
 
@@ -48,6 +52,8 @@ class RankDoc:
     grads: dict[str, Any] | None = None
     loop: list[dict[str, Any]] | None = None
     memory: list[dict[str, Any]] | None = None
+    breakdown: list[dict[str, Any]] | None = None  # memory_breakdown rows
+    activations: list[dict[str, Any]] | None = None  # memory_activations rows
     metrics: list[dict[str, Any]] | None = None
     slow: list[dict[str, Any]] | None = None
     frames: tuple[dict[str, Any], ...] = ()

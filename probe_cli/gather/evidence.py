@@ -14,6 +14,7 @@ from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import Call, RankTarget
 from ..transport.wire import CollectivesBody, Envelope, QueryBody
+from ..diagnose.memory_use import BREAKDOWN_STEPS, TOP_ACTIVATIONS
 from ..diagnose.number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
 from ..diagnose.straggler import StragglerVerdict, diagnose_stragglers
 from ..diagnose.time_checks import TOP_MODULES
@@ -44,6 +45,8 @@ def doctor_queries(last: int) -> tuple[tuple[str, str, dict[str, int]], ...]:
     return (
         ("loop", "doctor_loop", {"last": last}),
         ("memory", "memory_growth", {"last": MEMORY_WINDOW_STEPS, "warmup": MEMORY_WARMUP_STEPS}),
+        ("breakdown", "memory_breakdown", {"last": BREAKDOWN_STEPS}),
+        ("activations", "memory_activations", {"top": TOP_ACTIVATIONS}),
         ("metrics", "doctor_metrics", {}),
         ("slow", "slow_modules", {"last": last, "limit": TOP_MODULES}),
     )

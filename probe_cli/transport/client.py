@@ -177,6 +177,9 @@ class ProbeClient:
     def doctor(self) -> dict[str, Any]:
         return self._json("GET", "/v1/doctor")
 
+    def memory_tensors(self, top: int) -> dict[str, Any]:
+        return self._json("GET", "/v1/memory/tensors", params={"top": top})
+
     def doctor_grads(self, wait: float) -> dict[str, Any]:
         return self._json("POST", "/v1/doctor/grads", params={"wait": wait})
 

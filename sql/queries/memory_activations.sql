@@ -1,6 +1,6 @@
 -- name: memory_activations
--- description: The modules that save the most activations for backward, per rank, in its last traced step counted (python.torch_trace.saved_bytes; per forward pass: summed over the step's calls and divided by the root model's calls, so gradient accumulation's micro-batches count once). saved_mib: the module's OWN saved bytes (children's are theirs); share: of all the modules' saved bytes; subtree_mib: with its descendants (by qualified name); input_mib: its tensor arguments; checkpoint_saves_mib: subtree minus inputs, what torch.utils.checkpoint around it would save (it keeps the inputs and recomputes the rest in backward). The top $limit by saved_mib and the top $limit by checkpoint_saves_mib (depth >= 1: checkpointing the whole model saves nothing) are returned; by_saved / by_checkpoint give each row's places.
--- params: limit
+-- description: The modules that save the most activations for backward, per rank, in its last traced step counted (python.torch_trace.saved_bytes; per forward pass: summed over the step's calls and divided by the root model's calls, so gradient accumulation's micro-batches count once). saved_mib: the module's OWN saved bytes (children's are theirs); share: of all the modules' saved bytes; subtree_mib: with its descendants (by qualified name); input_mib: its tensor arguments; checkpoint_saves_mib: subtree minus inputs, what torch.utils.checkpoint around it would save (it keeps the inputs and recomputes the rest in backward). The top $top by saved_mib and the top $top by checkpoint_saves_mib (depth >= 1: checkpointing the whole model saves nothing) are returned; by_saved / by_checkpoint give each row's places.
+-- params: top
 WITH s AS (
     SELECT rank, max(step) AS step FROM python.torch_trace
     WHERE saved_bytes IS NOT NULL AND step IN (SELECT step FROM python.torch_trace t2
@@ -41,5 +41,5 @@ r AS (
                m.module) AS by_checkpoint
     FROM m JOIN tot USING (rank) JOIN sub USING (rank, module)
 )
-SELECT * FROM r WHERE by_saved <= $limit OR by_checkpoint <= $limit
+SELECT * FROM r WHERE by_saved <= $top OR by_checkpoint <= $top
 ORDER BY rank, by_saved

@@ -1,0 +1,111 @@
+"""`probe memory` against a real agent (issue 29): the breakdown per rank with the top
+activation modules and the advice, --json's field names, and --tensors naming a leak."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("duckdb")
+
+from probe_cli.main import main  # noqa: E402
+from tests.integration.memory_support import AttnHeavy, tokens  # noqa: E402
+from tests.integration.tracing_support import rows  # noqa: E402
+
+
+def run(capsys, agent, *argv: str) -> tuple[int, str, str]:
+    code = main([agent.url.removeprefix("http://"), *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+leaked: list = []  # a global of the test module: the census names holders in __main__ only
+
+
+def test_breakdown_names_the_attention_block_and_the_levers(make_agent, capsys):
+    # GIVEN the attention-heavy model traced every step
+    agent = make_agent(trace="on")
+    model = AttnHeavy()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    idx, tgt = tokens()
+    for _ in range(4):
+        model(idx, tgt).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    rows(agent, "SELECT 1")
+    # WHEN probe --json memory runs
+    code, out, err = run(capsys, agent, "--json", "memory", "--warmup", "0")
+    assert code == 0, err
+    [body] = json.loads(out)
+    bd = body["breakdown"]
+    # THEN the kinds are the model's exact bytes, and the growth table is still there
+    p_mib = sum(p.numel() * 4 for p in model.parameters()) / 2**20
+    assert bd["parameters_mib"] == pytest.approx(p_mib, abs=0.01)
+    assert bd["gradients_mib"] == pytest.approx(p_mib, abs=0.01)
+    assert bd["optimizer_mib"] == pytest.approx(2 * p_mib, abs=0.01)
+    assert bd["activations_mib"] > bd["optimizer_mib"]
+    assert bd["cause"] == "activations" and bd["capacity_mib"] is None
+    assert "columns" in body and "mem_mib_per_step" in body["columns"]
+    # AND the attention block leads the activations with most of them
+    top = bd["top_activations"]
+    assert top[0]["module"] == "attn" and top[0]["share"] > 0.5, top
+    # AND the first lever is checkpointing it, its estimate its subtree minus its inputs
+    first = bd["advice"][0]
+    assert first["lever"] == "checkpoint" and "attn" in first["action"], bd["advice"]
+    assert first["saves_mib"] == pytest.approx(top[0]["checkpoint_saves_mib"], rel=0.01) \
+        or first["saves_mib"] > top[0]["checkpoint_saves_mib"]
+    levers = [a["lever"] for a in bd["advice"]]
+    assert "micro_batch" in levers and "bf16" in levers
+    assert "shard_optimizer" not in levers  # one rank: nothing to shard across
+    # AND the text view shows the same with --advice
+    code, out, err = run(capsys, agent, "memory", "--advice")
+    assert code == 0, err
+    assert "top activations" in out and "attn" in out and "1. checkpoint" in out, out
+    assert "basis:" in out and "memory growth per step" in out
+
+
+def test_tensors_name_a_growing_list_and_the_parameters(make_agent, capsys):
+    # GIVEN a loop that keeps one (256, 256) float32 tensor per step in a list
+    agent = make_agent(trace="off")
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            leaked.append(torch.randn(256, 256))
+
+    steps(3)
+    code, out, err = run(capsys, agent, "--json", "memory", "--tensors", "--top", "50")
+    assert code == 0, err
+    [first] = json.loads(out)
+    # WHEN three more steps run and the census is taken again
+    steps(3)
+    code, out, err = run(capsys, agent, "--json", "memory", "--tensors", "--top", "50")
+    assert code == 0, err
+    [second] = json.loads(out)
+    # THEN the (256, 256) group grew by 3, held by the list
+    def group(body, shape):
+        return next(g for g in body["groups"] if g["shape"] == shape and g["dtype"] == "float32")
+
+    g1, g2 = group(first, "(256, 256)"), group(second, "(256, 256)")
+    assert g1["count_change"] is None and g2["count"] - g1["count"] == 3
+    assert g2["count_change"] == 3 and second["previous_step"] == 3
+    assert g2["mib"] == pytest.approx(g2["count"] * 0.25)
+    assert "leaked[" in (g2["holder"] or ""), g2
+    # AND the weight, its gradient and AdamW's state are labelled
+    by_kind = {g["kind"]: g for g in second["groups"] if g["shape"] == "(8, 8)"}
+    assert by_kind["parameter"]["count"] == 1 and by_kind["parameter"]["holder"] == "weight"
+    assert by_kind["gradient"]["holder"] == "weight.grad"
+    assert by_kind["optimizer"]["count"] == 2  # exp_avg, exp_avg_sq
+    assert by_kind["optimizer"]["holder"].startswith("AdamW.state[weight].exp_avg")
+    assert g2["kind"] == "other"
+    # AND the text view shows the growth
+    steps(1)
+    code, out, err = run(capsys, agent, "memory", "--tensors")
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if "(256, 256)" in ln and "other" in ln)
+    assert " +1 " in line and "leaked[" in line, out
