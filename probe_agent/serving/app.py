@@ -90,6 +90,14 @@ class AdmissionMiddleware:
         try:
             await self.app(scope, receive, send_with_wait)
         except Exception as e:  # a bug in a route: answer 500, never disturb training
+            if _stopping(e) and not started:
+                # The process is exiting (a crash, the end of training) while a request was in
+                # flight: the agent's pools are shut. Not a bug, and the job's stderr is the
+                # user's: a 503, no traceback (one printed beside a user's own crash).
+                reply = JSONResponse(error_body(rank, 503, "the agent is stopping (the process "
+                                                "is exiting)"), status_code=503)
+                await reply(scope, receive, send)
+                return
             log.exception("probe agent: unexpected error on %s", scope.get("path"))
             if started:
                 raise
@@ -101,6 +109,11 @@ class AdmissionMiddleware:
         finally:
             if not exempt:
                 self.budget.done()
+
+
+def _stopping(e: Exception) -> bool:
+    """concurrent.futures' error for work submitted to a pool that was shut down."""
+    return isinstance(e, RuntimeError) and "after shutdown" in str(e)
 
 
 def create_app(agent: AgentParts) -> FastAPI:

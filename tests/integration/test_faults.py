@@ -71,3 +71,18 @@ def test_port_taken_under_probe_1_says_which_port_it_took_and_training_runs(tmp_
     lines = [ln for ln in out.stderr.splitlines() if "probe" in ln]
     assert len(lines) == 1, out.stderr
     assert f"port {port} is taken" in lines[0] and "listening on" in lines[0], lines[0]
+
+def test_a_request_while_the_process_exits_is_a_503_without_a_traceback(make_agent, capfd):
+    """A wikitext job that crashed printed the agent's traceback for a query that arrived
+    while the interpreter shut its pools ("cannot schedule new futures after shutdown")."""
+    import httpx
+
+    agent = make_agent()
+    # GIVEN the agent's query pool is shut, as at interpreter exit
+    agent.query_pool.shutdown(wait=True)
+    # WHEN a query arrives
+    with httpx.Client(base_url=agent.url, timeout=10) as c:
+        r = c.post("/v1/query", json={"sql": "SELECT 1"})
+    # THEN it is told the agent is stopping, and nothing is printed into the job's output
+    assert r.status_code == 503 and "stopping" in r.json()["error"], r.text
+    assert "Traceback" not in capfd.readouterr().err
