@@ -275,6 +275,12 @@ def test_cli_surface_is_pinned():
     assert {"--locals", "--native", "--all"} <= opts["backtrace"]
     assert {"--format", "-o", "--gather"} <= opts["query"]
     assert opts["ps"] == {"--clean", "--all"}  # issue 20 item 5: stale files hidden, swept on demand
+    # One word per window: --last looks back, --for looks ahead (--steps: a hidden alias)
+    shown = {name: {o for p in cli.commands[name].params if not getattr(p, "hidden", False)
+                    for o in p.opts}
+             for name in ("steps", "memory", "slow", "trace", "doctor", "straggler", "profile")}
+    assert all("--last" in shown[n] and "--steps" not in shown[n] for n in shown if n != "profile")
+    assert "--for" in shown["profile"] and not {"--steps", "--last"} & shown["profile"]
 
 
 def test_native_request_notes_when_the_route_has_no_native_frames(capsys):
