@@ -36,6 +36,8 @@ MIN_SLOPE_MIB = 3 / 32
 LATE_SHARE = 0.5
 #: Clipping on at least this share of the steps that clipped at all: the LR may be too high.
 CLIP_SHARE = 0.9
+#: The LR moved on at least this share of the steps, with no scheduler: the loop sets it.
+OWN_LR_SHARE = 0.5
 #: CUDA: warn when fewer than this many steps of growth are left before the device is full.
 OOM_STEPS = 1000
 
@@ -250,8 +252,10 @@ _OWN_LR_NEXT = ("edit the LR the training script computes each step (its peak/ma
 
 def _loop_sets_lr(docs: list[RankDoc]) -> str:
     """Evidence that the training loop sets the LR itself each step (nanoGPT's ``get_lr``): no
-    LR scheduler steps its optimizers, yet the LR moved over the window. Empty otherwise (a
-    constant LR, a scheduler, or an agent that does not report its schedulers)."""
+    LR scheduler steps its optimizers, yet the LR moved on at least ``OWN_LR_SHARE`` of the
+    window's steps. Empty otherwise (a constant LR, a scheduler, an agent that does not report
+    its schedulers, or a few changes: one `probe lr` moved a held LR once, and read as "the loop
+    sets it itself" on word_language_model)."""
     moved = []
     for d in docs:
         state = d.state or {}
@@ -259,13 +263,15 @@ def _loop_sets_lr(docs: list[RankDoc]) -> str:
             return ""
         loop = first_loop(d)
         a, b = num(loop.get("lr_first")), num(loop.get("lr_last"))
-        if a is not None and b is not None and not math.isclose(a, b, rel_tol=1e-9):
+        changes, steps = num(loop.get("lr_changes")) or 0, num(loop.get("steps")) or 0
+        if a is not None and b is not None and changes >= max(3, OWN_LR_SHARE * steps):
             moved.append((d.rank, a, b, loop.get("steps")))
     if not moved:
         return ""
     r, a, b, n = moved[0]
     return (f"{rank_label([m[0] for m in moved])}: no LR scheduler, yet the LR moved "
-            f"(rank {r}: {a:.4g} -> {b:.4g} over {n} steps): the training loop sets it itself")
+            f"on most steps (rank {r}: {a:.4g} -> {b:.4g} over {n} steps): the training loop "
+            "sets it itself")
 
 
 def _scaled_clip_finding(report: Report, scaled: dict[int, dict[str, Any]]) -> None:

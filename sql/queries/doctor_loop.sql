@@ -1,9 +1,10 @@
 -- name: doctor_loop
--- description: This rank's training loop over its last $last steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window, how often clip_grad_norm_ ran with a finite norm and clipped, the median gradient norm before clipping, how often clip_grad_norm_ saw gradients an AMP GradScaler had not unscaled yet (and the median norm once unscaled), and non-finite gradient norms (first and last step). `probe doctor` reads it.
+-- description: This rank's training loop over its last $last steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window and how many steps changed it, how often clip_grad_norm_ ran with a finite norm and clipped, the median gradient norm before clipping, how often clip_grad_norm_ saw gradients an AMP GradScaler had not unscaled yet (and the median norm once unscaled), and non-finite gradient norms (first and last step). `probe doctor` reads it.
 -- params: last
 WITH s AS (
     SELECT step, timestamp, data_wait, lr, grad_norm, clip_max_norm, clip_calls, grad_scale,
-           timestamp - lag(timestamp) OVER (ORDER BY step) AS step_s
+           timestamp - lag(timestamp) OVER (ORDER BY step) AS step_s,
+           lr IS DISTINCT FROM lag(lr) OVER (ORDER BY step) AS lr_moved
     FROM python.step_stats
     WHERE step > (SELECT max(step) FROM python.step_stats) - $last - 1
 )
@@ -15,6 +16,7 @@ SELECT count(step_s)                                                   AS steps,
        round(median(data_wait) FILTER (WHERE step_s IS NOT NULL) * 1e3, 3) AS data_wait_ms,
        arg_min(lr, step)                                               AS lr_first,
        arg_max(lr, step)                                               AS lr_last,
+       count(*) FILTER (WHERE lr_moved AND step_s IS NOT NULL)          AS lr_changes,
        count(*) FILTER (WHERE clip_calls > 0 AND step_s IS NOT NULL)   AS clip_steps,
        count(*) FILTER (WHERE clip_calls > 0 AND isfinite(grad_norm) AND step_s IS NOT NULL)
                                                                        AS clip_finite_steps,

@@ -235,7 +235,7 @@ def test_clipping_after_unscale_is_judged_on_the_lr_as_before():
 
 def _own_lr(d: RankDoc, schedulers: list | None) -> RankDoc:
     d.state["schedulers"] = schedulers
-    d.loop[0].update({"lr_first": 5.9e-4, "lr_last": 5.7e-4})
+    d.loop[0].update({"lr_first": 5.9e-4, "lr_last": 5.7e-4, "lr_changes": 49})
     return d
 
 
@@ -254,6 +254,17 @@ def test_a_loop_that_sets_its_own_lr_is_not_told_to_run_probe_lr():
     # AND without a problem the info line does not suggest it either
     quiet = diagnose(NO_HANG, [_own_lr(doc(r), []) for r in (0, 1)], 5.0)
     assert "probe lr --scale" not in next(f for f in quiet.findings if f.check == "lr").next
+
+
+def test_one_lr_change_is_not_a_loop_that_sets_its_own_lr():
+    # GIVEN no scheduler and an LR halved once by `probe lr` (word_language_model with AdamW)
+    docs = [_own_lr(doc(r), []) for r in (0, 1)]
+    for d in docs:
+        d.loop[0].update({"lr_first": 1e-3, "lr_last": 5e-4, "lr_changes": 1})
+    lr = next(f for f in diagnose(NO_HANG, docs, 5.0).findings if f.check == "lr")
+    # THEN the loop is not said to set its own LR, and `probe lr` stays the advice
+    assert not any("sets it itself" in e for e in lr.evidence), lr.evidence
+    assert "probe lr --scale 0.5" in lr.next
 
 
 @pytest.mark.parametrize("schedulers", [["CosineAnnealingLR"], None], ids=["scheduler", "old"])
