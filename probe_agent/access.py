@@ -29,6 +29,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from probe_protocol import routes
 from probe_protocol.peers import Peer
 from probe_protocol.tokens import proof
 
@@ -104,7 +105,7 @@ class Policy:
 
     def check(self, peer: Peer, method: str, path: str, header: dict[str, str]) -> Refusal | None:
         """None when the request may go on; else why not. ``header`` maps lower-case names."""
-        if method in ("GET", "HEAD") and path == "/v1/health":
+        if method in ("GET", "HEAD") and path == routes.HEALTH.path:
             return None
         if peer.kind != "unix":
             host = header.get("host")
@@ -184,7 +185,7 @@ REMOTE_CONNECTIONS = 256
 #: Beyond a full owner class, this many more connections are let in for what an on-call
 #: engineer needs first: health and backtrace. Anything else on them gets the JSON 503.
 OWNER_RESERVE = 32
-RESERVED_ROUTES = frozenset({"/v1/health", "/v1/backtrace"})
+RESERVED_ROUTES = frozenset({routes.HEALTH.path, routes.BACKTRACE.path})
 #: A request's head and body must arrive within this (slowloris); a keep-alive connection
 #: waits longer between requests, but only the owner's.
 REQUEST_TIMEOUT_S = 10.0

@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from probe_protocol.bodies import InfoBody, RankEntry
+from probe_protocol.runfiles import RunFiles
 from probe_protocol.tokens import sign_entry
 
 from . import roles, rundir
@@ -79,7 +81,7 @@ class Agent:
         self._server: Any = None
         self._info_path: str | None = None
         self._owned_inodes: dict[str, int] = {}
-        self.peers: dict[int, dict[str, Any]] = {}
+        self.peers: dict[int, RankEntry] = {}
         self.serve_budget: Any = None  # set by create_app: requests' CPU budget (budget.py)
         self.running = False
         #: issue 5: the out-of-process companion that owns the public sockets
@@ -197,16 +199,15 @@ class Agent:
         self.collectors.start(self.store)
 
     def _rank_registry(self) -> RankRegistry:
-        def on_peers(peers: dict[int, dict[str, Any]]) -> None:
+        def on_peers(peers: dict[int, RankEntry]) -> None:
             self.peers = peers
 
         return RankRegistry(self._entry, on_group=self.adopt_group, on_peers=on_peers,
                             token=self.config.token)
 
-    def _entry(self) -> dict[str, Any]:
+    def _entry(self) -> RankEntry:
         """This rank's entry in the job's rank registry and in /v1/ranks."""
-        return {"rank": self.rank, "url": self.url, "host": self.identity.host,
-                "pid": self.identity.pid}
+        return RankEntry(self.rank, self.url, self.identity.host, self.identity.pid)
 
     def stop(self) -> None:
         if not self.running:
@@ -271,11 +272,11 @@ class Agent:
         """``run_dir/<pid>.json`` lets `probe ps` and `probe PID` find this agent locally."""
         if not self.config.unix_socket:
             return
-        path = os.path.join(self.config.run_dir, f"{self.identity.pid}.json")
+        path = RunFiles(self.config.run_dir, self.identity.pid).json
         tmp = path + ".tmp"
         try:
             with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                json.dump(self.info(), f)
+                json.dump(self.info().to_wire(), f)
             os.replace(tmp, path)
             self._info_path = path
             self._owned_inodes[path] = os.stat(path).st_ino
@@ -283,28 +284,28 @@ class Agent:
             log.warning("probe agent: could not write %s: %s", path, e)
 
     # -- what routes call -------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
+    def info(self) -> InfoBody:
         torch = sys.modules.get("torch")
-        return {
-            "rank": self.rank,
-            "local_rank": self.identity.local_rank,
-            "world_size": self.identity.world_size,
-            "pid": self.identity.pid,
-            "host": self.identity.host,
-            "python": sys.version.split()[0],
-            "torch": getattr(torch, "__version__", None),
-            "version": __version__,
-            "started_at": self.started_at,
-            "uptime_s": round(time.time() - self.started_at, 3),
-            "url": self.url,
-            "unix_socket": self.unix_path,
-            "argv": sys.argv[:8],
-            "trace": getattr(self.collectors.tracer, "mode", self.config.trace),
-            "watchdog": self.watchdog.describe() if self.watchdog is not None else None,
-            "serve_cpu": self.config.serve_cpu,
-            "access": self.access_info(),
-            "queued_s": round(getattr(self.serve_budget, "waited_s", 0.0), 3),
-        }
+        return InfoBody(
+            rank=self.rank,
+            local_rank=self.identity.local_rank,
+            world_size=self.identity.world_size,
+            pid=self.identity.pid,
+            host=self.identity.host,
+            python=sys.version.split()[0],
+            torch=getattr(torch, "__version__", None),
+            version=__version__,
+            started_at=self.started_at,
+            uptime_s=round(time.time() - self.started_at, 3),
+            url=self.url,
+            unix_socket=self.unix_path,
+            argv=tuple(sys.argv[:8]),
+            trace=getattr(self.collectors.tracer, "mode", self.config.trace),
+            watchdog=self.watchdog.describe() if self.watchdog is not None else None,
+            serve_cpu=self.config.serve_cpu,
+            access=self.access_info(),
+            queued_s=round(getattr(self.serve_budget, "waited_s", 0.0), 3),
+        )
 
     def access_info(self) -> dict[str, Any]:
         """Who may reach this agent (`probe info`); never the token itself."""
@@ -320,10 +321,10 @@ class Agent:
     def _audit_refusal_row(self, client: str, what: str, reason: str, message: str) -> None:
         self.audit(client, what, "refused", message, 0.0, kind="access")
 
-    def known_ranks(self) -> list[dict[str, Any]]:
+    def known_ranks(self) -> list[RankEntry]:
         me = self._entry()
         if self.config.token:
-            me = sign_entry(self.config.token, me)
+            me = RankEntry.from_wire(sign_entry(self.config.token, me.to_wire())) or me
         merged = {**self.peers, self.rank: me}
         return [merged[r] for r in sorted(merged)]
 

@@ -13,15 +13,12 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from probe_protocol import runfiles
+
 from .errors import ConfigError
 
 DEFAULT_BASE_PORT = 9700
 _TRACE_RE = re.compile(r"^(on|off|every:([1-9][0-9]*))$")
-
-
-def default_run_dir() -> str:
-    """Per-user directory for agent unix sockets (``/tmp/probe-<uid>``)."""
-    return os.path.join("/tmp", f"probe-{os.getuid()}")
 
 
 def is_loopback(host: str) -> bool:
@@ -64,7 +61,7 @@ class AgentConfig:
     tls_key: str | None = None
     """PROBE_TLS_KEY: the PEM private key of PROBE_TLS_CERT."""
 
-    run_dir: str = field(default_factory=default_run_dir)
+    run_dir: str = field(default_factory=runfiles.default_run_dir)
     """PROBE_RUN_DIR: holds ``<pid>.sock`` and ``<pid>.json`` for local discovery (`probe PID`)."""
 
     unix_socket: bool = True

@@ -14,9 +14,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from probe_protocol.bodies import RankEntry
 from probe_protocol.tokens import sign_entry
 
 from .config import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, first_set
@@ -98,9 +99,9 @@ class RankRegistry:
             elastic job can come back at new addresses).
     """
 
-    def __init__(self, me: Callable[[], dict[str, Any]],
+    def __init__(self, me: Callable[[], RankEntry],
                  on_group: Callable[[int, int], None],
-                 on_peers: Callable[[dict[int, dict[str, Any]]], None],
+                 on_peers: Callable[[dict[int, RankEntry]], None],
                  token: str | None = None, refresh_s: float = 30.0) -> None:
         self.me = me
         self.token = token
@@ -139,16 +140,16 @@ class RankRegistry:
         return {"state": state, "failures": self.failures, "error": self.last_error}
 
     def entry(self) -> dict[str, Any]:
-        me = dict(self.me())
-        url = me.get("url")
+        me = self.me()
+        url = me.url
         if url:
             # A wildcard bind is reachable at the host's name, not at 0.0.0.0.
             for wildcard in ("//0.0.0.0:", "//[::]:"):
-                url = url.replace(wildcard, f"//{me['host']}:")
-        me["url"] = url
+                url = url.replace(wildcard, f"//{me.host}:")
+        entry = replace(me, url=url).to_wire()
         # The store has no authentication: the CLI dials an entry only if the job's token
         # signed it (probe_protocol/tokens.py).
-        return sign_entry(self.token, me) if self.token else me
+        return sign_entry(self.token, entry) if self.token else entry
 
     def tick(self) -> None:
         """Called every _TICK_S on the registry's thread; cheap until the default process
@@ -178,7 +179,7 @@ class RankRegistry:
                 log.warning(
                     "probe agent on rank %d: cannot use the job's c10d store for rank "
                     "discovery (%s); this agent serves itself only, pass -t for the others",
-                    self.me()["rank"], self.last_error,
+                    self.me().rank, self.last_error,
                 )
             self._next = now + min(30.0, 0.5 * 2 ** min(self.failures, 6))
 
@@ -212,12 +213,15 @@ class RankRegistry:
         keys = sorted(k for k in self.store.list_keys() if k.startswith("rank"))
         if not keys:
             return
-        peers: dict[int, dict[str, Any]] = {}
+        peers: dict[int, RankEntry] = {}
         for key, raw in zip(keys, self.store.multi_get(keys)):
             try:
-                value = json.loads(bytes(raw).decode())
-                peers[int(value["rank"])] = value
-            except (ValueError, KeyError, TypeError):
+                entry = RankEntry.from_wire(json.loads(bytes(raw).decode()))
+            except (ValueError, AttributeError):
+                entry = None
+            if entry is None:
                 log.debug("probe agent: ignoring malformed store entry %s", key)
+            else:
+                peers[entry.rank] = entry
         self.peers = len(peers)
         self.on_peers(peers)

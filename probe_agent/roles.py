@@ -145,7 +145,9 @@ def write_launcher_record(run_dir: str, pid: int, host: str) -> None:
     import json
     import time
 
-    path = os.path.join(run_dir, f"{pid}.launcher.json")
+    from probe_protocol.runfiles import RunFiles
+
+    path = RunFiles(run_dir, pid).launcher
     record = {"pid": pid, "role": "launcher", "host": host,
               "argv": sys.argv[:8], "since": time.time()}
     try:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from probe_protocol.query import ArrowBody
+
 from .errors import MissingDependencyError, ProbeCLIError
 from .result import RankResult
-from .transport.wire import ArrowBody
 
 
 def _pyarrow(why: str) -> Any:

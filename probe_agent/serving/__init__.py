@@ -2,9 +2,9 @@
 
 - server.py: ``AgentServer``, the sockets we bind ourselves and uvicorn in a daemon thread;
 - app.py: ``create_app``, the FastAPI app, its ``AdmissionMiddleware`` (access rule, serving
-  budget) and the error handlers; routes/: one router per feature;
+  budget) and the error handlers; routes/: one router per feature (the paths and the bodies
+  they send are probe_protocol's, shared with the watchdog and the CLI);
 - budget.py: what serving may cost the training job (PROBE_SERVE_CPU);
-- wire.py: the JSON bodies of docs/http-api.md (stdlib only: the watchdog builds with it too);
 - watchdog_link.py, watchdog_restarts.py: the rank's side of the watchdog (spawning it,
   the heartbeat, the exit record, restarting it); the watchdog process itself is watchdog/.
 

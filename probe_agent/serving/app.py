@@ -16,11 +16,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from probe_protocol import routes
+from probe_protocol.envelope import error_body
+
 from ..access import SCOPE_KEYS, header_map, reserve_refusal
 from ..errors import ProbeAgentError
 from .._version import __version__
 from .routes import access, actions, cluster, core, doctor, memory, metrics, profile, trace
-from .wire import error_body
 
 if TYPE_CHECKING:
     from .parts import AgentParts
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Cheap GETs that skip the serving budget (serving/budget.py).
-_UNBUDGETED = frozenset({"/v1/health", "/v1/step", "/v1/backtrace"})
+_UNBUDGETED = frozenset({routes.HEALTH.path, routes.STEP.path, routes.BACKTRACE.path})
 
 #: Feature routers, in the order they are mounted. Each module exposes ``router``.
 ROUTERS = (core, trace, cluster, actions, doctor, access, profile, metrics,

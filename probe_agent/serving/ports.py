@@ -15,6 +15,8 @@ import signal
 import socket
 import time
 
+from probe_protocol.runfiles import WATCHDOG_SUFFIX
+
 from ..config import AgentConfig
 from ..errors import BindError
 from .server import bind_tcp
@@ -30,7 +32,7 @@ def reclaim_port(run_dir: str, port: int, timeout: float = 2.0) -> bool:
     wants its port back); True when one was asked and has let go."""
     asked = []
     try:
-        names = [n for n in os.listdir(run_dir) if n.endswith(".watchdog.json")]
+        names = [n for n in os.listdir(run_dir) if n.endswith(WATCHDOG_SUFFIX)]
     except OSError:
         return False
     for name in names:

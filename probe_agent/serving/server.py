@@ -35,6 +35,10 @@ try:  # httptools (C) parses HTTP at a fraction of h11's (pure Python) CPU, in t
 except ImportError:  # pragma: no cover - httptools is in the agent extra; h11 still works
     _BaseProtocol = H11Protocol
 
+from probe_protocol.envelope import encode, error_body
+from probe_protocol.peers import Peer, tcp_peer, unix_peer_uid
+from probe_protocol.runfiles import RunFiles
+
 from ..access import (
     LINGER_S,
     REQUEST_TIMEOUT_S,
@@ -44,8 +48,6 @@ from ..access import (
     overload_message,
 )
 from ..errors import BindError
-from probe_protocol.peers import Peer, tcp_peer, unix_peer_uid
-from .wire import encode, error_body
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,7 @@ def bind_unix(
 ) -> tuple[socket.socket, str]:
     """Bind ``run_dir/<pid>.sock`` (or ``run_dir/<name>``) with the run dir 0700 and the socket
     0600. ``name`` is the watchdog's private hop to the agent (issue 5)."""
-    path = os.path.join(run_dir, name or f"{pid}.sock")
+    path = os.path.join(run_dir, name) if name else RunFiles(run_dir, pid).sock
     try:
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
         st = os.stat(run_dir)

@@ -33,13 +33,14 @@ import weakref
 from collections.abc import Callable
 from typing import IO, Any
 
+from probe_protocol.runfiles import RunFiles
+
 from ..clock import StepClock
 from ..config import AgentConfig
 from ..errors import BindError
 from ..profiling.pyspy import find_pyspy
 from ..ranks import Identity
 from ..watchdog import beat
-from ..watchdog.files import RunFiles
 from .server import bind_unix, close_sockets
 from .watchdog_restarts import RESTART_WINDOW_S, Restarts, supervise
 

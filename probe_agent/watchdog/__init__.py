@@ -30,9 +30,9 @@ The model::
 
 Modules of the watchdog process: ``main.py`` (process entry), ``proxy.py`` (HTTP),
 ``httpwire.py`` (HTTP/1.1 framing), ``reader.py`` (py-spy, faulthandler and /proc stacks),
-``rank.py`` (liveness, exit status, forensics), ``files.py`` and ``beat.py`` (what both sides
-share). Nothing here runs inside the rank: its side (spawning, the heartbeat, faulthandler,
+``rank.py`` (liveness, exit status, forensics), ``beat.py`` (the heartbeat both sides share).
+The run-dir files, the routes and the bodies are probe_protocol's. Nothing here runs inside the rank: its side (spawning, the heartbeat, faulthandler,
 the exit record, restarting a dead watchdog) is ``serving/watchdog_link.py`` and
 ``serving/watchdog_restarts.py``. Everything here is stdlib-only and imports from probe_agent
-only ``access`` and ``serving.wire`` (the access rule and the bodies both sides send).
+only ``access``, ``peers`` (the access rule both sides apply) and ``collectors.stacks``.
 """

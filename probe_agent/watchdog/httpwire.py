@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from ..serving.wire import encode
+from probe_protocol.envelope import encode
+
 
 MAX_HEAD = 64 * 1024
 #: The largest request body relayed: the agent's biggest legitimate body (a query or an eval at

@@ -14,6 +14,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from probe_protocol.routes import HEALTH
+
 
 class LoopCheck:
     """One waiting request's checks. ``fetch(path)`` returns the body, or None when the agent
@@ -30,7 +32,7 @@ class LoopCheck:
         if waited < self._next:
             return False
         if self._pending is None:
-            self._pending = asyncio.ensure_future(self._fetch("/v1/health"))
+            self._pending = asyncio.ensure_future(self._fetch(HEALTH.path))
             return False
         if not self._pending.done():
             return False

@@ -20,7 +20,8 @@ import sys
 import time
 from typing import Any
 
-from .files import RunFiles
+from probe_protocol.runfiles import RunFiles
+
 from .httpwire import MAX_HEAD
 from .proxy import Proxy
 from .rank import RankWatch

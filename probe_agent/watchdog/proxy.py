@@ -20,9 +20,19 @@ import json
 import os
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
+from probe_protocol.bodies import (
+    BacktraceBody,
+    HealthBody,
+    RankEntry,
+    RanksBody,
+    RefusalReport,
+)
+from probe_protocol.envelope import error_body
 from probe_protocol.peers import Peer, tcp_peer, unix_peer_uid
+from probe_protocol.routes import ACCESS_REFUSALS, BACKTRACE, HEALTH, RANKS
 
 from ..access import (
     LINGER_S,
@@ -35,7 +45,6 @@ from ..access import (
     reserve_refusal,
 )
 from ..redact import redact_locals
-from ..serving.wire import error_body, ok_body
 from .httpwire import (
     BadRequest,
     Request,
@@ -98,7 +107,7 @@ class Proxy:
         self.reader = reader
         #: The agent's last /v1/ranks answer: served while it is frozen or dead, so that
         #: `probe -t this-rank ...` still reaches every other rank.
-        self.ranks_cache: dict[str, Any] | None = None
+        self.ranks_cache: RanksBody | None = None
 
     # -- connections ------------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -179,8 +188,8 @@ class Proxy:
                 continue
             batch, self.pending_refusals = self.pending_refusals, []
             unlisted, self.unlisted_refusals = self.unlisted_refusals, 0
-            body = json.dumps({"refusals": batch, "unlisted": unlisted}).encode()
-            req = Request("POST", "/v1/access/refusals", "HTTP/1.1",
+            body = json.dumps(RefusalReport(tuple(batch), unlisted).to_wire()).encode()
+            req = Request(ACCESS_REFUSALS.method, ACCESS_REFUSALS.path, "HTTP/1.1",
                           [("content-type", "application/json"),
                            ("content-length", str(len(body)))], body)
             try:
@@ -199,19 +208,20 @@ class Proxy:
                                      headers=refusal.headers))
             return False
         client = peer.label()
-        if req.method == "GET" and req.path == "/v1/health" and req.query.get("challenge"):
+        if HEALTH.matches(req.method, req.path) and req.query.get("challenge"):
             # The proof is the watchdog's to give: it holds the token and the port, and must
             # give it while the agent's Python is frozen too.
             sockname = writer.get_extra_info("sockname")
             reached = (sockname[0], self.port) if isinstance(sockname, tuple) and self.port \
                 else None
             proof = self.policy.health_extra(req.query, reached)
-            writer.write(json_response(200, ok_body(self.rank_no, status="ok", **proof)))
+            body = HealthBody(self.rank_no, proof=proof.get("proof"))
+            writer.write(json_response(200, body.to_wire()))
             return True
-        is_backtrace = req.method == "GET" and req.path == "/v1/backtrace"
+        is_backtrace = BACKTRACE.matches(req.method, req.path)
         if not self.rank.alive:
-            if req.method == "GET" and req.path == "/v1/ranks" and self.ranks_cache:
-                writer.write(json_response(200, {**self.ranks_cache, "cached": True}))
+            if RANKS.matches(req.method, req.path) and self.ranks_cache:
+                writer.write(json_response(200, self._known_ranks()))
             else:
                 writer.write(self._dead(req, is_backtrace))
             return True
@@ -267,7 +277,7 @@ class Proxy:
         # Discovery is the first step of every fan-out, `probe backtrace` included: it gets the
         # backtrace's deadline, not MAX_WAIT_S, even while the heartbeat is fresh (a wedged
         # event loop beside a live training thread, issue 20).
-        is_ranks = req.method == "GET" and req.path == "/v1/ranks"
+        is_ranks = RANKS.matches(req.method, req.path)
         loop_check = LoopCheck(self.fetch, self.deadline_s)
         try:
             while True:
@@ -348,16 +358,16 @@ class Proxy:
         except ValueError:
             return
         if isinstance(body, dict) and body.get("ok") and isinstance(body.get("ranks"), list):
-            self.ranks_cache = body
+            self.ranks_cache = RanksBody.from_wire(body)
 
     def _known_ranks(self) -> dict[str, Any]:
         """/v1/ranks while the agent does not answer: its last answer, else this rank alone
         (the CLI keeps the address it used for the answering rank, so no URL is needed)."""
         if self.ranks_cache:
-            return {**self.ranks_cache, "cached": True}
-        me = {"rank": self.rank_no, "url": None, "host": self.host, "pid": self.pid}
-        return ok_body(self.rank_no, ranks=[me], cached=True, discovery={
-            "state": "unknown", "error": "the agent did not answer in time"})
+            return replace(self.ranks_cache, cached=True).to_wire()
+        me = RankEntry(self.rank_no, None, self.host, self.pid)
+        return RanksBody(self.rank_no, (me,), cached=True, discovery={
+            "state": "unknown", "error": "the agent did not answer in time"}).to_wire()
 
     async def backtrace(self, req: Request, writer: asyncio.StreamWriter, client: str) -> bool:
         started = time.monotonic()
@@ -387,10 +397,10 @@ class Proxy:
     async def fetch_in_process(self) -> dict[str, Any] | None:
         """The in-process backtrace (for snapshots), or None if the agent does not answer.
         Refreshes the /v1/ranks cache on the way."""
-        ranks = await self.fetch("/v1/ranks")
+        ranks = await self.fetch(RANKS.path)
         if ranks and ranks.get("ok"):
-            self.ranks_cache = ranks
-        return await self.fetch("/v1/backtrace?all=1")
+            self.ranks_cache = RanksBody.from_wire(ranks)
+        return await self.fetch(BACKTRACE.path + "?all=1")
 
     async def fetch(self, target: str) -> dict[str, Any] | None:
         req = Request("GET", target, "HTTP/1.1", [])
@@ -435,7 +445,7 @@ class Proxy:
         if res.get("stopped") and res["stopped"] not in reason:
             reason = f"{res['stopped']}; {reason}"
         hb = self.rank.heartbeat()
-        return json_response(200, ok_body(
+        return json_response(200, BacktraceBody(
             self.rank_no, pid=self.pid, host=self.host,
             source="out-of-process", route=res["route"], reason=reason,
             native=native and res["route"] == "py-spy" and not res.get("stopped"),
@@ -443,9 +453,9 @@ class Proxy:
             gil_holder=res.get("gil_holder"),
             gil_held=res.get("gil_holder") is not None if res["route"] == "py-spy" else None,
             heartbeat_age_s=round(hb[0], 3) if hb else None,
-            step=self.rank.last_step, threads=threads,
+            step=self.rank.last_step, threads=tuple(threads),
             elapsed_ms=round((time.monotonic() - started) * 1e3, 3),
-        ))
+        ).to_wire())
 
     def _dead(self, req: Request, is_backtrace: bool) -> bytes:
         e = self.rank.exit or {}
@@ -460,7 +470,7 @@ class Proxy:
         if is_backtrace:
             threads = [t for t in (last or {}).get("threads") or []
                        if req.flag("all") or not t.get("is_agent")]
-            return json_response(200, ok_body(
+            return json_response(200, BacktraceBody(
                 self.rank_no, source="watchdog", route=(last or {}).get("route"),
-                reason=message, **facts, threads=threads))
+                reason=message, **facts, threads=tuple(threads)).to_wire())
         return self._error(410, message + "; `probe backtrace` shows its last stack", **facts)

@@ -29,8 +29,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from probe_protocol.runfiles import RunFiles
+
 from . import beat
-from .files import RunFiles
 from .reader import StackReader, fatal_signal, parse_faulthandler
 
 Fetch = Callable[[], Awaitable[dict[str, Any] | None]]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from probe_protocol.query import QueryBody
+
 from ..outcome import Outcome, finish
 from ..render.text import query_notes, render_query_csv, render_query_table
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import run_on_ranks
 from ..transport.session import Session
-from ..transport.wire import QueryBody
 
 
 def run_canned(session: Session, name: str, **params: Any) -> list[RankResult]:

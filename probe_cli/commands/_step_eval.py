@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from probe_protocol.actions import FinishedAction
+
 from ..outcome import Outcome
 from ..render.text import render_eval, render_eval_failures
 from ..transport.session import Session
 from ..transport.step_actions import run_step_action
-from ..transport.wire import FinishedAction
 from ._step_options import step_outcome
 
 

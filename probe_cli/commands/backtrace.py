@@ -6,6 +6,8 @@ from typing import Any
 
 import click
 
+from probe_protocol.bodies import BacktraceBody
+
 from ..group import rank_label
 from ..outcome import Outcome, finish
 from ..render.stacks import render_backtrace
@@ -13,7 +15,6 @@ from ..render.text import format_csv
 from ..result import RankResult
 from ..transport.fanout import fan_out_target_first
 from ..transport.session import Session
-from ..transport.wire import BacktraceBody
 from . import pass_session
 
 CSV_COLUMNS = ("rank", "thread_id", "thread_name", "is_main", "depth", "func", "file", "lineno",

@@ -7,12 +7,13 @@ from collections.abc import Sequence
 
 import click
 
+from probe_protocol.actions import FinishedAction
+
 from ..outcome import Outcome
 from ..render.actions import render_checkpoint
 from ..result import RankResult
 from ..transport.session import Session
 from ..transport.step_actions import run_step_action
-from ..transport.wire import FinishedAction
 from . import pass_session
 from ._step_options import at_step_option, step_outcome, wait_option
 

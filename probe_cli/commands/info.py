@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import click
 
+from probe_protocol.bodies import InfoBody
+
 from ..outcome import Outcome, finish
 from ..render.text import format_csv, format_duration, info_rows, render_info
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import run_on_ranks
 from ..transport.session import Session
-from ..transport.wire import InfoBody
 from . import pass_session
 
 
@@ -34,7 +35,7 @@ def watchdog_note(r: RankResult) -> str | None:
     """``note: rank 0: its watchdog was restarted 2 times (last: killed by SIGKILL, 5s ago)``:
     a restarted watchdog (issue 20) means something kills processes on that node."""
     info = InfoBody.from_wire(r.data)
-    wd = info.watchdog
+    wd = info.watchdog or {}
     restarts = wd.get("restarts") or 0
     if not restarts and not wd.get("gave_up"):
         return None

@@ -8,6 +8,8 @@ import time
 
 import click
 
+from probe_protocol.runfiles import RunFiles
+
 from ..injection import injector
 from ..injection.target import InjectError, check_agent_importable, check_version, inspect
 from ..outcome import Outcome
@@ -47,7 +49,8 @@ def command(session: Session, pid: int, port: int | None, host: str | None,
     run_dir = run_dir_of(click.get_current_context()) or default_run_dir()
     target = inspect(pid)
     route = check_version(target)
-    sock = os.path.join(run_dir, f"{pid}.sock")
+    files = RunFiles(run_dir, pid)
+    sock = files.sock
     if agent_answers(sock):
         raise InjectError(f"PID {pid} already has a probe agent ({sock})",
                           help_text=f"use it: probe {pid} backtrace")
@@ -59,8 +62,7 @@ def command(session: Session, pid: int, port: int | None, host: str | None,
                        ("PROBE_TRACE", trace), ("PROBE_WATCHDOG", "0" if no_watchdog else None)):
         if value is not None:
             overrides[key] = str(value)
-    status_path = os.path.join(run_dir, f"{pid}.inject.json")
-    script = os.path.join(run_dir, f"{pid}.inject.py")
+    status_path, script = files.inject_status, files.inject_script
     for stale in (status_path, status_path + ".tmp"):
         if os.path.exists(stale):
             os.unlink(stale)

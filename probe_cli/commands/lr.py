@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from probe_protocol.actions import ActionBody, FinishedAction
+
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ProbeCLIError
 from ..group import rank_label
 from ..outcome import Outcome
@@ -24,7 +26,6 @@ from ..transport.client import ProbeClient
 from ..transport.fanout import calling, fan_out, resolve_ranks
 from ..transport.session import Session
 from ..transport.step_actions import run_step_action
-from ..transport.wire import ActionBody, FinishedAction
 from . import pass_session
 from ._step_options import at_step_option, step_outcome, wait_option
 

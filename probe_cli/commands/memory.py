@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from probe_protocol.query import QueryBody
+
 from ..diagnose.memory_use import BREAKDOWN_STEPS, TOP_ACTIVATIONS, Breakdown, breakdown
 from ..diagnose.number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
 from ..errors import RankError
@@ -18,7 +20,6 @@ from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
 from ..transport.session import Session
-from ..transport.wire import QueryBody
 from . import pass_session
 from ._canned import canned_outcome, render_rows
 from ._window import last_option

@@ -9,13 +9,22 @@ import re
 
 import click
 
+from probe_protocol.runfiles import (
+    LAUNCHER_SUFFIX,
+    SOCK_SUFFIX,
+    WATCHDOG_SUFFIX,
+    RunFiles,
+    dead_files,
+    pid_of,
+)
+
 from ..outcome import Outcome
 from ..render.text import format_table
 from ..transport.local_socket import ask_socket
 from ..transport.session import Session
 from ..transport.targets import default_run_dir, local_run_dirs
 from . import pass_session
-from ._local import dead_files, run_dir_of
+from ._local import run_dir_of
 
 _PY = re.compile(r"(?:^|/)(?:lib)?python(3\.\d+)(t?)(?:\.so|$)")
 COLUMNS = ("PID", "AGENT", "RANK", "PYTHON", "ADDRESS", "COMMAND")
@@ -113,11 +122,11 @@ def list_processes(run_dir: str) -> list[dict]:
 def _agents_in(run_dir: str, rows: dict[int, dict]) -> None:
     names = os.listdir(run_dir) if os.path.isdir(run_dir) else []
     for name in names:
-        if name.endswith(".watchdog.json"):
+        if name.endswith(WATCHDOG_SUFFIX):
             rec = _read_json(os.path.join(run_dir, name))
             if rec.get("state") == "dead" and isinstance(rec.get("pid"), int):
                 e = rec.get("exit") or {}
-                sock = os.path.join(run_dir, f"{rec['pid']}.sock")
+                sock = RunFiles(run_dir, rec["pid"]).sock
                 rows[rec["pid"]] = {"pid": rec["pid"], "agent": f"dead: {e.get('description')}",
                                     "rank": rec.get("rank"), "python": None,
                                     "address": f"unix:{sock}",
@@ -125,18 +134,16 @@ def _agents_in(run_dir: str, rows: dict[int, dict]) -> None:
     for name in names:
         # issue 17: a process that started ranks with torch.multiprocessing stopped its agent
         # and left this record, so that it shows as what it is rather than as rank 0.
-        stem = name.removesuffix(".launcher.json")
-        if name.endswith(".launcher.json") and stem.isdigit() and os.path.exists(f"/proc/{stem}"):
-            pid = int(stem)
+        pid = pid_of(name)
+        if name.endswith(LAUNCHER_SUFFIX) and pid is not None and os.path.exists(f"/proc/{pid}"):
             rows[pid] = {"pid": pid, "agent": "launcher", "rank": None,
                          "python": python_version(pid), "address": None,
                          "command": _cmdline(pid)}
     for name in names:
-        stem = name.removesuffix(".sock")
-        if not name.endswith(".sock") or not stem.isdigit() or int(stem) in rows:
+        pid = pid_of(name)
+        if pid is None or pid in rows or name != f"{pid}{SOCK_SUFFIX}":
             continue
-        pid = int(stem)
-        info = _read_json(os.path.join(run_dir, f"{pid}.json"))
+        info = _read_json(RunFiles(run_dir, pid).json)
         body = ask_socket(os.path.join(run_dir, name))
         alive = isinstance(body, dict) and body.get("ok") is True
         rows[pid] = {"pid": pid, "agent": "answering" if alive else "stale socket",

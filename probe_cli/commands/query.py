@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -23,11 +25,25 @@ from ..transport.client import ProbeClient
 from ..transport.fanout import fan_out, resolve_ranks, run_on_ranks
 from ..transport.session import Session
 from ..transport.untrusted_text import escape_body
-from ..transport.wire import GatheredBody
 from . import pass_session
 
 FORMATS = ("table", "json", "csv", "arrow", "parquet")
 BINARY = ("arrow", "parquet")
+
+
+@dataclass(frozen=True, slots=True)
+class GatheredBody:
+    """``probe query --gather SQL --json``: not an agent's body but the CLI's own answer, every
+    rank's rows merged and queried again locally; ``ranks`` are the ranks it came from."""
+
+    ranks: tuple[int | None, ...]
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    rows: tuple[list[Any], ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"ok": True, "ranks": list(self.ranks), "columns": list(self.columns),
+                "types": list(self.types), "rows": list(self.rows)}
 
 
 @click.command("query")

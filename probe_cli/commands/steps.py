@@ -6,13 +6,15 @@ from typing import Any
 
 import click
 
+from probe_protocol.envelope import Envelope
+from probe_protocol.query import QueryBody
+
 from ..outcome import Outcome, finish
 from ..render.text import render_query_table
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
 from ..transport.session import Session
-from ..transport.wire import Envelope, QueryBody
 from . import pass_session
 from ._window import last_option
 

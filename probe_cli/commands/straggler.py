@@ -13,7 +13,6 @@ from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import render_straggler, straggler_json
 from ..transport.fanout import fan_out, resolve_ranks
 from ..transport.session import Session
-from ..transport.wire import QueryBody
 from . import pass_session
 
 

@@ -7,6 +7,9 @@ import json
 
 import click
 
+from probe_protocol.bodies import TraceBody
+from probe_protocol.query import QueryBody
+
 from ..errors import ProbeCLIError, UsageProblemError
 from ..outcome import Outcome, finish
 from ..export.perfetto import build_trace
@@ -16,7 +19,6 @@ from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import run_on_ranks
 from ..transport.session import Session
-from ..transport.wire import QueryBody, TraceBody
 from . import pass_session
 from ._canned import run_canned
 from ._window import last_option

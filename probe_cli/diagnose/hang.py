@@ -32,10 +32,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from probe_protocol.bodies import BacktraceBody, CollectivesBody
+
 from ..errors import AgentUnreachableError
 from ..group import rank_label
 from ..result import RankResult
-from ..transport.wire import BacktraceBody, CollectivesBody
 from .rhythm import MIN_GAPS, WaitRule, normal_wait
 from .verdict import Verdict
 
@@ -320,14 +321,14 @@ def rank_state(r: RankResult) -> RankState:
         dead = isinstance(err, AgentUnreachableError) and reason == "connection refused"
         body = BacktraceBody.from_wire(getattr(err, "body", None))
         if body.state == "dead":  # its watchdog reports the death (issue 5)
-            cause = body.exit.get("description") or "exited"
+            cause = (body.exit or {}).get("description") or "exited"
             at = f" at step {body.last_step}" if body.last_step is not None else ""
             return RankState(rank, error=f"is dead: {cause}{at} (its watchdog reports it)",
                              dead=True)
         return RankState(rank, error=reason, dead=dead)
     bt = BacktraceBody.from_wire(r.data["backtrace"])
     if bt.state == "dead":  # the watchdog answered for a rank that is gone (issue 5)
-        cause = bt.exit.get("description") or "exited"
+        cause = (bt.exit or {}).get("description") or "exited"
         at = f" at step {bt.last_step}" if bt.last_step is not None else ""
         return RankState(rank, error=f"is dead: {cause}{at} (its watchdog reports it)",
                          dead=True)

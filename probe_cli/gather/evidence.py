@@ -9,11 +9,14 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from probe_protocol.bodies import CollectivesBody
+from probe_protocol.envelope import Envelope
+from probe_protocol.query import QueryBody
+
 from ..errors import RankError
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import Call, RankTarget
-from ..transport.wire import CollectivesBody, Envelope, QueryBody
 from ..diagnose.memory_use import BREAKDOWN_STEPS, TOP_ACTIVATIONS
 from ..diagnose.number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
 from ..diagnose.straggler import StragglerVerdict, diagnose_stragglers

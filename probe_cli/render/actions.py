@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from probe_protocol.actions import ActionBody, ActionListBody, FinishedAction, ResumeBody
+
 from ..group import rank_label
 from ..result import RankResult
-from ..transport.wire import ActionBody, ActionListBody, FinishedAction, ResumeBody
 from .text import format_table
 
 if TYPE_CHECKING:  # the protocol module needs httpx; rendering stays stdlib only

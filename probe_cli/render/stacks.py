@@ -18,9 +18,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from probe_protocol.bodies import BacktraceBody
+from probe_protocol.envelope import Body
+
 from ..group import group_by, outliers_first, rank_label
 from ..result import RankResult
-from ..transport.wire import BacktraceBody, Body
 from .text import paint, rank_header
 
 IN_PROCESS = "in-process"
@@ -111,10 +113,10 @@ def source_note(body: Body | None) -> str:
 def dead_facts(body: Body | None) -> list[str]:
     """``DEAD: killed by signal 9 (SIGKILL)``, the last step, where the last stack came from."""
     bt = BacktraceBody.from_wire(body)
-    facts = ["DEAD: " + str(bt.exit.get("description") or "exited")]
+    facts = ["DEAD: " + str((bt.exit or {}).get("description") or "exited")]
     if bt.last_step is not None:
         facts.append(f"last step {bt.last_step}")
-    route = bt.last_backtrace.get("route")
+    route = (bt.last_backtrace or {}).get("route")
     if route:
         facts.append(f"last stack: {route}")
     return facts

@@ -15,9 +15,12 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
+from probe_protocol.bodies import EvalBody, InfoBody
+from probe_protocol.envelope import Envelope
+from probe_protocol.query import QueryBody
+
 from ..group import group_by, rank_label
 from ..result import RankResult
-from ..transport.wire import Envelope, EvalBody, InfoBody, QueryBody
 
 _STYLES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
 #: Longest cell shown in a human table; --json and --csv always carry the full value.

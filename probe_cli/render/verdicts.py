@@ -8,11 +8,12 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from probe_protocol.query import QueryBody
+
 from ..diagnose.hang import HangVerdict
 from ..diagnose.straggler import StragglerVerdict
 from ..diagnose.verdict import Verdict
 from ..result import RankResult
-from ..transport.wire import QueryBody
 
 
 def render_verdict(v: Verdict) -> list[str]:

@@ -14,6 +14,12 @@ from typing import Any
 
 import httpx
 
+from probe_protocol import routes
+from probe_protocol.actions import ResumeRequest
+from probe_protocol.bodies import EvalRequest, TraceRequest
+from probe_protocol.query import ArrowBody, CannedRequest, QueryRequest
+from probe_protocol.routes import Route
+
 from ..errors import (
     AgentTimeoutError,
     AgentUnreachableError,
@@ -26,9 +32,8 @@ from .guard import Dialled, install
 from .targets import Endpoint
 from .trust import check_agent
 from .untrusted_text import escape_body, escape_controls
-from .wire import ArrowBody
 
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
+ARROW_STREAM = routes.ARROW_STREAM
 
 # Without TCP_NODELAY a POST whose body goes out in a second segment waits for the agent's
 # delayed ACK: a 44-48 ms floor per request measured on these machines (DESIGN.md, "Facts").
@@ -112,45 +117,39 @@ class ProbeClient:
 
     def health(self) -> dict[str, Any]:
         """Open to anyone: sent without the token and without the trust check."""
-        body = self._decode(self._send("GET", "/v1/health", anonymous=True))
+        body = self._decode(self._send(routes.HEALTH, anonymous=True))
         if body is None:
             raise ProtocolError(f"{self.endpoint.label} answered /v1/health with no probe body",
                                 url=self.endpoint.label, reason="not a probe answer")
         return body
 
     def info(self) -> dict[str, Any]:
-        return self._json("GET", "/v1/info")
+        return self._json(routes.INFO)
 
     def ranks(self) -> dict[str, Any]:
-        return self._json("GET", "/v1/ranks")
+        return self._json(routes.RANKS)
 
     def query(self, sql: str, max_rows: int | None = None) -> dict[str, Any]:
-        return self._json("POST", "/v1/query", json=_query_body(sql, max_rows))
+        return self._json(routes.QUERY, json=QueryRequest(sql, max_rows).to_wire())
 
     def query_arrow(self, sql: str, max_rows: int | None = None) -> dict[str, Any]:
         """The result as an Arrow IPC stream: ``{"ok", "rank", "truncated", "arrow": bytes}``
         (``wire.ArrowBody``)."""
-        resp = self._send(
-            "POST", "/v1/query", json=_query_body(sql, max_rows), headers={"Accept": ARROW_STREAM}
-        )
+        resp = self._send(routes.QUERY, json=QueryRequest(sql, max_rows).to_wire(),
+                          headers={"Accept": ARROW_STREAM})
         if not resp.headers.get("content-type", "").startswith(ARROW_STREAM):
             raise self._protocol_error(resp, "an Arrow stream")
-        rank = resp.headers.get("x-probe-rank", "")
-        return ArrowBody(
-            rank=int(rank) if rank.lstrip("-").isdigit() else None,
-            truncated=resp.headers.get("x-probe-truncated", "false").lower() == "true",
-            arrow=resp.content,
-        ).to_wire()
+        return ArrowBody.from_headers(resp.headers, resp.content).to_wire()
 
     def canned(self, name: str, **params: Any) -> dict[str, Any]:
         """A canned query of sql/queries/ by name; the body is a ``query`` body."""
-        return self._json("POST", f"/v1/queries/{name}", json={"params": params})
+        return self._json(routes.CANNED_QUERY, json=CannedRequest(params).to_wire(), name=name)
 
     def queries(self) -> dict[str, Any]:
-        return self._json("GET", "/v1/queries")
+        return self._json(routes.QUERIES)
 
     def eval(self, code: str) -> dict[str, Any]:
-        return self._json("POST", "/v1/eval", json={"code": code})
+        return self._json(routes.EVAL, json=EvalRequest(code).to_wire())
 
     def backtrace(
         self, *, locals: bool = False, native: bool = False, all: bool = False,
@@ -159,66 +158,66 @@ class ProbeClient:
         params = {"locals": int(locals), "native": int(native), "all": int(all)}
         if secrets:
             params["secrets"] = 1
-        return self._json("GET", "/v1/backtrace", params=params)
+        return self._json(routes.BACKTRACE, params=params)
 
     def collectives(self, *, limit: int = 200, state: str | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}
         if state is not None:
             params["state"] = state
-        return self._json("GET", "/v1/collectives", params=params)
+        return self._json(routes.COLLECTIVES, params=params)
 
     def trace(self) -> dict[str, Any]:
-        return self._json("GET", "/v1/trace")
+        return self._json(routes.TRACE)
 
     def set_trace(self, mode: str) -> dict[str, Any]:
         """``mode``: ``on``, ``off`` or ``every:N``; applies from the next optimizer step."""
-        return self._json("POST", "/v1/trace", json={"mode": mode})
+        return self._json(routes.SET_TRACE, json=TraceRequest(mode).to_wire())
 
     def doctor(self) -> dict[str, Any]:
-        return self._json("GET", "/v1/doctor")
+        return self._json(routes.DOCTOR)
 
     def memory_tensors(self, top: int) -> dict[str, Any]:
-        return self._json("GET", "/v1/memory/tensors", params={"top": top})
+        return self._json(routes.MEMORY_TENSORS, params={"top": top})
 
     def doctor_grads(self, wait: float) -> dict[str, Any]:
-        return self._json("POST", "/v1/doctor/grads", params={"wait": wait})
+        return self._json(routes.DOCTOR_GRADS, params={"wait": wait})
 
     def step(self) -> dict[str, Any]:
-        return self._json("GET", "/v1/step")
+        return self._json(routes.STEP)
 
     def submit_action(self, request: dict[str, Any]) -> dict[str, Any]:
         """Queue a step-boundary action (the ``POST /v1/actions`` body, id and step included)."""
-        return self._json("POST", "/v1/actions", json=request)
+        return self._json(routes.SUBMIT_ACTION, json=request)
 
     def actions(self) -> dict[str, Any]:
-        return self._json("GET", "/v1/actions")
+        return self._json(routes.ACTIONS)
 
     def action(self, action_id: str, *, wait: float | None = None) -> dict[str, Any]:
         """One action; with ``wait``, the agent answers once it has finished or after that
         many seconds (a long poll)."""
         params = None if wait is None else {"wait": wait}
-        return self._json("GET", f"/v1/actions/{action_id}", params=params)
+        return self._json(routes.ACTION, params=params, action_id=action_id)
 
     def cancel_action(self, action_id: str) -> dict[str, Any]:
-        return self._json("DELETE", f"/v1/actions/{action_id}")
+        return self._json(routes.CANCEL_ACTION, action_id=action_id)
 
     def resume(self, requested_by: str) -> dict[str, Any]:
-        return self._json("POST", "/v1/resume", json={"requested_by": requested_by})
+        return self._json(routes.RESUME, json=ResumeRequest(requested_by).to_wire())
 
     # issue 16: profile windows (queued with submit_action, kind "profile") and flame graphs
     def profile(self, profile_id: str, *, wait: float | None = None) -> dict[str, Any]:
         """One rank's profile window (state, step spans, top operators, cost); ``wait`` long-
         polls until it is done."""
         params = None if wait is None else {"wait": wait}
-        return self._json("GET", f"/v1/profile/{profile_id}", params=params)
+        return self._json(routes.PROFILE, params=params, profile_id=profile_id)
 
     def profile_trace(self, profile_id: str, dest: str, *, read_timeout: float = 120.0
                       ) -> dict[str, Any]:
         """Stream the window's Chrome trace into the file ``dest`` (1 MiB at a time: memory
         stays flat whatever the size); returns ``{"ok", "rank", "path", "bytes"}``."""
         timeout = httpx.Timeout(self.timeout, read=max(self.timeout, read_timeout))
-        resp = self._send("GET", f"/v1/profile/{profile_id}/trace", stream=True,
-                          timeout=timeout)
+        resp = self._send(routes.PROFILE_TRACE, stream=True, timeout=timeout,
+                          profile_id=profile_id)
         n = 0
         try:
             with open(dest, "wb") as f:
@@ -231,31 +230,30 @@ class ProbeClient:
                 url=self.endpoint.label, reason=f"trace cut at {n} bytes") from e
         finally:
             resp.close()
-        rank = resp.headers.get("x-probe-rank", "")
-        return {"ok": True, "rank": int(rank) if rank.lstrip("-").isdigit() else None,
-                "path": dest, "bytes": n}
+        rank = ArrowBody.from_headers(resp.headers, b"").rank
+        return {"ok": True, "rank": rank, "path": dest, "bytes": n}
 
     def start_flame(self, request: dict[str, Any]) -> dict[str, Any]:
         """Start sampling Python stacks (the ``POST /v1/flame`` body)."""
-        return self._json("POST", "/v1/flame", json=request)
+        return self._json(routes.START_FLAME, json=request)
 
     def flame(self, flame_id: str, *, wait: float | None = None) -> dict[str, Any]:
         params = None if wait is None else {"wait": wait}
-        return self._json("GET", f"/v1/flame/{flame_id}", params=params)
+        return self._json(routes.FLAME, params=params, flame_id=flame_id)
 
     # -- generic ------------------------------------------------------------------------------
 
     def _json(
         self,
-        method: str,
-        path: str,
+        route: Route,
         *,
         json: Any = None,
         params: dict[str, Any] | None = None,
+        **path_params: Any,
     ) -> dict[str, Any]:
-        """One JSON route. Private: a route the CLI uses gets a method above, so that no
-        command spells a path (issue 18)."""
-        resp = self._send(method, path, json=json, params=params)
+        """One JSON route, its path filled in from ``path_params``. Private: a route the CLI
+        uses gets a method above, so that no command names a route."""
+        resp = self._send(route, json=json, params=params, **path_params)
         body = self._decode(resp)
         if body is None:
             raise self._protocol_error(resp, "a JSON body")
@@ -272,16 +270,22 @@ class ProbeClient:
             return
 
         def health(params: dict[str, Any]) -> dict[str, Any]:
-            return self._decode(self._send("GET", "/v1/health", params=params,
+            return self._decode(self._send(routes.HEALTH, params=params,
                                            anonymous=True)) or {}
 
         check_agent(self.endpoint, token=self.token, cacert=self.cacert, health=health,
                     dialled=self._dialled)
         self._trusted = True
 
-    def _send(self, method: str, path: str, *, anonymous: bool = False, stream: bool = False,
-              **kw: Any) -> httpx.Response:
+    def _send(self, route: Route, *, anonymous: bool = False, stream: bool = False,
+              json: Any = None, params: dict[str, Any] | None = None,
+              headers: dict[str, str] | None = None, timeout: Any = None,
+              **path_params: Any) -> httpx.Response:
         url = self.endpoint.label
+        method, path = route.method, route.url(**path_params)
+        kw: dict[str, Any] = {"json": json, "params": params, "headers": headers}
+        if timeout is not None:
+            kw["timeout"] = timeout
         if not anonymous:
             self._ensure_trusted()
             if self._auth:
@@ -338,10 +342,6 @@ class ProbeClient:
             url=url,
             reason=f"not a probe answer (HTTP {resp.status_code}, {kind})",
         )
-
-
-def _query_body(sql: str, max_rows: int | None) -> dict[str, Any]:
-    return {"sql": sql} if max_rows is None else {"sql": sql, "max_rows": max_rows}
 
 
 def _decode(resp: httpx.Response) -> dict[str, Any] | None:

@@ -27,6 +27,9 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from probe_protocol.bodies import RanksBody
+from probe_protocol.envelope import Envelope
+
 from ..errors import (
     AgentHTTPError,
     AgentTimeoutError,
@@ -45,7 +48,6 @@ from .client import ProbeClient
 from .session import Session
 from .targets import Endpoint
 from .trust import rank_entry_problem
-from .wire import Envelope, RanksBody
 
 #: Requests in flight at once. 64 keeps a 512-rank job to 8 waves of short requests while
 #: staying far below a login node's file-descriptor limit.

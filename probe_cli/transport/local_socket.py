@@ -12,11 +12,12 @@ import os
 import socket
 from typing import Any
 
+from probe_protocol import routes
 from probe_protocol.peers import unix_peer_uid
 
 from .untrusted_text import escape_body
 
-HEALTH = "/v1/health"
+HEALTH = routes.HEALTH.path
 
 
 def ask_socket(path: str, route: str = HEALTH, timeout: float = 1.0) -> Any:

@@ -31,13 +31,14 @@ from typing import Any
 
 import httpx
 
+from probe_protocol.actions import ActionBody, StepBody
+
 from ..errors import AgentHTTPError, AgentTimeoutError, AgentUnreachableError, RankError
 from ..group import rank_label
 from ..result import RankResult
 from .client import ProbeClient
 from .fanout import RankTarget, calling, fan_out, resolve_ranks
 from .session import Session
-from .wire import ActionBody, StepBody
 
 #: --next-step retries when a rank stepped past the chosen target while it was being queued.
 RETRIES = 3

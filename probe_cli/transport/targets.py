@@ -15,8 +15,11 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from probe_protocol import runfiles
+from probe_protocol.runfiles import RunFiles
 
 from ..errors import NoAgentError, UsageProblemError
 
@@ -39,10 +42,9 @@ class Endpoint:
         return f"unix:{self.uds}" if self.uds else self.base_url
 
 
-def default_run_dir(environ: dict[str, str] | os._Environ[str] | None = None) -> str:
+def default_run_dir(environ: Mapping[str, str] | None = None) -> str:
     """The agents' socket directory: ``$PROBE_RUN_DIR`` or ``/tmp/probe-<uid>``."""
-    env = os.environ if environ is None else environ
-    return env.get("PROBE_RUN_DIR") or os.path.join("/tmp", f"probe-{os.getuid()}")
+    return runfiles.run_dir(environ)
 
 
 def run_dir_problem(path: str) -> str | None:
@@ -67,16 +69,13 @@ def run_dir_problem(path: str) -> str | None:
 
 
 def local_run_dirs(run_dir: str) -> list[str]:
-    """``run_dir``, then where an agent goes when its run dir cannot be used (the agent's
-    probe_agent/rundir.py; the two share no code): ``$XDG_RUNTIME_DIR/probe`` and private
-    ``/tmp/probe-<uid>-*`` directories. Only those ``run_dir_problem`` finds nothing wrong with
-    (the agent makes its own 0700)."""
-    cands = [run_dir]
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isabs(xdg):
-        cands.append(os.path.join(xdg, "probe"))
+    """``run_dir``, then where an agent goes when its run dir cannot be used
+    (probe_protocol/runfiles.py): ``$XDG_RUNTIME_DIR/probe`` and private ``/tmp/probe-<uid>-*``
+    directories. Only those ``run_dir_problem`` finds nothing wrong with (the agent makes its
+    own 0700)."""
+    cands = [run_dir, *runfiles.fallback_dirs()]
     try:
-        prefix = f"probe-{os.getuid()}-"
+        prefix = runfiles.private_prefix()
         cands += sorted(os.path.join("/tmp", n) for n in os.listdir("/tmp")
                         if n.startswith(prefix))
     except OSError:
@@ -88,7 +87,7 @@ def local_run_dirs(run_dir: str) -> list[str]:
 def socket_of(pid: int, run_dir: str) -> str | None:
     """The unix socket of ``pid``'s agent, in ``run_dir`` or a fallback run dir."""
     for d in local_run_dirs(run_dir):
-        path = os.path.join(d, f"{pid}.sock")
+        path = RunFiles(d, pid).sock
         if os.path.exists(path):
             return path
     return None
@@ -135,7 +134,7 @@ def parse_endpoint(
             raise NoAgentError(f"not looking for PID {pid}'s agent in {run_dir}: {why}",
                                help_text="set PROBE_RUN_DIR to the job's own run dir, or remove "
                                          "the one you do not own")
-        path = found or os.path.join(run_dir, f"{pid}.sock")
+        path = found or RunFiles(run_dir, pid).sock
         if check_pid and not os.path.exists(path):
             raise _no_agent(pid, path)
         return Endpoint("http://localhost", uds=path, pid=pid)
@@ -193,14 +192,10 @@ def default_endpoint(run_dir: str, scheme: str = "http") -> tuple[Endpoint, str]
     that is not ours, not 0700 or a symlink is not looked into, and the note says why.
     """
     why = run_dir_problem(run_dir)
-    try:
-        socks = [] if why else sorted(n for n in os.listdir(run_dir) if n.endswith(".sock"))
-    except OSError:
-        socks = []
+    socks = [] if why else runfiles.agent_sockets(run_dir)
     if len(socks) == 1:
         path = os.path.join(run_dir, socks[0])
-        stem = socks[0].removesuffix(".sock")
-        pid = int(stem) if stem.isdigit() else None
+        pid = runfiles.pid_of(socks[0])
         note = f"no target given; using the only agent socket in {run_dir} ({socks[0]})"
         return Endpoint("http://localhost", uds=path, pid=pid), note
     jobs = local_jobs(run_dir, socks)
@@ -208,8 +203,7 @@ def default_endpoint(run_dir: str, scheme: str = "http") -> tuple[Endpoint, str]
         (rank, pid), *_ = jobs[0]
         note = (f"no target given; using rank {rank}'s socket ({pid}.sock) of the only job in "
                 f"{run_dir} ({len(jobs[0])} agents)")
-        return Endpoint("http://localhost", uds=os.path.join(run_dir, f"{pid}.sock"),
-                        pid=pid), note
+        return Endpoint("http://localhost", uds=RunFiles(run_dir, pid).sock, pid=pid), note
     if len(jobs) > 1:
         lines = [f"job {i + 1}: rank{'s' if len(j) > 1 else ''} "
                  f"{','.join(str(r) for r, _ in j)} (pids {','.join(str(p) for _, p in j)}): "
@@ -234,17 +228,17 @@ def local_jobs(run_dir: str, socks: list[str]) -> list[list[tuple[int, int]]]:
 
     jobs: dict[tuple[str, ...], list[tuple[int, int]]] = {}
     for name in socks:
-        stem = name.removesuffix(".sock")
-        if not stem.isdigit() or not os.path.exists(f"/proc/{stem}"):
+        pid = runfiles.pid_of(name)
+        if pid is None or not os.path.exists(f"/proc/{pid}"):
             continue
         try:
-            with open(os.path.join(run_dir, f"{stem}.json")) as f:
+            with open(RunFiles(run_dir, pid).json) as f:
                 rank = int(json.load(f).get("rank") or 0)
         except (OSError, ValueError, TypeError, AttributeError):
             continue
-        env = _environ(int(stem))
+        env = _environ(pid)
         key = tuple(env.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"))
-        jobs.setdefault(key if key[1] else ("pid", stem), []).append((rank, int(stem)))
+        jobs.setdefault(key if key[1] else ("pid", str(pid)), []).append((rank, pid))
     return sorted((sorted(j) for j in jobs.values()), key=lambda j: j[0][1])
 
 

@@ -21,6 +21,7 @@ from probe_cli.main import main
 from probe_cli.transport.guard import Dialled
 from probe_cli.transport.targets import Endpoint
 from probe_cli.transport.trust import check_agent
+from probe_protocol.bodies import RankEntry
 from tests.foreign import FOREIGN_UID, need_root, run_as
 from tests.support import wait_until
 from tests.unit.cli_server import closed_port
@@ -126,8 +127,7 @@ def test_ranks_learnt_from_discovery_must_pass_the_same_check(make_agent, squatt
     # GIVEN the job's real agent (no token: nothing to sign with) lists rank 1 at the squatted
     # port in an IPv4-mapped spelling, as a forged entry in the job's store would
     agent = make_agent()
-    agent.peers[1] = {"rank": 1, "url": f"http://[::ffff:127.0.0.1]:{port}", "host": "h",
-                      "pid": 1}
+    agent.peers[1] = RankEntry(1, f"http://[::ffff:127.0.0.1]:{port}", "h", 1)
     # WHEN the operator fans out from the real agent
     code = main([agent.url.removeprefix("http://"), "eval", "6*7"])
     out, err = capsys.readouterr()
@@ -232,7 +232,7 @@ def test_a_poisoned_store_entry_is_dropped_and_the_cli_says_why(make_agent, squa
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         wait_until(lambda: {0, 1} <= set(agent.peers), 20, "the agent never read the store")
-        assert "sig" in agent.peers[0]  # the agent signs what it publishes
+        assert agent.peers[0].sig  # the agent signs what it publishes
         # WHEN the operator fans out with the job's token
         code = main([agent.url.removeprefix("http://"), "--token", TOKEN, "eval", "6*7"])
         out, err = capsys.readouterr()

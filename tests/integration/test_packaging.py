@@ -38,6 +38,9 @@ def test_wheel_ships_sql_autostart_hook_and_cpp_sources(wheel):
     )
     assert "probe_autostart.pth" in names
     assert "probe_cli/__main__.py" in names
+    # the protocol package both sides import: every module of it, or the CLI fails to start
+    protocol = {f"probe_protocol/{p.name}" for p in (ROOT / "probe_protocol").glob("*.py")}
+    assert protocol and protocol <= names, protocol - names
 
 
 def test_wheel_does_not_require_torch(wheel):

@@ -1,9 +1,9 @@
 """The wire contract (docs/http-api.md) from both sides, in one place (issue 18, item 1).
 
-The agent builds its bodies through probe_agent/serving/wire.py; the CLI reads them through
-probe_cli/transport/wire.py. The two share no code, so this test holds each to the page: the
-documented error body is what ``error_body`` builds, a real agent's answers carry exactly the
-keys the routes table lists, and the CLI's ``from_wire`` types read those very answers.
+The agent builds its bodies with probe_protocol's classes and the CLI reads them with the same
+classes; this test holds both to the page: the documented error body is what ``error_body``
+builds, a real agent's answers carry exactly the keys the routes table lists, and ``from_wire``
+reads those very answers.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import re
 import httpx
 import pytest
 
-from probe_agent.serving.wire import error_body, query_body, query_parts
-from probe_cli.transport.wire import Envelope, EvalBody, QueryBody
+from probe_protocol.bodies import EvalBody
+from probe_protocol.envelope import Envelope, error_body
+from probe_protocol.query import QueryBody
 from tests.support import ROOT
 
 PAGE = (ROOT / "docs" / "http-api.md").read_text()
@@ -55,10 +56,12 @@ def test_the_documented_error_body_is_what_the_agent_builds():
 
 def test_the_streamed_query_body_is_the_same_body():
     """``/v1/query`` writes its body around pre-encoded rows: byte for byte the same JSON."""
-    args = (3, ["module", "n"], ["VARCHAR", "BIGINT"])
-    parts = query_parts(*args, [b'["fc1",12]', b',["fc2",3]'], True, 1.23456, "PROBE_MAX_ROWS")
+    full = QueryBody(3, ("module", "n"), ("VARCHAR", "BIGINT"), (["fc1", 12], ["fc2", 3]), True,
+                     1.235, "PROBE_MAX_ROWS")
+    parts = QueryBody(3, full.columns, full.types, (), True, 1.235, "PROBE_MAX_ROWS").stream(
+        [b'["fc1",12]', b',["fc2",3]'])
     body = json.loads(b"".join(parts))
-    assert body == query_body(*args, [["fc1", 12], ["fc2", 3]], True, 1.23456, "PROBE_MAX_ROWS")
+    assert body == full.to_wire() and list(body) == list(full.to_wire())
     assert set(body) == documented_keys("POST /v1/query")
 
 

@@ -1,8 +1,10 @@
 """Importing probe_cli, every module of it, pulls in neither probe_agent, torch nor duckdb
-(DESIGN.md: the CLI installs on a laptop; the wire format is its only contract with the agent).
+(DESIGN.md: the CLI installs on a laptop; the protocol package is its only contract with the
+agent). Importing probe_protocol, every module of it, pulls in nothing but the standard library:
+the watchdog runs it under ``python -I -S`` and the CLI beside it.
 
 Checked in a fresh interpreter, so what this test process has imported does not count. A
-control run imports probe_agent on purpose, so the check is shown to be able to fail.
+control run imports probe_agent on purpose, so each check is shown to be able to fail.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ for extra in sys.argv[1:]:
     importlib.import_module(extra)
 forbidden = FORBIDDEN
 loaded = sorted(n for n in sys.modules if n.split(".")[0] in forbidden)
-print(json.dumps({"imported": names, "forbidden": loaded}))
+modules = sorted({n.split(".")[0] for n in sys.modules})
+print(json.dumps({"imported": names, "forbidden": loaded, "modules": modules}))
 """.replace("FORBIDDEN", repr(FORBIDDEN))
 
 
@@ -50,8 +53,53 @@ def test_no_probe_cli_module_imports_the_agent_torch_or_duckdb():
     assert {"probe_cli.main", "probe_cli.commands.query"} <= set(got["imported"]), got
     assert len(got["imported"]) > 40, got["imported"]
     assert got["forbidden"] == [], got["forbidden"]
+    assert "probe_protocol" in got["modules"]  # the CLI reads every body through it
 
 
 @pytest.mark.parametrize("module", ["probe_agent"])
 def test_the_check_sees_a_forbidden_import(module):
     assert module in _import_all(module)["forbidden"]
+
+
+PROTOCOL_SCRIPT = """
+import importlib, json, pkgutil, sys
+before = set(sys.modules)
+import probe_protocol
+names = ["probe_protocol"]
+for m in pkgutil.walk_packages(probe_protocol.__path__, "probe_protocol."):
+    importlib.import_module(m.name)
+    names.append(m.name)
+for extra in sys.argv[1:]:
+    importlib.import_module(extra)
+stdlib = sys.stdlib_module_names
+outside = sorted({n.split(".")[0] for n in set(sys.modules) - before}
+                 - set(stdlib) - {"probe_protocol"})
+print(json.dumps({"imported": names, "outside": outside}))
+"""
+
+
+def _import_protocol(*extra: str) -> dict:
+    # -I -S: as the watchdog starts (no site-packages, no PYTHON* variables)
+    out = subprocess.run([sys.executable, "-I", "-S", "-c",
+                          f"import sys; sys.path.insert(0, {str(ROOT)!r})\n" + PROTOCOL_SCRIPT,
+                          *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_the_protocol_package_imports_only_the_standard_library():
+    # WHEN every module of probe_protocol is imported the way the watchdog starts
+    got = _import_protocol()
+    # THEN each was imported, and nothing outside the standard library came with them
+    assert {"probe_protocol.routes", "probe_protocol.runfiles", "probe_protocol.envelope",
+            "probe_protocol.bodies", "probe_protocol.query"} <= set(got["imported"]), got
+    assert got["outside"] == [], got["outside"]
+
+
+def test_the_protocol_check_sees_a_module_outside_the_standard_library():
+    # probe_cli's click is not stdlib: importing it alongside must show up
+    got = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r)\n" % str(ROOT)
+                          + PROTOCOL_SCRIPT, "click"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert "click" in json.loads(got.stdout)["outside"]

@@ -22,6 +22,7 @@ from probe_cli.transport.client import ProbeClient
 from probe_cli.transport.fanout import resolve_ranks, run_on_ranks
 from probe_cli.transport.session import Session
 from probe_cli.transport.targets import Endpoint, parse_endpoints
+from probe_protocol.routes import Route
 from tests.unit.cli_server import CannedAgent, canned_job, closed_port
 
 
@@ -131,7 +132,7 @@ def test_not_a_probe_agent_is_a_protocol_error():
         c = ProbeClient(Endpoint(agents[0].url), timeout=5)
         # A 404 body from the canned agent is a probe error body; a non-JSON answer is not.
         with pytest.raises(Exception) as e:
-            c._json("GET", "/nope")
+            c._json(Route("GET", "/nope", "a route no agent serves"))
         c.close()
     assert "HTTP 404" in str(e.value)
 

@@ -9,10 +9,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from ...errors import ForbiddenError
-from ..wire import ok_body
+from probe_protocol import routes
+from probe_protocol.bodies import RecordedBody
 
-router = APIRouter(prefix="/v1")
+from ...errors import ForbiddenError
+
+router = APIRouter()
 
 
 class RefusedRequest(BaseModel):
@@ -27,7 +29,7 @@ class RefusalReport(BaseModel):
     unlisted: int = Field(0, ge=0, description="refusals counted but not listed")
 
 
-@router.post("/access/refusals", include_in_schema=False)
+@router.post(routes.ACCESS_REFUSALS.path, include_in_schema=False)
 async def report_refusals(request: Request, body: RefusalReport) -> dict[str, Any]:
     agent = request.app.state.agent
     # The watchdog sends these itself (x-probe-client: watchdog) over the private socket; it
@@ -40,4 +42,4 @@ async def report_refusals(request: Request, body: RefusalReport) -> dict[str, An
         agent.refusals.record(r.client, r.what, r.reason, r.message, now)
     agent.refusals.count += body.unlisted
     agent.refusals.unlogged += body.unlisted
-    return ok_body(agent.rank, recorded=len(body.refusals))
+    return RecordedBody(agent.rank, len(body.refusals)).to_wire()

@@ -18,14 +18,16 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool, model_validator
 from starlette.concurrency import run_in_threadpool
 
+from probe_protocol import routes
+from probe_protocol.actions import ActionBody, ActionListBody, ResumeBody, StepBody
+
 from ...errors import ForbiddenError
-from ..wire import ok_body
 from .core import _agent, _client
 
 if TYPE_CHECKING:
     from ..parts import AgentParts
 
-router = APIRouter(prefix="/v1")
+router = APIRouter()
 
 #: Longest a GET /v1/actions/{id}?wait=S holds the request open.
 MAX_WAIT_S = 30.0
@@ -115,25 +117,27 @@ def _require_eval_rights(request: Request, what: str) -> None:
         )
 
 
-def _envelope(agent: AgentParts, **body: Any) -> dict[str, Any]:
-    return ok_body(agent.rank, step=agent.stepclock.current_step,
-                   paused_at=agent.actions.paused_at, **body)
+def _action(agent: AgentParts, action: Any) -> dict[str, Any]:
+    return ActionBody(agent.rank, step=agent.stepclock.current_step,
+                      paused_at=agent.actions.paused_at, action=action.to_dict()).to_wire()
 
 
-@router.get("/step")
+@router.get(routes.STEP.path)
 async def step(request: Request) -> dict[str, Any]:
     """This rank's step clock: ``step`` (null before the first optimizer step), ``paused_at``."""
     agent = _agent(request)
-    return ok_body(agent.rank, **agent.actions.status(), now=time.time())
+    return StepBody(agent.rank, **agent.actions.status(), now=time.time()).to_wire()
 
 
-@router.get("/actions")
+@router.get(routes.ACTIONS.path)
 async def list_actions(request: Request) -> dict[str, Any]:
     agent = _agent(request)
-    return _envelope(agent, actions=[a.to_dict() for a in agent.actions.actions()])
+    return ActionListBody(agent.rank, step=agent.stepclock.current_step,
+                          paused_at=agent.actions.paused_at,
+                          actions=tuple(a.to_dict() for a in agent.actions.actions())).to_wire()
 
 
-@router.post("/actions")
+@router.post(routes.SUBMIT_ACTION.path)
 async def submit(request: Request, body: ActionRequest) -> dict[str, Any]:
     agent = _agent(request)
     _require_eval_rights(request, f"{body.kind} action")
@@ -152,10 +156,10 @@ async def submit(request: Request, body: ActionRequest) -> dict[str, Any]:
         client=_client(request), requested_by=body.requested_by,
         action_id=body.id or uuid.uuid4().hex[:12], group=body.group,
     )
-    return _envelope(agent, action=action.to_dict())
+    return _action(agent, action)
 
 
-@router.get("/actions/{action_id}")
+@router.get(routes.ACTION.path)
 async def get_action(request: Request, action_id: str, wait: float = 0.0) -> dict[str, Any]:
     """One action; ``wait=S`` holds the answer up to S seconds (≤ 30) until it has finished."""
     agent = _agent(request)
@@ -165,20 +169,21 @@ async def get_action(request: Request, action_id: str, wait: float = 0.0) -> dic
         if time.monotonic() >= deadline:
             break
         await asyncio.sleep(0.02)
-    return _envelope(agent, action=action.to_dict())
+    return _action(agent, action)
 
 
-@router.delete("/actions/{action_id}")
+@router.delete(routes.CANCEL_ACTION.path)
 async def cancel(request: Request, action_id: str) -> dict[str, Any]:
     """Cancel a queued action (409 while it runs: the training thread cannot be interrupted)."""
     agent = _agent(request)
     action = agent.actions.cancel(action_id, _client(request), request.headers.get("x-probe-who"))
-    return _envelope(agent, action=action.to_dict())
+    return _action(agent, action)
 
 
-@router.post("/resume")
+@router.post(routes.RESUME.path)
 async def resume(request: Request, body: ResumeRequest) -> dict[str, Any]:
     """Release a paused training thread now (and cancel pauses not reached yet)."""
     agent = _agent(request)
     _require_eval_rights(request, "resume")
-    return ok_body(agent.rank, **agent.actions.resume(_client(request), body.requested_by))
+    return ResumeBody(agent.rank, **agent.actions.resume(_client(request),
+                                                          body.requested_by)).to_wire()

@@ -13,28 +13,28 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
+from probe_protocol import routes
+from probe_protocol.bodies import CollectivesBody, QueriesBody
+from probe_protocol.query import QueryBody
+
 from ...errors import NotFoundError, QueryError
-from ..wire import ok_body, query_body
 
 if TYPE_CHECKING:
     from ..parts import AgentParts
 
-router = APIRouter(prefix="/v1")
+router = APIRouter()
 
 
-def _collective_rows(agent: AgentParts, state: str | None, limit: int) -> dict[str, Any]:
+def _collective_rows(agent: AgentParts, state: str | None, limit: int) -> CollectivesBody:
     recorder = agent.collectors.collectives
     rows = recorder.rows() if recorder is not None else []
     if state:
         rows = [r for r in rows if r["state"] == state]
-    return {
-        "recording": recorder is not None,
-        "collectives": rows[-limit:],
-        "now": time.time(),
-    }
+    return CollectivesBody(agent.rank, recording=recorder is not None,
+                           collectives=tuple(rows[-limit:]), now=time.time())
 
 
-@router.get("/collectives")
+@router.get(routes.COLLECTIVES.path)
 async def collectives(
     request: Request,
     state: str | None = Query(None, description="only rows in this state: pending, done, failed"),
@@ -46,7 +46,7 @@ async def collectives(
     body = await asyncio.get_running_loop().run_in_executor(
         agent.query_pool, _collective_rows, agent, state, limit
     )
-    return ok_body(agent.rank, **body)
+    return body.to_wire()
 
 
 class CannedRequest(BaseModel):
@@ -86,24 +86,24 @@ def _canned(agent: AgentParts, name: str, params: dict[str, Any]) -> Any:
     return agent.store.query(q.sql, params=params or None)  # DuckDB binds $name from a dict
 
 
-@router.get("/queries")
+@router.get(routes.QUERIES.path)
 async def list_queries(request: Request) -> dict[str, Any]:
     """The canned diagnostics of sql/queries/ (name, description, params)."""
     from ...store.catalog import load_queries
 
     agent = request.app.state.agent
-    return ok_body(agent.rank, queries=[
+    return QueriesBody(agent.rank, tuple(
         {"name": q.name, "description": q.description, "params": list(q.params)}
         for q in load_queries().values()
-    ])
+    )).to_wire()
 
 
-@router.post("/queries/{name}")
+@router.post(routes.CANNED_QUERY.path)
 async def run_query(request: Request, name: str, body: CannedRequest) -> dict[str, Any]:
     """Run one canned query by name: the same body as ``POST /v1/query``."""
     agent = request.app.state.agent
     res = await asyncio.get_running_loop().run_in_executor(
         agent.query_pool, _canned, agent, name, body.params
     )
-    return query_body(agent.rank, res.columns, res.types, res.rows, res.truncated,
-                      res.elapsed_ms)
+    return QueryBody(agent.rank, tuple(res.columns), tuple(res.types), tuple(res.rows),
+                     res.truncated, round(res.elapsed_ms, 3)).to_wire()

@@ -11,17 +11,20 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
+from probe_protocol import routes
+from probe_protocol.bodies import BacktraceBody, EvalBody, HealthBody, RanksBody
+from probe_protocol.query import ArrowBody, QueryBody
+
 from ...collectors import stacks
 from ...errors import ForbiddenError
 from ...store.readonly import too_large
-from ..wire import ok_body, query_parts
 from .bodies import openapi_body, read_body
 
 if TYPE_CHECKING:
     from ..parts import AgentParts
 
-router = APIRouter(prefix="/v1")
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
+router = APIRouter()
+ARROW_STREAM = routes.ARROW_STREAM
 
 
 class QueryRequest(BaseModel):
@@ -63,7 +66,7 @@ def _client(request: Request) -> str:
     return request.headers.get("x-probe-client") or "unix"
 
 
-@router.get("/health")
+@router.get(routes.HEALTH.path)
 async def health(request: Request, challenge: str | None = None) -> dict[str, Any]:
     """Open to anyone. With ``challenge``, an agent that has a token proves it for the address
     the client reached (probe_protocol.tokens.proof) before the client sends it the token."""
@@ -72,25 +75,25 @@ async def health(request: Request, challenge: str | None = None) -> dict[str, An
     reached = (server[0], agent.tcp_port) if isinstance(server, tuple | list) and server[0] \
         and agent.tcp_port else None
     proof = agent.gate.policy.health_extra({"challenge": challenge or ""}, reached)
-    return ok_body(agent.rank, status="ok", **proof)
+    return HealthBody(agent.rank, proof=proof.get("proof")).to_wire()
 
 
-@router.get("/info")
+@router.get(routes.INFO.path)
 async def info(request: Request) -> dict[str, Any]:
-    agent = _agent(request)
-    return ok_body(**agent.info())
+    return _agent(request).info().to_wire()
 
 
-@router.get("/ranks")
+@router.get(routes.RANKS.path)
 async def ranks(request: Request) -> dict[str, Any]:
     agent = _agent(request)
     registry = agent.collectors.ranks
     world = max(getattr(registry, "world_size", 0), agent.identity.world_size)
     discovery = registry.describe() if registry is not None else {"state": "off"}
-    return ok_body(agent.rank, ranks=agent.known_ranks(), world_size=world, discovery=discovery)
+    return RanksBody(agent.rank, tuple(agent.known_ranks()), world_size=world,
+                     discovery=discovery).to_wire()
 
 
-@router.post("/query", response_model=None, openapi_extra=openapi_body(QueryRequest))
+@router.post(routes.QUERY.path, response_model=None, openapi_extra=openapi_body(QueryRequest))
 async def query(request: Request) -> Response:
     """Rows within PROBE_MAX_ROWS and PROBE_MAX_RESULT_BYTES; ``truncated_by`` names the cap
     that cut them. The SQL text is capped at PROBE_MAX_SQL_BYTES before it is parsed."""
@@ -103,22 +106,20 @@ async def query(request: Request) -> Response:
             agent.query_pool, agent.store.query_arrow, body.sql, body.max_rows
         )
         _charge(request, res.nbytes)
-        headers = {"X-Probe-Truncated": str(res.truncated).lower(),
-                   "X-Probe-Rank": str(agent.rank)}
-        if res.limit:
-            headers["X-Probe-Truncated-By"] = res.limit
+        headers = ArrowBody(agent.rank, res.truncated, b"").headers(res.limit)
         return _streamed(res.parts, ARROW_STREAM, headers)
     res = await loop.run_in_executor(
         agent.query_pool, lambda: agent.store.query_json(body.sql, max_rows=body.max_rows)
     )
     _charge(request, res.nbytes)
     # The rows arrive encoded (store/results.py): the body is written around them, never re-encoded.
-    parts = query_parts(agent.rank, res.columns, res.types, res.parts, res.truncated,
-                        res.elapsed_ms, res.limit)
+    body = QueryBody(agent.rank, tuple(res.columns), tuple(res.types), (), res.truncated,
+                     round(res.elapsed_ms, 3), res.limit or None)
+    parts = body.stream(res.parts)
     return _streamed(parts, "application/json", {})
 
 
-@router.post("/eval", openapi_extra=openapi_body(EvalRequest))
+@router.post(routes.EVAL.path, openapi_extra=openapi_body(EvalRequest))
 async def eval_code(request: Request) -> dict[str, Any]:
     """Code is capped at PROBE_MAX_EVAL_BYTES before it is compiled."""
     agent = _agent(request)
@@ -139,11 +140,11 @@ async def eval_code(request: Request) -> dict[str, Any]:
         )
     loop = asyncio.get_running_loop()
     out = await loop.run_in_executor(agent.eval_pool, agent.run_eval, body.code, client)
-    return ok_body(agent.rank, result=out.result, stdout=out.stdout, stderr=out.stderr,
-                   elapsed_ms=round(out.elapsed_ms, 3))
+    return EvalBody(agent.rank, result=out.result, stdout=out.stdout, stderr=out.stderr,
+                    elapsed_ms=round(out.elapsed_ms, 3)).to_wire()
 
 
-@router.get("/backtrace")
+@router.get(routes.BACKTRACE.path)
 async def backtrace(
     request: Request, locals: bool = False, native: bool = False, all: bool = False,
     secrets: bool = False,
@@ -158,7 +159,7 @@ async def backtrace(
         )
     else:
         snap = stacks.snapshot(include_agent=all)
-    return JSONResponse(ok_body(  # plain strings and numbers: no jsonable_encoder pass
+    return JSONResponse(BacktraceBody(  # plain strings and numbers: no jsonable_encoder pass
         agent.rank,
         pid=agent.identity.pid,
         host=agent.identity.host,
@@ -166,6 +167,6 @@ async def backtrace(
         route="sys._current_frames",
         native=False,
         python=sys.version.split()[0],
-        threads=stacks.to_dicts(snap),
+        threads=tuple(stacks.to_dicts(snap)),
         elapsed_ms=round((time.perf_counter() - t0) * 1e3, 3),
-    ))
+    ).to_wire())

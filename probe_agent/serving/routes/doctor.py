@@ -16,14 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Query, Request
 
+from probe_protocol import routes
+from probe_protocol.bodies import DoctorBody, GradsBody
+
 from ...collectors.trainloop import optimizer_state
 from ...jsonsafe import jsonable
-from ..wire import ok_body
 
 if TYPE_CHECKING:
     from ..parts import AgentParts
 
-router = APIRouter(prefix="/v1")
+router = APIRouter()
 
 
 def _cuda_totals() -> dict[str, float]:
@@ -43,18 +45,18 @@ def _state(agent: AgentParts) -> dict[str, Any]:
     monitor = agent.collectors.trainloop
     clock = agent.stepclock
     clock.poll()
-    return jsonable(ok_body(
+    return jsonable(DoctorBody(
         agent.rank,
         now=time.time(),
         clock=clock.state(),
         loop=monitor.state() if monitor is not None else None,
-        optimizers=optimizer_state(clock.optimizers()),
+        optimizers=tuple(optimizer_state(clock.optimizers())),
         schedulers=_schedulers(clock.optimizers()),
         cuda_total_mib=_cuda_totals(),
-    ))
+    ).to_wire())
 
 
-def _schedulers(optimizers: list[Any]) -> list[str] | None:
+def _schedulers(optimizers: list[Any]) -> tuple[str, ...] | None:
     """The class names of the LR schedulers of the stepping optimizers (framework discovery,
     wrappers off), so doctor can tell a loop that sets its own LR each step (nanoGPT's
     ``get_lr``: `probe lr` is undone there) from a scheduled one. None before any step.
@@ -63,17 +65,17 @@ def _schedulers(optimizers: list[Any]) -> list[str] | None:
         return None
     from ...frameworks.discovery import discover
 
-    return [type(s).__name__ for s in discover(optimizers=optimizers).schedulers]
+    return tuple(type(s).__name__ for s in discover(optimizers=optimizers).schedulers)
 
 
-@router.get("/doctor")
+@router.get(routes.DOCTOR.path)
 async def doctor(request: Request) -> dict[str, Any]:
     """This rank's training-loop state for `probe doctor` (no user code runs)."""
     agent = request.app.state.agent
     return await asyncio.get_running_loop().run_in_executor(agent.query_pool, _state, agent)
 
 
-@router.post("/doctor/grads")
+@router.post(routes.DOCTOR_GRADS.path)
 async def grads(
     request: Request,
     wait: float = Query(2.0, ge=0, le=10, description="seconds to wait for the next step"),
@@ -88,4 +90,4 @@ async def grads(
     else:
         body = await asyncio.get_running_loop().run_in_executor(
             agent.query_pool, monitor.request_grad_check, wait)
-    return jsonable(ok_body(agent.rank, **body))
+    return jsonable(GradsBody(agent.rank, **body).to_wire())

@@ -9,11 +9,13 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
+from probe_protocol import routes
+from probe_protocol.bodies import TensorsBody
+
 from ...collectors.tensors import TensorCensus
 from ...jsonsafe import jsonable
-from ..wire import ok_body
 
-router = APIRouter(prefix="/v1")
+router = APIRouter()
 
 
 def _census(request: Request) -> TensorCensus:
@@ -33,7 +35,7 @@ def _take(agent: Any, census: TensorCensus, top: int) -> dict[str, Any]:
     return census.take(top, models)
 
 
-@router.get("/memory/tensors")
+@router.get(routes.MEMORY_TENSORS.path)
 async def tensors(
     request: Request,
     top: int = Query(20, ge=1, le=10_000, description="groups returned, largest first"),
@@ -46,4 +48,4 @@ async def tensors(
     census = _census(request)
     body = await asyncio.get_running_loop().run_in_executor(agent.query_pool, _take, agent,
                                                             census, top)
-    return jsonable(ok_body(agent.rank, **body))
+    return jsonable(TensorsBody(agent.rank, **body).to_wire())

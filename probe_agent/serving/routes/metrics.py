@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
+from probe_protocol import routes
+
 from ...store.catalog import shipped_sql
 
 if TYPE_CHECKING:
     from ..parts import AgentParts
 
-router = APIRouter(prefix="/v1")
+router = APIRouter()
 
 #: name -> (type, help)
 _META = {
@@ -129,7 +131,7 @@ def render(agent: AgentParts) -> str:
     return "\n".join(out) + "\n"
 
 
-@router.get("/metrics")
+@router.get(routes.METRICS.path)
 async def metrics(request: Request) -> PlainTextResponse:
     """Prometheus text exposition (version 0.0.4) of this rank's step, memory and waits."""
     agent = request.app.state.agent

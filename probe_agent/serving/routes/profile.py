@@ -25,13 +25,16 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from probe_protocol import routes
+from probe_protocol.actions import FlameBody, ProfileBody
+from probe_protocol.query import RANK_HEADER
+
 from ...actions.profile import FLAME_MAX_SECONDS, check_flame
 from ...errors import ConflictError
-from ..wire import ok_body
 from .actions import Number
 from .core import _agent, _client
 
-router = APIRouter(prefix="/v1")
+router = APIRouter()
 
 #: Longest a ``?wait=`` holds the request open.
 MAX_WAIT_S = 30.0
@@ -47,17 +50,17 @@ async def _until(done: Any, wait: float) -> None:
         await asyncio.sleep(0.05)
 
 
-@router.get("/profile/{profile_id}")
+@router.get(routes.PROFILE.path)
 async def get_profile(request: Request, profile_id: str, wait: float = 0.0) -> dict[str, Any]:
     """One rank's profile window; ``wait=S`` holds the answer until it is done (≤ 30 s)."""
     agent = _agent(request)
     w = _profiling(request).window(profile_id)
     await _until(lambda: w.state not in ("recording", "exporting"), wait)
-    return ok_body(agent.rank, step=agent.stepclock.current_step, now=time.time(),
-                   profile=w.describe())
+    return ProfileBody(agent.rank, step=agent.stepclock.current_step, now=time.time(),
+                       profile=w.describe()).to_wire()
 
 
-@router.get("/profile/{profile_id}/trace", response_model=None)
+@router.get(routes.PROFILE_TRACE.path, response_model=None)
 async def get_profile_trace(request: Request, profile_id: str) -> FileResponse:
     """The window's Chrome trace, streamed from disk."""
     agent = _agent(request)
@@ -69,7 +72,7 @@ async def get_profile_trace(request: Request, profile_id: str) -> FileResponse:
         raise ConflictError(f"no trace for profile {profile_id} on rank {agent.rank}: {why}",
                             reason="no-trace")
     return FileResponse(path, media_type="application/json",
-                        headers={"x-probe-rank": str(agent.rank)})
+                        headers={RANK_HEADER: str(agent.rank)})
 
 
 class FlameRequest(BaseModel):
@@ -85,7 +88,7 @@ class FlameRequest(BaseModel):
     requested_by: str | None = Field(None, max_length=200)
 
 
-@router.post("/flame")
+@router.post(routes.START_FLAME.path)
 async def start_flame(request: Request, body: FlameRequest) -> dict[str, Any]:
     """Start sampling this rank's Python stacks for ``seconds``; it ends by itself."""
     agent = _agent(request)
@@ -100,13 +103,14 @@ async def start_flame(request: Request, body: FlameRequest) -> dict[str, Any]:
         raise
     f = await run_in_threadpool(profiling.start_flame, flame_id, body.seconds, body.rate,
                                 _client(request), body.requested_by, body.sampler)
-    return ok_body(agent.rank, step=agent.stepclock.current_step, flame=f.describe(False))
+    return FlameBody(agent.rank, step=agent.stepclock.current_step,
+                     flame=f.describe(False)).to_wire()
 
 
-@router.get("/flame/{flame_id}")
+@router.get(routes.FLAME.path)
 async def get_flame(request: Request, flame_id: str, wait: float = 0.0) -> dict[str, Any]:
     """A flame session; ``wait=S`` holds the answer until it has finished (≤ 30 s)."""
     agent = _agent(request)
     f = _profiling(request).flame(flame_id)
     await _until(lambda: f.state != "sampling", wait)
-    return ok_body(agent.rank, step=agent.stepclock.current_step, flame=f.describe())
+    return FlameBody(agent.rank, step=agent.stepclock.current_step, flame=f.describe()).to_wire()

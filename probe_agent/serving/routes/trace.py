@@ -13,10 +13,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from ...errors import ConflictError, QueryError
-from ..wire import ok_body
+from probe_protocol import routes
+from probe_protocol.bodies import TraceBody
 
-router = APIRouter(prefix="/v1")
+from ...errors import ConflictError, QueryError
+
+router = APIRouter()
 
 
 class TraceRequest(BaseModel):
@@ -38,14 +40,14 @@ def _tracer(request: Request) -> Any:
     return agent, tracer
 
 
-@router.get("/trace")
+@router.get(routes.TRACE.path)
 async def get_trace(request: Request) -> dict[str, Any]:
     """The tracing mode, whether the current step is traced, and failure counts."""
     agent, tracer = _tracer(request)
-    return ok_body(agent.rank, **tracer.state())
+    return TraceBody(agent.rank, **tracer.state()).to_wire()
 
 
-@router.post("/trace")
+@router.post(routes.SET_TRACE.path)
 async def set_trace(request: Request, body: TraceRequest) -> dict[str, Any]:
     """Change the tracing mode (takes effect at the next optimizer step boundary)."""
     agent, tracer = _tracer(request)
@@ -53,4 +55,4 @@ async def set_trace(request: Request, body: TraceRequest) -> dict[str, Any]:
         state = tracer.set_mode(body.mode)
     except ValueError as e:
         raise QueryError(str(e)) from None
-    return ok_body(agent.rank, **state)
+    return TraceBody(agent.rank, **state).to_wire()

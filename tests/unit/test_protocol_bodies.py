@@ -1,17 +1,13 @@
-"""probe_cli.transport.wire: the agent's bodies as the CLI reads them (docs/http-api.md). Pure;
-the bodies below are the documented examples. The agent-side contract test checks the agent's
-own bodies against the same page (issue 18)."""
+"""probe_protocol's bodies as the CLI reads them (docs/http-api.md): tolerant of what an older
+or newer agent leaves out. Pure; the bodies below are the documented examples. The contract test
+(tests/integration/test_wire_contract.py) holds a real agent's bodies to the same classes."""
 
 from __future__ import annotations
 
-from probe_cli.transport.wire import (
-    ActionBody,
-    BacktraceBody,
-    Envelope,
-    QueryBody,
-    RanksBody,
-    StepBody,
-)
+from probe_protocol.actions import ActionBody, StepBody
+from probe_protocol.bodies import BacktraceBody, RanksBody
+from probe_protocol.envelope import Envelope
+from probe_protocol.query import QueryBody
 
 
 def test_query_body_reads_the_datasette_shape():

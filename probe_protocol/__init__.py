@@ -1,0 +1,18 @@
+"""probe's protocol: what the agent, its watchdog and the CLI must agree on, in one place.
+
+The only code the CLI and the agent share (DESIGN.md, "The pieces"). Each module owns one
+cross-process format, its writer and its reader together, the way prometheus client_python's
+``mmap_dict.py`` owns its file format:
+
+- ``routes``: every HTTP route (method, path, what it is for). The agent's routers, the
+  watchdog's proxy and the CLI's client name routes from this table, never by a string.
+- ``envelope``: what every body carries (``ok``, ``rank``; an error's ``status`` and ``error``),
+  and the tolerant reading rules every ``from_wire`` follows.
+- ``query``, ``bodies``, ``actions``: each HTTP body as a frozen dataclass; the agent builds it
+  and calls ``to_wire()``, the CLI reads the same class with ``from_wire()``.
+- ``runfiles``: the run-dir layout (``RunFiles``), the default run dir and the rule that says
+  when a process's files are dead.
+
+Stdlib only, and nothing here imports probe_agent or probe_cli: the watchdog runs it under
+``python -I -S``, the CLI on a laptop without torch (tests/unit/test_protocol_imports.py).
+"""

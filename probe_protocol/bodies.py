@@ -1,0 +1,431 @@
+"""The bodies of the rank-state routes: health, info, ranks, eval, backtrace, collectives, the
+canned-query list, trace, doctor, and the watchdog's refusal report (docs/http-api.md).
+
+Each is built by the agent (or its watchdog) and sent with ``to_wire()``; the CLI reads the
+same class with ``from_wire()``. Step-boundary actions and profiling are in ``actions``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .envelope import (
+    Body,
+    WireBody,
+    as_bool,
+    as_dict,
+    as_dict_or_none,
+    as_dicts,
+    as_float,
+    as_int,
+    as_list,
+    as_str,
+    as_strs,
+    sometimes,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthBody(WireBody):
+    """``GET /v1/health``: ``proof`` only when asked with ``?challenge`` and the agent has a
+    token (docs/http-api.md, "Access")."""
+
+    rank: int | None
+    status: str = "ok"
+    proof: str | None = sometimes()
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> HealthBody:
+        b = body or {}
+        return cls(rank=as_int(b.get("rank")), status=as_str(b.get("status")) or "",
+                   proof=as_str(b.get("proof")))
+
+
+@dataclass(frozen=True, slots=True)
+class InfoBody(WireBody):
+    """``GET /v1/info``: who the rank is (also written to the run dir as ``<pid>.json``)."""
+
+    rank: int | None
+    local_rank: int | None = None
+    world_size: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    python: str | None = None
+    torch: str | None = None
+    version: str | None = None
+    started_at: float | None = None
+    uptime_s: float | None = None
+    url: str | None = None
+    unix_socket: str | None = None
+    argv: tuple[str, ...] = ()
+    trace: str | None = None
+    watchdog: dict[str, Any] | None = None
+    """The watchdog's pid, reader, restarts...; None when the agent runs without one."""
+    serve_cpu: float | None = None
+    access: dict[str, Any] | None = None
+    queued_s: float | None = None
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> InfoBody:
+        b = body or {}
+        return cls(rank=as_int(b.get("rank")), local_rank=as_int(b.get("local_rank")),
+                   world_size=as_int(b.get("world_size")), pid=as_int(b.get("pid")),
+                   host=as_str(b.get("host")), python=as_str(b.get("python")),
+                   torch=as_str(b.get("torch")), version=as_str(b.get("version")),
+                   started_at=as_float(b.get("started_at")),
+                   uptime_s=as_float(b.get("uptime_s")), url=as_str(b.get("url")),
+                   unix_socket=as_str(b.get("unix_socket")),
+                   argv=tuple(str(a) for a in as_list(b.get("argv"))),
+                   trace=as_str(b.get("trace")), watchdog=as_dict_or_none(b.get("watchdog")),
+                   serve_cpu=as_float(b.get("serve_cpu")),
+                   access=as_dict_or_none(b.get("access")),
+                   queued_s=as_float(b.get("queued_s")))
+
+    @property
+    def now(self) -> float | None:
+        """The agent's clock now (its start plus its uptime): ages computed on it are immune to
+        clock skew between this machine and the rank's."""
+        if self.started_at is None or self.uptime_s is None:
+            return None
+        return self.started_at + self.uptime_s
+
+
+@dataclass(frozen=True, slots=True)
+class RankEntry:
+    """One rank as ``GET /v1/ranks`` lists it (and as it is published in the job's c10d store);
+    ``url`` None: it serves no TCP. ``sig``: the job's token's signature over the other four,
+    when the job has a token (probe_protocol/tokens.py); the CLI dials only signed entries."""
+
+    rank: int
+    url: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    sig: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        out = {"rank": self.rank, "url": self.url, "host": self.host, "pid": self.pid}
+        if self.sig is not None:
+            out["sig"] = self.sig
+        return out
+
+    @classmethod
+    def from_wire(cls, entry: Body) -> RankEntry | None:
+        rank, url = as_int(entry.get("rank")), entry.get("url")
+        if rank is None:
+            return None
+        return cls(rank, url if isinstance(url, str) and url else None,
+                   as_str(entry.get("host")), as_int(entry.get("pid")), as_str(entry.get("sig")))
+
+
+@dataclass(frozen=True, slots=True)
+class RanksBody(WireBody):
+    """``GET /v1/ranks``: every rank the answering agent knows, itself included. ``cached``:
+    sent by the watchdog, answering from its last copy while the agent does not answer."""
+
+    rank: int | None
+    ranks: tuple[RankEntry, ...] = ()
+    world_size: int | None = sometimes()
+    discovery: dict[str, Any] = field(default_factory=dict)
+    cached: bool | None = sometimes()
+
+    def to_wire(self) -> dict[str, Any]:
+        out = WireBody.to_wire(self)
+        out["ranks"] = [e.to_wire() for e in self.ranks]
+        return out
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> RanksBody:
+        b = body or {}
+        entries = (RankEntry.from_wire(e) for e in as_dicts(b.get("ranks")))
+        return cls(rank=as_int(b.get("rank")), ranks=tuple(e for e in entries if e),
+                   world_size=as_int(b.get("world_size")), discovery=as_dict(b.get("discovery")),
+                   cached=as_bool(b.get("cached")))
+
+    def entry(self, rank: int | None) -> RankEntry | None:
+        return next((e for e in self.ranks if e.rank == rank), None)
+
+
+@dataclass(frozen=True, slots=True)
+class EvalRequest:
+    """What ``POST /v1/eval`` takes."""
+
+    code: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"code": self.code}
+
+
+@dataclass(frozen=True, slots=True)
+class EvalBody(WireBody):
+    """``POST /v1/eval`` (and a step-eval action's final state): what the code printed, the
+    repr of a trailing expression. Read from an eval's error body too, which carries the
+    ``error``, the ``traceback`` and what was printed before it raised."""
+
+    rank: int | None
+    result: str | None = None
+    stdout: str = ""
+    stderr: str = ""
+    elapsed_ms: float | None = sometimes()
+    traceback: str | None = sometimes()
+    error: str | None = sometimes()
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> EvalBody:
+        b = body or {}
+        result, tb, err = b.get("result"), b.get("traceback"), b.get("error")
+        return cls(rank=as_int(b.get("rank")), result=None if result is None else str(result),
+                   stdout=b.get("stdout") or "", stderr=b.get("stderr") or "",
+                   elapsed_ms=as_float(b.get("elapsed_ms")),
+                   traceback=None if tb is None else str(tb),
+                   error=None if err is None else str(err))
+
+    @staticmethod
+    def raised(body: Body | None) -> bool:
+        """An error body from eval carries what the code printed or its traceback."""
+        return bool(body) and ("traceback" in body or "stdout" in body)  # type: ignore[operator]
+
+
+def _from_watchdog(b: BacktraceBody) -> bool:
+    return b.source == "out-of-process"
+
+
+def _dead(b: BacktraceBody) -> bool:
+    return b.state == "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class BacktraceBody(WireBody):
+    """``GET /v1/backtrace``: in-process (``source: "in-process"``), or from the watchdog when
+    the rank's Python does not answer (``out-of-process``: the GIL facts are sent even when
+    null) or is dead (``watchdog``: the exit and the last stack seen). docs/http-api.md,
+    "The watchdog"."""
+
+    rank: int | None
+    pid: int | None = None
+    host: str | None = None
+    source: str | None = None
+    route: str | None = None
+    reason: str | None = sometimes()
+    native: bool | None = sometimes()
+    python: str | None = sometimes()
+    state: str | None = sometimes()
+    stopped: str | None = sometimes(_from_watchdog)
+    gil_holder: Any = sometimes(_from_watchdog)
+    gil_held: bool | None = sometimes(_from_watchdog)
+    heartbeat_age_s: float | None = sometimes(_from_watchdog)
+    step: int | None = sometimes(_from_watchdog)
+    exit: dict[str, Any] | None = sometimes(_dead)
+    last_step: int | None = sometimes(_dead)
+    died_at: float | None = sometimes(_dead)
+    last_backtrace: dict[str, Any] | None = sometimes(_dead)
+    threads: tuple[dict[str, Any], ...] = ()
+    elapsed_ms: float | None = sometimes()
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> BacktraceBody:
+        b = body or {}
+        return cls(rank=as_int(b.get("rank")), pid=as_int(b.get("pid")), host=as_str(b.get("host")),
+                   source=as_str(b.get("source")), route=as_str(b.get("route")),
+                   reason=as_str(b.get("reason")), native=as_bool(b.get("native")),
+                   python=as_str(b.get("python")), state=as_str(b.get("state")),
+                   stopped=as_str(b.get("stopped")), gil_holder=b.get("gil_holder"),
+                   gil_held=as_bool(b.get("gil_held")),
+                   heartbeat_age_s=as_float(b.get("heartbeat_age_s")),
+                   step=as_int(b.get("step")), exit=as_dict_or_none(b.get("exit")),
+                   last_step=as_int(b.get("last_step")), died_at=as_float(b.get("died_at")),
+                   last_backtrace=as_dict_or_none(b.get("last_backtrace")),
+                   threads=as_dicts(b.get("threads")), elapsed_ms=as_float(b.get("elapsed_ms")))
+
+    @property
+    def main_thread(self) -> dict[str, Any] | None:
+        """The thread marked ``is_main``, else the first one sent."""
+        return next((t for t in self.threads if t.get("is_main")),
+                    self.threads[0] if self.threads else None)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectivesBody(WireBody):
+    """``GET /v1/collectives``: python.collectives rows, oldest first, and the agent's clock
+    (so that a client ages pending calls without trusting its own)."""
+
+    rank: int | None
+    recording: bool | None = None
+    collectives: tuple[dict[str, Any], ...] = ()
+    now: float = 0.0
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> CollectivesBody:
+        b = body or {}
+        return cls(rank=as_int(b.get("rank")), recording=as_bool(b.get("recording")),
+                   collectives=as_dicts(b.get("collectives")), now=as_float(b.get("now")) or 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class QueriesBody(WireBody):
+    """``GET /v1/queries``: the canned diagnostics, ``{name, description, params}`` each."""
+
+    rank: int | None
+    queries: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> QueriesBody:
+        b = body or {}
+        return cls(rank=as_int(b.get("rank")), queries=as_dicts(b.get("queries")))
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """What ``POST /v1/trace`` takes: ``on``, ``off`` or ``every:N``."""
+
+    mode: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"mode": self.mode}
+
+
+@dataclass(frozen=True, slots=True)
+class TraceBody(WireBody):
+    """``GET|POST /v1/trace``: the rank's tracing mode and what the tracer has done."""
+
+    rank: int | None
+    mode: str | None = None
+    armed: bool | None = None
+    tracing_now: bool | None = None
+    step: int | None = None
+    fallback_steps: int | None = None
+    failures: int | None = None
+    disabled: bool | None = None
+    last_error: str | None = None
+    dropped_rows: int | None = None
+    cuda_events: bool | None = None
+    hot_path: str | None = None
+    native_build: str | None = None
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> TraceBody:
+        b = body or {}
+        return cls(rank=as_int(b.get("rank")), mode=as_str(b.get("mode")),
+                   armed=as_bool(b.get("armed")), tracing_now=as_bool(b.get("tracing_now")),
+                   step=as_int(b.get("step")), fallback_steps=as_int(b.get("fallback_steps")),
+                   failures=as_int(b.get("failures")), disabled=as_bool(b.get("disabled")),
+                   last_error=as_str(b.get("last_error")),
+                   dropped_rows=as_int(b.get("dropped_rows")),
+                   cuda_events=as_bool(b.get("cuda_events")), hot_path=as_str(b.get("hot_path")),
+                   native_build=as_str(b.get("native_build")))
+
+
+@dataclass(frozen=True, slots=True)
+class DoctorBody(WireBody):
+    """``GET /v1/doctor``: the training-loop state `probe doctor` needs, read without running
+    user code: the step ``clock`` (``GET /v1/step``'s fields), the DataLoader and clipping
+    ``loop`` monitor (None when it is not running), optimizer settings, the LR schedulers'
+    class names (None before the first step), CUDA totals (MiB)."""
+
+    rank: int | None
+    now: float | None = None
+    clock: dict[str, Any] = field(default_factory=dict)
+    loop: dict[str, Any] | None = None
+    optimizers: tuple[dict[str, Any], ...] = ()
+    schedulers: tuple[str, ...] | None = None
+    cuda_total_mib: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> DoctorBody:
+        b = body or {}
+        return cls(rank=as_int(b.get("rank")), now=as_float(b.get("now")),
+                   clock=as_dict(b.get("clock")), loop=as_dict_or_none(b.get("loop")),
+                   optimizers=as_dicts(b.get("optimizers")),
+                   schedulers=(as_strs(b.get("schedulers")) if isinstance(b.get("schedulers"), list)
+                               else None),
+                   cuda_total_mib=as_dict(b.get("cuda_total_mib")))
+
+
+def _checked(b: GradsBody) -> bool:
+    return b.checked
+
+
+@dataclass(frozen=True, slots=True)
+class GradsBody(WireBody):
+    """``POST /v1/doctor/grads``: every gradient checked for NaN/Inf right after the next
+    optimizer step, or ``checked: false`` and the ``reason``."""
+
+    rank: int | None
+    checked: bool = False
+    step: int | None = sometimes()
+    params: int | None = sometimes(_checked)
+    without_grad: int | None = sometimes(_checked)
+    nonfinite: int | None = sometimes(_checked)
+    norm: float | None = sometimes(_checked)
+    """Total norm of the finite gradients; None when none is finite."""
+    reason: str | None = sometimes()
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> GradsBody:
+        b = body or {}
+        return cls(rank=as_int(b.get("rank")), checked=b.get("checked") is True,
+                   step=as_int(b.get("step")), params=as_int(b.get("params")),
+                   without_grad=as_int(b.get("without_grad")),
+                   nonfinite=as_int(b.get("nonfinite")), norm=as_float(b.get("norm")),
+                   reason=as_str(b.get("reason")))
+
+
+def _census_ran(b: TensorsBody) -> bool:
+    return b.note is None
+
+
+@dataclass(frozen=True, slots=True)
+class TensorsBody(WireBody):
+    """``GET /v1/memory/tensors``: live tensors grouped by device, dtype and shape, largest
+    first (``{device, dtype, shape, count, mib, kind, holder, count_change}`` each), and the
+    step of the previous census that ``count_change`` compares with (None on the first).
+    ``note`` instead of a census when there is nothing to count (torch not imported)."""
+
+    rank: int | None
+    step: int | None = None
+    previous_step: int | None = sometimes(_census_ran)
+    tensors: int = 0
+    total_mib: float = 0.0
+    groups: tuple[dict[str, Any], ...] = ()
+    census_ms: float | None = sometimes()
+    note: str | None = sometimes()
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> TensorsBody:
+        b = body or {}
+        return cls(rank=as_int(b.get("rank")), step=as_int(b.get("step")),
+                   previous_step=as_int(b.get("previous_step")),
+                   tensors=as_int(b.get("tensors")) or 0,
+                   total_mib=as_float(b.get("total_mib")) or 0.0,
+                   groups=as_dicts(b.get("groups")), census_ms=as_float(b.get("census_ms")),
+                   note=as_str(b.get("note")))
+
+
+@dataclass(frozen=True, slots=True)
+class RefusalReport:
+    """``POST /v1/access/refusals`` (watchdog -> its agent, private socket): the requests the
+    watchdog refused since its last report, and how many more it only counted."""
+
+    refusals: tuple[dict[str, Any], ...] = ()
+    unlisted: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"refusals": list(self.refusals), "unlisted": self.unlisted}
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> RefusalReport:
+        b = body or {}
+        return cls(as_dicts(b.get("refusals")), as_int(b.get("unlisted")) or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedBody(WireBody):
+    """The agent's answer to a refusal report: how many rows it recorded."""
+
+    rank: int | None
+    recorded: int = 0
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> RecordedBody:
+        b = body or {}
+        return cls(rank=as_int(b.get("rank")), recorded=as_int(b.get("recorded")) or 0)

@@ -1,0 +1,80 @@
+"""Every route of the agent's HTTP API (docs/http-api.md), as one table.
+
+The agent's routers register ``route.path`` (a FastAPI path template), the watchdog's proxy
+compares request paths against it, and the CLI's client builds URLs with ``route.url(...)``. A
+route added here and not served, served and not listed, or not documented fails
+tests/integration/test_wire_contract.py and tests/unit/test_docs.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+#: Every route lives under this prefix.
+PREFIX = "/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One route: ``method`` and ``path`` (``{name}`` marks a path parameter)."""
+
+    method: str
+    path: str
+    purpose: str
+
+    def url(self, **params: object) -> str:
+        """The path with its parameters filled in (each quoted: an id is never a path)."""
+        return self.path.format(**{k: quote(str(v), safe="") for k, v in params.items()})
+
+    @property
+    def key(self) -> str:
+        """``METHOD /path``, as docs/http-api.md writes it."""
+        return f"{self.method} {self.path}"
+
+    def matches(self, method: str, path: str) -> bool:
+        """True for a request to this route (exact routes only: no parameters)."""
+        return method == self.method and path == self.path
+
+
+def _r(method: str, path: str, purpose: str) -> Route:
+    return Route(method, PREFIX + path, purpose)
+
+
+HEALTH = _r("GET", "/health", "liveness, open to anyone; with ?challenge, the token proof")
+INFO = _r("GET", "/info", "who the rank is: pid, host, versions, addresses, access, watchdog")
+RANKS = _r("GET", "/ranks", "every rank this agent knows, for fan-out")
+QUERY = _r("POST", "/query", "one read-only SQL statement (JSON, or Arrow with Accept)")
+EVAL = _r("POST", "/eval", "run Python in the rank now")
+BACKTRACE = _r("GET", "/backtrace", "every thread's stack (from the watchdog when the GIL is held)")
+COLLECTIVES = _r("GET", "/collectives", "recent collectives of this rank and the agent's clock")
+QUERIES = _r("GET", "/queries", "the canned diagnostics of sql/queries/")
+CANNED_QUERY = _r("POST", "/queries/{name}", "run one canned query by name")
+TRACE = _r("GET", "/trace", "the torch tracing mode and what the tracer has done")
+SET_TRACE = _r("POST", "/trace", "change the tracing mode from the next step boundary")
+DOCTOR = _r("GET", "/doctor", "training-loop state for `probe doctor`, no user code")
+DOCTOR_GRADS = _r("POST", "/doctor/grads", "check every gradient after the next optimizer step")
+STEP = _r("GET", "/step", "this rank's step clock")
+ACTIONS = _r("GET", "/actions", "queued, running and recently finished actions")
+SUBMIT_ACTION = _r("POST", "/actions", "queue a step-boundary action")
+ACTION = _r("GET", "/actions/{action_id}", "one action; ?wait= long-polls until it finished")
+CANCEL_ACTION = _r("DELETE", "/actions/{action_id}", "cancel a queued action")
+RESUME = _r("POST", "/resume", "release a paused training thread")
+PROFILE = _r("GET", "/profile/{profile_id}", "one profile window; ?wait= long-polls")
+PROFILE_TRACE = _r("GET", "/profile/{profile_id}/trace", "the window's Chrome trace, streamed")
+START_FLAME = _r("POST", "/flame", "start sampling this rank's Python stacks")
+FLAME = _r("GET", "/flame/{flame_id}", "a flame session; ?wait= long-polls")
+MEMORY_TENSORS = _r("GET", "/memory/tensors", "live tensors by device, dtype and shape")
+METRICS = _r("GET", "/metrics", "Prometheus text exposition of this rank's live numbers")
+ACCESS_REFUSALS = _r("POST", "/access/refusals",
+                     "the watchdog reports the requests it refused (private socket only)")
+
+#: Every route, in the order docs/http-api.md lists them.
+ROUTES: tuple[Route, ...] = (
+    HEALTH, INFO, RANKS, QUERY, EVAL, BACKTRACE, COLLECTIVES, QUERIES, CANNED_QUERY, TRACE,
+    SET_TRACE, DOCTOR, DOCTOR_GRADS, STEP, ACTIONS, SUBMIT_ACTION, ACTION, CANCEL_ACTION, RESUME,
+    PROFILE, PROFILE_TRACE, START_FLAME, FLAME, MEMORY_TENSORS, METRICS, ACCESS_REFUSALS,
+)
+
+#: The Arrow IPC stream media type a query answers in when the request accepts it.
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
