@@ -301,6 +301,9 @@ class TraceBody(WireBody):
     cuda_events: bool | None = None
     hot_path: str | None = None
     native_build: str | None = None
+    saved_bytes: dict[str, Any] | None = None
+    """Whether the saved-for-backward bytes are counted: ``counting``, ``failures``,
+    ``last_error``."""
 
     @classmethod
     def from_wire(cls, body: Body | None) -> TraceBody:
@@ -312,7 +315,8 @@ class TraceBody(WireBody):
                    last_error=as_str(b.get("last_error")),
                    dropped_rows=as_int(b.get("dropped_rows")),
                    cuda_events=as_bool(b.get("cuda_events")), hot_path=as_str(b.get("hot_path")),
-                   native_build=as_str(b.get("native_build")))
+                   native_build=as_str(b.get("native_build")),
+                   saved_bytes=as_dict_or_none(b.get("saved_bytes")))
 
 
 @dataclass(frozen=True, slots=True)
