@@ -26,8 +26,9 @@ PRESSURE = 0.9
 TIE = 0.1
 #: CUDA: reserved - allocated counts as fragmentation above both of these.
 FRAG_MIB, FRAG_SHARE = 256.0, 0.2
-#: Modules `checkpoint` names at most.
-CHECKPOINT_MODULES = 3
+#: Modules `checkpoint` names at most, and the least a module must save, as a share of the best
+#: candidate's savings, to be named beside it (a GPT's identical blocks all qualify).
+CHECKPOINT_MODULES, CHECKPOINT_SHARE = 8, 0.5
 #: Traced steps whose medians make the breakdown; modules listed by saved activations.
 BREAKDOWN_STEPS, TOP_ACTIVATIONS = 5, 5
 KINDS = ("parameters", "gradients", "optimizer", "activations")
@@ -118,8 +119,8 @@ def breakdown(rank: int, row: dict[str, Any], acts: list[dict[str, Any]]) -> Bre
         capacity=row.get("capacity_mib"), allocated=row.get("allocated_mib"),
         reserved=row.get("reserved_mib"), peak=row.get("peak_mib"),
         params_fp32=_f(row.get("params_fp32_mib")), sharded=bool(row.get("sharded")),
-        top=sorted((a for a in mine if a.get("by_saved") is not None),
-                   key=lambda a: a["by_saved"]),
+        top=sorted((a for a in mine if _f(a.get("by_saved")) <= TOP_ACTIVATIONS
+                    and _f(a.get("saved_mib")) > 0), key=lambda a: a["by_saved"]),
         by_checkpoint=sorted((a for a in mine if a.get("by_checkpoint") is not None),
                              key=lambda a: a["by_checkpoint"]))
 
@@ -128,8 +129,11 @@ def _checkpoint(b: Breakdown) -> Lever | None:
     chosen: list[dict[str, Any]] = []
     for r in b.by_checkpoint:
         name = str(r["module"])
-        if _f(r.get("depth")) < 1 or _f(r.get("checkpoint_saves_mib")) <= 0:
+        saves = _f(r.get("checkpoint_saves_mib"))
+        if _f(r.get("depth")) < 1 or saves <= 0:
             continue
+        if chosen and saves < CHECKPOINT_SHARE * _f(chosen[0]["checkpoint_saves_mib"]):
+            break
         if any(name.startswith(c["module"] + ".") or c["module"].startswith(name + ".")
                for c in chosen):
             continue  # nested in (or around) one already chosen

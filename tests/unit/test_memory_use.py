@@ -39,11 +39,11 @@ def test_activations_lead_to_checkpointing_the_block_around_the_attention():
     b = breakdown(0, row(), ACTS)
     assert b.cause == "activations" and b.top[0]["module"] == "h.1.attn"
     lv = levers(b, world=2)
-    # THEN checkpoint first: h.1 (50 - 2) and h.0.mlp (5 - 2); h.1.attn is inside h.1; the root
-    # is never proposed
+    # THEN checkpoint first: h.1 (50 - 2); h.1.attn is inside it, h.0.mlp saves under half as
+    # much (3), and the root is never proposed
     assert [x.lever for x in lv][:2] == ["checkpoint", "micro_batch"]
-    assert lv[0].saves_mib == pytest.approx(48.0 + 3.0)
-    assert "h.1," in lv[0].action + "," and "h.1.attn" not in lv[0].action
+    assert lv[0].saves_mib == pytest.approx(48.0)
+    assert "wrap h.1 in" in lv[0].action and "h.0.mlp" not in lv[0].action
     assert "GPT" not in lv[0].action
     assert lv[1].saves_mib == pytest.approx(30.0)
     shard = next(x for x in lv if x.lever == "shard_optimizer")
@@ -59,6 +59,13 @@ def test_optimizer_state_first_when_it_dominates_and_ties_with_bf16():
     lv = levers(b, world=2)
     assert lv[0].lever == "shard_optimizer" and lv[1].lever == "bf16"
     assert "optimizer state 100.0 MiB" in lv[0].basis
+
+
+def test_identical_blocks_are_all_named():
+    blocks = [act(f"h.{i}", 1, 0.0, 12.0, 0.5, 5 + i, 1 + i) for i in range(4)]
+    lv = levers(breakdown(0, row(), blocks), world=1)
+    assert lv[0].lever == "checkpoint" and lv[0].saves_mib == pytest.approx(4 * 11.5)
+    assert "wrap h.0, h.1, h.2, h.3 in" in lv[0].action
 
 
 def test_no_shard_lever_under_fsdp2_or_alone():
