@@ -57,6 +57,8 @@ class Scenario:
     step_s: float = 0.03
     hog: bool = False
     kill: bool = False
+    trace: str = "off"  # PROBE_TRACE: memory by kind is counted on traced steps
+    cause: tuple[str, str] | None = None  # doctor's memory_use: (cause, first lever) to name
     healthy: bool = False
     lib: bool = False
     #: text no doctor finding's next command may hold (own_lr: `probe lr` would be undone)
@@ -95,6 +97,14 @@ SCENARIOS = [
     Scenario("amp_unscaled", NONE, ready_step=60),
     Scenario("own_lr", {"hang": _s(), "straggler": _s(), "doctor": _s("lr")},
              allow=_s("nonfinite"), ready_step=60, forbid_next="probe lr"),
+    # memory use on CPU is information (no device to fill), so doctor must stay quiet and
+    # still name the cause and the first lever in its memory_use finding
+    Scenario("mem_activations", NONE, ready_step=40, step_s=0.0, trace="every:5",
+             cause=("activations", "checkpoint")),
+    Scenario("mem_optimizer", NONE, ready_step=40, step_s=0.0, trace="every:5",
+             cause=("optimizer", "shard_optimizer")),
+    Scenario("healthy_traced", NONE, ready_step=100, step_s=0.01, trace="every:5",
+             healthy=True),
 ]
 QUICK = ("healthy", "leak", "hang_gil", "slow_rank")
 
@@ -132,6 +142,10 @@ def read(command: str, code: int | None, body: dict[str, Any], text: str) -> Out
         kinds = frozenset(KIND.get(f["check"], f["check"]) for f in bad)
         ranks = sorted({r for f in bad for r in f.get("ranks", [])})
         head = "; ".join(f"[{f['severity']}] {f['title']}" for f in bad) or "no problem found"
+        mem = [f for f in body.get("findings", []) if f.get("check") == "memory_use"
+               and f.get("severity") == "info"]
+        if mem:
+            head += f"; [info] {mem[0]['title']}"
         return Outcome(command, code, kinds, ranks, head, body=body)
     problem = bool(body.get("problem")) or code == 4
     kinds = frozenset({command} if problem else ())
@@ -168,7 +182,7 @@ def run(sc: Scenario, work: Path, lib: str | None, repeat: int = 0) -> list[Outc
            "--step-s", str(sc.step_s), *(["--lib", lib] if sc.lib and lib else [])]
     # The watchdog reads a GIL-held rank's stack from outside (py-spy): on, as in production.
     env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(work / "run"),
-                     PROBE_TRACE="off", PROBE_WATCHDOG="1", HF_HUB_OFFLINE="1")
+                     PROBE_TRACE=sc.trace, PROBE_WATCHDOG="1", HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     hogs: list[subprocess.Popen[bytes]] = []

@@ -26,6 +26,8 @@ PRESSURE = 0.9
 TIE = 0.1
 #: CUDA: reserved - allocated counts as fragmentation above both of these.
 FRAG_MIB, FRAG_SHARE = 256.0, 0.2
+#: Levers that would save less than this are not worth a change to the job: not listed.
+MIN_LEVER_MIB = 1.0
 #: Modules `checkpoint` names at most, and the least a module must save, as a share of the best
 #: candidate's savings, to be named beside it (a GPT's identical blocks all qualify).
 CHECKPOINT_MODULES, CHECKPOINT_SHARE = 8, 0.5
@@ -42,7 +44,9 @@ def _f(v: Any) -> float:
 
 
 def mib(v: float) -> str:
-    return f"{v / 1024:.1f} GiB" if v >= 1024 else f"{v:.1f} MiB"
+    if v >= 1024:
+        return f"{v / 1024:.1f} GiB"
+    return f"{v:.1f} MiB" if v >= 1 else f"{v * 1024:.0f} KiB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +202,7 @@ def levers(b: Breakdown, world: int) -> list[Lever]:
         if (a.saves_mib - c.saves_mib <= TIE * a.saves_mib
                 and rank_of.get(c.acts_on, 9) < rank_of.get(a.acts_on, 9)):
             out[i - 1], out[i] = c, a
-    return [lv for lv in out if lv.saves_mib > 0]
+    return [lv for lv in out if lv.saves_mib >= MIN_LEVER_MIB]
 
 
 def cause_line(b: Breakdown) -> str:

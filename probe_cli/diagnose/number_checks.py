@@ -114,8 +114,10 @@ def check_memory(report: Report, docs: list[RankDoc]) -> None:
             f"{_size(top)} every step, steadily",
             [line for _, _, line in grows] + [
                 "something keeps tensors alive across steps: a list of losses or outputs "
-                "(append loss.item(), not loss), a cache, or a growing batch"],
-            f"probe memory --warmup {MEMORY_WARMUP_STEPS}", ranks, score=top))
+                "(append loss.item(), not loss), a cache, or a growing batch",
+                "first lever: find the holder: `probe memory --tensors` twice, some steps "
+                "apart; the group whose count grows names its list or attribute"],
+            "probe memory --tensors", ranks, score=top))
     elif fine:
         report.fine.append("memory: no sustained growth; " + fine[0][2])
     elif young:

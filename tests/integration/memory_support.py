@@ -48,7 +48,7 @@ class AttnHeavy(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def tokens(b: int = 8, ctx: int = 64, vocab: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def tokens(b: int = 16, ctx: int = 128, vocab: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return (torch.randint(0, vocab, (b, ctx), generator=g),
             torch.randint(0, vocab, (b, ctx), generator=g))

@@ -39,6 +39,57 @@ AMP = ("amp_scaled", "amp_unscaled")
 HANGS = ("hang_sleep", "hang_gil", "hang_dataloader", "hang_collective", "dead_rank")
 
 
+class WideAttn(nn.Module):
+    """Attention over a made-up sequence: saves (B, 8, 128, 128) scores and probabilities."""
+
+    def __init__(self, t: int = 128, c: int = 32, heads: int = 8) -> None:
+        super().__init__()
+        self.t, self.c, self.heads = t, c, heads
+        self.qkv = nn.Linear(c, 3 * c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        q, k, v = self.qkv(x).split(self.c, dim=2)
+        q, k, v = (z.reshape(b, self.t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        att = torch.softmax((q @ k.transpose(-2, -1)) * 0.5, dim=-1)
+        return (att @ v).transpose(1, 2).reshape(b, self.t, self.c)
+
+
+class AttnHeavy(nn.Module):
+    def __init__(self, t: int = 128, c: int = 32) -> None:
+        super().__init__()
+        self.t, self.c = t, c
+        self.up = nn.Linear(16, t * c)
+        self.attn = WideAttn(t, c)
+        self.head = nn.Linear(c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x).reshape(x.shape[0], self.t, self.c)
+        return self.head(self.attn(h).mean(dim=1))
+
+
+class BigEmbedding(nn.Module):
+    """A 200k x 32 embedding (25.6 MB): AdamW's two states are twice that."""
+
+    def __init__(self, rows: int = 200_000, dim: int = 32) -> None:
+        super().__init__()
+        self.rows = rows
+        self.emb = nn.Embedding(rows, dim)
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        idx = (x.abs() * 10_000).long() % self.rows
+        return self.head(self.emb(idx).mean(dim=1))
+
+
+def build_model(sc: str) -> nn.Module:
+    if sc == "mem_activations":
+        return AttnHeavy()
+    if sc == "mem_optimizer":
+        return BigEmbedding()
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
 class Samples(Dataset):
     """Synthetic samples; ``delay_s`` of per-sample work, or blocking forever once ``stuck``."""
 
@@ -105,10 +156,12 @@ def main() -> None:
     odd = (world - 1 if args.odd_rank < 0 else args.odd_rank) == rank
     sc = args.scenario
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)))
+    model = nn.parallel.DistributedDataParallel(build_model(sc))
     lr = 2.0 if sc == "lr_high" else 0.01
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    if sc.startswith("mem_"):
+        optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu") if sc in AMP else None  # bf16 autocast: scale 65536
     data = Samples(0.004 if sc == "slow_input" else 0.0)
     loader = iter(DataLoader(data, batch_size=16))

@@ -96,9 +96,9 @@ def test_input_bytes_are_the_calls_tensor_arguments(make_agent):
         model(idx, tgt).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    # THEN the attention block's input is the (8, 64, 32) float32 residual stream, and the
+    # THEN the attention block's input is the (16, 128, 32) float32 residual stream, and the
     # root's is the two int64 token batches
     got = dict(rows(agent, "SELECT module, input_bytes FROM torch_trace WHERE step = 3 AND "
                            "stage = 'forward'"))
-    assert got["attn"] == 8 * 64 * 32 * 4
-    assert got["AttnHeavy"] == 2 * 8 * 64 * 8
+    assert got["attn"] == 16 * 128 * 32 * 4
+    assert got["AttnHeavy"] == 2 * 16 * 128 * 8
