@@ -141,8 +141,9 @@ def test_a_non_loopback_bind_with_token_needs_it_on_every_route(make_agent):
     assert all(s not in (401, 403) for s, _ in list(with_token.values())[:-1])
 
 
-def test_health_proves_the_token_for_its_address_and_port(make_agent):
-    agent = make_agent(token="s3cret")
+@pytest.mark.parametrize("watchdog", [False, True], ids=["in-process", "watchdog"])
+def test_health_proves_the_token_for_its_address_and_port(make_agent, watchdog):
+    agent = make_agent(token="s3cret", watchdog=watchdog)
     body = httpx.get(agent.url + "/v1/health", params={"challenge": "abc"}).json()
     assert body["proof"] == proof("s3cret", "abc", "127.0.0.1", _port(agent))
     assert body["proof"] == proof("s3cret", "abc", "::ffff:127.0.0.1", _port(agent))
