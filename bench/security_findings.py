@@ -12,6 +12,7 @@ Needs root (setuid to 65534) and torch (the c10d store row).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -28,10 +29,22 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(os.environ.get("PROBE_SRC") or Path(__file__).resolve().parents[1])
+HERE = Path(__file__).resolve().parents[1]
+ROOT = Path(os.environ.get("PROBE_SRC") or HERE)
 sys.path.insert(0, str(ROOT))
 
 from tests.foreign import FOREIGN_UID, http_request, run_as  # noqa: E402
+
+
+def _attackers() -> Any:
+    """This checkout's tests/attackers.py, whatever checkout is under test."""
+    spec = importlib.util.spec_from_file_location("attackers", HERE / "tests" / "attackers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+attackers = _attackers()
 
 TOKEN = "findings-" + os.urandom(8).hex()
 CODE = "'the owner''s code'"
@@ -46,32 +59,13 @@ def _cli(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def _squat(port: int, seconds: float) -> str:
-    """As the attacker: listen dual-stack on ``port``, answer like an agent, return the bytes."""
-    import select
-
-    srv = socket.socket(socket.AF_INET6)
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    srv.bind(("::", port))
-    srv.listen(64)
-    got, conns = b"", []
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        for s in select.select([srv, *conns], [], [], left)[0]:
-            if s is srv:
-                conns.append(srv.accept()[0])
-                continue
-            data = s.recv(65536)
-            got += data
-            if not data:
-                conns.remove(s)
-            elif b"\r\n\r\n" in data:
-                body = (b'{"ok": true, "rank": 1, "ranks": [], "status": "ok", '
-                        b'"result": "\'pwned\'"}')
-                s.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                          b"content-length: %d\r\n\r\n%s" % (len(body), body))
-    return got.decode("latin-1")
+def _wait_listening(host: str, port: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as c:
+            if c.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.05)
 
 
 class Squatter:
@@ -82,14 +76,9 @@ class Squatter:
         s.close()
         self.out: dict[str, Any] = {}
         self.t = threading.Thread(target=lambda: self.out.update(
-            got=run_as(FOREIGN_UID, _squat, self.port, seconds, timeout=seconds + 30)))
+            got=run_as(FOREIGN_UID, attackers.squat, self.port, seconds, timeout=seconds + 30)))
         self.t.start()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as c:
-                if c.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.05)
+        _wait_listening("127.0.0.1", self.port)
 
     def received(self) -> str:
         self.t.join()
@@ -162,27 +151,10 @@ def relay() -> str:
 
     agent = _agent(token=TOKEN, host="127.0.0.2")
     port = agent.tcp_port
-    srv = socket.create_server(("127.0.0.1", port))
     stop = threading.Event()
-
-    def pump() -> None:
-        import select
-
-        pairs: dict[socket.socket, socket.socket] = {}
-        while not stop.is_set():
-            for s in select.select([srv, *pairs], [], [], 0.1)[0]:
-                if s is srv:
-                    a = srv.accept()[0]
-                    b = socket.create_connection(("127.0.0.2", port))
-                    pairs[a], pairs[b] = b, a
-                elif data := s.recv(65536):
-                    pairs[s].sendall(data)
-                else:
-                    o = pairs.pop(s)
-                    pairs.pop(o, None)
-        srv.close()
-
-    threading.Thread(target=pump, daemon=True).start()
+    threading.Thread(target=attackers.relay, daemon=True,
+                     args=(("127.0.0.1", port), ("127.0.0.2", port), stop)).start()
+    _wait_listening("127.0.0.1", port)
     import httpx
 
     def health(params: dict) -> dict:
@@ -205,47 +177,13 @@ def relay() -> str:
     return f"proof relayed from 127.0.0.2 to 127.0.0.1: {verdict}"
 
 
-def _flip(dir_: str, link: str, real: str, seconds: float) -> int:
-    import select
-
-    os.mkdir(dir_, 0o755)
-    os.mkdir(dir_ + "-evil", 0o755)
-    evil = os.path.join(dir_ + "-evil", "evil.sock")
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(evil)
-    os.chmod(evil, 0o777)
-    srv.listen(64)
-    sends, conns, n = 0, [], 0
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        n += 1
-        tmp = f"{link}.{n % 2}"
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        os.symlink(real if n % 2 else evil, tmp)
-        os.replace(tmp, link)
-        for s in select.select([srv, *conns], [], [], 0.0005)[0]:
-            if s is srv:
-                conns.append(srv.accept()[0])
-                continue
-            data = s.recv(65536)
-            if not data:
-                conns.remove(s)
-            elif b"\r\n\r\n" in data:
-                sends += data.count(b"POST /v1/eval")
-                body = b'{"ok": true, "rank": 0, "result": "\'pwned\'"}'
-                s.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                          b"content-length: %d\r\n\r\n%s" % (len(body), body))
-    return sends
-
-
 def flip() -> str:
     agent = _agent()
     dir_ = f"/tmp/probe-flip-{uuid.uuid4().hex[:8]}"
     link = os.path.join(dir_, f"{os.getpid()}.sock")
-    out: dict[str, int] = {}
+    out: dict[str, str] = {}
     t = threading.Thread(target=lambda: out.update(
-        n=run_as(FOREIGN_UID, _flip, dir_, link, agent.unix_path, 40, timeout=80)))
+        got=run_as(FOREIGN_UID, attackers.flip, dir_, link, agent.unix_path, 60, timeout=80)))
     t.start()
     while not os.path.lexists(link):
         time.sleep(0.01)
@@ -256,13 +194,14 @@ def flip() -> str:
         for _ in range(20):
             _cli("--timeout", "2", "eval", CODE)
         del os.environ["PROBE_RUN_DIR"]
+        open(dir_ + "-evil/stop", "w").close()
         t.join()
     finally:
         _stop()
         shutil.rmtree(dir_, ignore_errors=True)
         shutil.rmtree(dir_ + "-evil", ignore_errors=True)
     return (f"200 evals via unix:LINK + 20 with the attacker's run dir (default target): "
-            f"{out.get('n')} reached the attacker")
+            f"{out.get('got', '').count('POST /v1/eval')} reached the attacker")
 
 
 def ui() -> str:

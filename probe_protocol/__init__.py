@@ -12,6 +12,11 @@ cross-process format, its writer and its reader together, the way prometheus cli
   and calls ``to_wire()``, the CLI reads the same class with ``from_wire()``.
 - ``runfiles``: the run-dir layout (``RunFiles``), the default run dir and the rule that says
   when a process's files are dead.
+- ``peers``: who is on the other end of a connection, by the kernel's word (SO_PEERCRED,
+  sock_diag): the agent and watchdog ask it about clients, the CLI and its dashboard about the
+  agent they connected to and the browser that connected to them.
+- ``tokens``: what the job's token signs: the health proof (which names the address reached)
+  and each rank's entry in the c10d store.
 
 Stdlib only, and nothing here imports probe_agent or probe_cli: the watchdog runs it under
 ``python -I -S``, the CLI on a laptop without torch (tests/unit/test_protocol_imports.py).

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from probe_cli.main import main
+from tests.attackers import flip
 from tests.foreign import FOREIGN_UID, need_root, run_as
 from tests.support import wait_until
 
@@ -27,49 +28,6 @@ pytest.importorskip("duckdb")
 CODE = "'the owner''s code'"
 #: Evals through the flipping link. Before the change, about 1 in 50 reached the attacker.
 TRIES = 200
-
-
-def _flip(dir_: str, link: str, real: str, seconds: float) -> str:
-    """As the attacker: serve ``<dir_>-evil/evil.sock`` and flip ``link`` (the only socket
-    name in ``dir_``) between ``real`` and it until ``<dir_>-evil/stop`` appears (at most
-    ``seconds``); everything received, as text."""
-    import select
-    import time
-
-    os.mkdir(dir_, 0o755)
-    os.mkdir(dir_ + "-evil", 0o755)
-    evil = os.path.join(dir_ + "-evil", "evil.sock")
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(evil)
-    os.chmod(evil, 0o777)
-    srv.listen(64)
-    got, conns, n = b"", [], 0
-    deadline = time.monotonic() + seconds
-    stop = os.path.join(dir_ + "-evil", "stop")
-    while time.monotonic() < deadline and not os.path.exists(stop):
-        n += 1
-        tmp = f"{link}.{n % 2}"
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        os.symlink(real if n % 2 else evil, tmp)
-        os.replace(tmp, link)  # atomic: the link always exists, pointing one way or the other
-        ready, _, _ = select.select([srv, *conns], [], [], 0.0005)
-        for s in ready:
-            if s is srv:
-                conns.append(srv.accept()[0])
-                continue
-            data = s.recv(65536)
-            got += data
-            if not data:
-                conns.remove(s)
-                s.close()
-            elif b"\r\n\r\n" in data:
-                body = b'{"ok": true, "rank": 0, "result": "\'pwned\'", "status": "ok"}'
-                s.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                          b"content-length: %d\r\n\r\n%s" % (len(body), body))
-    return got.decode("latin-1")
 
 
 @pytest.fixture
@@ -81,7 +39,7 @@ def flipper(make_agent) -> Iterator[tuple[object, str, dict]]:
     link = os.path.join(dir_, f"{os.getpid()}.sock")
     out: dict = {}
     t = threading.Thread(target=lambda: out.update(
-        received=run_as(FOREIGN_UID, _flip, dir_, link, agent.unix_path, 30, timeout=60)))
+        received=run_as(FOREIGN_UID, flip, dir_, link, agent.unix_path, 30, timeout=60)))
     t.start()
     wait_until(lambda: os.path.lexists(link), 10, "the attacker never made its link")
     try:

@@ -22,6 +22,7 @@ from probe_cli.transport.guard import Dialled
 from probe_cli.transport.targets import Endpoint
 from probe_cli.transport.trust import check_agent
 from probe_protocol.bodies import RankEntry
+from tests.attackers import relay, squat
 from tests.foreign import FOREIGN_UID, need_root, run_as
 from tests.support import wait_until
 from tests.unit.cli_server import closed_port
@@ -31,42 +32,13 @@ TOKEN = "squat-me-" + "x" * 16
 CODE = "open('/etc/shadow').read()"
 
 
-def _squat(port: int, seconds: float) -> str:
-    """Listen on ``port`` as the calling uid; everything received in ``seconds``, as text."""
-    import select
-    import time
-
-    srv = socket.socket(socket.AF_INET6)
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    srv.bind(("::", port))
-    srv.listen(16)
-    got, conns = b"", []
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([srv, *conns], [], [], left)
-        for s in ready:
-            if s is srv:
-                conns.append(srv.accept()[0])
-            else:
-                data = s.recv(65536)
-                got += data
-                if not data:
-                    conns.remove(s)
-                elif b"\r\n\r\n" in data:  # answer like an agent would, to draw the token out
-                    body = b'{"ok": true, "rank": 0, "ranks": [], "status": "ok", "result": "1"}'
-                    s.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                              b"content-length: %d\r\n\r\n%s" % (len(body), body))
-    return got.decode("latin-1")
-
-
 @pytest.fixture
 def squatter() -> Iterator[tuple[int, dict]]:
     """A uid-65534 process listening on a free port for 8 s: (port, {"received": text})."""
     need_root()
     port = closed_port()  # free now; the squatter binds it
     out: dict = {}
-    t = threading.Thread(target=lambda: out.update(received=run_as(FOREIGN_UID, _squat, port, 8)))
+    t = threading.Thread(target=lambda: out.update(received=run_as(FOREIGN_UID, squat, port, 8)))
     t.start()
 
     def listening() -> bool:
@@ -160,33 +132,6 @@ def test_a_remote_agent_must_prove_the_token_before_it_is_sent(make_agent):
     check_agent(remote, token=None, cacert=None, health=health, dialled=node)
 
 
-def _relay(listen: tuple[str, int], to: tuple[str, int], stop: threading.Event) -> None:
-    """Forward every connection to ``listen`` to ``to``, byte for byte, both ways."""
-    import select
-
-    srv = socket.create_server(listen)
-    pairs: dict[socket.socket, socket.socket] = {}
-    while not stop.is_set():
-        ready, _, _ = select.select([srv, *pairs], [], [], 0.1)
-        for s in ready:
-            if s is srv:
-                a = srv.accept()[0]
-                b = socket.create_connection(to)
-                pairs[a], pairs[b] = b, a
-                continue
-            data = s.recv(65536) if s in pairs else b""
-            if data:
-                pairs[s].sendall(data)
-            elif s in pairs:
-                other = pairs.pop(s)
-                pairs.pop(other, None)
-                s.close()
-                other.close()
-    srv.close()
-    for s in pairs:
-        s.close()
-
-
 def test_a_proof_relayed_from_another_node_is_refused(make_agent):
     """Every node of a job has the same token and the same ports. A squatter on node A (here
     127.0.0.1) relays the challenge to the real agent on node B (127.0.0.2, same port): B's
@@ -196,9 +141,9 @@ def test_a_proof_relayed_from_another_node_is_refused(make_agent):
     agent = make_agent(token=TOKEN, host="127.0.0.2")
     port = agent.tcp_port
     stop = threading.Event()
-    relay = threading.Thread(target=_relay, args=(("127.0.0.1", port), ("127.0.0.2", port),
-                                                  stop), daemon=True)
-    relay.start()
+    relay_thread = threading.Thread(target=relay, daemon=True, args=(
+        ("127.0.0.1", port), ("127.0.0.2", port), stop))
+    relay_thread.start()
     try:
         def health_via(host: str):
             return lambda params: httpx.get(f"http://{host}:{port}/v1/health", params=params,
@@ -215,7 +160,7 @@ def test_a_proof_relayed_from_another_node_is_refused(make_agent):
                     health=health_via("127.0.0.2"), dialled=Dialled("127.0.0.2", local=False))
     finally:
         stop.set()
-        relay.join(5)
+        relay_thread.join(5)
 
 
 def test_a_poisoned_store_entry_is_dropped_and_the_cli_says_why(make_agent, squatter, capsys):
