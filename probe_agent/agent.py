@@ -42,6 +42,7 @@ from .frameworks.playbook import resolve
 from .profiling.sessions import Profiling
 from ._version import __version__
 from .ranks import Identity, RankRegistry, publish_rank
+from .step_cost import measure
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,10 @@ class Agent:
         self.store = Store(config)
         # issue 6: the one step counter of this agent (the tracer uses it too).
         self.stepclock = StepClock()
-        self.evaluator = Evaluator(config.eval_timeout_s, config.eval_output_bytes,
-                                   playbook=self._playbook)
+        self.evaluator = Evaluator(
+            config.eval_timeout_s, config.eval_output_bytes, rank=self.rank,
+            playbook=self._playbook,
+            step_cost=lambda since, until: measure(self.store.query, since, until))
         # Separate pools so a slow query can never starve eval or backtrace, and vice versa.
         self.query_pool = ThreadPoolExecutor(4, thread_name_prefix="probe-agent.query")
         self.eval_pool = ThreadPoolExecutor(2, thread_name_prefix="probe-agent.evalwait")
@@ -357,9 +360,9 @@ class Agent:
         self.store.append("python.evals", pa.table({f.name: row[f.name] for f in schema},
                                                    schema=schema))
 
-    def run_eval(self, code: str, client: str) -> Any:
+    def run_eval(self, code: str, client: str, eval_id: str | None = None) -> Any:
         try:
-            out = self.evaluator.run(code)
+            out = self.evaluator.run(code, client, eval_id=eval_id)
         except EvalError as e:
             self.audit(client, code, "error", e.message, 0.0)
             raise
@@ -367,11 +370,15 @@ class Agent:
         self.audit(client, code, outcome, out.error, out.elapsed_ms)
         if not out.ok:
             status = 408 if out.timed_out else 400
+            job = out.job
             err = EvalError(
                 out.error or "eval failed",
                 traceback=out.traceback,
                 stdout=out.stdout,
                 stderr=out.stderr,
+                id=job.id if job else None,
+                still_running=bool(job and job.still_running),
+                cost=job.cost if job else {},
             )
             err.status = status
             raise err

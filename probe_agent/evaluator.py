@@ -7,27 +7,56 @@ frames' locals, innermost first, and ``__main__`` globals) over those earlier ev
 eval gets its own ``print``; writes made with ``sys.stdout.write`` go to the process's real
 stdout. The result is the repr of a trailing expression, if any.
 
-Each eval runs on its own named daemon thread. If it outlives PROBE_EVAL_TIMEOUT_S it is sent an
-asynchronous ``EvalTimeout`` (``PyThreadState_SetAsyncExc``), which stops pure-Python loops; code
-blocked inside a C call stops once that call returns.
+Each eval is a job (jobs.py: ``E1``, ``E2``…, or the id the client sent) that runs on its own
+named daemon thread under eval_trace.py (no collectives; a cancel that sticks). Past
+PROBE_EVAL_TIMEOUT_S, or on ``cancel(id)``, it is cancelled: every further line it runs, in
+its own frames and in whatever it called, raises ``EvalCancelled``. Code blocked inside one C
+call stops once that call returns. An eval still running when its
+request gives up stays in the table (``running``, ``cancel_requested``), with the step time the
+job has had since it started against the steps before it (``step_cost``).
 """
 
 from __future__ import annotations
 
-import ctypes
+import itertools
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import eval_guard
+from .eval_trace import EvalCancelled, EvalTrace
+from .jobs import Job, JobState, JobTable
 from .operator_code import CodeRun, compile_code, script_namespace, user_traceback
 
+#: Finished evals kept for `GET /v1/evals` (running ones are always kept).
+KEEP_FINISHED = 50
+#: After a cancel, how long the request waits for the eval to stop before answering.
+STOP_WAIT_S = 1.0
 
-class EvalTimeout(BaseException):
-    """Raised asynchronously inside an eval thread that ran past its limit."""
+
+@dataclass(kw_only=True)
+class EvalJob(Job):
+    kind: str = "eval"
+    code: str = ""
+    client: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    traceback: str | None = None
+    elapsed_ms: float | None = None
+    timed_out: bool = False
+    #: Why it was asked to stop (a timeout or an operator's cancel); it may not have yet.
+    cancel_requested: str | None = None
+    #: The step time of the job while the eval ran, against before (``step_cost``).
+    cost: dict[str, Any] = field(default_factory=dict)
+    _trace: EvalTrace | None = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def still_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
 
 @dataclass(slots=True)
@@ -40,72 +69,124 @@ class EvalOutcome:
     traceback: str | None
     elapsed_ms: float
     timed_out: bool = False
+    job: EvalJob | None = None
 
 
 class Evaluator:
     """Runs eval requests one at a time, each in a fresh ``probe-agent.eval`` thread.
 
     Args:
-        timeout_s: how long an eval may run before it is interrupted and reported as a timeout.
+        timeout_s: how long an eval may run before it is cancelled and reported as a timeout.
         output_cap: characters of stdout and of stderr kept per eval.
+        rank: named in errors.
         playbook: resolves the playbook names (``optimizer``, ``model``...) the code reads and
             the script does not define (operator_code.CodeRun.execute); none: they stay
             undefined.
+        step_cost: ``(since, until) -> dict``: the job's step time over that span against
+            the steps before it (the agent's store); None reports no cost.
     """
 
-    def __init__(self, timeout_s: float, output_cap: int,
-                 playbook: Callable[[list[str]], dict[str, Any]] | None = None) -> None:
+    def __init__(self, timeout_s: float, output_cap: int, *, rank: int = 0,
+                 playbook: Callable[[list[str]], dict[str, Any]] | None = None,
+                 step_cost: Callable[[float, float], dict[str, Any]] | None = None) -> None:
         self.playbook = playbook
         self.timeout_s = timeout_s
         self.output_cap = output_cap
         self.session: dict[str, Any] = {}
+        self.jobs: JobTable[EvalJob] = JobTable("eval", rank, KEEP_FINISHED,
+                                                "`probe query \"select * from python.evals\"`")
+        self._step_cost = step_cost
         self._lock = threading.Lock()
+        self._ids = itertools.count(1)
 
-    def run(self, code: str, extra: dict[str, Any] | None = None) -> EvalOutcome:
+    def run(self, code: str, client: str = "", extra: dict[str, Any] | None = None,
+            eval_id: str | None = None) -> EvalOutcome:
+        """Run ``code`` as eval ``eval_id`` (default ``E<n>``); a used id is a 409."""
         compiled = compile_code(code)
         eval_guard.install()  # cheap and idempotent; FSDP2 may have been imported since
         with self._lock:  # evals are serialised: two at once would race on the namespace
-            return self._run_thread(compiled, extra or {})
+            job = self.jobs.add(EvalJob(id=eval_id or f"E{next(self._ids)}", code=code,
+                                        client=client))
+            return self._run_thread(job, compiled, extra or {})
 
-    def _run_thread(self, compiled: tuple[Any, Any], extra: dict[str, Any]) -> EvalOutcome:
+    def _run_thread(self, job: EvalJob, compiled: Any, extra: dict[str, Any]) -> EvalOutcome:
         run = CodeRun(self.output_cap)
-        box: dict[str, Any] = {}
+        trace = job._trace = EvalTrace()
         main_thread = threading.main_thread().ident or -1
+        t0 = time.perf_counter()
 
         def target() -> None:
+            state = JobState.ERROR
+            trace.install()
             try:
                 run.execute(compiled, session=self.session, extra=extra,
                             namespace=script_namespace(sys._current_frames().get(main_thread)),
                             playbook=self.playbook)
-                box["ok"] = True
-            except EvalTimeout:
-                box["timeout"] = True
+                job.result, state = run.result, JobState.OK
+            except EvalCancelled as e:
+                job.error, state = f"EvalCancelled: {e}", JobState.CANCELLED
             except BaseException as e:  # the operator's code may raise anything, SystemExit too
-                box["error"] = f"{type(e).__name__}: {e}"
-                box["traceback"] = user_traceback(e)
+                job.error, state = f"{type(e).__name__}: {e}", JobState.ERROR
+                job.traceback = user_traceback(e)
+            finally:
+                trace.active = False  # first, and without a call: a traced call would raise
+                trace.remove()
+            job.stdout, job.stderr = run.stdout, run.stderr
+            job.elapsed_ms = round((time.perf_counter() - t0) * 1e3, 3)
+            if job.cancel_requested and job.started_at is not None:
+                job.cost = self.cost_of(job)
+            job.finish(state)
 
-        t0 = time.perf_counter()
-        th = threading.Thread(target=target, name=eval_guard.EVAL_THREAD, daemon=True)
+        th = job._thread = threading.Thread(target=target, name=eval_guard.EVAL_THREAD,
+                                            daemon=True)
+        job.state, job.started_at = JobState.RUNNING, time.time()
         th.start()
         th.join(self.timeout_s)
         if th.is_alive():
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(th.ident or 0), ctypes.py_object(EvalTimeout)
-            )
-            th.join(1.0)
-            box["timeout"] = True
+            job.timed_out = True
+            self._stop(job, f"ran past {self.timeout_s:g} s (PROBE_EVAL_TIMEOUT_S)")
         elapsed = (time.perf_counter() - t0) * 1e3
-        if box.get("timeout"):
-            still = (" (still blocked in a C call; it stops when that call returns)"
-                     if th.is_alive() else "")
-            return EvalOutcome(
-                False, None, run.stdout, run.stderr,
-                f"EvalTimeout: eval ran past {self.timeout_s:g} s (PROBE_EVAL_TIMEOUT_S) and was "
-                f"interrupted{still}",
-                None, elapsed, timed_out=True,
-            )
-        if box.get("ok"):
-            return EvalOutcome(True, run.result, run.stdout, run.stderr, None, None, elapsed)
-        return EvalOutcome(
-            False, None, run.stdout, run.stderr, box.get("error"), box.get("traceback"), elapsed
-        )
+        if job.timed_out:
+            return EvalOutcome(False, None, run.stdout, run.stderr, self.describe_stop(job),
+                               None, elapsed, timed_out=True, job=job)
+        ok = job.state == JobState.OK
+        return EvalOutcome(ok, job.result, job.stdout, job.stderr, job.error, job.traceback,
+                           elapsed, job=job)
+
+    # -- cancel -------------------------------------------------------------------------------
+    def cancel(self, eval_id: str, client: str) -> EvalJob:
+        """Cancel a running eval (every further line of it raises); a finished one is left as
+        it is. Waits up to STOP_WAIT_S for it to stop."""
+        job = self.jobs.get(eval_id)
+        if not job.finished:
+            self._stop(job, f"cancelled by {client or 'an operator'}")
+        return job
+
+    def _stop(self, job: EvalJob, why: str) -> None:
+        job.cancel_requested = why
+        th = job._thread
+        if job._trace is not None and th is not None:
+            # No PyThreadState_SetAsyncExc: one that lands after the thread's last bytecode
+            # leaves CPython 3.11's eval breaker set for good (every later eval thread then
+            # crawled), and the line trace stops every frame it would have.
+            job._trace.cancel(why, th.ident)
+            th.join(STOP_WAIT_S)
+        if job.still_running:
+            job.cost = self.cost_of(job)
+
+    def cost_of(self, job: EvalJob) -> dict[str, Any]:
+        if self._step_cost is None or job.started_at is None:
+            return {}
+        return self._step_cost(job.started_at, job.finished_at or time.time())
+
+    def describe_stop(self, job: EvalJob) -> str:
+        """One line: what a cancel or timeout did to ``job``, true at the time of asking."""
+        why = job.cancel_requested or "cancelled"
+        if not job.still_running:
+            return f"EvalCancelled: eval {job.id} {why} and was stopped"
+        from .step_cost import describe_cost
+
+        return (f"EvalCancelled: eval {job.id} {why} and was asked to stop, but is still "
+                "running (blocked in a C call, or catching every exception); its cost to "
+                f"training so far: {describe_cost(job.cost)}; `probe eval --cancel {job.id}` "
+                "asks again")

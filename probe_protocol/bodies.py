@@ -148,12 +148,14 @@ class RanksBody(WireBody):
 
 @dataclass(frozen=True, slots=True)
 class EvalRequest:
-    """What ``POST /v1/eval`` takes."""
+    """What ``POST /v1/eval`` takes. ``id`` names the eval (the CLI sends one id to every
+    rank, so that a runaway eval is cancelled everywhere by the id it names)."""
 
     code: str
+    id: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"code": self.code}
+        return {"code": self.code} if self.id is None else {"code": self.code, "id": self.id}
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +165,7 @@ class EvalBody(WireBody):
     ``error``, the ``traceback`` and what was printed before it raised."""
 
     rank: int | None
+    id: str | None = None
     result: str | None = None
     stdout: str = ""
     stderr: str = ""
@@ -174,7 +177,8 @@ class EvalBody(WireBody):
     def from_wire(cls, body: Body | None) -> EvalBody:
         b = body or {}
         result, tb, err = b.get("result"), b.get("traceback"), b.get("error")
-        return cls(rank=as_int(b.get("rank")), result=None if result is None else str(result),
+        return cls(rank=as_int(b.get("rank")), id=as_str(b.get("id")),
+                   result=None if result is None else str(result),
                    stdout=b.get("stdout") or "", stderr=b.get("stderr") or "",
                    elapsed_ms=as_float(b.get("elapsed_ms")),
                    traceback=None if tb is None else str(tb),
@@ -184,6 +188,28 @@ class EvalBody(WireBody):
     def raised(body: Body | None) -> bool:
         """An error body from eval carries what the code printed or its traceback."""
         return bool(body) and ("traceback" in body or "stdout" in body)  # type: ignore[operator]
+
+
+@dataclass(frozen=True, slots=True)
+class EvalJobBody(WireBody):
+    """``GET|DELETE /v1/evals/{id}``: one eval as a job (``eval``: its fields as
+    docs/http-api.md lists them); ``GET /v1/evals`` sends ``evals``, a list of them."""
+
+    rank: int | None
+    eval: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> EvalJobBody:
+        b = body or {}
+        return cls(rank=as_int(b.get("rank")), eval=as_dict(b.get("eval")))
+
+    @property
+    def still_running(self) -> bool:
+        return self.eval.get("still_running") is True
+
+    @property
+    def cost(self) -> dict[str, Any]:
+        return as_dict(self.eval.get("cost"))
 
 
 def _from_watchdog(b: BacktraceBody) -> bool:

@@ -46,6 +46,9 @@ INFO = _r("GET", "/info", "who the rank is: pid, host, versions, addresses, acce
 RANKS = _r("GET", "/ranks", "every rank this agent knows, for fan-out")
 QUERY = _r("POST", "/query", "one read-only SQL statement (JSON, or Arrow with Accept)")
 EVAL = _r("POST", "/eval", "run Python in the rank now")
+EVALS = _r("GET", "/evals", "running and recently finished evals")
+EVAL_JOB = _r("GET", "/evals/{eval_id}", "one eval; ?wait= long-polls until it ended")
+CANCEL_EVAL = _r("DELETE", "/evals/{eval_id}", "cancel a running eval: every further line raises")
 BACKTRACE = _r("GET", "/backtrace", "every thread's stack (from the watchdog when the GIL is held)")
 COLLECTIVES = _r("GET", "/collectives", "recent collectives of this rank and the agent's clock")
 QUERIES = _r("GET", "/queries", "the canned diagnostics of sql/queries/")
@@ -71,7 +74,7 @@ ACCESS_REFUSALS = _r("POST", "/access/refusals",
 
 #: Every route, in the order docs/http-api.md lists them.
 ROUTES: tuple[Route, ...] = (
-    HEALTH, INFO, RANKS, QUERY, EVAL, BACKTRACE, COLLECTIVES, QUERIES, CANNED_QUERY, TRACE,
+    HEALTH, INFO, RANKS, QUERY, EVAL, EVALS, EVAL_JOB, CANCEL_EVAL, BACKTRACE, COLLECTIVES, QUERIES, CANNED_QUERY, TRACE,
     SET_TRACE, DOCTOR, DOCTOR_GRADS, STEP, ACTIONS, SUBMIT_ACTION, ACTION, CANCEL_ACTION, RESUME,
     PROFILE, PROFILE_TRACE, START_FLAME, FLAME, MEMORY_TENSORS, METRICS, ACCESS_REFUSALS,
 )

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from ..collectors.sampler import StackSampler
-from ..store.catalog import shipped_sql
+from ..step_cost import measure
 from . import pyspy
 
 if TYPE_CHECKING:
@@ -120,24 +119,7 @@ class FlameSession:
             "sampler_cpu_ms": round(cpu_s * 1e3, 3), "elapsed_s": round(elapsed, 3),
             "sampler_cpu_share": round(cpu_s / elapsed, 5),
         }
-        store = self.owner.store
-        try:
-            inside = store.query(shipped_sql("step_times_window"),
-                                 params={"since": t0, "until": t1}).rows
-            before = store.query(shipped_sql("step_times_before"), params={
-                "step": 2**62, "until": t0, "last": 20}).rows
-        except Exception as e:  # the measure is a courtesy; a store problem must not fail it
-            log.info("probe agent: no step times for the cost of a flame: %s", e)
-            return cost
-        win = [float(r[0]) for r in inside]
-        base = [float(r[0]) for r in before]
-        cost.update(window_steps=len(win), before_steps=len(base))
-        if win:
-            cost["window_ms"] = round(statistics.median(win) * 1e3, 3)
-        if base:
-            cost["before_ms"] = round(statistics.median(base) * 1e3, 3)
-        if win and base and cost["before_ms"] > 0:
-            cost["ratio"] = round(cost["window_ms"] / cost["before_ms"], 3)
+        cost.update(measure(self.owner.store.query, t0, t1))
         return cost
 
     def describe(self, stacks: bool = True) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
 import sys
 import threading
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 from ..clock import StepClock
 from ..errors import ConflictError, NotFoundError
-from ..store.catalog import shipped_sql
+from ..step_cost import compare, describe_cost, steps_before
 from .flame import FlameSession
 from .window import ProfileWindow
 
@@ -34,8 +33,6 @@ log = logging.getLogger(__name__)
 #: Trace files kept on disk per rank (the newest); finished windows kept in memory.
 KEEP_TRACES = 3
 KEEP_WINDOWS = 20
-#: Steps before a window whose median is the cost baseline.
-BASELINE_STEPS = 20
 
 
 
@@ -160,21 +157,7 @@ class Profiling:
     # -- cost ---------------------------------------------------------------------------------
     def step_cost(self, window_s: list[float], before_step: int) -> dict[str, Any]:
         """Median step time in a window over the median of the steps before ``before_step``."""
-        before: list[float] = []
-        try:
-            res = self.store.query(shipped_sql("step_times_before"), params={
-                "step": before_step, "until": time.time(), "last": BASELINE_STEPS})
-            before = [float(r[0]) for r in res.rows]
-        except Exception as e:  # the measure is a courtesy; a store problem must not fail it
-            log.info("probe agent: no baseline for the cost of a profile: %s", e)
-        cost: dict[str, Any] = {"window_steps": len(window_s), "before_steps": len(before)}
-        if window_s:
-            cost["window_ms"] = round(statistics.median(window_s) * 1e3, 3)
-        if before:
-            cost["before_ms"] = round(statistics.median(before) * 1e3, 3)
-        if window_s and before and cost["before_ms"] > 0:
-            cost["ratio"] = round(cost["window_ms"] / cost["before_ms"], 3)
-        return cost
+        return compare(window_s, steps_before(self.store.query, time.time(), before_step))
 
     # -- flame sessions -----------------------------------------------------------------------
     def start_flame(self, flame_id: str, seconds: float, rate: float, client: str,
@@ -214,12 +197,3 @@ class Profiling:
             log.warning("probe agent: could not audit %s %s: %s", kind, action_id, e)
 
 
-def describe_cost(cost: dict[str, Any]) -> str:
-    """``step time x1.84 (46.1 ms vs 25.0 ms before, 3 vs 20 steps)``, or what is missing."""
-    if "ratio" in cost:
-        return (f"step time x{cost['ratio']:.2f} ({cost['window_ms']:.1f} ms vs "
-                f"{cost['before_ms']:.1f} ms before, {cost['window_steps']} vs "
-                f"{cost['before_steps']} steps)")
-    if "window_ms" in cost:
-        return f"step time {cost['window_ms']:.1f} ms (no earlier steps to compare with)"
-    return "no step finished in the window"

@@ -22,7 +22,18 @@ from probe_protocol.envelope import error_body
 from ..access import SCOPE_KEYS, header_map, reserve_refusal
 from ..errors import ProbeAgentError
 from .._version import __version__
-from .routes import access, actions, cluster, core, doctor, memory, metrics, profile, trace
+from .routes import (
+    access,
+    actions,
+    cluster,
+    core,
+    doctor,
+    evals,
+    memory,
+    metrics,
+    profile,
+    trace,
+)
 
 if TYPE_CHECKING:
     from .parts import AgentParts
@@ -34,7 +45,7 @@ log = logging.getLogger(__name__)
 _UNBUDGETED = frozenset({routes.HEALTH.path, routes.STEP.path, routes.BACKTRACE.path})
 
 #: Feature routers, in the order they are mounted. Each module exposes ``router``.
-ROUTERS = (core, trace, cluster, actions, doctor, access, profile, metrics,
+ROUTERS = (core, trace, cluster, actions, evals, doctor, access, profile, metrics,
            memory)
 
 

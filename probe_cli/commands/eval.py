@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
+
 import click
 
 from ..outcome import Outcome, finish
-from ..render.text import render_eval, render_eval_failures
+from ..render.text import render_eval, render_eval_cancelled, render_eval_failures
 from ..transport.client import ProbeClient
 from ..transport.fanout import run_on_ranks
 from ..transport.session import Session
@@ -14,15 +16,19 @@ from ._step_options import at_step_or_now_option, check_exclusive, wait_option
 
 
 @click.command("eval")
-@click.argument("code")
+@click.argument("code", required=False)
 @at_step_or_now_option
 @click.option("--next-step", is_flag=True,
               help="Run on the training thread right after the next optimizer step, the same "
                    "step on every rank (the smallest step no rank has passed yet).")
 @wait_option
+@click.option("--cancel", "cancel_id", metavar="ID",
+              help="Cancel eval ID (named when an eval outlived PROBE_EVAL_TIMEOUT_S) on every "
+                   "rank: each further line it runs raises, even inside `try: ... except: "
+                   "pass`. A step-boundary eval is cancelled with `probe actions cancel ID`.")
 @pass_session
-def command(session: Session, code: str, at_step: int | None, next_step: bool,
-            wait_s: float) -> Outcome:
+def command(session: Session, code: str | None, at_step: int | None, next_step: bool,
+            wait_s: float, cancel_id: str | None) -> Outcome:
     """Run CODE in every rank and print what it printed plus the repr of a trailing
     expression. CODE `-` reads the code from stdin.
 
@@ -32,6 +38,13 @@ def command(session: Session, code: str, at_step: int | None, next_step: bool,
     Ranks with identical output are shown once under their rank list. A rank whose code raised
     prints its traceback on stderr; the exit code is then 1 (all raised) or 3 (some did).
     """
+    if cancel_id is not None:
+        if code is not None or at_step is not None or next_step:
+            raise click.UsageError("--cancel ID takes no CODE, --at-step or --next-step")
+        results = run_on_ranks(session, ProbeClient.cancel_eval, cancel_id)
+        return finish(session, results, lambda ok: render_eval_cancelled(ok, session.colour))
+    if code is None:
+        raise click.UsageError("give the CODE to run (or --cancel ID)")
     if code == "-":
         code = click.get_text_stream("stdin").read()
     check_exclusive(at_step, next_step)
@@ -39,7 +52,8 @@ def command(session: Session, code: str, at_step: int | None, next_step: bool,
         from ._step_eval import step_eval
 
         return step_eval(session, code, at_step, wait_s)
-    results = run_on_ranks(session, ProbeClient.eval, code)
+    # One id on every rank: a runaway eval is then cancelled everywhere with the id it names.
+    results = run_on_ranks(session, ProbeClient.eval, code, uuid.uuid4().hex[:8])
     return finish(
         session,
         results,

@@ -11,11 +11,11 @@ import csv
 import io
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from probe_protocol.bodies import EvalBody, InfoBody
+from probe_protocol.bodies import EvalBody, EvalJobBody, InfoBody
 from probe_protocol.envelope import Envelope
 from probe_protocol.query import QueryBody
 
@@ -295,3 +295,26 @@ def render_eval_failures(
         tb = ev.traceback or ev.error or ""
         out += tb.rstrip("\n").splitlines()
     return out
+
+
+def render_eval_cancelled(results: Sequence[RankResult], colour: bool = False) -> list[str]:
+    """``probe eval --cancel ID``: per rank, whether the eval stopped, and if it did not, what
+    it costs the training steps meanwhile."""
+    rows = []
+    for r in results:
+        ev = EvalJobBody.from_wire(r.data)
+        what = ("still running (blocked in a C call; it stops when that returns)"
+                if ev.still_running else ev.eval.get("state"))
+        rows.append([r.rank, ev.eval.get("id"), what, describe_step_cost(ev.cost)])
+    return format_table(["rank", "eval", "state", "step time while it ran"], rows,
+                        colour=colour)
+
+
+def describe_step_cost(cost: Mapping[str, Any]) -> str:
+    """``x1.84 (46.1 ms vs 25.0 ms before)``, or what is missing."""
+    if "ratio" in cost:
+        return (f"x{cost['ratio']:.2f} ({cost['window_ms']:.1f} ms vs {cost['before_ms']:.1f} "
+                "ms before)")
+    if "window_ms" in cost:
+        return f"{cost['window_ms']:.1f} ms (no earlier steps)"
+    return "-"

@@ -148,8 +148,13 @@ class ProbeClient:
     def queries(self) -> dict[str, Any]:
         return self._json(routes.QUERIES)
 
-    def eval(self, code: str) -> dict[str, Any]:
-        return self._json(routes.EVAL, json=EvalRequest(code).to_wire())
+    def eval(self, code: str, eval_id: str | None = None) -> dict[str, Any]:
+        return self._json(routes.EVAL, json=EvalRequest(code, eval_id).to_wire())
+
+    def cancel_eval(self, eval_id: str) -> dict[str, Any]:
+        """Cancel a running eval; answers once it stopped, or after about a second with
+        ``still_running``."""
+        return self._json(routes.CANCEL_EVAL, eval_id=eval_id)
 
     def backtrace(
         self, *, locals: bool = False, native: bool = False, all: bool = False,

@@ -72,6 +72,18 @@ def test_lr_scale_changes_both_ranks_at_one_step_and_survives_schedulers(
     args = ("--log-dir", str(log_dir), "--two-opts", "--opt", "sgd")
     with training_job(tmp_path, PROGRAM, args, nproc=2, timeout=150) as (proc, infos):
         t = targets(infos)
+        # GIVEN an immediate eval that calls a collective (rank 1 died of SIGABRT and torchrun
+        # tore the job down)
+        coll = ("import torch\nprobe_c = torch.ones(1)\n"
+                "torch.distributed.all_reduce(probe_c)\nprobe_c.item()")
+        refused = cli(capsys, "-t", t, "eval", coll)
+        # THEN it is refused on every rank, with the form to use instead
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "CollectiveInEvalError" in refused.stderr, refused.stderr
+        assert "probe eval --next-step" in refused.stderr, refused.stderr
+        # AND that form runs it on every rank at one step
+        ran = cli(capsys, "-t", t, "eval", "--next-step", coll)
+        assert ran.returncode == 0 and "2.0" in ran.stdout, ran.stdout + ran.stderr
         # GIVEN a queued action whose code raises
         boom = probe("-t", t, "eval", "--next-step", "raise ValueError('boom at %d' % probe_step)",
                      timeout=120)

@@ -108,7 +108,7 @@ def _describe(body: ActionRequest) -> str:
     return body.kind
 
 
-def _require_eval_rights(request: Request, what: str) -> None:
+def require_eval_rights(request: Request, what: str) -> None:
     agent = _agent(request)
     if _client(request) != "unix" and not agent.config.eval_allowed:
         raise ForbiddenError(
@@ -140,7 +140,7 @@ async def list_actions(request: Request) -> dict[str, Any]:
 @router.post(routes.SUBMIT_ACTION.path)
 async def submit(request: Request, body: ActionRequest) -> dict[str, Any]:
     agent = _agent(request)
-    _require_eval_rights(request, f"{body.kind} action")
+    require_eval_rights(request, f"{body.kind} action")
     args = {k: v for k, v in (("scale", body.scale), ("set", body.set), ("path", body.path),
                               ("model", body.model)) if v is not None}
     for flag in ("force", "overwrite"):
@@ -184,6 +184,6 @@ async def cancel(request: Request, action_id: str) -> dict[str, Any]:
 async def resume(request: Request, body: ResumeRequest) -> dict[str, Any]:
     """Release a paused training thread now (and cancel pauses not reached yet)."""
     agent = _agent(request)
-    _require_eval_rights(request, "resume")
+    require_eval_rights(request, "resume")
     return ResumeBody(agent.rank, **agent.actions.resume(_client(request),
                                                           body.requested_by)).to_wire()

@@ -34,6 +34,9 @@ class QueryRequest(BaseModel):
 
 class EvalRequest(BaseModel):
     code: str = Field(description="Python source; the repr of a trailing expression is returned")
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                           description="The eval's job id (the CLI sends the same one to every "
+                           "rank); default E1, E2…")
 
 
 def _streamed(parts: list[bytes], media_type: str, headers: dict[str, str]) -> Response:
@@ -139,8 +142,9 @@ async def eval_code(request: Request) -> dict[str, Any]:
             "--token to probe, or bind PROBE_HOST=127.0.0.1"
         )
     loop = asyncio.get_running_loop()
-    out = await loop.run_in_executor(agent.eval_pool, agent.run_eval, body.code, client)
-    return EvalBody(agent.rank, result=out.result, stdout=out.stdout, stderr=out.stderr,
+    out = await loop.run_in_executor(agent.eval_pool, agent.run_eval, body.code, client,
+                                     body.id)
+    return EvalBody(agent.rank, id=out.job.id if out.job else None, result=out.result, stdout=out.stdout, stderr=out.stderr,
                     elapsed_ms=round(out.elapsed_ms, 3)).to_wire()
 
 
