@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..clock import StepClock
     from ..collectors.registry import Collectors
     from ..config import AgentConfig
+    from ..evaluator import Evaluator
     from ..profiling.sessions import Profiling
     from ..ranks import Identity
     from ..store.store import Store
@@ -29,6 +30,7 @@ class AgentParts(Protocol):
     store: Store
     stepclock: StepClock
     actions: ActionQueue
+    evaluator: Evaluator
     collectors: Collectors
     profiling: Profiling
     gate: Gate
@@ -46,8 +48,9 @@ class AgentParts(Protocol):
     def known_ranks(self) -> list[dict[str, Any]]:
         """Every rank this agent knows, itself included, by rank."""
 
-    def run_eval(self, code: str, client: str) -> Any:
-        """Run operator code (``/v1/eval``); audited; raises EvalError on failure."""
+    def run_eval(self, code: str, client: str, eval_id: str | None = None) -> Any:
+        """Run operator code (``/v1/eval``) as eval ``eval_id``; audited; raises EvalError on
+        failure."""
 
     def audit(self, client: str, code: str, outcome: str, error: str | None, ms: float,
               **action: Any) -> None:
