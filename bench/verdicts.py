@@ -118,6 +118,8 @@ class Outcome:
     headline: str
     right: bool | None = None  # None: not scored for this scenario
     body: dict[str, Any] = field(default_factory=dict)
+    #: the same command's human output: its exit code (a crash is 1 with a traceback)
+    text_exit: int | None = None
 
 
 def probe(target: str, *args: str, timeout: float = 90) -> tuple[int | None, dict[str, Any], str]:
@@ -162,6 +164,8 @@ def score(sc: Scenario, o: Outcome) -> None:
         ok = False  # the right verdict on the wrong rank is wrong
     if o.command == "doctor" and not want:
         ok = ok and o.exit == 0  # healthy: exit 0, nothing above info
+    if o.text_exit not in (0, 3, 4):
+        ok = False  # the human output crashed (or timed out) where the JSON answered
     if o.command == "doctor" and sc.forbid_next:
         ok = ok and not any(sc.forbid_next in (f.get("next") or "")
                             for f in o.body.get("findings", []))
@@ -215,6 +219,9 @@ def run(sc: Scenario, work: Path, lib: str | None, repeat: int = 0) -> list[Outc
         for command in COMMANDS:
             if command not in outcomes:
                 outcomes[command] = read(command, *probe(target, "--json", command))
+            # the text rendering too: `probe straggler` crashed there while --json was right
+            code, _, text = probe(target, command)
+            outcomes[command].text_exit = None if "Traceback" in text else code
         code, _, text = probe(target, "--csv", "memory")
         mem = Outcome("memory", code, frozenset(), [], memory_summary(text))
         for o in outcomes.values():

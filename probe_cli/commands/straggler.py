@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import click
 
+from probe_protocol.query import QueryBody
+
 from ..gather.evidence import straggler_evidence, straggler_verdict
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import render_straggler, straggler_json
