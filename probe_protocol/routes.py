@@ -68,6 +68,8 @@ PROFILE_TRACE = _r("GET", "/profile/{profile_id}/trace", "the window's Chrome tr
 START_FLAME = _r("POST", "/flame", "start sampling this rank's Python stacks")
 FLAME = _r("GET", "/flame/{flame_id}", "a flame session; ?wait= long-polls")
 MEMORY_TENSORS = _r("GET", "/memory/tensors", "live tensors by device, dtype and shape")
+MEMORY_SNAPSHOT = _r("POST", "/memory/snapshot",
+                     "the CUDA allocator's history over the next N steps (memory_viz pickle)")
 METRICS = _r("GET", "/metrics", "Prometheus text exposition of this rank's live numbers")
 ACCESS_REFUSALS = _r("POST", "/access/refusals",
                      "the watchdog reports the requests it refused (private socket only)")
@@ -76,7 +78,8 @@ ACCESS_REFUSALS = _r("POST", "/access/refusals",
 ROUTES: tuple[Route, ...] = (
     HEALTH, INFO, RANKS, QUERY, EVAL, EVALS, EVAL_JOB, CANCEL_EVAL, BACKTRACE, COLLECTIVES, QUERIES, CANNED_QUERY, TRACE,
     SET_TRACE, DOCTOR, DOCTOR_GRADS, STEP, ACTIONS, SUBMIT_ACTION, ACTION, CANCEL_ACTION, RESUME,
-    PROFILE, PROFILE_TRACE, START_FLAME, FLAME, MEMORY_TENSORS, METRICS, ACCESS_REFUSALS,
+    PROFILE, PROFILE_TRACE, START_FLAME, FLAME, MEMORY_TENSORS, MEMORY_SNAPSHOT, METRICS,
+    ACCESS_REFUSALS,
 )
 
 #: The Arrow IPC stream media type a query answers in when the request accepts it.

@@ -111,6 +111,11 @@ class RunFiles:
         return self._p(".term")
 
     @property
+    def oom(self) -> str:
+        """A CUDA out-of-memory the agent's observer caught (JSON; the rank usually dies of it)."""
+        return self._p(".oom.json")
+
+    @property
     def exit_record(self) -> str:
         """What the agent saw at interpreter exit (an uncaught exception, or a plain exit)."""
         return self._p(".exit.json")

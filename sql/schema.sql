@@ -250,6 +250,47 @@ ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS params_fp32_mib DOUBLE;
 ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS sharded BOOLEAN;
 ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS capacity_mib DOUBLE;
 
+-- python.ooms: one row per CUDA out-of-memory the allocator raised, recorded by its OOM observer
+-- (probe_agent/collectors/oom.py) inside the failing allocation, on the thread that asked.
+-- Also written to <run_dir>/<pid>.oom.json, which the watchdog adds to the dead rank's exit.
+--   step: the step being computed (the last finished + 1). MiB throughout:
+--   request_mib: the allocation that failed; device_allocated_mib, device_free_mib: what the
+--     allocator told its observers (its bytes on the device, the device's free bytes);
+--   capacity_mib: the device's total; allocated_mib, reserved_mib, active_mib,
+--   inactive_split_mib: memory_stats() at that moment;
+--   largest_free_block_mib: the largest inactive block in the allocator's cache;
+--   fragmented: reserved - allocated would hold the request, yet no free block is as large
+--     (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the lever);
+--   ooms, alloc_retries: the allocator's counts so far;
+--   params_mib .. activations_mib: the last traced step's memory by kind (python.memory);
+--   stack: the Python stack of the failing call, one 'file:line func' a line, innermost last;
+--   snapshot: the allocator-history pickle written beside it when `probe memory --snapshot`
+--     was recording (pytorch.org/memory_viz opens it), else NULL.
+CREATE TABLE IF NOT EXISTS python.ooms (
+    timestamp              DOUBLE  NOT NULL,
+    rank                   INTEGER NOT NULL,
+    step                   BIGINT  NOT NULL,
+    device                 VARCHAR,
+    request_mib            DOUBLE,
+    device_allocated_mib   DOUBLE,
+    device_free_mib        DOUBLE,
+    capacity_mib           DOUBLE,
+    allocated_mib          DOUBLE,
+    reserved_mib           DOUBLE,
+    active_mib             DOUBLE,
+    inactive_split_mib     DOUBLE,
+    largest_free_block_mib DOUBLE,
+    fragmented             BOOLEAN,
+    ooms                   BIGINT,
+    alloc_retries          BIGINT,
+    params_mib             DOUBLE,
+    grads_mib              DOUBLE,
+    optimizer_mib          DOUBLE,
+    activations_mib        DOUBLE,
+    stack                  VARCHAR,
+    snapshot               VARCHAR
+);
+
 -- python.job_memory: the job's own memory, one definition that `probe memory`, `probe doctor`,
 -- the dashboard and GET /v1/metrics all read. host_mib: the RSS minus the agent's share
 -- (agent_mib) and minus the free bytes malloc keeps (heap_free_mib: fragmentation, not use; a

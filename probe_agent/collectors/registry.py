@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..config import AgentConfig
     from ..ranks import RankRegistry
     from .collectives import CollectiveRecorder
+    from .oom import OomRecorder
     from .stacks import BacktraceTables
     from .steps import StepRecorder
     from .tracer.tracer import TorchTracer
@@ -39,7 +40,8 @@ class Collectors:
     ranks: RankRegistry | None = None  # issue 4: rank discovery through the job's c10d store
     collectives: CollectiveRecorder | None = None  # issue 4: python.collectives
     steps: StepRecorder | None = None  # issue 3: python.steps, memory, metrics
-    tracer: TorchTracer | None = None  # issue 3: python.torch_trace
+    tracer: TorchTracer | None = None
+    oom: OomRecorder | None = None  # python.ooms: a CUDA OOM caught in the act  # issue 3: python.torch_trace
     trainloop: LoopMonitor | None = None  # issue 7: python.step_stats, the doctor's loop state
     stacks: BacktraceTables | None = None  # issue 17: python.backtrace(_all) by thread
 
@@ -77,16 +79,20 @@ def build_collectors(clock: StepClock, rank: int, config: AgentConfig,
     # and duckdb, which must stay off `import probe_agent`.
     from .collectives import CollectiveRecorder
     from .stacks import BacktraceTables
+    from .oom import OomRecorder
     from .steps import StepRecorder
     from .tracer.tracer import TorchTracer
     from .trainloop import LoopMonitor
 
     tracer = _build("tracer", lambda: TorchTracer(clock, rank, config))
+    steps = _build("steps", lambda: StepRecorder(clock, rank, tracer))
+    kinds = steps.last_kinds if steps is not None else dict
     return Collectors(
         ranks=_build("ranks", ranks),  # ranks.py
         collectives=_build("collectives", lambda: CollectiveRecorder(rank)),
-        steps=_build("steps", lambda: StepRecorder(clock, rank, tracer)),
+        steps=steps,
         tracer=tracer,
+        oom=_build("oom", lambda: OomRecorder(clock, rank, config.run_dir, kinds)),
         trainloop=_build("trainloop", lambda: LoopMonitor(clock, rank)),
         stacks=_build("stacks", lambda: BacktraceTables(clock, rank)),
     )

@@ -82,6 +82,7 @@ class StepRecorder:
         # The agent's own memory, read by the training thread as one tuple (atomic swap).
         self._agent: tuple[float | None, int | None, float | None] = (None, None, None)
         self._capacity: dict[int, float] = {}  # MiB of each CUDA device
+        self._last_kinds: tuple[Any, ...] | None = None  # of the last traced step
         self._agent_at = 0.0
         self._agent_cursor: Any = None
 
@@ -158,6 +159,8 @@ class StepRecorder:
         rss = self.rss_mib()
         torch = sys.modules.get("torch")
         kinds = self._kinds(torch, optimizer) if traced else _NO_KINDS
+        if kinds[0] is not None:
+            self._last_kinds = kinds
         cuda = getattr(torch, "cuda", None)
         if cuda is not None and cuda.is_initialized():
             dev = cuda.current_device()
@@ -177,6 +180,13 @@ class StepRecorder:
                    *kinds, None)
         if len(self.memory) < BUFFER:
             self.memory.append(row)
+
+    def last_kinds(self) -> dict[str, Any]:
+        """The last traced step's memory by kind (MiB; empty before one), for the OOM record."""
+        k = self._last_kinds
+        if k is None:
+            return {}
+        return dict(zip(("params_mib", "grads_mib", "optimizer_mib", "activations_mib"), k))
 
     def _kinds(self, torch: Any, optimizer: Any) -> tuple[Any, ...]:
         """Parameters, gradients, optimizer state and activations (MiB) of a traced step."""

@@ -93,6 +93,13 @@ def describe_exit(e: dict[str, Any]) -> str:
         text += f" after an uncaught {e['exception']}"
     if e.get("oom_killer"):
         text += "; the OOM killer killed a process in its cgroup"
+    oom = e.get("cuda_oom")
+    if oom:
+        text += (f"; CUDA out of memory at step {oom.get('step')} on {oom.get('device')}: "
+                 f"{oom.get('request_mib', 0):.1f} MiB asked, largest free block "
+                 f"{oom.get('largest_free_block_mib', 0):.1f} MiB, reserved "
+                 f"{oom.get('reserved_mib', 0):.0f} of {oom.get('capacity_mib', 0):.0f} MiB"
+                 + (" (fragmented)" if oom.get("fragmented") else ""))
     return text
 
 
@@ -182,6 +189,14 @@ class RankWatch:
         except OSError:
             return ""
 
+    def _read_json(self, path: str) -> dict[str, Any]:
+        try:
+            with open(path) as f:
+                rec = json.load(f)
+            return rec if isinstance(rec, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
     def _exit_record(self) -> dict[str, Any]:
         try:
             with open(self.files.exit_record) as f:
@@ -212,6 +227,9 @@ class RankWatch:
             e.update(signal=int(signal.SIGKILL), source="inferred", inferred=True)
         if e["signal"]:
             e["signal_name"] = signal_name(e["signal"])
+        oom = self._read_json(self.files.oom)
+        if oom:  # the agent's OOM observer left the moment (collectors/oom.py)
+            e["cuda_oom"] = oom
         if record.get("exception"):
             e["exception"] = record["exception"]
         oom_after = _oom_kills_from_path(self.files) if self.oom_before is not None else None

@@ -46,9 +46,18 @@ from ._window import last_option
                    "how each group's count changed since the previous --tensors call.")
 @click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
               help="With --tensors: groups shown per rank, largest first.")
+@click.option("--snapshot", is_flag=True,
+              help="CUDA: record the allocator's history (every alloc and free, with stacks) "
+                   "over the next --for steps and write it with -o, one file per rank "
+                   "(FILE.rankN.pickle when several answer); pytorch.org/memory_viz opens it.")
+@click.option("--for", "for_steps", type=click.IntRange(min=1, max=1000), default=1,
+              show_default=True, help="With --snapshot: steps to record.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="With --snapshot: the file to write (required).")
 @pass_session
 def command(session: Session, last: int | None, by_module: bool, limit: int,
-            warmup: int, advice: bool, tensors: bool, top: int) -> Outcome:
+            warmup: int, advice: bool, tensors: bool, top: int, snapshot: bool,
+            for_steps: int, output: str | None) -> Outcome:
     """Where each rank's memory goes, then its growth per step.
 
     Breakdown (from the traced steps; `probe trace every 10` traces one step in ten): parameters,
@@ -72,6 +81,12 @@ def command(session: Session, last: int | None, by_module: bool, limit: int,
     first (lever: checkpoint, micro_batch, shard_optimizer, bf16, expandable_segments).
     --csv: the growth table.
     """
+    if snapshot:
+        if not output:
+            raise click.UsageError("--snapshot needs -o FILE (where to write the pickle)")
+        from ._memory_snapshot import snapshot_outcome
+
+        return snapshot_outcome(session, for_steps, output)
     if tensors:
         from ._memory_tensors import tensors_outcome
 

@@ -184,6 +184,20 @@ class ProbeClient:
     def memory_tensors(self, top: int) -> dict[str, Any]:
         return self._json(routes.MEMORY_TENSORS, params={"top": top})
 
+    def memory_snapshot(self, steps: int, dest: str, *, wait: float = 60.0) -> dict[str, Any]:
+        """Record the CUDA allocator's history for ``steps`` steps into the file ``dest``;
+        returns ``{"ok", "rank", "path", "bytes", "steps"}``."""
+        timeout = httpx.Timeout(self.timeout, read=wait + self.timeout)
+        resp = self._send(routes.MEMORY_SNAPSHOT, params={"steps": steps, "wait": wait},
+                          timeout=timeout)
+        if not resp.headers.get("content-type", "").startswith("application/octet-stream"):
+            raise self._protocol_error(resp, "a snapshot pickle")
+        with open(dest, "wb") as f:
+            f.write(resp.content)
+        rank = ArrowBody.from_headers(resp.headers, b"").rank
+        return {"ok": True, "rank": rank, "path": dest, "bytes": len(resp.content),
+                "steps": resp.headers.get("x-probe-steps")}
+
     def doctor_grads(self, wait: float) -> dict[str, Any]:
         return self._json(routes.DOCTOR_GRADS, params={"wait": wait})
 

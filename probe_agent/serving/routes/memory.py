@@ -1,6 +1,8 @@
 """Memory routes: ``GET /v1/memory/tensors?top=N``, the live tensors grouped by device, dtype
-and shape (collectors/tensors.py), with each group's change in count since the previous call.
-Runs on the query pool; holds the GIL for one pass over the GC's objects."""
+and shape (collectors/tensors.py), with each group's change in count since the previous call
+(on the query pool; holds the GIL for one pass over the GC's objects); and
+``POST /v1/memory/snapshot?steps=N&wait=S``, the CUDA allocator's history over the next N steps
+as the pickle pytorch.org/memory_viz opens (collectors/cuda_history.py; 409 without CUDA)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,15 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
 
 from probe_protocol import routes
 from probe_protocol.bodies import TensorsBody
+from probe_protocol.query import RANK_HEADER
 
+from ...collectors.cuda_history import HistoryWindow, NoCudaError
 from ...collectors.tensors import TensorCensus
+from ...errors import ConflictError
 from ...jsonsafe import jsonable
 
 router = APIRouter()
@@ -49,3 +55,34 @@ async def tensors(
     body = await asyncio.get_running_loop().run_in_executor(agent.query_pool, _take, agent,
                                                             census, top)
     return jsonable(TensorsBody(agent.rank, **body).to_wire())
+
+
+def _window(request: Request) -> HistoryWindow:
+    state = request.app.state
+    window = getattr(state, "history", None)
+    if window is None:
+        agent = state.agent
+        window = state.history = HistoryWindow(agent.stepclock, agent.collectors.oom)
+    return window
+
+
+@router.post(routes.MEMORY_SNAPSHOT.path)
+async def snapshot(
+    request: Request,
+    steps: int = Query(1, ge=1, le=1000, description="steps to record"),
+    wait: float = Query(60.0, gt=0, le=600, description="seconds to wait for them at most"),
+) -> Response:
+    """Record the allocator's history for ``steps`` steps and answer the snapshot pickle
+    (``application/octet-stream``; headers: the rank, ``X-Probe-Steps: first-last``)."""
+    agent = request.app.state.agent
+    window = _window(request)
+    try:
+        # the default executor: the query pool must not wait out a window of steps
+        data, first, last = await asyncio.get_running_loop().run_in_executor(
+            None, window.record, steps, wait)
+    except NoCudaError as e:
+        raise ConflictError(str(e)) from None
+    except RuntimeError as e:
+        raise ConflictError(str(e)) from None
+    return Response(data, media_type="application/octet-stream",
+                    headers={RANK_HEADER: str(agent.rank), "X-Probe-Steps": f"{first}-{last}"})

@@ -1,0 +1,41 @@
+"""`probe memory --snapshot [--for N] -o snap.pickle`: the CUDA allocator's history over the next
+N steps of every rank, one pickle per rank that pytorch.org/memory_viz opens."""
+
+from __future__ import annotations
+
+import os
+
+from ..outcome import Outcome, finish
+from ..result import RankResult
+from ..transport.client import ProbeClient
+from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.session import Session
+
+
+def rank_path(dest: str, rank: int | None, many: bool) -> str:
+    """``snap.pickle`` -> ``snap.rank3.pickle`` when several ranks answer."""
+    if not many:
+        return dest
+    stem, ext = os.path.splitext(dest)
+    return f"{stem}.rank{rank if rank is not None else 'X'}{ext or '.pickle'}"
+
+
+def snapshot_outcome(session: Session, steps: int, dest: str) -> Outcome:
+    targets = resolve_ranks(session)
+    many = len(targets) > 1
+    wait = max(60.0, 10.0 * steps)
+
+    def call(client: ProbeClient, target: RankTarget) -> dict[str, object]:
+        return client.memory_snapshot(steps, rank_path(dest, target.rank, many), wait=wait)
+
+    results = fan_out(session, targets, call)
+    return finish(session, results, _render)
+
+
+def _render(ok: list[RankResult]) -> list[str]:
+    lines = []
+    for r in ok:
+        d = r.data or {}
+        lines.append(f"rank {r.rank}: {d.get('path')} ({d.get('bytes')} bytes, steps "
+                     f"{d.get('steps')}): open it at https://pytorch.org/memory_viz")
+    return lines
