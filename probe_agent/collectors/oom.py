@@ -147,10 +147,14 @@ class OomRecorder:
             rec["step"] = self.stepclock.current_step + 1 if self.stepclock.seen_step else 0
             rec["snapshot"] = self._dump_history(torch)
             self._write_file(rec)
-            with self._lock:
-                self.rows.append(rec)
+            self.add(rec)
         except Exception as e:  # noqa: BLE001 - inside the allocator: never raise into it
             self.guard.failed(e)
+
+    def add(self, rec: dict[str, Any]) -> None:
+        """Queue one record (``oom_record``'s keys, plus rank, step, snapshot) for the table."""
+        with self._lock:
+            self.rows.append(rec)
 
     def _dump_history(self, torch: Any) -> str | None:
         if not self.recording_history:

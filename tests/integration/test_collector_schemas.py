@@ -54,6 +54,15 @@ def test_every_tables_batches_match_its_ddl(make_agent, produced):
     probe_agent.log(loss=1.5)
     # WHEN an eval is audited and every table is read (materialised tables are built then)
     agent.run_eval("1 + 1", "test")
+    # python.ooms is written when the CUDA allocator runs out; on CPU, a record with the keys
+    # its observer fills (collectors/oom.py) goes through the same flush
+    agent.collectors.oom.add({
+        "timestamp": 1.0, "rank": 0, "step": 3, "device": "cuda:0", "request_mib": 512.0,
+        "device_allocated_mib": 1.0, "device_free_mib": 2.0, "capacity_mib": 3.0,
+        "allocated_mib": 4.0, "reserved_mib": 5.0, "active_mib": 4.0, "inactive_split_mib": 1.0,
+        "largest_free_block_mib": 0.5, "fragmented": True, "ooms": 1, "alloc_retries": 2,
+        "params_mib": 1.0, "grads_mib": 1.0, "optimizer_mib": 2.0, "activations_mib": None,
+        "stack": ["train.py:10 main"], "snapshot": None})
     ddl = ddl_schemas()
     for table in ddl:
         rows(agent, f"SELECT * FROM {table}")
