@@ -112,9 +112,33 @@ def test_docker_scrape_config_and_grafana_dashboard_match_what_the_agent_serves(
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     assert len(dash["panels"]) >= 10
     names = {re.sub(r"_total$", "", n) for e in exprs for n in re.findall(r"probe_\w+", e)}
-    # CUDA families appear once a job uses CUDA, samples/s once the job's batches are counted
-    later = {n for n in names if n.startswith("probe_cuda_")} | {"probe_samples_per_second"}
+    # CUDA families appear once a job uses CUDA, samples/s once the job's batches are counted,
+    # memory by kind once a step is traced (test_metrics_carry_memory_by_kind)
+    later = {n for n in names if n.startswith("probe_cuda_")} | {"probe_samples_per_second",
+                                                                  "probe_memory_kind_bytes"}
     assert names - later <= served, names - later - served
+
+
+def test_metrics_carry_memory_by_kind(make_agent):
+    # GIVEN an agent tracing every step of an AdamW loop
+    agent = make_agent(trace="on")
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(3):
+        model(torch.randn(8, 64)).sum().backward()
+        opt.step()
+    agent.collectors.steps.flush(final=True)
+    agent.store.flush()
+    # WHEN a scraper asks
+    with httpx.Client(base_url=agent.url, timeout=10.0) as c:
+        fams = _families(c)
+    # THEN one gauge per kind: the parameters' bytes exactly, AdamW's two states twice that
+    got = {s.labels["kind"]: s.value for s in fams["probe_memory_kind_bytes"].samples}
+    p_bytes = sum(p.numel() * 4 for p in model.parameters())
+    assert set(got) == {"parameters", "gradients", "optimizer", "activations", "other"}
+    assert got["parameters"] == pytest.approx(p_bytes) == got["gradients"]
+    assert 2 * p_bytes <= got["optimizer"] <= 2 * p_bytes + 64
+    assert got["activations"] > 0
 
 
 def test_metrics_pass_through_the_watchdog(make_agent):

@@ -40,6 +40,10 @@ _META = {
     "probe_cuda_allocated_bytes": ("gauge", "CUDA memory allocated, per device."),
     "probe_cuda_reserved_bytes": ("gauge", "CUDA memory reserved by the caching allocator."),
     "probe_cuda_peak_allocated_bytes": ("gauge", "CUDA allocated high-water mark."),
+    "probe_memory_kind_bytes": ("gauge", "Memory by kind at the last traced step, per device: "
+                                "parameters, gradients, optimizer (this rank's shard), "
+                                "activations (saved for backward), other (the rest)."),
+    "probe_cuda_capacity_bytes": ("gauge", "The CUDA device's total memory."),
     "probe_collective_wait_seconds": ("gauge", "Age of the oldest collective still pending."),
     "probe_collectives_pending": ("gauge", "Collectives entered and not yet finished."),
     "probe_collective_seconds_total": ("counter", "Time spent in finished collectives."),
@@ -111,6 +115,14 @@ def render(agent: AgentParts) -> str:
                 if not samples["probe_memory_rss_bytes"]:
                     put("probe_memory_rss_bytes", None if d is None else d * mib)
                     put("probe_memory_job_bytes", None if f is None else f * mib)
+        elif kind == "kinds":
+            mib = 2**20
+            for name, v in zip(("parameters", "gradients", "optimizer", "activations", "other"),
+                               (a, b, c, d, e)):
+                put("probe_memory_kind_bytes", None if v is None else v * mib,
+                    {"device": str(device), "kind": name})
+            if f is not None:
+                put("probe_cuda_capacity_bytes", f * mib, {"device": str(device)})
         elif kind == "wait":
             put("probe_collective_wait_seconds", a)
             put("probe_collectives_pending", b)
