@@ -127,6 +127,10 @@ def test_tiles_advance_and_sql_console_returns_rows(tmp_path):
         assert csv.text.splitlines() == ["rank,seven", "0,7", "1,7"]
         # AND the slowest modules' heatmap fills once the doctor round has traced steps
         page.wait_for_selector("#heatmap rect", timeout=30_000)
+        # AND memory by kind is one stacked bar per rank, its parameters drawn
+        page.wait_for_selector('.membar[data-rank="1"]', timeout=30_000)
+        assert page.locator(".membar").count() == 2
+        assert page.locator('.membar[data-rank="0"] .seg[data-kind="parameters"]').count() == 1
         page.screenshot(path=str(tmp_path / "probe-ui-healthy.png"), full_page=True)
         shutil.copy(tmp_path / "probe-ui-healthy.png", "/tmp/probe-ui-healthy.png")
 

@@ -153,6 +153,29 @@ function banners(v) {
   $("leak").textContent = leak ? leak.title : "";
 }
 
+const KINDS = [["parameters", "#4e79a7"], ["gradients", "#f28e2b"], ["optimizer", "#e15759"],
+  ["activations", "#76b7b2"], ["other", "#bab0ac"]];
+
+// One stacked bar per rank (doctor's memory_use finding: the breakdown of every rank), scaled to
+// the largest total (or device capacity, drawn as the bar's frame on CUDA).
+function renderMemKinds(doc) {
+  const f = (doc && doc.findings || []).find((x) => x.check === "memory_use");
+  const bds = ((f && f.detail && f.detail.breakdown) || []).slice().sort((a, b) => a.rank - b.rank);
+  if (!doc) return;
+  if (!bds.length) { $("memkinds").textContent = "no traced step counted yet (memory by kind is taken on traced steps: probe trace every 10)"; return; }
+  const scale = Math.max(...bds.map((b) => Math.max(b.total_mib || 0, b.capacity_mib || 0))) || 1;
+  const mib = (v) => (v >= 1024 ? (v / 1024).toFixed(1) + " GiB" : v >= 1 ? v.toFixed(1) + " MiB" : (v * 1024).toFixed(0) + " KiB");
+  const legend = KINDS.map(([k, c]) => `<span class="kind"><i style="background:${c}"></i>${k}</span>`).join(" ");
+  $("memkinds").innerHTML = `<div class="kinds-legend">${legend}</div>` + bds.map((b) => {
+    const segs = KINDS.map(([k, c]) => { const v = b[k + "_mib"] || 0;
+      return `<span class="seg" data-kind="${k}" style="width:${(100 * v / scale).toFixed(3)}%;background:${c}" title="${k} ${mib(v)}"></span>`; }).join("");
+    const cap = b.capacity_mib ? ` of ${mib(b.capacity_mib)} (${Math.round(100 * (b.used_share || 0))}%)` : "";
+    const top = (b.top_activations || [])[0];
+    const note = top ? ` · top activations: ${esc(top.module)} ${Math.round(100 * (top.share || 0))}%` : "";
+    return `<div class="membar" data-rank="${b.rank}"><span class="who">rank ${b.rank}</span><span class="bar"${b.capacity_mib ? ` style="width:${(100 * b.capacity_mib / scale).toFixed(3)}%"` : ""}>${segs}</span><span class="tot">${mib(b.total_mib || 0)}${cap}${note}</span></div>`;
+  }).join("");
+}
+
 function renderStacks(tiles) {
   const groups = new Map();
   for (const t of tiles) { const key = t.state === "dead" ? "(no answer)" : (t.stack || []).join("\n");
@@ -187,6 +210,7 @@ async function refresh() {
     lineChart("memory", tiles, cuda ? "allocated" : "job_mib", "MiB", (v) => v.toFixed(0) + " MiB", false);
     renderHeatmap(snap.slow, snap.slow_at);
     banners(snap.verdicts || {});
+    renderMemKinds((snap.verdicts || {}).doctor);
     renderStacks(tiles);
   } catch (e) {
     $("summary").textContent = "probe ui is not answering: " + e;
