@@ -48,6 +48,15 @@ class AttnHeavy(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+def steps(model: nn.Module, opt: torch.optim.Optimizer, n: int, batch: Any = None) -> None:
+    """``n`` steps of ``model`` (returning its loss) on one batch, gradients cleared after."""
+    idx, tgt = batch if batch is not None else tokens()
+    for _ in range(n):
+        model(idx, tgt).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
 def tokens(b: int = 16, ctx: int = 128, vocab: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return (torch.randint(0, vocab, (b, ctx), generator=g),

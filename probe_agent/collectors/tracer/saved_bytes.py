@@ -203,20 +203,19 @@ class SavedBytes:
             self.failures += 1
             self.off(f"{type(e).__name__}: {e}")
 
-    def _pack(self, t: Any) -> Any:
+    def _guarded_count(self, t: Any) -> None:
         try:
             self._count(t)
         except Exception as e:  # noqa: BLE001 - inside autograd: never raise into training
             self.failures += 1
             self.off(f"{type(e).__name__}: {e}")
+
+    def _pack(self, t: Any) -> Any:
+        self._guarded_count(t)
         return t.detach()
 
     def _pack_chained(self, t: Any) -> Any:
-        try:
-            self._count(t)
-        except Exception as e:  # noqa: BLE001 - inside autograd: never raise into training
-            self.failures += 1
-            self.off(f"{type(e).__name__}: {e}")
+        self._guarded_count(t)
         return self._prev_pack(t)
 
 

@@ -8,7 +8,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("duckdb")
 
-from tests.integration.memory_support import AttnHeavy, HarnessCounter, tokens  # noqa: E402
+from tests.integration.memory_support import (  # noqa: E402
+    AttnHeavy,
+    HarnessCounter,
+    steps,
+    tokens,
+)
 from tests.integration.tracing_support import rows  # noqa: E402
 
 _MIB = 1 / 2**20
@@ -65,12 +70,8 @@ def test_parameter_gradient_and_optimizer_bytes_are_exact(make_agent):
     torch.manual_seed(0)
     model = AttnHeavy()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    idx, tgt = tokens()
     # WHEN four steps run
-    for _ in range(4):
-        model(idx, tgt).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    steps(model, opt, 4)
     # THEN traced steps have exact counts: AdamW keeps two fp32 states per parameter
     p_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     got = rows(agent, "SELECT step, params_mib, grads_mib, optimizer_mib, activations_mib "
@@ -90,12 +91,8 @@ def test_input_bytes_are_the_calls_tensor_arguments(make_agent):
     agent = make_agent(trace="on")
     model = AttnHeavy()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    idx, tgt = tokens()
     # WHEN three steps run
-    for _ in range(3):
-        model(idx, tgt).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    steps(model, opt, 3)
     # THEN the attention block's input is the (16, 128, 32) float32 residual stream, and the
     # root's is the two int64 token batches
     got = dict(rows(agent, "SELECT module, input_bytes FROM torch_trace WHERE step = 3 AND "

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("duckdb")
 
 from probe_cli.main import main  # noqa: E402
-from tests.integration.memory_support import AttnHeavy, tokens  # noqa: E402
+from tests.integration.memory_support import AttnHeavy, steps  # noqa: E402
 from tests.integration.tracing_support import rows  # noqa: E402
 
 
@@ -29,11 +29,7 @@ def test_breakdown_names_the_attention_block_and_the_levers(make_agent, capsys):
     agent = make_agent(trace="on")
     model = AttnHeavy()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    idx, tgt = tokens()
-    for _ in range(4):
-        model(idx, tgt).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    steps(model, opt, 4)
     rows(agent, "SELECT 1")
     # WHEN probe --json memory runs
     code, out, err = run(capsys, agent, "--json", "memory", "--warmup", "0")
@@ -73,18 +69,18 @@ def test_tensors_name_a_growing_list_and_the_parameters(make_agent, capsys):
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    def steps(n: int) -> None:
+    def train(n: int) -> None:
         for _ in range(n):
             model(torch.randn(4, 8)).sum().backward()
             opt.step()
             leaked.append(torch.randn(256, 256))
 
-    steps(3)
+    train(3)
     code, out, err = run(capsys, agent, "--json", "memory", "--tensors", "--top", "50")
     assert code == 0, err
     [first] = json.loads(out)
     # WHEN three more steps run and the census is taken again
-    steps(3)
+    train(3)
     code, out, err = run(capsys, agent, "--json", "memory", "--tensors", "--top", "50")
     assert code == 0, err
     [second] = json.loads(out)
@@ -105,7 +101,7 @@ def test_tensors_name_a_growing_list_and_the_parameters(make_agent, capsys):
     assert by_kind["optimizer"]["holder"].startswith("AdamW.state[weight].exp_avg")
     assert g2["kind"] == "other"
     # AND the text view shows the growth
-    steps(1)
+    train(1)
     code, out, err = run(capsys, agent, "memory", "--tensors")
     assert code == 0, err
     line = next(ln for ln in out.splitlines() if "(256, 256)" in ln and "other" in ln)
