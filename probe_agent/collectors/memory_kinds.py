@@ -37,6 +37,20 @@ def _sum(tensors: Iterable[Any], seen: set[tuple[int, int]]) -> int:
     return total
 
 
+def trained_params(root: Any, optimizers: Iterable[Any]) -> list[Any]:
+    """The parameters of ``root`` (a module, or None) and of the optimizers' param groups,
+    each once (frozen ones count too: they take memory)."""
+    seen: dict[int, Any] = {}
+    if root is not None and hasattr(root, "parameters"):
+        for p in root.parameters():
+            seen[id(p)] = p
+    for opt in optimizers:
+        for group in getattr(opt, "param_groups", ()) or ():
+            for p in group.get("params", ()):
+                seen[id(p)] = p
+    return list(seen.values())
+
+
 def count_kinds(torch: Any, params: list[Any],
                 optimizers: Iterable[Any]) -> tuple[int, int, int, int, bool]:
     """``(parameter, gradient, optimizer-state, fp32-parameter bytes, sharded)`` of this rank;

@@ -40,8 +40,8 @@ class Collectors:
     ranks: RankRegistry | None = None  # issue 4: rank discovery through the job's c10d store
     collectives: CollectiveRecorder | None = None  # issue 4: python.collectives
     steps: StepRecorder | None = None  # issue 3: python.steps, memory, metrics
-    tracer: TorchTracer | None = None
-    oom: OomRecorder | None = None  # python.ooms: a CUDA OOM caught in the act  # issue 3: python.torch_trace
+    tracer: TorchTracer | None = None  # issue 3: python.torch_trace
+    oom: OomRecorder | None = None  # python.ooms: a CUDA OOM caught in the act
     trainloop: LoopMonitor | None = None  # issue 7: python.step_stats, the doctor's loop state
     stacks: BacktraceTables | None = None  # issue 17: python.backtrace(_all) by thread
 

@@ -275,7 +275,8 @@ class RowResolver:
         is open."""
         if sv_steps:
             con.execute("INSERT INTO sv_steps SELECT unnest($1::BIGINT[])", [sv_steps]).fetchall()
-            con.execute("DELETE FROM sv_steps WHERE step < (SELECT max(step) FROM sv_steps) - 64").fetchall()
+            con.execute("DELETE FROM sv_steps "
+                        "WHERE step < (SELECT max(step) FROM sv_steps) - 64").fetchall()
         if sv:
             con.register("new_sv", pa.table({"r": records(sv, SV_N)}))
             con.execute("INSERT INTO sv SELECT r[1], r[2], r[3] FROM new_sv").fetchall()

@@ -64,6 +64,7 @@ from .trace_columns import (
     OPT_STEP,
     pack_fw,
 )
+from ..memory_kinds import trained_params
 from .saved_bytes import SavedBytes
 from .trace_cuda import CudaRecords
 from .trace_flush import TABLE as _TABLE
@@ -372,16 +373,7 @@ class TorchTracer(CudaRecords, WriterSide):
     def trained_params(self, optimizer: Any = None) -> list[Any]:
         """The parameters of the last root model and of every optimizer seen (training
         thread): what memory_kinds.py counts and the saved-tensor counter leaves out."""
-        seen: dict[int, Any] = {}
-        root = self.root
-        if root is not None and hasattr(root, "parameters"):
-            for p in root.parameters():
-                seen[id(p)] = p
-        for opt in [optimizer, *(self.optimizers or ())]:
-            for group in getattr(opt, "param_groups", ()) or ():
-                for p in group.get("params", ()):
-                    seen[id(p)] = p
-        return list(seen.values())
+        return trained_params(self.root, [optimizer, *(self.optimizers or ())])
 
     def pop_samples(self, step: int) -> int | None:
         """Samples seen by the root calls of traced step ``step`` (their inputs' first
