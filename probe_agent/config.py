@@ -10,7 +10,7 @@ import ipaddress
 import os
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from probe_protocol import runfiles
@@ -228,12 +228,13 @@ class AgentConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> AgentConfig:
-        """Read PROBE_* variables; PROBE_PORT is a base port to which LOCAL_RANK is added."""
+        """Read the PROBE_* variables of ``SETTINGS``; PROBE_PORT is a base port to which
+        LOCAL_RANK is added, and PROBE_TOKEN_FILE names a file holding PROBE_TOKEN."""
         kw: dict[str, object] = {}
-        if "PROBE_HOST" in environ:
-            kw["host"] = environ["PROBE_HOST"]
-        if environ.get("PROBE_ADVERTISE_HOST"):
-            kw["advertise_host"] = environ["PROBE_ADVERTISE_HOST"]
+        for setting in SETTINGS:
+            value = setting.read(environ, setting.var)
+            if value is not _UNSET:
+                kw[setting.field] = value
         base = _int(environ, "PROBE_PORT", DEFAULT_BASE_PORT)
         local_rank = _int(environ, first_set(environ, LOCAL_RANK_VARS), 0)
         kw["port"] = 0 if base == 0 else base + local_rank
@@ -241,56 +242,103 @@ class AgentConfig:
         if token is None and environ.get("PROBE_TOKEN_FILE"):
             token = _read_token_file(environ["PROBE_TOKEN_FILE"])
         kw["token"] = token
-        if environ.get("PROBE_ALLOWED_HOSTS", "").strip():
-            kw["allowed_hosts"] = tuple(
-                h.strip() for h in environ["PROBE_ALLOWED_HOSTS"].split(",") if h.strip())
-        for key, name in (("tls_cert", "PROBE_TLS_CERT"), ("tls_key", "PROBE_TLS_KEY")):
-            if environ.get(name, "").strip():
-                kw[key] = os.path.abspath(environ[name].strip())  # the watchdog has its own cwd
-        if environ.get("PROBE_RUN_DIR"):
-            kw["run_dir"] = environ["PROBE_RUN_DIR"]
-        for key, name in (
-            ("query_timeout_ms", "PROBE_QUERY_TIMEOUT_MS"),
-            ("max_rows", "PROBE_MAX_ROWS"),
-            ("max_result_bytes", "PROBE_MAX_RESULT_BYTES"),
-            ("max_sql_bytes", "PROBE_MAX_SQL_BYTES"),
-            ("max_eval_bytes", "PROBE_MAX_EVAL_BYTES"),
-            ("db_memory_mb", "PROBE_DB_MEMORY_MB"),
-            ("db_threads", "PROBE_DB_THREADS"),
-            ("retention_mb", "PROBE_RETENTION_MB"),
-            ("flush_ms", "PROBE_FLUSH_MS"),
-            ("eval_output_bytes", "PROBE_EVAL_OUTPUT_BYTES"),
-        ):
-            if name in environ:
-                kw[key] = _int(environ, name, 0)
-        if "PROBE_EVAL_TIMEOUT_S" in environ:
-            kw["eval_timeout_s"] = _float(environ, "PROBE_EVAL_TIMEOUT_S")
-        for key, name in (
-            ("watchdog_grace_s", "PROBE_WATCHDOG_GRACE_S"),
-            ("watchdog_snapshot_s", "PROBE_WATCHDOG_SNAPSHOT_S"),
-        ):
-            if name in environ:
-                kw[key] = _float(environ, name)
-        if "PROBE_BACKTRACE_DEADLINE_MS" in environ:
-            kw["backtrace_deadline_ms"] = _int(environ, "PROBE_BACKTRACE_DEADLINE_MS", 1000)
-        if environ.get("PROBE_WATCHDOG_READER"):
-            kw["watchdog_reader"] = environ["PROBE_WATCHDOG_READER"].strip().lower()
-        if "PROBE_SERVE_CPU" in environ:
-            kw["serve_cpu"] = _float(environ, "PROBE_SERVE_CPU")
-        if "PROBE_ACTION_TIMEOUT_S" in environ:
-            kw["action_timeout_s"] = _float(environ, "PROBE_ACTION_TIMEOUT_S")
-        if "PROBE_TRACE" in environ:
-            kw["trace"] = environ["PROBE_TRACE"].strip().lower()
-        if environ.get("PROBE_TRACE_NATIVE"):
-            kw["trace_native"] = environ["PROBE_TRACE_NATIVE"].strip().lower()
-        for key, name in (
-            ("unix_socket", "PROBE_UNIX_SOCKET"),
-            ("tcp", "PROBE_TCP"),
-            ("watchdog", "PROBE_WATCHDOG"),
-        ):
-            if name in environ:
-                kw[key] = _bool(environ, name)
         return cls(**kw)  # type: ignore[arg-type]
+
+
+# -- the settings table ------------------------------------------------------------------------
+# One row per PROBE_* variable: the field of AgentConfig it sets and how it is read (each field's
+# docstring above says what it means). tests/unit/test_docs.py holds README's settings table to
+# this one, datasette SETTINGS-style.
+
+_UNSET = object()
+
+
+def _given(environ: Mapping[str, str], name: str) -> object:
+    """The value as given, when the variable is set at all (even empty)."""
+    return environ[name] if name in environ else _UNSET
+
+
+def _nonempty(environ: Mapping[str, str], name: str) -> object:
+    return environ[name] if environ.get(name) else _UNSET
+
+
+def _lowered(read: Callable[[Mapping[str, str], str], object]
+             ) -> Callable[[Mapping[str, str], str], object]:
+    def lower(environ: Mapping[str, str], name: str) -> object:
+        value = read(environ, name)
+        return value if value is _UNSET else str(value).strip().lower()
+    return lower
+
+
+def _path(environ: Mapping[str, str], name: str) -> object:
+    # absolute: the watchdog runs in its own working directory
+    return os.path.abspath(environ[name].strip()) if environ.get(name, "").strip() else _UNSET
+
+
+def _names(environ: Mapping[str, str], name: str) -> object:
+    if not environ.get(name, "").strip():
+        return _UNSET
+    return tuple(h.strip() for h in environ[name].split(",") if h.strip())
+
+
+def _integer(default: int = 0) -> Callable[[Mapping[str, str], str], object]:
+    def read(environ: Mapping[str, str], name: str) -> object:
+        return _int(environ, name, default) if name in environ else _UNSET
+    return read
+
+
+def _number(environ: Mapping[str, str], name: str) -> object:
+    return _float(environ, name) if name in environ else _UNSET
+
+
+def _switch(environ: Mapping[str, str], name: str) -> object:
+    return _bool(environ, name) if name in environ else _UNSET
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    var: str
+    field: str
+    read: Callable[[Mapping[str, str], str], object]
+    """(environ, var) -> the field's value, or _UNSET to keep its default."""
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("PROBE_HOST", "host", _given),
+    Setting("PROBE_ADVERTISE_HOST", "advertise_host", _nonempty),
+    Setting("PROBE_ALLOWED_HOSTS", "allowed_hosts", _names),
+    Setting("PROBE_TLS_CERT", "tls_cert", _path),
+    Setting("PROBE_TLS_KEY", "tls_key", _path),
+    Setting("PROBE_RUN_DIR", "run_dir", _nonempty),
+    Setting("PROBE_UNIX_SOCKET", "unix_socket", _switch),
+    Setting("PROBE_TCP", "tcp", _switch),
+    Setting("PROBE_QUERY_TIMEOUT_MS", "query_timeout_ms", _integer()),
+    Setting("PROBE_MAX_ROWS", "max_rows", _integer()),
+    Setting("PROBE_MAX_RESULT_BYTES", "max_result_bytes", _integer()),
+    Setting("PROBE_MAX_SQL_BYTES", "max_sql_bytes", _integer()),
+    Setting("PROBE_MAX_EVAL_BYTES", "max_eval_bytes", _integer()),
+    Setting("PROBE_DB_MEMORY_MB", "db_memory_mb", _integer()),
+    Setting("PROBE_DB_THREADS", "db_threads", _integer()),
+    Setting("PROBE_RETENTION_MB", "retention_mb", _integer()),
+    Setting("PROBE_FLUSH_MS", "flush_ms", _integer()),
+    Setting("PROBE_TRACE", "trace", _lowered(_given)),
+    Setting("PROBE_TRACE_NATIVE", "trace_native", _lowered(_nonempty)),
+    Setting("PROBE_EVAL_TIMEOUT_S", "eval_timeout_s", _number),
+    Setting("PROBE_EVAL_OUTPUT_BYTES", "eval_output_bytes", _integer()),
+    Setting("PROBE_WATCHDOG", "watchdog", _switch),
+    Setting("PROBE_WATCHDOG_GRACE_S", "watchdog_grace_s", _number),
+    Setting("PROBE_BACKTRACE_DEADLINE_MS", "backtrace_deadline_ms", _integer(1000)),
+    Setting("PROBE_WATCHDOG_READER", "watchdog_reader", _lowered(_nonempty)),
+    Setting("PROBE_WATCHDOG_SNAPSHOT_S", "watchdog_snapshot_s", _number),
+    Setting("PROBE_ACTION_TIMEOUT_S", "action_timeout_s", _number),
+    Setting("PROBE_SERVE_CPU", "serve_cpu", _number),
+)
+#: Read by from_env itself (a port plus LOCAL_RANK; a token or the file holding it).
+COMBINED = ("PROBE_PORT", "PROBE_TOKEN", "PROBE_TOKEN_FILE")
+#: Read outside AgentConfig, where they are used: the .pth start-up switch, the py-spy binary
+#: the watchdog and flame use, where the tracer's C++ hot path is cached, and the job label
+#: of /v1/metrics when the launcher gives none.
+ELSEWHERE = ("PROBE", "PROBE_PYSPY", "PROBE_NATIVE_DIR", "PROBE_JOB")
 
 
 #: Where launchers put a process's rank on its node, in order of preference: torchrun and

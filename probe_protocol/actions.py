@@ -110,6 +110,10 @@ class FinishedAction:
     current_step: int | None = None
     data: dict[str, Any] = field(default_factory=dict)
 
+    def to_wire(self) -> dict[str, Any]:
+        return {"rank": self.rank, "state": self.state, "current_step": self.current_step,
+                "data": self.data}
+
     @classmethod
     def from_wire(cls, body: Body | None) -> FinishedAction:
         b = body or {}
@@ -125,6 +129,10 @@ class ResumeRequest:
 
     def to_wire(self) -> dict[str, Any]:
         return {"requested_by": self.requested_by}
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> ResumeRequest:
+        return cls(as_str((body or {}).get("requested_by")))
 
 
 @dataclass(frozen=True, slots=True)

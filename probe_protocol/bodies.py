@@ -157,6 +157,10 @@ class EvalRequest:
     def to_wire(self) -> dict[str, Any]:
         return {"code": self.code} if self.id is None else {"code": self.code, "id": self.id}
 
+    @classmethod
+    def from_wire(cls, body: Body | None) -> EvalRequest:
+        return cls(as_str((body or {}).get("code")) or "")
+
 
 @dataclass(frozen=True, slots=True)
 class EvalBody(WireBody):
@@ -309,6 +313,10 @@ class TraceRequest:
     def to_wire(self) -> dict[str, Any]:
         return {"mode": self.mode}
 
+    @classmethod
+    def from_wire(cls, body: Body | None) -> TraceRequest:
+        return cls(as_str((body or {}).get("mode")) or "")
+
 
 @dataclass(frozen=True, slots=True)
 class TraceBody(WireBody):
@@ -319,7 +327,8 @@ class TraceBody(WireBody):
     armed: bool | None = None
     tracing_now: bool | None = None
     step: int | None = None
-    fallback_steps: int | None = None
+    fallback_steps: bool | None = None
+    """True until an optimizer step is seen (steps are counted by root-module calls)."""
     failures: int | None = None
     disabled: bool | None = None
     last_error: str | None = None
@@ -336,7 +345,7 @@ class TraceBody(WireBody):
         b = body or {}
         return cls(rank=as_int(b.get("rank")), mode=as_str(b.get("mode")),
                    armed=as_bool(b.get("armed")), tracing_now=as_bool(b.get("tracing_now")),
-                   step=as_int(b.get("step")), fallback_steps=as_int(b.get("fallback_steps")),
+                   step=as_int(b.get("step")), fallback_steps=as_bool(b.get("fallback_steps")),
                    failures=as_int(b.get("failures")), disabled=as_bool(b.get("disabled")),
                    last_error=as_str(b.get("last_error")),
                    dropped_rows=as_int(b.get("dropped_rows")),

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .envelope import Body, WireBody, as_int, as_list, as_str, as_strs, sometimes
+from .envelope import Body, WireBody, as_dict, as_int, as_list, as_str, as_strs, sometimes
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,11 @@ class QueryRequest:
     def to_wire(self) -> dict[str, Any]:
         return {"sql": self.sql} if self.max_rows is None else {"sql": self.sql,
                                                                  "max_rows": self.max_rows}
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> QueryRequest:
+        b = body or {}
+        return cls(as_str(b.get("sql")) or "", as_int(b.get("max_rows")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,10 @@ class CannedRequest:
 
     def to_wire(self) -> dict[str, Any]:
         return {"params": self.params}
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> CannedRequest:
+        return cls(as_dict((body or {}).get("params")))
 
 
 #: Response headers of an Arrow answer (the body is the stream itself).

@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from probe_protocol.bodies import BacktraceBody
 from tests.e2e.procs import require_pyspy
 from tests.support import wait_until
 
@@ -55,6 +56,9 @@ def test_gil_held_backtrace_answers_out_of_process_then_in_process_again(gil_ran
         assert body["gil_holder"] == main["thread_id"] and body["gil_held"] is True
         assert [f["func"] for f in main["frames"][:3]] == ["spin_in_c", "hold_gil", "main"]
         assert "GIL" in body["reason"]
+        # the out-of-process body is the protocol's BacktraceBody, key for key
+        again = BacktraceBody.from_wire(body).to_wire()
+        assert again == body and list(again) == list(body)
 
         # AND other routes say the rank's Python is not answering, at once
         q, took = _timed_get(client, "/v1/info")

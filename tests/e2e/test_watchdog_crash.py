@@ -9,6 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from probe_protocol.bodies import BacktraceBody
+from probe_protocol.envelope import ErrorBody
 from tests.e2e.procs import kill_all, probe, spawn, wait_json
 from tests.support import wait_until
 
@@ -56,6 +58,9 @@ def test_sigkill_is_reported_with_last_backtrace_and_step(train_rank, capsys):
     main = next(t for t in bt["threads"] if t["is_main"])
     assert "train_forever" in [f["func"] for f in main["frames"]]
     assert bt["last_backtrace"]["threads"]
+    # AND the watchdog's bodies are the protocol's, key for key (the dead rank's facts)
+    assert BacktraceBody.from_wire(bt).to_wire() == bt
+    assert ErrorBody.from_wire(health).to_wire() == health
     # AND `probe backtrace` shows the rank as dead, with its cause
     from probe_cli.main import main as probe_main
 

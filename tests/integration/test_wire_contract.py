@@ -10,14 +10,42 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from probe_protocol.bodies import EvalBody
-from probe_protocol.envelope import Envelope, error_body
-from probe_protocol.query import QueryBody
-from tests.support import ROOT
+from probe_protocol import routes
+from probe_protocol.actions import (
+    ActionBody,
+    ActionListBody,
+    FlameBody,
+    ProfileBody,
+    ResumeBody,
+    ResumeRequest,
+    StepBody,
+)
+from probe_protocol.bodies import (
+    BacktraceBody,
+    CollectivesBody,
+    DoctorBody,
+    EvalBody,
+    EvalRequest,
+    GradsBody,
+    HealthBody,
+    InfoBody,
+    QueriesBody,
+    RanksBody,
+    RecordedBody,
+    RefusalReport,
+    TensorsBody,
+    TraceBody,
+    TraceRequest,
+)
+from probe_protocol.envelope import Envelope, ErrorBody, error_body
+from probe_protocol.query import CannedRequest, QueryBody, QueryRequest
+from tests.support import ROOT, wait_until
 
 PAGE = (ROOT / "docs" / "http-api.md").read_text()
 ENVELOPE = ("ok", "rank")
@@ -100,3 +128,142 @@ def test_the_clis_wire_types_read_a_real_agents_bodies(answers):
     for name in ("bad query", "no route"):
         env = Envelope.from_wire(answers[name].json())
         assert (env.ok, env.rank, env.status) == (False, 0, answers[name].status_code)
+
+
+# -- every route and the table of routes (tests/unit/test_docs.py holds the table to the page) --
+
+#: Route -> the class its success body is, for every route that answers JSON.
+BODY_OF = {
+    routes.HEALTH: HealthBody, routes.INFO: InfoBody, routes.RANKS: RanksBody,
+    routes.QUERY: QueryBody, routes.CANNED_QUERY: QueryBody, routes.QUERIES: QueriesBody,
+    routes.EVAL: EvalBody, routes.BACKTRACE: BacktraceBody,
+    routes.COLLECTIVES: CollectivesBody, routes.TRACE: TraceBody, routes.SET_TRACE: TraceBody,
+    routes.DOCTOR: DoctorBody, routes.DOCTOR_GRADS: GradsBody,
+    routes.MEMORY_TENSORS: TensorsBody, routes.STEP: StepBody, routes.ACTIONS: ActionListBody,
+    routes.SUBMIT_ACTION: ActionBody, routes.ACTION: ActionBody, routes.CANCEL_ACTION: ActionBody,
+    routes.RESUME: ResumeBody, routes.PROFILE: ProfileBody, routes.START_FLAME: FlameBody,
+    routes.FLAME: FlameBody, routes.ACCESS_REFUSALS: RecordedBody,
+}
+#: Routes whose answer is not a JSON body: a file stream and the Prometheus text.
+NOT_JSON = {routes.PROFILE_TRACE, routes.METRICS}
+
+
+class Trainer(threading.Thread):
+    """A tiny optimizer loop, so the step-boundary routes have steps to act on."""
+
+    def __init__(self) -> None:
+        super().__init__(name="trainer", daemon=True)
+        self.halt = threading.Event()
+        self.steps = 0
+
+    def run(self) -> None:
+        torch = pytest.importorskip("torch")
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        while not self.halt.is_set():
+            opt.zero_grad()
+            net(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            self.steps += 1
+            self.halt.wait(0.005)
+
+
+@pytest.fixture
+def trained_agent(make_agent) -> Iterator[object]:
+    pytest.importorskip("torch")
+    agent = make_agent()
+    trainer = Trainer()
+    trainer.start()
+    wait_until(lambda: trainer.steps >= 3, 30, "the trainer never stepped")
+    yield agent
+    trainer.halt.set()
+    trainer.join(10)
+
+
+def _ask(agent, path_params: dict, route: routes.Route, **kw) -> httpx.Response:
+    with httpx.Client(base_url=agent.url, timeout=60) as c:
+        return c.request(route.method, route.url(**path_params), **kw)
+
+
+def test_every_route_answers_exactly_its_bodys_wire_form(trained_agent):
+    """The byte-compatibility check: each real answer, read with its class and written again,
+    is the same JSON with the keys in the same order. A key the agent sends that the class
+    does not carry, or carries as another type, fails here."""
+    agent = trained_agent
+    got: dict[routes.Route, dict] = {}
+
+    def ask(route: routes.Route, *, ids: dict | None = None, **kw) -> dict:
+        r = _ask(agent, ids or {}, route, **kw)
+        assert r.status_code == 200, (route.key, r.text)
+        got[route] = r.json()
+        return got[route]
+
+    # GIVEN a real agent on a training loop; WHEN every JSON route is asked
+    ask(routes.HEALTH, params={"challenge": "abc"})
+    ask(routes.INFO)
+    ask(routes.RANKS)
+    ask(routes.QUERY, json=QueryRequest("SELECT 42 AS n, 'x' AS s").to_wire())
+    canned = next(q for q in ask(routes.QUERIES)["queries"] if set(q["params"]) <= {"last"})
+    ask(routes.CANNED_QUERY, ids={"name": canned["name"]},
+        json=CannedRequest({p: 5 for p in canned["params"]}).to_wire())
+    ask(routes.EVAL, json=EvalRequest("print('hi')\n1 + 1").to_wire())
+    ask(routes.BACKTRACE)
+    ask(routes.COLLECTIVES)
+    ask(routes.TRACE)
+    ask(routes.SET_TRACE, json=TraceRequest("every:10").to_wire())
+    ask(routes.DOCTOR)
+    assert ask(routes.DOCTOR_GRADS, params={"wait": 10})["checked"] is True
+    ask(routes.MEMORY_TENSORS, params={"top": 3})
+    step = ask(routes.STEP)["step"]
+    ask(routes.SUBMIT_ACTION, json={"kind": "step-eval", "code": "1", "id": "c1"})
+    assert ask(routes.ACTION, ids={"action_id": "c1"}, params={"wait": 30})["action"]["state"] \
+        == "ok"
+    ask(routes.SUBMIT_ACTION, json={"kind": "step-eval", "code": "1", "id": "later",
+                                    "step": step + 10**6})
+    ask(routes.CANCEL_ACTION, ids={"action_id": "later"})
+    ask(routes.ACTIONS)
+    ask(routes.RESUME, json=ResumeRequest("contract-test").to_wire())
+    ask(routes.SUBMIT_ACTION, json={"kind": "profile", "profile": {"steps": 1}, "id": "p1"})
+    ask(routes.PROFILE, ids={"profile_id": "p1"}, params={"wait": 30})
+    ask(routes.START_FLAME, json={"seconds": 0.2, "rate": 50, "sampler": "in-process",
+                                  "id": "f1"})
+    assert ask(routes.FLAME, ids={"flame_id": "f1"}, params={"wait": 30})["flame"]["state"] \
+        == "done"
+    # the watchdog's report goes over the private socket, as only the watchdog may send it
+    with httpx.Client(transport=httpx.HTTPTransport(uds=agent.unix_path),
+                      base_url="http://localhost", timeout=30) as c:
+        r = c.post(routes.ACCESS_REFUSALS.path, headers={"x-probe-client": "watchdog"},
+                   json=RefusalReport(({"client": "1.2.3.4:5", "what": "GET /v1/info",
+                                        "reason": "token", "message": "401"},), 1).to_wire())
+        assert r.status_code == 200, r.text
+        got[routes.ACCESS_REFUSALS] = r.json()
+
+    # THEN every JSON route was asked, and each answer is its class's wire form, key for key
+    assert set(got) == set(routes.ROUTES) - NOT_JSON == set(BODY_OF)
+    differ = {}
+    for route, body in got.items():
+        again = BODY_OF[route].from_wire(body).to_wire()
+        if again != body or list(again) != list(body):
+            differ[route.key] = {k: (body.get(k, "(absent)"), again.get(k, "(absent)"))
+                                 for k in [*body, *again] if body.get(k) != again.get(k)
+                                 or (k in body) != (k in again)} or (list(body), list(again))
+    assert differ == {}, differ
+    assert _ask(agent, {}, routes.METRICS).text.startswith("# HELP")
+
+
+def test_an_error_answer_is_its_error_body(client):
+    for r in (client.post("/v1/query", json={"sql": "SELCT 1"}),
+              client.post("/v1/eval", json={"code": "1 / 0"}),
+              client.get(routes.ACTION.url(action_id="nope")),
+              client.post("/v1/eval", json={"code": 1})):
+        body = r.json()
+        again = ErrorBody.from_wire(body).to_wire()
+        assert again == body and list(again) == list(body) and r.status_code == body["status"]
+
+
+def test_the_routes_table_is_what_the_agent_serves():
+    from probe_agent.serving.app import ROUTERS
+
+    served = {f"{m} {r.path}" for module in ROUTERS for r in module.router.routes
+              for m in r.methods}
+    assert served == {r.key for r in routes.ROUTES}
