@@ -216,6 +216,20 @@ class EvalJobBody(WireBody):
         return as_dict(self.eval.get("cost"))
 
 
+@dataclass(frozen=True, slots=True)
+class EvalListBody(WireBody):
+    """``GET /v1/evals``: this rank's running evals and the last finished ones, each as
+    ``EvalJobBody.eval``."""
+
+    rank: int | None
+    evals: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def from_wire(cls, body: Body | None) -> EvalListBody:
+        b = body or {}
+        return cls(rank=as_int(b.get("rank")), evals=as_dicts(b.get("evals")))
+
+
 def _from_watchdog(b: BacktraceBody) -> bool:
     return b.source == "out-of-process"
 

@@ -113,7 +113,8 @@ def test_the_route_check_sees_a_missing_route():
 def documented_commands(text: str = README) -> set[str]:
     """The first word of each code span in the first column of README's command table."""
     table = _section(text, "### Commands")
-    return {span.split()[0] for cell in _first_cells(table) for span in re.findall(r"`([^`]+)`", cell)}
+    return {span.split()[0] for cell in _first_cells(table)
+            for span in re.findall(r"`([^`]+)`", cell)}
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in cli.commands.items() if not c.hidden))

@@ -37,7 +37,9 @@ EXAMPLES = [
     bodies.RanksBody(0, (bodies.RankEntry(0, "http://a:9700", "a", 1, "sig0"),
                          bodies.RankEntry(1, None, "b", 2)), 2, {"state": "ok"}, True),
     bodies.EvalRequest("1 + 1"),
-    bodies.EvalBody(0, "2", "hi\n", "warn\n", 0.25, "Traceback ...", "ZeroDivisionError"),
+    bodies.EvalBody(0, "e1", "2", "hi\n", "warn\n", 0.25, "Traceback ...", "ZeroDivisionError"),
+    bodies.EvalJobBody(0, {"id": "e1", "state": "running", "still_running": True}),
+    bodies.EvalListBody(0, ({"id": "e1", "state": "ok"}, {"id": "e2", "state": "running"})),
     bodies.BacktraceBody(0, 4242, "node1", "in-process", "sys._current_frames", None, False,
                          "3.11.2", threads=(THREAD,), elapsed_ms=0.5),
     bodies.BacktraceBody(1, 4242, "node1", "out-of-process", "py-spy", "GIL held", True, None,
@@ -50,7 +52,7 @@ EXAMPLES = [
     bodies.CollectivesBody(0, True, ({"seq": 1, "op": "all_reduce", "state": "done"},), 17.5),
     bodies.QueriesBody(0, ({"name": "slow_modules", "description": "d", "params": ["last"]},)),
     bodies.TraceRequest("every:5"),
-    bodies.TraceBody(0, "every:10", True, False, 40, 2, 1, False, "boom", 5, True, "native",
+    bodies.TraceBody(0, "every:10", True, False, 40, True, 1, False, "boom", 5, True, "native",
                      "native", {"counting": True, "failures": 0, "last_error": None}),
     bodies.DoctorBody(0, 17.5, {"step": 3}, {"dataloader_wrapped": True},
                       ({"index": 0, "class": "SGD", "groups": []},), ("StepLR",),
@@ -113,8 +115,8 @@ def test_the_examples_cover_every_body_of_the_package():
 
 def test_a_field_sent_only_sometimes_is_left_out_and_read_back_as_absent():
     # GIVEN an in-process backtrace: none of the watchdog's facts apply
-    wire = EXAMPLES[10].to_wire()
+    wire = next(b for b in EXAMPLES if getattr(b, "source", "") == "in-process").to_wire()
     # THEN none of them is sent, not even as null; the out-of-process one sends its nulls
     assert not {"reason", "state", "stopped", "gil_holder", "exit", "died_at"} & set(wire)
-    oop = EXAMPLES[11].to_wire()
+    oop = next(b for b in EXAMPLES if getattr(b, "source", "") == "out-of-process").to_wire()
     assert {"stopped", "gil_holder", "gil_held", "heartbeat_age_s", "step"} <= set(oop)

@@ -144,7 +144,8 @@ async def eval_code(request: Request) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     out = await loop.run_in_executor(agent.eval_pool, agent.run_eval, body.code, client,
                                      body.id)
-    return EvalBody(agent.rank, id=out.job.id if out.job else None, result=out.result, stdout=out.stdout, stderr=out.stderr,
+    return EvalBody(agent.rank, id=out.job.id if out.job else None, result=out.result,
+                    stdout=out.stdout, stderr=out.stderr,
                     elapsed_ms=round(out.elapsed_ms, 3)).to_wire()
 
 

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from probe_protocol import routes
-from probe_protocol.bodies import EvalJobBody
+from probe_protocol.bodies import EvalJobBody, EvalListBody
 
 from .actions import require_eval_rights
 from .core import _agent, _client
@@ -33,8 +33,7 @@ def _wire(agent: Any, job: Any) -> dict[str, Any]:
 async def list_evals(request: Request) -> dict[str, Any]:
     """This rank's evals: running ones, and the last finished ones."""
     agent = _agent(request)
-    return {"ok": True, "rank": agent.rank,
-            "evals": [_wire(agent, j) for j in agent.evaluator.jobs]}
+    return EvalListBody(agent.rank, tuple(_wire(agent, j) for j in agent.evaluator.jobs)).to_wire()
 
 
 @router.get(routes.EVAL_JOB.path)
