@@ -52,16 +52,24 @@ def _start_ui(agent: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen([sys.executable, "-m", "probe_cli", "-t", agent, "--timeout", "5",
                              "ui", "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
-    m = re.search(r"(http://\S+/)", proc.stdout.readline())
+    m = re.search(r"(http://\S+)", proc.stdout.readline())
     if not m:
         raise RuntimeError("probe ui did not print its URL")
     return proc, m.group(1)
 
 
+def _owner_client(url: str) -> tuple[httpx.Client, str]:
+    """A client holding the dashboard's cookie (the secret in the printed URL), and the base."""
+    c = httpx.Client(timeout=10)
+    c.get(url)
+    return c, url.split("?", 1)[0]
+
+
 def _poll(url: str, stop: threading.Event) -> None:
-    with httpx.Client(timeout=10) as c:
+    c, base = _owner_client(url)
+    with c:
         while not stop.wait(1.5):
-            c.get(url + "api/snapshot")
+            c.get(base + "api/snapshot")
 
 
 def ratio(blocks: int, block_s: float, settle: float) -> None:
@@ -132,11 +140,12 @@ def scale(n: int, repeat: int) -> None:
         tiles = len(snap["tiles"])
         server = DashboardServer("127.0.0.1", 0, snaps)
         server.serve_in_thread()
-        with httpx.Client() as c:
+        c, base = _owner_client(server.url)
+        with c:
             gets = []
             for _ in range(repeat):
                 t = time.perf_counter()
-                body = c.get(server.url + "api/snapshot").content
+                body = c.get(base + "api/snapshot").content
                 gets.append(time.perf_counter() - t)
         server.shutdown()
         server.server_close()

@@ -11,6 +11,7 @@ and its dashboard about the server it connected to or the browser that connected
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import struct
 from dataclasses import dataclass
@@ -76,6 +77,8 @@ def _diag_lookup(local: tuple[str, int], remote: tuple[str, int], *, mapped: boo
         if a.version != 4:
             return None
         a, b = (ipaddress.IPv6Address(f"::ffff:{x}") for x in (a, b))
+    if not hasattr(socket, "AF_NETLINK"):
+        raise OSError("no netlink here (not Linux)")
     family = socket.AF_INET if a.version == 4 else socket.AF_INET6
     sockid = struct.pack("!HH16s16s", local[1], remote[1], a.packed.ljust(16, b"\0"),
                          b.packed.ljust(16, b"\0"))
@@ -166,17 +169,22 @@ def server_owner(sock: socket.socket) -> tuple[bool, int | None]:
     connected to ours, whatever spelling of the host was dialled (``127.1``, ``2130706433``,
     ``[::ffff:127.0.0.1]``, a name): the kernel answers for the socket actually connected.
 
-    ``(False, None)`` when no socket of this machine is the other end (another host, or a port
-    mapping into another namespace); ``(True, None)`` when it is local but the owner cannot be
-    read (neither sock_diag nor /proc/net): callers must then refuse, not trust."""
+    ``(False, None)`` when no socket of this machine is the other end (another host), and where
+    this OS cannot say (no sock_diag, no /proc/net: not Linux, where a laptop's CLI reaches
+    agents through tunnels; it is then treated as another host: TLS or the token proof).
+    ``(True, None)`` for a loopback address whose server end Linux does not show (a port
+    mapped into another network namespace): callers must refuse, not trust."""
     local, remote = sock.getsockname()[:2], sock.getpeername()[:2]
     server, client = (remote[0], remote[1]), (local[0], local[1])
     try:
         found = _diag_lookup(server, client) or _diag_lookup(server, client, mapped=True)
+        can_tell = True
     except OSError:
         found = _proc_lookup(server, client)
+        can_tell = os.path.exists("/proc/net/tcp")
     if found is not None:
         # A server socket not yet accept()ed has inode 0 but already the listener's uid.
         return True, found[0]
     ip = _parse_ip(str(remote[0]))
-    return (True, None) if ip is not None and ip.is_loopback else (False, None)
+    local_ip = can_tell and ip is not None and ip.is_loopback
+    return (True, None) if local_ip else (False, None)

@@ -78,8 +78,11 @@ class GuardedBackend(httpcore.SyncBackend):
             stream.close()
             me = os.getuid()
             if uid is None:
-                raise refusal(self.label, "its listener's owner cannot be read here, so it may "
-                              "be another user's", reason="not the job's agent: owner unknown")
+                raise refusal(self.label, "this machine does not show who serves that "
+                              "loopback port (mapped from another network namespace?), so it "
+                              "may be another user's", reason="not the job's agent: owner unknown",
+                              help_text="reach the agent by PID (`probe ps`), or over TLS at "
+                                        "an address of its own node with --cacert")
             raise refusal(
                 self.label,
                 f"port {port} is served by uid {uid}, not by you (uid {me}) or root: another "
