@@ -253,7 +253,8 @@ def planted_link() -> str:
         _stop()
         shutil.rmtree(d, ignore_errors=True)
     kept = victim.read_text() == "the owner's file\n"
-    return f"query -o onto a planted link: exit {code}; the linked file {'kept' if kept else 'OVERWRITTEN'}"
+    return (f"query -o onto a planted link: exit {code}; the linked file "
+            f"{'kept' if kept else 'OVERWRITTEN'}")
 
 
 def main() -> None:

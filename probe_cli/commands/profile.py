@@ -71,8 +71,8 @@ EXPORT_GRACE_S = 120.0
 @wait_option
 @pass_session
 def command(session: Session, ahead: int, max_steps: int, max_seconds: float, next_step: bool,
-            out_path: str | None, overwrite: bool, record_shapes: bool, with_stack: bool, at_step: int | None,
-            wait_s: float) -> Outcome:
+            out_path: str | None, overwrite: bool, record_shapes: bool, with_stack: bool,
+            at_step: int | None, wait_s: float) -> Outcome:
     """Profile the same optimizer steps on every rank with torch.profiler (CPU, plus CUDA where
     the job uses it), starting and stopping at the same step boundary, then write one merged
     Perfetto trace (one process per rank, on a common clock) and print each rank's top
