@@ -23,6 +23,7 @@ from ..render.text import format_table
 from ..transport.local_socket import ask_socket
 from ..transport.session import Session
 from ..transport.targets import default_run_dir, local_run_dirs
+from ..transport.untrusted_text import escape_body
 from . import pass_session
 from ._local import run_dir_of
 
@@ -194,7 +195,8 @@ def command(session: Session, clean: bool, show_all: bool) -> Outcome:
                 except OSError:
                     pass
         out.stderr.append(f"probe: removed {removed} files of processes that are gone")
-    rows = list_processes(run_dir)
+    # Command lines and run-dir files are the processes' own text: escaped like agents' answers.
+    rows = list_processes(run_dir) if session.raw else escape_body(list_processes(run_dir))
     stale = [r for r in rows if r["agent"] == "stale socket"]
     if stale and not show_all:
         rows = [r for r in rows if r["agent"] != "stale socket"]

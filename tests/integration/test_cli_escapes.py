@@ -75,3 +75,32 @@ def test_eval_output_errors_and_thread_names_print_escaped(make_agent, capsys):
         t.join(5)
     assert "loader\\x1b]0;pwned\\x07\\x9b31m" in out, out[-2000:]
     assert _no_raw_controls(out + err), repr(out + err)
+
+
+def test_another_users_command_line_prints_escaped_in_ps(capsys):
+    """`probe ps` as root lists every user's Python processes, command lines included: a
+    stranger chooses those bytes."""
+    import subprocess
+
+    need_root()
+    # GIVEN a Python process of uid 65534 whose argv carries a window-title sequence
+    proc = subprocess.Popen(["/usr/bin/python3", "-c", "import time; time.sleep(60)",
+                             f"{OSC_TITLE}{CLEAR}"], stdin=subprocess.DEVNULL,
+                            user=FOREIGN_UID, group=FOREIGN_UID, extra_groups=[])
+
+    def started() -> bool:
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            return b"pwned" in f.read()
+
+    try:
+        wait_until(started, 10, "the stranger's process never started")
+        # WHEN the owner (root) lists processes
+        assert main(["ps"]) in (0, 1)
+        out = capsys.readouterr().out
+    finally:
+        proc.kill()
+        proc.wait(10)
+    # THEN its command line is there, escaped (and cut to the column's width)
+    line = next((ln for ln in out.splitlines() if str(proc.pid) in ln), "")
+    assert "\\x1b]0;pwn" in line, out
+    assert _no_raw_controls(out), repr(out)
