@@ -4,6 +4,7 @@ StackSampler on a real thread, and py-spy's raw output as parse_raw reads it. St
 from __future__ import annotations
 
 import threading
+import time
 
 from probe_agent.collectors.sampler import AGENT_DIR, StackSampler
 from probe_agent.profiling.pyspy import parse_raw
@@ -26,16 +27,20 @@ def test_in_process_sampler_counts_a_threads_stack_and_skips_agent_threads():
     work.start()
     agent.start()
     try:
-        # WHEN
+        # WHEN it samples (in windows of 0.3 s until 20 samples: on a loaded machine one window
+        # at 200 Hz gave 8, the sampling thread waiting for a core)
         sampler = StackSampler(200)
-        sampler.run(0.3, threading.Event())
+        cpu, deadline = 0.0, time.monotonic() + 60
+        while sampler.samples < 20 and time.monotonic() < deadline:
+            sampler.run(0.3, threading.Event())
+            cpu += sampler.cpu_s
     finally:
         stop.set()
         work.join()
         agent.join()
     folded = sampler.folded()
     # THEN
-    assert sampler.samples >= 20 and sampler.cpu_s > 0
+    assert sampler.samples >= 20 and cpu > 0
     stacks = [s for s in folded if s.startswith("worker;")]
     assert stacks and all("busy_root (" in s and "busy_leaf (" in s for s in stacks), folded
     assert not any(s.startswith("probe-agent") for s in folded)
