@@ -67,9 +67,11 @@ def _owner_client(url: str) -> tuple[httpx.Client, str]:
 
 def _poll(url: str, stop: threading.Event) -> None:
     c, base = _owner_client(url)
-    with c:
+    try:
         while not stop.wait(1.5):
             c.get(base + "api/snapshot")
+    finally:
+        c.close()
 
 
 def ratio(blocks: int, block_s: float, settle: float) -> None:
@@ -141,12 +143,14 @@ def scale(n: int, repeat: int) -> None:
         server = DashboardServer("127.0.0.1", 0, snaps)
         server.serve_in_thread()
         c, base = _owner_client(server.url)
-        with c:
-            gets = []
+        gets = []
+        try:
             for _ in range(repeat):
                 t = time.perf_counter()
                 body = c.get(base + "api/snapshot").content
                 gets.append(time.perf_counter() - t)
+        finally:
+            c.close()
         server.shutdown()
         server.server_close()
         session.close()
