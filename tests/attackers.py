@@ -41,15 +41,16 @@ def _serve(srv: socket.socket, until: float, stop_file: str | None = None,
     return got.decode("latin-1")
 
 
-def squat(port: int, seconds: float) -> str:
+def squat(port: int, seconds: float, stop_file: str | None = None) -> str:
     """Listen on ``port`` on every address, dual-stack (so every spelling of this machine
-    reaches it), for ``seconds``; everything received, as text."""
+    reaches it), for ``seconds`` or until ``stop_file`` appears; everything received, as
+    text."""
     srv = socket.socket(socket.AF_INET6)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
     srv.bind(("::", port))
     srv.listen(64)
-    return _serve(srv, time.monotonic() + seconds)
+    return _serve(srv, time.monotonic() + seconds, stop_file)
 
 
 def flip(dir_: str, link: str, real: str, seconds: float) -> str:

@@ -9,9 +9,11 @@ listens dual-stack on every address, so that every spelling of this machine reac
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -33,21 +35,35 @@ CODE = "open('/etc/shadow').read()"
 
 
 @pytest.fixture
-def squatter() -> Iterator[tuple[int, dict]]:
-    """A uid-65534 process listening on a free port for 8 s: (port, {"received": text})."""
+def squatter() -> Iterator[tuple[int, Callable[[], str]]]:
+    """A uid-65534 process listening on a free port (at most 30 s): (port, received), where
+    ``received()`` stops it and returns everything it got, as text."""
     need_root()
     port = closed_port()  # free now; the squatter binds it
+    stop = f"/tmp/probe-squat-{uuid.uuid4().hex}"
     out: dict = {}
-    t = threading.Thread(target=lambda: out.update(received=run_as(FOREIGN_UID, squat, port, 8)))
+    t = threading.Thread(target=lambda: out.update(
+        received=run_as(FOREIGN_UID, squat, port, 30, stop, timeout=45)))
     t.start()
 
     def listening() -> bool:
         with socket.socket() as c:
             return c.connect_ex(("127.0.0.1", port)) == 0
 
+    def received() -> str:
+        open(stop, "w").close()
+        t.join(40)
+        assert "received" in out, "the squatter never reported"
+        return out["received"]
+
     wait_until(listening, 5, "the squatter never listened")
-    yield port, out
-    t.join(15)
+    try:
+        yield port, received
+    finally:
+        if not os.path.exists(stop):
+            open(stop, "w").close()
+        t.join(40)
+        os.unlink(stop)
 
 
 def test_the_cli_sends_a_squatter_neither_token_nor_code(squatter, capsys):
@@ -62,8 +78,7 @@ def test_the_cli_sends_a_squatter_neither_token_nor_code(squatter, capsys):
     for argv in (["eval", CODE], ["backtrace"], ["query", "SELECT 1"]):
         assert main([f"127.0.0.1:{port}", *argv]) == 1
     capsys.readouterr()
-    wait_until(lambda: "received" in seen, 15, "the squatter never reported")
-    assert seen["received"] == ""
+    assert seen() == ""
 
 
 def _loopback_spellings(port: int) -> list[str]:
@@ -90,8 +105,7 @@ def test_every_spelling_of_this_machine_reaches_no_squatter(squatter, capsys):
     for target, (code, err) in refused.items():
         assert code == 1 and f"served by uid {FOREIGN_UID}" in err, (target, err)
     # AND the squatter received not one byte of token or code
-    wait_until(lambda: "received" in seen, 15, "the squatter never reported")
-    assert seen["received"] == ""
+    assert seen() == ""
 
 
 def test_ranks_learnt_from_discovery_must_pass_the_same_check(make_agent, squatter, capsys):
@@ -106,8 +120,7 @@ def test_ranks_learnt_from_discovery_must_pass_the_same_check(make_agent, squatt
     # THEN rank 0 answers, rank 1 is reported as not the job's agent, and gets nothing
     assert code == 3, err
     assert "42" in out and f"uid {FOREIGN_UID}" in err
-    wait_until(lambda: "received" in seen, 15, "the squatter never reported")
-    assert seen["received"] == ""
+    assert seen() == ""
 
 
 def test_a_remote_agent_must_prove_the_token_before_it_is_sent(make_agent):
@@ -187,8 +200,7 @@ def test_a_poisoned_store_entry_is_dropped_and_the_cli_says_why(make_agent, squa
     assert code == 3, err
     assert "42" in out
     assert "failed: 1 (dropped: its entry in the job's rank list is not signed" in err, err
-    wait_until(lambda: "received" in seen, 15, "the squatter never reported")
-    assert seen["received"] == ""
+    assert seen() == ""
 
 
 def test_a_token_file_others_can_read_is_refused_by_the_cli(tmp_path, capsys):
