@@ -10,19 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .envelope import (
-    Body,
-    WireBody,
-    as_bool,
-    as_dict,
-    as_dict_or_none,
-    as_dicts,
-    as_float,
-    as_int,
-    as_str,
-    as_strs,
-    sometimes,
-)
+from .envelope import Body, WireBody, as_dict, as_int, as_str, sometimes
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,19 +33,6 @@ class StepBody(WireBody):
     action_timeout_s: float | None = None
     now: float | None = None
 
-    @classmethod
-    def from_wire(cls, body: Body | None) -> StepBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), step=as_int(b.get("step")),
-                   seen_step=as_bool(b.get("seen_step")), armed=as_bool(b.get("armed")),
-                   torch=as_bool(b.get("torch")), numbering=as_str(b.get("numbering")),
-                   armed_at=as_float(b.get("armed_at")),
-                   last_step_at=as_float(b.get("last_step_at")),
-                   optimizers=as_strs(b.get("optimizers")), skipped=as_int(b.get("skipped")),
-                   paused_at=as_int(b.get("paused_at")), pending=as_int(b.get("pending")),
-                   action_timeout_s=as_float(b.get("action_timeout_s")),
-                   now=as_float(b.get("now")))
-
 
 @dataclass(frozen=True, slots=True)
 class ActionBody(WireBody):
@@ -70,13 +45,6 @@ class ActionBody(WireBody):
     paused_at: int | None = None
     action: dict[str, Any] | None = None
     reason: str | None = sometimes()
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> ActionBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), step=as_int(b.get("step")),
-                   paused_at=as_int(b.get("paused_at")), action=as_dict_or_none(b.get("action")),
-                   reason=as_str(b.get("reason")))
 
     @property
     def state(self) -> str | None:
@@ -91,12 +59,6 @@ class ActionListBody(WireBody):
     step: int | None = None
     paused_at: int | None = None
     actions: tuple[dict[str, Any], ...] = ()
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> ActionListBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), step=as_int(b.get("step")),
-                   paused_at=as_int(b.get("paused_at")), actions=as_dicts(b.get("actions")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,13 +108,6 @@ class ResumeBody(WireBody):
     note: str | None = None
     step: int | None = None
 
-    @classmethod
-    def from_wire(cls, body: Body | None) -> ResumeBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), was_paused_at=as_int(b.get("was_paused_at")),
-                   cancelled=as_strs(b.get("cancelled")), note=as_str(b.get("note")),
-                   step=as_int(b.get("step")))
-
 
 @dataclass(frozen=True, slots=True)
 class ProfileBody(WireBody):
@@ -163,12 +118,6 @@ class ProfileBody(WireBody):
     now: float | None = None
     profile: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_wire(cls, body: Body | None) -> ProfileBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), step=as_int(b.get("step")),
-                   now=as_float(b.get("now")), profile=as_dict(b.get("profile")))
-
 
 @dataclass(frozen=True, slots=True)
 class FlameBody(WireBody):
@@ -178,9 +127,3 @@ class FlameBody(WireBody):
     rank: int | None
     step: int | None = None
     flame: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> FlameBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), step=as_int(b.get("step")),
-                   flame=as_dict(b.get("flame")))

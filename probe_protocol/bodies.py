@@ -10,20 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .envelope import (
-    Body,
-    WireBody,
-    as_bool,
-    as_dict,
-    as_dict_or_none,
-    as_dicts,
-    as_float,
-    as_int,
-    as_list,
-    as_str,
-    as_strs,
-    sometimes,
-)
+from .envelope import Body, WireBody, as_bool, as_dict, as_dicts, as_int, as_str, sometimes
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +21,6 @@ class HealthBody(WireBody):
     rank: int | None
     status: str = "ok"
     proof: str | None = sometimes()
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> HealthBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), status=as_str(b.get("status")) or "",
-                   proof=as_str(b.get("proof")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,22 +46,6 @@ class InfoBody(WireBody):
     serve_cpu: float | None = None
     access: dict[str, Any] | None = None
     queued_s: float | None = None
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> InfoBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), local_rank=as_int(b.get("local_rank")),
-                   world_size=as_int(b.get("world_size")), pid=as_int(b.get("pid")),
-                   host=as_str(b.get("host")), python=as_str(b.get("python")),
-                   torch=as_str(b.get("torch")), version=as_str(b.get("version")),
-                   started_at=as_float(b.get("started_at")),
-                   uptime_s=as_float(b.get("uptime_s")), url=as_str(b.get("url")),
-                   unix_socket=as_str(b.get("unix_socket")),
-                   argv=tuple(str(a) for a in as_list(b.get("argv"))),
-                   trace=as_str(b.get("trace")), watchdog=as_dict_or_none(b.get("watchdog")),
-                   serve_cpu=as_float(b.get("serve_cpu")),
-                   access=as_dict_or_none(b.get("access")),
-                   queued_s=as_float(b.get("queued_s")))
 
     @property
     def now(self) -> float | None:
@@ -177,17 +142,6 @@ class EvalBody(WireBody):
     traceback: str | None = sometimes()
     error: str | None = sometimes()
 
-    @classmethod
-    def from_wire(cls, body: Body | None) -> EvalBody:
-        b = body or {}
-        result, tb, err = b.get("result"), b.get("traceback"), b.get("error")
-        return cls(rank=as_int(b.get("rank")), id=as_str(b.get("id")),
-                   result=None if result is None else str(result),
-                   stdout=b.get("stdout") or "", stderr=b.get("stderr") or "",
-                   elapsed_ms=as_float(b.get("elapsed_ms")),
-                   traceback=None if tb is None else str(tb),
-                   error=None if err is None else str(err))
-
     @staticmethod
     def raised(body: Body | None) -> bool:
         """An error body from eval carries what the code printed or its traceback."""
@@ -201,11 +155,6 @@ class EvalJobBody(WireBody):
 
     rank: int | None
     eval: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> EvalJobBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), eval=as_dict(b.get("eval")))
 
     @property
     def still_running(self) -> bool:
@@ -223,11 +172,6 @@ class EvalListBody(WireBody):
 
     rank: int | None
     evals: tuple[dict[str, Any], ...] = ()
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> EvalListBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), evals=as_dicts(b.get("evals")))
 
 
 def _from_watchdog(b: BacktraceBody) -> bool:
@@ -266,21 +210,6 @@ class BacktraceBody(WireBody):
     threads: tuple[dict[str, Any], ...] = ()
     elapsed_ms: float | None = sometimes()
 
-    @classmethod
-    def from_wire(cls, body: Body | None) -> BacktraceBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), pid=as_int(b.get("pid")), host=as_str(b.get("host")),
-                   source=as_str(b.get("source")), route=as_str(b.get("route")),
-                   reason=as_str(b.get("reason")), native=as_bool(b.get("native")),
-                   python=as_str(b.get("python")), state=as_str(b.get("state")),
-                   stopped=as_str(b.get("stopped")), gil_holder=b.get("gil_holder"),
-                   gil_held=as_bool(b.get("gil_held")),
-                   heartbeat_age_s=as_float(b.get("heartbeat_age_s")),
-                   step=as_int(b.get("step")), exit=as_dict_or_none(b.get("exit")),
-                   last_step=as_int(b.get("last_step")), died_at=as_float(b.get("died_at")),
-                   last_backtrace=as_dict_or_none(b.get("last_backtrace")),
-                   threads=as_dicts(b.get("threads")), elapsed_ms=as_float(b.get("elapsed_ms")))
-
     @property
     def main_thread(self) -> dict[str, Any] | None:
         """The thread marked ``is_main``, else the first one sent."""
@@ -298,12 +227,6 @@ class CollectivesBody(WireBody):
     collectives: tuple[dict[str, Any], ...] = ()
     now: float = 0.0
 
-    @classmethod
-    def from_wire(cls, body: Body | None) -> CollectivesBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), recording=as_bool(b.get("recording")),
-                   collectives=as_dicts(b.get("collectives")), now=as_float(b.get("now")) or 0.0)
-
 
 @dataclass(frozen=True, slots=True)
 class QueriesBody(WireBody):
@@ -311,11 +234,6 @@ class QueriesBody(WireBody):
 
     rank: int | None
     queries: tuple[dict[str, Any], ...] = ()
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> QueriesBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), queries=as_dicts(b.get("queries")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,19 +272,6 @@ class TraceBody(WireBody):
     """Whether the saved-for-backward bytes are counted: ``counting``, ``failures``,
     ``last_error``."""
 
-    @classmethod
-    def from_wire(cls, body: Body | None) -> TraceBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), mode=as_str(b.get("mode")),
-                   armed=as_bool(b.get("armed")), tracing_now=as_bool(b.get("tracing_now")),
-                   step=as_int(b.get("step")), fallback_steps=as_bool(b.get("fallback_steps")),
-                   failures=as_int(b.get("failures")), disabled=as_bool(b.get("disabled")),
-                   last_error=as_str(b.get("last_error")),
-                   dropped_rows=as_int(b.get("dropped_rows")),
-                   cuda_events=as_bool(b.get("cuda_events")), hot_path=as_str(b.get("hot_path")),
-                   native_build=as_str(b.get("native_build")),
-                   saved_bytes=as_dict_or_none(b.get("saved_bytes")))
-
 
 @dataclass(frozen=True, slots=True)
 class DoctorBody(WireBody):
@@ -382,16 +287,6 @@ class DoctorBody(WireBody):
     optimizers: tuple[dict[str, Any], ...] = ()
     schedulers: tuple[str, ...] | None = None
     cuda_total_mib: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> DoctorBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), now=as_float(b.get("now")),
-                   clock=as_dict(b.get("clock")), loop=as_dict_or_none(b.get("loop")),
-                   optimizers=as_dicts(b.get("optimizers")),
-                   schedulers=(as_strs(b.get("schedulers")) if isinstance(b.get("schedulers"), list)
-                               else None),
-                   cuda_total_mib=as_dict(b.get("cuda_total_mib")))
 
 
 def _checked(b: GradsBody) -> bool:
@@ -413,15 +308,6 @@ class GradsBody(WireBody):
     """Total norm of the finite gradients; None when none is finite."""
     reason: str | None = sometimes()
 
-    @classmethod
-    def from_wire(cls, body: Body | None) -> GradsBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), checked=b.get("checked") is True,
-                   step=as_int(b.get("step")), params=as_int(b.get("params")),
-                   without_grad=as_int(b.get("without_grad")),
-                   nonfinite=as_int(b.get("nonfinite")), norm=as_float(b.get("norm")),
-                   reason=as_str(b.get("reason")))
-
 
 def _census_ran(b: TensorsBody) -> bool:
     return b.note is None
@@ -442,16 +328,6 @@ class TensorsBody(WireBody):
     groups: tuple[dict[str, Any], ...] = ()
     census_ms: float | None = sometimes()
     note: str | None = sometimes()
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> TensorsBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), step=as_int(b.get("step")),
-                   previous_step=as_int(b.get("previous_step")),
-                   tensors=as_int(b.get("tensors")) or 0,
-                   total_mib=as_float(b.get("total_mib")) or 0.0,
-                   groups=as_dicts(b.get("groups")), census_ms=as_float(b.get("census_ms")),
-                   note=as_str(b.get("note")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,8 +353,3 @@ class RecordedBody(WireBody):
 
     rank: int | None
     recorded: int = 0
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> RecordedBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), recorded=as_int(b.get("recorded")) or 0)

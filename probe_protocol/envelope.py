@@ -6,7 +6,8 @@
   ``error`` (a message for a person); routes may add keys (``traceback``, ``reason``...).
 - A success body is a frozen dataclass (``WireBody``): ``to_wire()`` writes ``ok``, ``rank``,
   then its fields in declaration order, leaving out a field whose ``omit`` rule says so
-  (``sometimes()``); ``from_wire()`` reads it back.
+  (``sometimes()``); ``from_wire()`` reads it back, each field by its declared type
+  (``READERS``), so a new body is its fields and nothing more.
 
 Reading is tolerant, as the CLI's renderers always were: a missing, null or mistyped key becomes
 the field's empty value, never a KeyError, so an older or newer agent still renders. Nested
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, TypeVar
 
 Body = Mapping[str, Any]
 
@@ -30,10 +31,28 @@ def sometimes(when: Callable[[Any], bool] | None = None, default: Any = None) ->
     return field(default=default, metadata={"sent": when or "not-none"})
 
 
+W = TypeVar("W", bound="WireBody")
+
+
 class WireBody:
-    """Mixin for success bodies (dataclasses with a ``rank`` field)."""
+    """Mixin for success bodies (dataclasses with a ``rank`` field). ``from_wire`` reads each
+    field by its declared type (``READERS``); a body whose field needs more says so in its own
+    ``from_wire``."""
 
     __slots__ = ()
+
+    @classmethod
+    def from_wire(cls: type[W], body: Body | None) -> W:
+        """The body as sent: each field read by its type's tolerant reader; a missing, null or
+        mistyped value leaves the field's default."""
+        b = body or {}
+        kw: dict[str, Any] = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            value = READERS[f.type](b.get(f.name))  # type: ignore[index]
+            if value is not None or (f.default is None and f.default_factory is MISSING) \
+                    or (f.default is MISSING and f.default_factory is MISSING):
+                kw[f.name] = value
+        return cls(**kw)
 
     def to_wire(self) -> dict[str, Any]:
         """The body as the agent sends it (and as ``--json`` prints it)."""
@@ -152,3 +171,25 @@ def as_dict_or_none(value: Any) -> dict[str, Any] | None:
 
 def as_strs(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in as_list(value))
+
+
+def as_rows(value: Any) -> tuple[list[Any], ...]:
+    return tuple(list(r) for r in as_list(value) if isinstance(r, list | tuple))
+
+
+def as_strs_or_none(value: Any) -> tuple[str, ...] | None:
+    return as_strs(value) if isinstance(value, list | tuple) else None
+
+
+#: A field's declared type (as written: annotations are strings here) -> how it is read.
+READERS: dict[str, Callable[[Any], Any]] = {
+    "int": as_int, "int | None": as_int,
+    "float": as_float, "float | None": as_float,
+    "str": as_str, "str | None": as_str,
+    "bool": as_bool, "bool | None": as_bool,
+    "dict[str, Any]": as_dict, "dict[str, Any] | None": as_dict_or_none,
+    "tuple[dict[str, Any], ...]": as_dicts,
+    "tuple[str, ...]": as_strs, "tuple[str, ...] | None": as_strs_or_none,
+    "tuple[list[Any], ...]": as_rows,
+    "Any": lambda value: value,
+}

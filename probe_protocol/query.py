@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .envelope import Body, WireBody, as_dict, as_int, as_list, as_str, as_strs, sometimes
+from .envelope import Body, WireBody, as_dict, as_int, as_str, sometimes
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,15 +46,6 @@ class QueryBody(WireBody):
     truncated: bool = False
     elapsed_ms: float | None = None
     truncated_by: str | None = sometimes()
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> QueryBody:
-        b = body or {}
-        return cls(rank=as_int(b.get("rank")), columns=as_strs(b.get("columns")),
-                   types=as_strs(b.get("types")),
-                   rows=tuple(list(r) for r in as_list(b.get("rows"))),
-                   truncated=bool(b.get("truncated")), elapsed_ms=b.get("elapsed_ms"),
-                   truncated_by=as_str(b.get("truncated_by")) or None)
 
     def stream(self, encoded_rows: Iterable[bytes]) -> list[bytes]:
         """This body's bytes, with ``encoded_rows`` (comma-joined JSON arrays, as they go

@@ -116,6 +116,11 @@ class RunFiles:
         return self._p(".oom.json")
 
     @property
+    def oom_snapshot(self) -> str:
+        """The CUDA allocator's history at the OOM (memory_viz's pickle format)."""
+        return self._p(".oom.pickle")
+
+    @property
     def exit_record(self) -> str:
         """What the agent saw at interpreter exit (an uncaught exception, or a plain exit)."""
         return self._p(".exit.json")

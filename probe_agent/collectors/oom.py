@@ -159,7 +159,7 @@ class OomRecorder:
     def _dump_history(self, torch: Any) -> str | None:
         if not self.recording_history:
             return None
-        path = os.path.join(self.run_dir, f"{os.getpid()}.oom.pickle")
+        path = RunFiles(self.run_dir, os.getpid()).oom_snapshot
         with open(path, "wb") as f:
             pickle.dump(torch.cuda.memory._snapshot(), f)
         return path
