@@ -201,6 +201,38 @@ CREATE TABLE IF NOT EXISTS python.steps (
     samples_per_s DOUBLE,
     traced        BOOLEAN             -- python.torch_trace has rows for this step
 );
+-- Throughput (probe_agent/collectors/throughput.py; `probe throughput` reads these):
+--   tokens: tokens of this optimizer step on this rank: probe_agent.log(tokens=N) for the step
+--     (summed), else B x T of the root model's integer input (the first integer tensor of 2+
+--     dims among its arguments, else input_ids), summed over the step's micro-batches, on traced
+--     steps; untraced steps carry the last traced step's count. Padding counts.
+--   tokens_source: 'logged' | 'inputs' (this step was traced) | 'carried'.
+--   tokens_per_s: tokens / duration.
+--   micro_batches: calls of the root model in the step (gradient accumulation), context_len:
+--     T of its token input (the largest in the step); from the last traced step.
+--   flops: model FLOPs of the step on this rank (forward + backward of every micro-batch, the
+--     ops torch.utils.flop_counter counts: matmuls, convolutions, attention). flops_measured:
+--     this step ran under FlopCounterMode (measured once, again when the input shapes change,
+--     at most every 50 steps; its duration is the measurement's cost, so rates leave it out);
+--     other steps scale the measured FLOPs per token by their tokens.
+--   flops_6n: 6 x trainable parameters x tokens, the analytic estimate beside the measurement.
+--   flops_per_s: flops / duration (achieved). compute_dtype: the dtype the matmuls ran in
+--     (autocast's, else the parameters'; 'tf32' for float32 on CUDA with TF32 allowed).
+--   peak_flops: the device's dense peak in that dtype (a data sheet table by GPU name), or on
+--     CPU a matmul measured once per node; peak_source says which. mfu = flops_per_s / peak.
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS tokens BIGINT;
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS tokens_per_s DOUBLE;
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS tokens_source VARCHAR;
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS micro_batches INTEGER;
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS context_len BIGINT;
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS flops DOUBLE;
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS flops_measured BOOLEAN;
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS flops_6n DOUBLE;
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS flops_per_s DOUBLE;
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS compute_dtype VARCHAR;
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS peak_flops DOUBLE;
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS peak_source VARCHAR;
+ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS mfu DOUBLE;
 
 -- python.memory: one row per optimizer step per device, taken right after the step.
 -- device 'cuda:N' (torch.cuda.memory_stats of the current device, only once the job has

@@ -85,7 +85,7 @@ def build_collectors(clock: StepClock, rank: int, config: AgentConfig,
     from .trainloop import LoopMonitor
 
     tracer = _build("tracer", lambda: TorchTracer(clock, rank, config))
-    steps = _build("steps", lambda: StepRecorder(clock, rank, tracer))
+    steps = _build("steps", lambda: StepRecorder(clock, rank, tracer, config.run_dir))
     kinds = steps.last_kinds if steps is not None else dict
     return Collectors(
         ranks=_build("ranks", ranks),  # ranks.py

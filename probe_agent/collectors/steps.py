@@ -41,6 +41,7 @@ import pyarrow as pa
 from . import Guard, Sink
 from .heap import free_heap_mib
 from .memory_kinds import count_kinds
+from .throughput import ThroughputMeter
 
 if TYPE_CHECKING:
     from ..clock import StepClock
@@ -60,10 +61,12 @@ class StepRecorder:
     Args:
         clock: the agent's step clock; its steps drive the rows.
         rank: written into every row.
-        tracer: when present, says which steps were traced and how many samples they saw.
+        tracer: when present, says which steps were traced and what their root calls were fed.
+        run_dir: where a measured CPU peak is shared with the node's other ranks (peak.py).
     """
 
-    def __init__(self, clock: StepClock, rank: int, tracer: TorchTracer | None) -> None:
+    def __init__(self, clock: StepClock, rank: int, tracer: TorchTracer | None,
+                 run_dir: str) -> None:
         self.clock = clock
         self.rank = rank
         self.tracer = tracer
@@ -72,6 +75,8 @@ class StepRecorder:
         self.memory: list[tuple[Any, ...]] = []
         self.metrics: list[tuple[Any, ...]] = []
         self.logged_samples: dict[int, int] = {}
+        self.logged_tokens: dict[int, int] = {}
+        self.throughput = ThroughputMeter(run_dir)
         self._last_end: float | None = None
         self._statm: int | None = None
         self._unsubscribe: Any = None
@@ -145,19 +150,26 @@ class StepRecorder:
         now = time.time()
         start, self._last_end = self._last_end, now
         tracer = self.tracer
-        samples = None
         traced = False
+        batch = None
+        torch = sys.modules.get("torch")
         if tracer is not None:
             traced = bool(tracer.recording)
-            samples = tracer.pop_samples(step)
+            batch = tracer.pop_batch(step)
+        samples = batch.samples if batch is not None else None
+        work = None
+        if torch is not None:
+            try:
+                work = self.throughput.at_step(torch, step, optimizer, batch, tracer)
+            except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
+                self.guard.failed(e)
         duration = now - start if start is not None else None
         # Held until the next step (or a second): log(samples=N) usually comes right after
         # optimizer.step(), i.e. after this hook.
         with self._lock:
             self._finish_pending()
-            self._pending = [step, start, now, duration, samples, traced]
+            self._pending = [step, start, now, duration, samples, traced, work]
         rss = self.rss_mib()
-        torch = sys.modules.get("torch")
         kinds = self._kinds(torch, optimizer) if traced else _NO_KINDS
         if kinds[0] is not None:
             self._last_kinds = kinds
@@ -209,12 +221,13 @@ class StepRecorder:
         p, self._pending = self._pending, None
         if p is None:
             return
-        step, start, end, duration, samples, traced = p
+        step, start, end, duration, samples, traced, work = p
         logged = self.logged_samples.pop(step, None)
         samples = logged if logged is not None else samples
         rate = samples / duration if samples and duration else None
+        tput = self.throughput.columns(work, self.logged_tokens.pop(step, None), duration)
         if len(self.steps) < BUFFER:
-            self.steps.append((step, start, end, duration, samples, rate, traced))
+            self.steps.append((step, start, end, duration, samples, rate, traced, *tput))
 
     def log(self, step: int | None, scalars: dict[str, Any]) -> None:
         """``probe_agent.log``: called on the user's thread; never raises into it."""
@@ -225,10 +238,11 @@ class StepRecorder:
                 step = self.default_step()
             now = time.time()
             for name, value in scalars.items():
-                if name == "samples" and isinstance(value, int):
-                    if len(self.logged_samples) > 1000:  # steps that never finished
-                        self.logged_samples.clear()
-                    self.logged_samples[step] = self.logged_samples.get(step, 0) + value
+                if name in ("samples", "tokens") and isinstance(value, int):
+                    counts = self.logged_samples if name == "samples" else self.logged_tokens
+                    if len(counts) > 1000:  # steps that never finished
+                        counts.clear()
+                    counts[step] = counts.get(step, 0) + value
                 if hasattr(value, "detach"):
                     value = value.detach()  # .item() waits for the GPU: the writer does it
                 if len(self.metrics) < BUFFER:

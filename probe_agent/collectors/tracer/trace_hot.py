@@ -115,7 +115,7 @@ def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         return _orig_call(self, *args, **kwargs)
     depth = tr.depth
     if depth == 0:
-        tr.on_root(self, args)
+        tr.on_root(self, args, kwargs)
     if not tr.recording:
         tr.depth = depth + 1
         try:

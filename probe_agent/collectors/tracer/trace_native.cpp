@@ -84,8 +84,9 @@ PyObject* call_module(PyObject* self, PyObject* args, PyObject* kwargs) {
 
 // The tracer's on_root (step counting without an optimizer, samples, root); then re-read what
 // it may have changed.
-void on_root(PyObject* self, PyObject* args) {
-  PyObject* r = PyObject_CallMethodObjArgs(g_tracer, s_on_root, self, args, nullptr);
+void on_root(PyObject* self, PyObject* args, PyObject* kwargs) {
+  PyObject* r = PyObject_CallMethodObjArgs(g_tracer, s_on_root, self, args,
+                                           kwargs ? kwargs : Py_None, nullptr);
   if (!r) {
     report_failure();
     return;
@@ -144,7 +145,7 @@ PyObject* hot_call(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (!g_tracer) return call_module(self, args, kwargs);
   int64_t depth = g_depth;
   if (depth == 0 && g_in_backward.load(std::memory_order_relaxed) == FORWARD)
-    on_root(self, args);
+    on_root(self, args, kwargs);
   if (!g_tracer || !g_recording) {
     g_depth = depth + 1;
     PyObject* r = call_module(self, args, kwargs);

@@ -65,6 +65,7 @@ from .trace_columns import (
     pack_fw,
 )
 from ..memory_kinds import trained_params
+from .batch import StepBatch
 from .saved_bytes import SavedBytes
 from .trace_cuda import CudaRecords
 from .trace_flush import TABLE as _TABLE
@@ -136,7 +137,7 @@ class TorchTracer(CudaRecords, WriterSide):
         self.armed = False
         self.installed = False
         self.fallback = True  # no optimizer step seen yet: root calls count steps
-        self._samples: dict[int, int] = {}
+        self._batches: dict[int, StepBatch] = {}
         self._first_root: Any = None
         self._root_calls = 0
         self._after_step = False
@@ -285,7 +286,7 @@ class TorchTracer(CudaRecords, WriterSide):
         self.recording = False
 
     # -- training-thread callbacks -------------------------------------------------------------
-    def on_root(self, module: Any, args: tuple[Any, ...]) -> None:
+    def on_root(self, module: Any, args: tuple[Any, ...], kwargs: Any = None) -> None:
         """A module called with no traced module around it (once or a few times per step)."""
         try:
             if self.in_backward:
@@ -307,10 +308,11 @@ class TorchTracer(CudaRecords, WriterSide):
                     self._pass_root = module
                 elif module is self._pass_root:
                     self.saved.new_pass()
-            if self.recording and args:
-                a = args[0]
-                if isinstance(a, self._torch.Tensor) and a.dim() > 0:
-                    self._samples[self.step] = self._samples.get(self.step, 0) + int(a.shape[0])
+            if self.recording:
+                batch = self._batches.get(self.step)
+                if batch is None:
+                    batch = self._batches[self.step] = StepBatch()
+                batch.add(self._torch, module, args, kwargs)
         except Exception as e:  # noqa: BLE001 - training thread
             self.failed(e)
 
@@ -375,13 +377,13 @@ class TorchTracer(CudaRecords, WriterSide):
         thread): what memory_kinds.py counts and the saved-tensor counter leaves out."""
         return trained_params(self.root, [optimizer, *(self.optimizers or ())])
 
-    def pop_samples(self, step: int) -> int | None:
-        """Samples seen by the root calls of traced step ``step`` (their inputs' first
-        dimension), once; older entries are dropped."""
-        n = self._samples.pop(step, None)
-        for old in [s for s in self._samples if s < step]:
-            del self._samples[old]
-        return n
+    def pop_batch(self, step: int) -> StepBatch | None:
+        """What the root calls of traced step ``step`` were fed (batch.py), once; older
+        entries are dropped."""
+        b = self._batches.pop(step, None)
+        for old in [s for s in self._batches if s < step]:
+            del self._batches[old]
+        return b
 
     # -- failures ----------------------------------------------------------------------------
     def failed(self, exc: BaseException) -> None:

@@ -1,0 +1,125 @@
+"""FlopMeter: the model FLOPs of one whole optimizer step, measured with torch's own counter.
+
+What gets measured
+------------------
+``torch.utils.flop_counter.FlopCounterMode`` is entered at a step boundary (right after
+optimizer step N, on the training thread) and left at the next one, so it sees every op of
+step N+1: the forward and backward of every micro-batch. It counts the ops torch has formulas
+for (matmuls, convolutions, attention), which is what "model FLOPs" means for MFU; the
+optimizer's elementwise updates are not counted. Counted per rank: under DDP each rank's own
+micro-batches; under FSDP each rank's compute (the sharding changes memory, not the math).
+
+When
+----
+- Once, at the first boundary where the next step is traced (so that its tokens, from the
+  tracer's view of the root call, belong to the very step measured), or at once when tracing is
+  off.
+- Again when the token input shapes change (a new sequence length or batch size), at most once
+  every ``MIN_GAP`` steps, so that variable-length batches cannot make every step a measured one.
+- The measured step is slower (every op goes through a Python dispatch mode); its row in
+  python.steps says ``flops_measured`` and its duration is that cost (bench/flops_cost.py).
+
+Never
+-----
+- When another dispatch mode is active at the boundary (a user's FlopCounterMode, a debug
+  mode): the meter's exit pops the top of the mode stack, so it must be the one it pushed.
+- After a failure (a Guard counts it; repeated failures switch the meter off).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from . import Guard
+
+log = logging.getLogger(__name__)
+
+#: Steps between two measurements triggered by new input shapes.
+MIN_GAP = 50
+
+
+class FlopMeter:
+    """Measures one step's FLOPs at a time; ``boundary`` drives it from the step recorder."""
+
+    def __init__(self) -> None:
+        self.guard = Guard("flop meter")
+        self.flops: float | None = None  # FLOPs of the last measured step
+        self.tokens: int | None = None  # its tokens, when known
+        self.measured_step: int | None = None
+        self.measurements = 0
+        self._mode: Any = None
+        self._step: int | None = None  # the step the active mode measures
+        self._shapes: Any = None  # token input shapes of the measured step
+        self._want = True
+
+    def boundary(self, torch: Any, step: int, shapes: Any, next_traced: bool,
+                 tracing: bool) -> float | None:
+        """Step ``step`` just finished (training thread). Returns its FLOPs when it was the
+        measured step; starts measuring the next step when a measurement is due.
+
+        Args:
+            shapes: the token input shapes of ``step`` when it was traced, else None.
+            next_traced: the tracer will trace step ``step + 1`` (its tokens will be known).
+            tracing: the tracer traces some steps at all (else measure without waiting).
+        """
+        if not self.guard.enabled:
+            return None
+        out = None
+        try:
+            if self._mode is not None:
+                out = self._finish(torch, step, shapes)
+            elif (shapes and self._shapes is not None and shapes != self._shapes
+                  and (self.measured_step is None or step - self.measured_step >= MIN_GAP)):
+                self._want = True
+            if self._want and (next_traced or not tracing):
+                self._begin(torch, step + 1)
+        except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
+            self._mode = None
+            self.guard.failed(e)
+        return out
+
+    def _begin(self, torch: Any, step: int) -> None:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+        from torch.utils.flop_counter import FlopCounterMode
+
+        if _get_current_dispatch_mode() is not None:
+            return  # someone else's mode is on the stack: try again at the next boundary
+        mode = FlopCounterMode(display=False)
+        mode.__enter__()
+        self._mode, self._step, self._want = mode, step, False
+
+    def _finish(self, torch: Any, step: int, shapes: Any) -> float | None:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        mode, self._mode = self._mode, None
+        if _get_current_dispatch_mode() is not getattr(mode, "mode", None):
+            # The job left a mode of its own on top: popping now would pop the job's.
+            raise RuntimeError("another dispatch mode is on top of the FLOP counter")
+        mode.__exit__(None, None, None)
+        if step != self._step:
+            return None  # a step the clock counted differently (skipped by a scaler, ...)
+        self.flops = float(mode.get_total_flops())
+        self.measured_step = step
+        self.measurements += 1
+        if shapes:
+            self._shapes = shapes
+        return self.flops
+
+    def state(self) -> dict[str, Any]:
+        return {"flops": self.flops, "measured_step": self.measured_step,
+                "measurements": self.measurements, "measuring": self._mode is not None,
+                "failures": self.guard.failures, "disabled": not self.guard.enabled}
+
+
+def trainable_params(params: list[Any]) -> int:
+    """N of 6·N·tokens: the elements of the parameters being trained (each tensor once; a
+    DTensor's numel is its global size, so FSDP shards count whole)."""
+    seen: set[int] = set()
+    n = 0
+    for p in params:
+        if id(p) in seen or not getattr(p, "requires_grad", False):
+            continue
+        seen.add(id(p))
+        n += int(p.numel())
+    return n

@@ -1,0 +1,148 @@
+"""Peak FLOP/s of the device a rank computes on, for MFU: a table for accelerators, a measured
+matmul on CPU.
+
+The table holds dense (no 2:4 sparsity) tensor-core peaks per dtype from each vendor's data
+sheet; ``source`` names it. Names match ``torch.cuda.get_device_name()`` by substring, most
+specific first (an "H100 PCIe" must not match the SXM row). A device or dtype not in the table
+gets no peak (MFU stays NULL) rather than a guess.
+
+On CPU there is no data sheet number torch can reach, so the rank measures one: the best of a
+few square matmuls in the step's dtype, with the threads torch uses, once per node. The result
+is kept in the run dir (``cpu_peak.json``, keyed by CPU model, threads and dtype) so the other
+ranks of the node and later jobs reuse it; its source says "measured". It runs on the training
+thread at a step boundary (~0.3 s, once): measured anywhere else it would compete with the
+step it is meant to judge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+T = 1e12
+_NV = "NVIDIA data sheet"
+_AMD = "AMD data sheet"
+#: (name substring, {dtype: dense FLOP/s}, source), most specific first.
+TABLE: list[tuple[str, dict[str, float], str]] = [
+    ("H200", {"bfloat16": 989.4 * T, "float16": 989.4 * T, "tf32": 494.7 * T,
+              "float32": 66.9 * T}, f"{_NV}: H200 SXM, dense"),
+    ("H100 PCIe", {"bfloat16": 756.5 * T, "float16": 756.5 * T, "tf32": 378 * T,
+                   "float32": 51.2 * T}, f"{_NV}: H100 PCIe, dense"),
+    ("H100 NVL", {"bfloat16": 835.5 * T, "float16": 835.5 * T, "tf32": 417.5 * T,
+                  "float32": 60 * T}, f"{_NV}: H100 NVL, dense"),
+    ("H100", {"bfloat16": 989.4 * T, "float16": 989.4 * T, "tf32": 494.7 * T,
+              "float32": 66.9 * T}, f"{_NV}: H100 SXM, dense"),
+    ("A100", {"bfloat16": 312 * T, "float16": 312 * T, "tf32": 156 * T, "float32": 19.5 * T},
+     f"{_NV}: A100 SXM/PCIe, dense"),
+    ("L40S", {"bfloat16": 362.05 * T, "float16": 362.05 * T, "tf32": 183 * T,
+              "float32": 91.6 * T}, f"{_NV}: L40S, dense"),
+    ("A10G", {"bfloat16": 70 * T, "float16": 70 * T, "tf32": 35 * T, "float32": 31.2 * T},
+     f"{_NV}: A10G, dense"),
+    ("V100", {"float16": 125 * T, "float32": 15.7 * T}, f"{_NV}: V100 SXM2"),
+    ("MI300X", {"bfloat16": 1307.4 * T, "float16": 1307.4 * T, "tf32": 653.7 * T,
+                "float32": 163.4 * T}, f"{_AMD}: Instinct MI300X, dense"),
+    ("MI250X", {"bfloat16": 383 * T, "float16": 383 * T, "float32": 95.7 * T},
+     f"{_AMD}: Instinct MI250X"),
+]
+
+
+def table_peak(device_name: str, dtype: str | None) -> tuple[float, str] | None:
+    """(FLOP/s, source) for a device name and dtype, or None when the table has no entry."""
+    if not dtype:
+        return None
+    for key, peaks, source in TABLE:
+        if key.lower() in device_name.lower():
+            flops = peaks.get(dtype)
+            return (flops, f"{source} {dtype}") if flops else None
+    return None
+
+
+class PeakFlops:
+    """This rank's peak, found once per (device, dtype) the steps ran in.
+
+    Args:
+        run_dir: where the measured CPU peak is shared with the node's other ranks.
+    """
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self._known: dict[tuple[str, str], tuple[float, str] | None] = {}
+
+    def get(self, torch: Any, device: str | None, dtype: str | None) -> tuple[float, str] | None:
+        """Training thread, at a step boundary. May measure the CPU once (see the module)."""
+        if not device or not dtype:
+            return None
+        key = (device, dtype)
+        if key in self._known:
+            return self._known[key]
+        if device == "cuda":
+            name = torch.cuda.get_device_name(torch.cuda.current_device())
+            found = table_peak(name, dtype)
+        elif device == "cpu":
+            found = self._cpu(torch, dtype)
+        else:
+            found = None
+        self._known[key] = found
+        return found
+
+    def _cpu(self, torch: Any, dtype: str) -> tuple[float, str] | None:
+        threads = torch.get_num_threads()
+        key = f"{_cpu_model()}|{threads}|{dtype}"
+        path = os.path.join(self.run_dir, "cpu_peak.json")
+        cache = _read(path)
+        if key in cache:
+            flops = float(cache[key])
+        else:
+            flops = measure_cpu(torch, dtype)
+            cache[key] = flops
+            _write(path, cache)
+        return flops, f"measured: CPU {dtype} matmul, {threads} threads"
+
+
+def measure_cpu(torch: Any, dtype: str, n: int = 1024, seconds: float = 0.3) -> float:
+    """Best FLOP/s of n x n matmuls over about ``seconds``."""
+    dt = getattr(torch, dtype, torch.float32) if dtype != "tf32" else torch.float32
+    a = torch.randn(n, n, dtype=dt)
+    b = torch.randn(n, n, dtype=dt)
+    torch.mm(a, b)  # warm: the first call picks kernels
+    best = 0.0
+    end = time.perf_counter() + seconds
+    while True:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        dt_s = time.perf_counter() - t0
+        best = max(best, 2.0 * n ** 3 / dt_s)
+        if time.perf_counter() > end:
+            return best
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def _read(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)  # atomic: a rank reading it sees the old or the new file
+    except OSError:
+        pass  # the peak still holds for this rank; others measure their own
