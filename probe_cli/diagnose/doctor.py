@@ -11,6 +11,7 @@ from .findings import RankDoc, Report
 from .hang import HangVerdict, RankState
 from .memory_use import check_memory_use
 from .number_checks import check_lr_clip, check_memory, check_nonfinite
+from .throughput import check_throughput
 from .time_checks import (
     check_collective_wait,
     check_data_wait,
@@ -30,7 +31,7 @@ def rank_doc(state: RankState, answer: dict[str, Any] | None) -> RankDoc:
         rank=state.rank, state=data.get("state"), grads=data.get("grads"),
         loop=data.get("loop"), memory=data.get("memory"), metrics=data.get("metrics"),
         breakdown=data.get("breakdown"), activations=data.get("activations"),
-        slow=data.get("slow"), frames=state.frames,
+        slow=data.get("slow"), throughput=data.get("throughput"), frames=state.frames,
         collectives=tuple(data["collectives"]) if data.get("collectives") else state.collectives,
         errors=data.get("errors") or {})
 
@@ -53,6 +54,8 @@ def diagnose(verdict: HangVerdict, docs: list[RankDoc], min_wait: float) -> Repo
     else:
         check_data_wait(report, docs)
     check_lr_clip(report, docs)
+    if not verdict.problem:
+        check_throughput(report, docs)
     check_modules(report, docs)
     return report
 

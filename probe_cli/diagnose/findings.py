@@ -56,6 +56,7 @@ class RankDoc:
     activations: list[dict[str, Any]] | None = None  # memory_activations rows
     metrics: list[dict[str, Any]] | None = None
     slow: list[dict[str, Any]] | None = None
+    throughput: list[dict[str, Any]] | None = None  # the throughput query's row
     frames: tuple[dict[str, Any], ...] = ()
     collectives: tuple[dict[str, Any], ...] = ()
     errors: dict[str, str] = field(default_factory=dict)

@@ -52,6 +52,7 @@ def doctor_queries(last: int) -> tuple[tuple[str, str, dict[str, int]], ...]:
         ("activations", "memory_activations", {"top": TOP_ACTIVATIONS}),
         ("metrics", "doctor_metrics", {}),
         ("slow", "slow_modules", {"last": last, "limit": TOP_MODULES}),
+        ("throughput", "throughput", {"last": last}),
     )
 
 

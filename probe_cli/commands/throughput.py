@@ -1,0 +1,81 @@
+"""`probe throughput`: tokens/s, the global batch in tokens, FLOPs per token (measured against
+6N), achieved TFLOP/s and MFU per rank and for the job, where the step goes and the lever."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from probe_protocol.query import QueryBody
+
+from ..diagnose.throughput import RankThroughput, from_rows
+from ..outcome import Outcome, finish
+from ..render.text import query_notes
+from ..render.throughput import render_throughput
+from ..result import RankResult
+from ..transport.client import ProbeClient
+from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.session import Session
+from . import pass_session
+from ._window import last_option
+
+
+@click.command("throughput")
+@last_option(100, 2, "Look at the last N steps of each rank (medians).")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="The peak TFLOP/s of one rank's device to judge MFU against, instead of the "
+                   "data sheet table (GPUs) or the CPU matmul each node measured once.")
+@pass_session
+def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
+    """Throughput per rank and for the job, and the biggest lever.
+
+    Per rank: tokens per optimizer step (B x T of the root model's integer input summed over
+    its micro-batches, or probe_agent.log(tokens=N)), tokens/s, samples/s, FLOPs per token
+    measured with FlopCounterMode over one whole step against 6N, achieved TFLOP/s, MFU (the
+    peak and its source), the cost of the measured step, and where a traced step goes:
+    forward, backward, optimizer, input (DataLoader), collectives, host (the rest). The lever
+    is the largest non-compute share (at least 30%), or many small ops when compute runs under
+    2% of the peak. The job: summed tokens/s, samples/s and TFLOP/s, MFU of the sum, and GB_tok
+    = micro-batch x accumulation x data-parallel ranks x context.
+
+    --json: one object per rank: its "throughput" (the throughput query's columns; mfu,
+    peak_flops and peak_source after --peak-tflops; "lever": null or {lever (input |
+    collective | host | small_ops), share, evidence, next}) and "job" (ranks, dp_world,
+    tokens_per_s, samples_per_s, gb_tok, micro_batch, accumulation, context_len, flops_per_s,
+    peak_flops, mfu), the same in every rank's object.
+    """
+    results = fan_out(session, resolve_ranks(session), _gather(last))
+    world = len(results)
+    rows = {r.rank: r.data.pop("_row") for r in results if r.ok and r.data and r.data.get("_row")}
+    ranks, job = from_rows(rows, world, peak_tflops)
+    by_rank = {t.rank: t for t in ranks}
+    job_json = job.to_json()
+    for r in results:
+        if r.ok and r.data is not None:
+            r.data.pop("_row", None)
+            t = by_rank.get(r.rank)
+            r.data["throughput"] = t.to_json() if t is not None else None
+            r.data["job"] = job_json
+    out = finish(session, results, lambda ok: _render(ok, by_rank, job_json))
+    ok = [r for r in results if r.ok]
+    out.stderr[:0] = query_notes(ok)
+    if ok and not rows and session.output == "text":
+        out.stderr.insert(0, "probe: no rows yet: no optimizer step seen yet (python.steps gets "
+                             "one row per optimizer step)")
+    return out
+
+
+def _gather(last: int) -> Any:
+    def call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
+        body = client.canned("throughput", last=last)
+        recs = QueryBody.from_wire(body).records()
+        body["_row"] = recs[0] if recs else None
+        return body
+
+    return call
+
+
+def _render(ok: list[RankResult], by_rank: dict[Any, RankThroughput],
+            job: dict[str, Any]) -> list[str]:
+    return render_throughput([by_rank[r.rank] for r in ok if r.rank in by_rank], job)

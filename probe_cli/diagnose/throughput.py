@@ -1,0 +1,183 @@
+"""Throughput per rank and for the job, and the biggest lever. Pure: the rows of the canned query
+``throughput`` in, ``RankThroughput``s, a ``JobThroughput`` and doctor's LOW THROUGHPUT finding
+out (`probe throughput` and `probe doctor` both use these).
+
+Where a step goes (shares of a traced step's time, medians over traced steps): forward,
+backward and optimizer compute; input (DataLoader wait); collectives (explicit calls timed by
+the agent); host (the rest: Python outside modules, waits nothing else saw). The lever is the
+largest non-compute share when it is at least ``LEVER_SHARE``. When compute dominates but runs
+far below the peak (``compute_flops_per_s`` under ``HOST_EFFICIENCY`` of it: the FLOPs are
+spread over many tiny ops, each paying Python and dispatch overhead), the lever is host
+overhead inside the modules: fewer, larger ops (fusion, torch.compile, a larger micro-batch).
+A job whose compute dominates and runs near the peak has no lever: the hardware is busy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .findings import WARNING, Finding, RankDoc, Report, num
+
+#: A non-compute share of the step at least this large is the lever (and doctor's finding).
+LEVER_SHARE = 0.3
+#: Compute (forward + backward) reaching less than this share of the peak is host-bound.
+HOST_EFFICIENCY = 0.02
+#: Traced steps the breakdown needs before it is trusted.
+MIN_TRACED = 2
+SHARES = ("forward", "backward", "optimizer", "input", "collective", "host")
+NEXT = {
+    "input": "probe flame   (where the DataLoader's time goes; then more workers, pin_memory)",
+    "collective": "probe query \"SELECT op, count(*), round(sum(duration), 3) AS s FROM "
+                  "python.collectives GROUP BY op ORDER BY s DESC\"",
+    "host": "probe flame   (the Python outside modules; then torch.compile or CUDA graphs)",
+    "small_ops": "probe slow   (the modules; fewer, larger ops: fusion, torch.compile, a larger "
+                 "micro-batch)",
+}
+#: Levers another doctor check already reports as its own finding.
+SAME_AS = {"input": "dataloader", "collective": "collectives"}
+WHAT = {
+    "input": "waiting for input (DataLoader __next__)",
+    "collective": "in collectives",
+    "host": "in host code outside the modules",
+    "small_ops": "in many small ops",
+}
+
+
+def _f(v: Any) -> float | None:
+    return num(v)
+
+
+@dataclass(slots=True)
+class RankThroughput:
+    rank: Any
+    row: dict[str, Any]
+    peak_override: float | None = None
+    shares: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        r = self.row
+        self.shares = {k: v for k in SHARES if (v := _f(r.get(f"{k}_share"))) is not None}
+
+    @property
+    def peak(self) -> float | None:
+        return self.peak_override or _f(self.row.get("peak_flops"))
+
+    @property
+    def peak_source(self) -> str | None:
+        if self.peak_override:
+            return "--peak-tflops"
+        return self.row.get("peak_source")
+
+    @property
+    def mfu(self) -> float | None:
+        fps, peak = _f(self.row.get("flops_per_s")), self.peak
+        return fps / peak if fps and peak else None
+
+    def lever(self) -> tuple[str, float, str] | None:
+        """(lever, share of the step, evidence) or None: see the module docstring."""
+        if int(_f(self.row.get("traced_steps")) or 0) < MIN_TRACED or not self.shares:
+            return None
+        name, share = max(((k, self.shares.get(k, 0.0)) for k in ("input", "collective", "host")),
+                          key=lambda kv: kv[1])
+        compute = sum(self.shares.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
+        if share >= LEVER_SHARE:
+            return name, share, (f"{share:.0%} of the step {WHAT[name]}; compute "
+                                 f"(forward+backward+optimizer) {compute:.0%}")
+        cfs, peak = _f(self.row.get("compute_flops_per_s")), self.peak
+        if cfs is not None and peak and cfs / peak < HOST_EFFICIENCY:
+            return "small_ops", compute, (
+                f"compute is {compute:.0%} of the step but reaches {cfs / 1e9:.2f} GFLOP/s, "
+                f"{cfs / peak:.1%} of the peak ({peak / 1e12:.2f} TFLOP/s, "
+                f"{self.peak_source}): the time goes {WHAT['small_ops']}")
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        lv = self.lever()
+        return {**self.row, "peak_flops": self.peak, "peak_source": self.peak_source,
+                "mfu": self.mfu,
+                "lever": None if lv is None else {"lever": lv[0], "share": lv[1],
+                                                  "evidence": lv[2], "next": NEXT[lv[0]]}}
+
+
+@dataclass(slots=True)
+class JobThroughput:
+    """The job: sums over ranks (tokens/s, samples/s, FLOP/s), GB_tok, MFU of the sum."""
+
+    ranks: list[RankThroughput]
+    world: int
+
+    def to_json(self) -> dict[str, Any]:
+        rs = self.ranks
+
+        def total(key: str) -> float | None:
+            vals = [v for r in rs if (v := _f(r.row.get(key))) is not None]
+            return sum(vals) if vals and len(vals) == len(rs) else None
+
+        tokens = [int(v) for r in rs if (v := _f(r.row.get("tokens"))) is not None]
+        # GB_tok: micro-batch x accumulation x data-parallel world x context = the tokens of
+        # one optimizer step summed over the DP ranks; ranks that did not answer count as the
+        # median of those that did.
+        gb = None
+        if tokens:
+            med = sorted(tokens)[len(tokens) // 2]
+            gb = sum(tokens) + med * max(self.world - len(tokens), 0)
+        fps = total("flops_per_s")
+        peaks = [r.peak for r in rs]
+        peak = sum(p for p in peaks if p) if all(peaks) and peaks else None
+        mb = [_f(r.row.get("micro_batches")) for r in rs]
+        first = rs[0].row if rs else {}
+        samples = _f(first.get("samples"))
+        micro = _f(first.get("micro_batches"))
+        return {
+            "ranks": len(rs), "dp_world": self.world, "tokens_per_s": total("tokens_per_s"),
+            "samples_per_s": total("samples_per_s"), "gb_tok": gb,
+            "micro_batch": samples / micro if samples and micro else None,
+            "accumulation": int(mb[0]) if mb and mb[0] else None,
+            "context_len": first.get("context_len"),
+            "flops_per_s": fps, "peak_flops": peak, "mfu": fps / peak if fps and peak else None,
+        }
+
+
+def from_rows(rows: dict[Any, dict[str, Any]], world: int,
+              peak_tflops: float | None = None) -> tuple[list[RankThroughput], JobThroughput]:
+    override = peak_tflops * 1e12 if peak_tflops else None
+    ranks = [RankThroughput(r, row, override) for r, row in sorted(rows.items())]
+    return ranks, JobThroughput(ranks, world)
+
+
+def check_throughput(report: Report, docs: list[RankDoc]) -> None:
+    """LOW THROUGHPUT: a rank whose lever takes a large share of its step (or whose compute
+    runs far below the peak), named with its evidence and the next command."""
+    rows = {d.rank: d.throughput[0] for d in docs if d.throughput}
+    if not rows:
+        why = ("no traced steps yet" if any(d.throughput is not None for d in docs)
+               else "no rank answered the throughput query")
+        report.unchecked.append(f"throughput: {why}")
+        return
+    ranks, _ = from_rows(rows, len(docs))
+    hits = [(r, lv) for r in ranks if (lv := r.lever()) is not None]
+    if not hits:
+        mfus = [f"rank {r.rank} {m:.0%}" for r in ranks if (m := r.mfu) is not None]
+        report.fine.append("throughput: compute dominates the step"
+                           + (f" (MFU {', '.join(mfus)})" if mfus else ""))
+        return
+    by: dict[str, list[tuple[RankThroughput, tuple[str, float, str]]]] = {}
+    for r, lv in hits:
+        by.setdefault(lv[0], []).append((r, lv))
+    name, group = max(by.items(), key=lambda kv: (len(kv[1]), max(x[1][1] for x in kv[1])))
+    same = SAME_AS.get(name)
+    if same and any(f.check == same for f in report.findings):
+        # The same lever already has its own finding (DATA-BOUND, collective wait): one
+        # problem, one finding.
+        report.fine.append(f"throughput: the lever is {WHAT[name]} (the {same} finding)")
+        return
+    top = max(lv[1] for _, lv in group)
+    evidence = [f"rank {r.rank}: {lv[2]}" + (f"; MFU {r.mfu:.1%}" if r.mfu is not None else "")
+                for r, lv in group]
+    label = {"input": "input-bound", "collective": "communication-bound", "host": "host-bound",
+             "small_ops": "host-bound (small ops)"}[name]
+    report.findings.append(Finding(
+        WARNING, "throughput", f"LOW THROUGHPUT: {label}: {WHAT[name]} takes {top:.0%} "
+        f"of the step", evidence, NEXT[name], sorted(r.rank for r, _ in group), score=top,
+        detail={"lever": name, "share": top}))

@@ -1,0 +1,70 @@
+"""`probe throughput` as text lines (pure; diagnose/throughput.py computes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..diagnose.throughput import NEXT, SHARES, RankThroughput
+
+
+def _n(v: Any) -> float | None:
+    try:
+        return None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def si(v: Any, unit: str = "") -> str:
+    x = _n(v)
+    if x is None:
+        return "?"
+    for scale, p in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {p}{unit}"
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def pct(v: Any) -> str:
+    x = _n(v)
+    return "?" if x is None else f"{100 * x:.1f}%"
+
+
+def render_throughput(ranks: list[RankThroughput], job: dict[str, Any]) -> list[str]:
+    lines = [
+        f"job: {si(job.get('tokens_per_s'), 'tokens/s')}, "
+        f"{si(job.get('samples_per_s'), 'samples/s')}, {si(job.get('flops_per_s'), 'FLOP/s')}, "
+        f"MFU {pct(job.get('mfu'))}",
+        f"  GB_tok {si(job.get('gb_tok'), 'tokens')} = micro-batch {job.get('micro_batch')} x "
+        f"accumulation {job.get('accumulation')} x data-parallel ranks {job.get('dp_world')} x "
+        f"context {job.get('context_len')}",
+    ]
+    for t in ranks:
+        r = t.row
+        lines += [
+            "",
+            f"rank {t.rank} (last {r.get('steps')} steps to step {r.get('last_step')}, median "
+            f"{r.get('step_ms')} ms): {si(r.get('tokens_per_s'), 'tokens/s')}, "
+            f"{si(r.get('samples_per_s'), 'samples/s')}, {r.get('tokens')} tokens/step "
+            f"({r.get('tokens_source')})",
+            f"  FLOPs/token {si(r.get('flops_per_token'))} measured vs "
+            f"{si(r.get('flops_6n_per_token'))} 6N; achieved {si(r.get('flops_per_s'), 'FLOP/s')}"
+            f" in {r.get('compute_dtype')}; MFU {pct(t.mfu)} of {si(t.peak, 'FLOP/s')} "
+            f"({t.peak_source or 'no peak known: --peak-tflops'})",
+        ]
+        if r.get("measured_step") is not None:
+            lines.append(f"  FLOPs measured on step {r.get('measured_step')} "
+                         f"({r.get('measurements')}x): {r.get('measured_step_ms')} ms, "
+                         f"x{r.get('measured_cost_x')} an ordinary step")
+        if t.shares:
+            parts = ", ".join(f"{k} {pct(t.shares.get(k))}" for k in SHARES)
+            lines.append(f"  step ({r.get('traced_steps')} traced): {parts}")
+        else:
+            lines.append("  step breakdown: no traced steps in the window (`probe trace every "
+                         "10`)")
+        lv = t.lever()
+        if lv is None:
+            lines.append("  lever: none stands out (compute dominates the step)")
+        else:
+            lines.append(f"  lever: {lv[0]} ({pct(lv[1])}): {lv[2]}")
+            lines.append(f"  next: {NEXT[lv[0]]}")
+    return lines

@@ -1,0 +1,82 @@
+"""Throughput on 2 gloo ranks under torchrun (issue 30): a token model with integer inputs
+[B, T] and gradient accumulation 2. `probe throughput` reports the exact tokens per optimizer
+step and GB_tok, tokens/s within 10% of what the script timed itself over the same steps, and
+FLOPs per step within 5% of FlopCounterMode run here on the same model and shapes (and, for
+this Linear-only model, within 15% of 6·N·tokens)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import pytest
+import torch
+
+from tests.e2e.training import probe, training_job
+from tests.support import PROGRAMS
+
+pytestmark = [pytest.mark.e2e]
+
+
+def _flops_here(batch: int, context: int, accum: int) -> float:
+    """FlopCounterMode over one optimizer step of the same model and shapes, in this process."""
+    sys.path.insert(0, str(PROGRAMS))
+    try:
+        from token_job import VOCAB, LinearLM
+    finally:
+        sys.path.remove(str(PROGRAMS))
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = LinearLM()
+    opt = torch.optim.AdamW(model.parameters())
+    with FlopCounterMode(display=False) as counter:
+        for _ in range(accum):
+            idx = torch.randint(0, VOCAB, (batch, context))
+            logits = model(idx)
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx.flatten()).backward()
+        opt.step()
+    return float(counter.get_total_flops()), sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.timeout(300)
+def test_tokens_gb_tok_rate_and_flops_of_a_token_model(tmp_path):
+    # GIVEN a 2-rank DDP token model, B=4 T=32, 2 micro-batches per step, tracing every 2nd step
+    with training_job(tmp_path, "token_job.py", nproc=2, env={"PROBE_TRACE": "every:2"},
+                      timeout=240) as (_, infos):
+        # WHEN probe throughput --json asks every rank about its last 20 steps
+        out = probe("-t", infos[0]["url"].removeprefix("http://"), "--json", "throughput",
+                    "--last", "20", timeout=120)
+        assert out.returncode == 0, out.stderr + out.stdout
+        bodies = {b["rank"]: b for b in json.loads(out.stdout)}
+        own = {i["rank"]: dict(line.split() for line in
+                               (tmp_path / "ready" / f"steps{i['rank']}.txt").read_text()
+                               .splitlines()) for i in infos}
+    info = infos[0]
+    per_rank = info["batch"] * info["context"] * info["accum"]
+    want_flops, n_params = _flops_here(info["batch"], info["context"], info["accum"])
+    assert sorted(bodies) == [0, 1]
+    for rank, body in bodies.items():
+        t = body["throughput"]
+        # THEN tokens per optimizer step are exact, with micro-batches and context
+        assert t["tokens"] == per_rank, t
+        assert t["micro_batches"] == info["accum"] and t["context_len"] == info["context"], t
+        # AND tokens/s is within 10% of the script's own timing of the same steps
+        steps = range(t["last_step"] - t["steps"] + 1, t["last_step"] + 1)
+        own_s = statistics.median(float(own[rank][str(s)]) for s in steps
+                                  if str(s) in own[rank])
+        assert t["tokens_per_s"] == pytest.approx(per_rank / own_s, rel=0.10), (t, own_s)
+        # AND the measured FLOPs are FlopCounterMode's, and close to 6·N·tokens (Linear-only)
+        assert t["flops_measured"] == pytest.approx(want_flops, rel=0.05), t
+        assert t["flops"] == pytest.approx(want_flops, rel=0.05), t
+        assert t["flops_measured"] == pytest.approx(6 * n_params * per_rank, rel=0.15), t
+        assert t["flops_6n"] == pytest.approx(6 * n_params * per_rank, rel=1e-6), t
+        # AND the CPU peak was measured, so MFU is defined and a fraction
+        assert t["peak_source"].startswith("measured: CPU"), t
+        assert 0 < t["mfu"] < 1, t
+        assert t["measured_cost_x"] is not None and t["measurements"] >= 1, t
+    job = bodies[0]["job"]
+    # AND GB_tok = micro-batch x accumulation x data-parallel world x context
+    assert job["gb_tok"] == info["batch"] * info["accum"] * info["world"] * info["context"]
+    assert job["micro_batch"] == info["batch"] and job["accumulation"] == info["accum"]
+    assert job["dp_world"] == 2

@@ -1,0 +1,100 @@
+"""A token model for the throughput tests: integer inputs [B, T], gradient accumulation, DDP on
+gloo under torchrun (or one process).
+
+``--model linear``: one-hot inputs into two Linears, so every parameter is a matmul weight and
+6·N·tokens is the model's FLOPs up to the biases; ``--model embed``: an Embedding first (its
+gather is no matmul: measured FLOPs fall below 6N).
+
+Each rank appends ``step seconds`` for every optimizer step to ``<ready_dir>/steps{rank}.txt``,
+timed here independently of the agent (from one ``opt.step()`` return to the next), announces
+after ``--ready-step`` steps (tests/programs/ready.py) with its batch, accumulation and context,
+then steps until ``--stop-file``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from ready import announce
+
+torch.set_num_threads(1)
+VOCAB, DIM = 64, 256
+
+
+class LinearLM(nn.Module):
+    """Only Linears: [B, T] token ids -> one-hot -> hidden x2 -> logits. (The first layer needs
+    no input gradient, so its backward is 2 of 4 FLOPs per weight, not 4 of 6: the hidden
+    layers keep the model near 6N, as a real LM's many layers do.)"""
+
+    def __init__(self, vocab: int = VOCAB, dim: int = DIM) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.up = nn.Linear(vocab, dim)
+        self.hidden = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim))
+        self.down = nn.Linear(dim, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = F.one_hot(idx, self.vocab).float()
+        return self.down(torch.relu(self.hidden(torch.relu(self.up(x)))))
+
+
+class EmbedLM(nn.Module):
+    def __init__(self, vocab: int = VOCAB, dim: int = DIM) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.down = nn.Linear(dim, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.wte(idx)))
+
+
+MODELS = {"linear": LinearLM, "embed": EmbedLM}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=sorted(MODELS), default="linear")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--context", type=int, default=32)
+    p.add_argument("--accum", type=int, default=2)
+    p.add_argument("--ready-dir", required=True)
+    p.add_argument("--stop-file", required=True)
+    p.add_argument("--ready-step", type=int, default=30)
+    args = p.parse_args()
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if distributed else 0
+    torch.manual_seed(0)
+    model = MODELS[args.model]()
+    train = nn.parallel.DistributedDataParallel(model) if distributed else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(rank)
+    log = open(os.path.join(args.ready_dir, f"steps{rank}.txt"), "a", buffering=1)
+    step = 0
+    last = time.perf_counter()
+    while not os.path.exists(args.stop_file):
+        for _ in range(args.accum):
+            idx = torch.randint(0, VOCAB, (args.batch, args.context), generator=g)
+            logits = train(idx)
+            loss = F.cross_entropy(logits.flatten(0, 1), idx.flatten()) / args.accum
+            loss.backward()
+        opt.step()
+        now = time.perf_counter()
+        step += 1
+        log.write(f"{step} {now - last}\n")
+        last = now
+        opt.zero_grad(set_to_none=True)
+        if step == args.ready_step:
+            announce(args.ready_dir, rank, batch=args.batch, accum=args.accum,
+                     context=args.context, world=dist.get_world_size() if distributed else 1)
+
+
+if __name__ == "__main__":
+    main()
