@@ -58,6 +58,7 @@ def test_tokens_gb_tok_rate_and_flops_of_a_token_model(tmp_path):
     assert sorted(bodies) == [0, 1]
     for rank, body in bodies.items():
         t = body["throughput"]
+        assert t is not None, (body, out.stderr)
         # THEN tokens per optimizer step are exact, with micro-batches and context
         assert t["tokens"] == per_rank, t
         assert t["micro_batches"] == info["accum"] and t["context_len"] == info["context"], t
