@@ -72,9 +72,10 @@ def test_tokens_gb_tok_rate_and_flops_of_a_token_model(tmp_path):
         assert t["flops"] == pytest.approx(want_flops, rel=0.05), t
         assert t["flops_measured"] == pytest.approx(6 * n_params * per_rank, rel=0.15), t
         assert t["flops_6n"] == pytest.approx(6 * n_params * per_rank, rel=1e-6), t
-        # AND the CPU peak was measured, so MFU is defined and a fraction
+        # AND the CPU peak was measured, so MFU is defined (no bound above: on busy cores the
+        # peak's measurement and the steps compete for the same CPUs differently)
         assert t["peak_source"].startswith("measured: CPU"), t
-        assert 0 < t["mfu"] < 1, t
+        assert t["mfu"] == pytest.approx(t["flops_per_s"] / t["peak_flops"], rel=1e-6), t
         assert t["measured_cost_x"] is not None and t["measurements"] >= 1, t
     job = bodies[0]["job"]
     # AND GB_tok = micro-batch x accumulation x data-parallel world x context
