@@ -31,6 +31,10 @@ MIN_LEVER_MIB = 1.0
 #: Modules `checkpoint` names at most, and the least a module must save, as a share of the best
 #: candidate's savings, to be named beside it (a GPT's identical blocks all qualify).
 CHECKPOINT_MODULES, CHECKPOINT_SHARE = 8, 0.5
+#: Ranks whose breakdown doctor's finding carries in ``detail`` (the worst first).
+DETAIL_RANKS = 128
+#: Ranks named one by one in the finding's evidence (the worst; the rest are counted).
+EVIDENCE_RANKS = 8
 #: Traced steps whose medians make the breakdown; modules listed by saved activations.
 BREAKDOWN_STEPS, TOP_ACTIVATIONS = 5, 5
 KINDS = ("parameters", "gradients", "optimizer", "activations")
@@ -238,12 +242,16 @@ def check_memory_use(report: Any, docs: list[Any]) -> None:
     lv = levers(worst, world)
     pressed = [b for b in bds if (b.pressure or 0.0) >= PRESSURE]
     evidence = []
-    for b in sorted(bds, key=lambda b: b.rank):
+    shown = sorted(sorted(bds, key=lambda b: (-(b.pressure or 0.0), -b.total))[:EVIDENCE_RANKS],
+                   key=lambda b: b.rank)
+    for b in shown:
         parts = ", ".join(f"{k} {mib(v)}" for k, v in b.kinds.items())
         cap = f" of {mib(_f(b.capacity))} ({100 * (b.pressure or 0):.0f}% at the peak)" \
             if b.capacity else ""
         evidence.append(f"rank {b.rank} {b.device} step {b.step}: {parts}; total "
                         f"{mib(b.total)}{cap}")
+    if len(bds) > len(shown):
+        evidence.append(f"... {len(bds) - len(shown)} more ranks (`probe memory` lists all)")
     evidence.append(cause_line(worst))
     evidence += [f"lever: {x.lever} saves ~{mib(x.saves_mib)} ({x.basis})" for x in lv]
     first = f"; first lever: {lv[0].lever} (-{mib(lv[0].saves_mib)})" if lv else ""
@@ -259,4 +267,8 @@ def check_memory_use(report: Any, docs: list[Any]) -> None:
         sev, "memory_use", title, evidence, "probe memory --advice",
         sorted({b.rank for b in (pressed or [worst])}), score=score,
         detail={"cause": worst.cause, "levers": [x.to_json() for x in lv],
-                "breakdown": [b.to_json(world) for b in bds]}))
+                # the ranks closest to their limit first; bounded, so a report of a large job
+                # stays small (the dashboard draws these as bars)
+                "breakdown": [b.to_json(world) for b in sorted(
+                    bds, key=lambda b: (-(b.pressure or 0.0), -b.total))[:DETAIL_RANKS]],
+                "ranks_counted": len(bds)}))

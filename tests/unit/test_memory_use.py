@@ -125,3 +125,20 @@ def test_a_healthy_job_stays_without_a_problem():
     report = diagnose(NO_HANG, docs, 5.0)
     mem = [f for f in report.findings if f.check == "memory_use"]
     assert mem and mem[0].severity == "info" and not report.problem
+
+
+def test_a_large_job_s_finding_stays_small():
+    # GIVEN 300 ranks, one of them at 95% of its device
+    hot = row(device="cuda:0", allocated_mib=70_000.0, reserved_mib=76_000.0,
+              peak_mib=77_500.0, capacity_mib=81_559.0)
+    cool = row(device="cuda:0", allocated_mib=7_000.0, reserved_mib=7_600.0,
+               peak_mib=7_750.0, capacity_mib=81_559.0)
+    docs = [_doc(r, hot if r == 217 else cool, ACTS) for r in range(300)]
+    report = Report()
+    check_memory_use(report, docs)
+    [f] = report.findings
+    # THEN it names the hot rank, carries the worst ranks only, and counts the rest
+    assert f.ranks == [217] and f.detail["breakdown"][0]["rank"] == 217
+    assert len(f.detail["breakdown"]) == 128 and f.detail["ranks_counted"] == 300
+    assert sum(line.startswith("rank ") for line in f.evidence) == 8
+    assert "292 more ranks" in "\n".join(f.evidence)
