@@ -38,6 +38,19 @@ How it works
   that did not reach the optimizer as a skipped step; ``state()["skipped"]`` says how many.
   Wrappers over the optimizer (Accelerate's ``AcceleratedOptimizer``, ``LightningOptimizer``)
   never fire the hook themselves, so one optimizer step is never counted twice.
+- Under DeepSpeed a step ends when ``engine.step()`` returns, not when the torch optimizer
+  inside it does: after the hook fires, the ZeRO optimizer still copies the updated partitions
+  back into the model's parameters, and the engine then steps its LR scheduler and advances
+  ``global_steps``. A checkpoint taken at the hook saved step N-1's weights with step N's
+  optimizer state, and ``eval --next-step "engine.global_steps"`` read N-1. So the clock wraps
+  ``DeepSpeedEngine.step`` and ``_take_model_step`` (on the class; PipelineEngine reaches only
+  the second): inside them the hook only notes which optimizer stepped, and the step is counted
+  when the outermost of them returns having advanced ``global_steps`` (only the micro step that
+  ends a gradient accumulation does). One that advanced it without the torch optimizer
+  stepping (fp16 overflow) counts as a skipped step, as GradScaler's do. The wrap is put in
+  place on the writer tick once the program imported ``deepspeed.runtime.engine`` (long before
+  its first step: ``deepspeed.initialize`` takes seconds); a hook call that finds DeepSpeed
+  imported and not wrapped yet wraps it then and counts that one step at the hook.
 - Optimizers that are not ``torch.optim.Optimizer`` subclasses (a hand-written update loop,
   some fused third-party optimizers) never fire the hook: then ``seen_step`` stays False and
   step-bound features must refuse and say so.
@@ -84,6 +97,11 @@ class StepClock:
         #: Hook calls so far, for any optimizer: the scaler wrapper's "did it step?"
         self._hook_calls = 0
         self._scaler_step: tuple[Any, Any] | None = None  # (class, original step) while wrapped
+        #: (class, name, original) of each DeepSpeed engine method wrapped
+        self._engine_steps: list[tuple[Any, str, Any]] = []
+        self._engine_depth = 0  # engine.step() calls in progress on the training thread
+        self._engine_thread: int | None = None
+        self._deferred: Any = None  # the optimizer that stepped inside engine.step()
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Sink) -> None:
@@ -100,6 +118,9 @@ class StepClock:
             if wrapped is not None:
                 cls, original = wrapped
                 cls.step = original
+            engines, self._engine_steps = self._engine_steps, []
+            for cls, name, original in engines:
+                setattr(cls, name, original)
         finally:
             self.armed = False
 
@@ -113,6 +134,8 @@ class StepClock:
     def poll(self) -> bool:
         """Arm if torch is ready; cheap after that. Returns whether the clock is armed."""
         if self.armed:
+            if not self._engine_steps:
+                self._wrap_engine_step()
             return True
         if not self.torch_ready():
             return False
@@ -121,6 +144,7 @@ class StepClock:
                 mod = sys.modules["torch.optim.optimizer"]
                 self._handle = mod.register_optimizer_step_post_hook(self._on_step)
                 self._wrap_grad_scaler()
+                self._wrap_engine_step()
                 self.armed = True
                 self.armed_at = time.time()
         return True
@@ -145,6 +169,19 @@ class StepClock:
         step.__probe_clock__ = self  # type: ignore[attr-defined]
         cls.step = step
         self._scaler_step = (cls, original)
+
+    def _wrap_engine_step(self) -> None:
+        """End DeepSpeed's steps where the engine does (see the module docstring)."""
+        mod = imported("deepspeed.runtime.engine")
+        cls = getattr(mod, "DeepSpeedEngine", None)
+        if cls is None:
+            return
+        for name in ("step", "_take_model_step"):
+            original = cls.__dict__.get(name)
+            if original is None or getattr(original, "__probe_clock__", None) is not None:
+                continue
+            setattr(cls, name, _engine_step_wrapper(self, original))
+            self._engine_steps.append((cls, name, original))
 
     # -- what others use ---------------------------------------------------------------------
     def subscribe(self, fn: StepCallback, name: str | None = None) -> Callable[[], None]:
@@ -189,7 +226,13 @@ class StepClock:
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any, skipped: bool = False) -> None:
         # Failures here must never reach optimizer.step(): this is a hook on the training thread.
         self._hook_calls += 1
+        if self._engine_depth and not skipped and self._engine_thread == threading.get_ident():
+            if self._deferred is None:  # counted when engine.step() returns
+                self._deferred = optimizer
+            return
         try:
+            if not self._engine_steps and "deepspeed.runtime.engine" in sys.modules:
+                self._wrap_engine_step()  # the next steps end where the engine's do
             if id(optimizer) not in self._seen_ids:
                 self._remember(optimizer)
             primary = self._primary() if self._primary is not None else None
@@ -231,6 +274,44 @@ class StepClock:
 
         self._optimizers.append(weakref.ref(optimizer, forget))
         self._seen_ids.add(oid)
+
+
+def _engine_step_wrapper(clock: StepClock, original: Any) -> Any:
+    """``DeepSpeedEngine.step`` (or ``_take_model_step``) that counts the step when it returns
+    having advanced ``global_steps``; a nested one (step -> _take_model_step) passes through."""
+
+    @functools.wraps(original)
+    def wrapped(engine: Any, *args: Any, **kwargs: Any) -> Any:
+        if clock._engine_depth and clock._engine_thread == threading.get_ident():
+            return original(engine, *args, **kwargs)
+        before = getattr(engine, "global_steps", None)
+        clock._engine_depth, clock._engine_thread = 1, threading.get_ident()
+        clock._deferred = None
+        try:
+            result = original(engine, *args, **kwargs)
+        finally:
+            clock._engine_depth = 0
+        stepped, clock._deferred = clock._deferred, None
+        if clock.armed and getattr(engine, "global_steps", None) != before:
+            opt = stepped if stepped is not None else _torch_optimizer(engine)
+            if opt is not None:
+                clock._on_step(opt, args, kwargs, skipped=stepped is None)
+        return result
+
+    wrapped.__probe_clock__ = clock  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _torch_optimizer(engine: Any) -> Any:
+    """The torch optimizer inside a DeepSpeed engine's ZeRO optimizer (wrappers keep it as
+    ``.optimizer``), or None without one."""
+    opt = getattr(engine, "optimizer", None)
+    for _ in range(4):
+        inner = getattr(opt, "__dict__", {}).get("optimizer")
+        if inner is None or not hasattr(inner, "param_groups"):
+            break
+        opt = inner
+    return opt
 
 
 def _optimizer_step_count(optimizer: Any) -> int | None:

@@ -188,6 +188,21 @@ class _Sink:
         self.f.flush()
 
 
+def checkpoint_names(models: list[tuple[str, Any]], optimizers: list[Any],
+                     schedulers: list[Any], where: dict[int, str] | None) -> dict[str, list[str]]:
+    """What was saved, named the way the job reaches each object."""
+    return {
+        "model": [n for n, _ in models],
+        "optimizer": [checkpoint_label(o, where) for o in optimizers],
+        "scheduler": [checkpoint_label(s, where) for s in schedulers],
+    }
+
+
+def checkpoint_label(o: Any, where: dict[int, str] | None) -> str:
+    w = (where or {}).get(id(o))
+    return f"{type(o).__name__} ({w})" if w else type(o).__name__
+
+
 def save(
     path: str, *, step: int, rank: int, world_size: int, tag: str,
     models: list[tuple[str, Any]], optimizers: list[Any], schedulers: list[Any],
@@ -206,18 +221,10 @@ def save(
             any other directory is refused either way (checkpoint_target.py).
     """
     path = os.path.abspath(path)
-    def label(o: Any) -> str:
-        w = (where or {}).get(id(o))
-        return f"{type(o).__name__} ({w})" if w else type(o).__name__
-
-    names = {
-        "model": [n for n, _ in models],
-        "optimizer": [label(o) for o in optimizers],
-        "scheduler": [label(s) for s in schedulers],
-    }
+    names = checkpoint_names(models, optimizers, schedulers, where)
     scaler_state = scaler.state_dict() if scaler is not None and scaler.is_enabled() else None
     if scaler_state is not None:
-        names["scaler"] = [label(scaler)]
+        names["scaler"] = [checkpoint_label(scaler, where)]
     if is_sharded([m for _, m in models]):
         return _save_sharded(path, step=step, rank=rank, tag=tag, models=models,
                              optimizers=optimizers, schedulers=schedulers, names=names,

@@ -25,6 +25,10 @@ CyclicLR                                   ``base_lrs`` and ``max_lrs`` scaled
 ReduceLROnPlateau                          reduces ``group["lr"]`` itself; ``min_lrs`` scaled
                                            so the floor moves with it
 SequentialLR, ChainedScheduler             each scheduler inside is found and scaled as above
+DeepSpeed WarmupLR, WarmupDecayLR          ``min_lrs``, ``max_lrs`` and ``delta_lrs``: the LR is
+                                           ``min + delta * gamma(step)``
+DeepSpeed WarmupCosineLR                   ``org_lrs`` (the LR is ``org_lr * ratio(step)``)
+DeepSpeed OneCycle                         ``min_lrs`` and ``max_lrs`` (cycle and decay)
 =========================================  ==================================================
 
 A scheduler belongs to an optimizer through wrappers: the HF Trainer's LambdaLR holds the
@@ -58,8 +62,10 @@ from .lr_holds import judge, predict_next, restore, snapshot
 #: How many times the current largest LR a change may reach without ``force`` (issue 20).
 MAX_FACTOR = 10.0
 _FORCE = 'pass --force (API: "force": true) if you mean it'
-#: Scheduler attributes holding one LR per param group.
-_LIST_ATTRS = ("base_lrs", "max_lrs", "min_lrs")
+#: Scheduler attributes holding one LR per param group: torch's, and DeepSpeed's (WarmupLR,
+#: WarmupDecayLR: ``min_lrs + delta_lrs * gamma``; WarmupCosineLR: ``org_lrs * ratio``;
+#: OneCycle: between ``min_lrs`` and ``max_lrs``, then ``min_lrs`` decayed).
+_LIST_ATTRS = ("base_lrs", "max_lrs", "min_lrs", "delta_lrs", "org_lrs")
 #: How far below the parameters' dtype limit an LR must stay: the largest factor torch.optim
 #: applies to the LR before using it (Adam/AdamW's bias correction, 1 / (1 - beta1) at most).
 _LR_HEADROOM = 1000.0
@@ -254,8 +260,8 @@ def _rescale_scheduler(s: Any, fs: list[float]) -> dict[str, Any]:
     for attr in _LIST_ATTRS:
         values = getattr(s, attr, None)
         if isinstance(values, list) and len(values) == len(fs):
-            setattr(s, attr, [v * f if isinstance(v, numbers.Real) else v
-                              for v, f in zip(values, fs)])
+            setattr(s, attr, [v * f if isinstance(v, numbers.Real) or hasattr(v, "item")
+                              else v for v, f in zip(values, fs)])
             changed.append(attr)
     eta = getattr(s, "eta_min", None)
     if isinstance(eta, numbers.Real) and eta:

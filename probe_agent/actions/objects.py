@@ -64,7 +64,7 @@ def find_models(
         inner, path = unwrap.model(module, keep_fsdp=True)
         return [(override + path, inner)]
     d = found if found is not None else discover(frame=sys._getframe(1), optimizers=optimizers)
-    if not any(g["params"] for o in d.optimizers for g in o.param_groups):
+    if not d.models_fixed and not any(g["params"] for o in d.optimizers for g in o.param_groups):
         raise LookupError("the optimizers have no parameters")
     if not d.wrapped_models:
         raise LookupError(

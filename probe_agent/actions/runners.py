@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..frameworks.deepspeed import engine_of
 from ..frameworks.playbook import resolve
 from ..operator_code import CodeRun, compile_code
 from .objects import discovered, find_models, training_namespace
@@ -54,12 +55,23 @@ def run_lr(q: ActionQueue, a: Action, step: int) -> None:
 
 
 def run_checkpoint(q: ActionQueue, a: Action, step: int) -> None:
-    from .checkpoint import save
+    from .checkpoint import checkpoint_names, save
 
     d = discovered(q.clock.optimizers())  # the framework's objects, wrappers off (issue 17)
     models = find_models(d.optimizers, training_namespace(), a.args.get("model"), d)
     dist = q.agreement.distributed()
     world = dist.get_world_size() if dist is not None else 1
+    engine = engine_of(d.trainer)
+    if engine is not None:  # ZeRO partitions: gathered and saved collectively
+        from . import checkpoint_deepspeed
+
+        a.data = checkpoint_deepspeed.save(
+            str(a.args["path"]), engine=engine, model=models[0][1], step=step, rank=q.rank,
+            world_size=world, tag=a.id, schedulers=d.schedulers,
+            overwrite=bool(a.args.get("overwrite")), framework=d.framework,
+            names=checkpoint_names(models, d.optimizers, d.schedulers, d.where))
+        a.result = ", ".join(f"{f['path']} ({f['bytes']} bytes)" for f in a.data["files"])
+        return
     a.data = save(str(a.args["path"]), step=step, rank=q.rank, world_size=world,
                   tag=a.id, models=models, optimizers=d.optimizers, schedulers=d.schedulers,
                   overwrite=bool(a.args.get("overwrite")), framework=d.framework,

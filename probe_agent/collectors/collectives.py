@@ -58,6 +58,16 @@ P2P = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_ob
                  "recv_object_list"})
 TABLE = "python.collectives"
 _TORCH_DIR = os.sep + "torch" + os.sep
+#: Frames that are never where the user asked for a collective: torch's, DeepSpeed's comm
+#: layer, and the decorators between them (``typing_extensions.deprecated``'s wrapper sits
+#: above every ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` in torch 2.13).
+_NOT_USER = (_TORCH_DIR, os.sep + "deepspeed" + os.sep, os.sep + "typing_extensions.py",
+             os.sep + "functools.py", os.sep + "contextlib.py",
+             os.sep + "probe_agent" + os.sep + "collectors" + os.sep)
+#: One name per collective, whichever API asked for it (the Flight Recorder says
+#: ``all_gather`` for ``all_gather_into_tensor``; the wrappers see the API's name).
+_OP_NAMES = {"reduce_scatter_tensor": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+             "all_gather_into_tensor": "all_gather", "_all_gather_base": "all_gather"}
 
 # Wrapper record slots (a list, not an object: cheaper to build on the training thread).
 _PG, _OP, _SHAPES, _DTYPE, _START, _END, _STATE, _ERROR, _THREAD, _SITE, _SEQ, _ASYNC = range(12)
@@ -208,7 +218,8 @@ class CollectiveRecorder:
         for rec in unmatched:
             out.append(
                 {
-                    "pg": rec[_PG], "pg_desc": None, "seq": rec[_SEQ], "op": rec[_OP],
+                    "pg": rec[_PG], "pg_desc": None, "seq": rec[_SEQ],
+                    "op": _OP_NAMES.get(rec[_OP], rec[_OP]),
                     "is_p2p": rec[_OP] in P2P, "shapes": rec[_SHAPES], "dtype": rec[_DTYPE],
                     "start_time": rec[_START], "end_time": rec[_END], "state": rec[_STATE],
                     "error": rec[_ERROR], "thread_name": rec[_THREAD], "callsite": rec[_SITE],
@@ -238,10 +249,27 @@ def _begin(op: str, group: Any, args: tuple, kwargs: dict, asynchronous: bool) -
                 dtype = dtype or str(t.dtype).removeprefix("torch.")
         if len(shapes) >= 8:
             break
-    caller = sys._getframe(2)
+    caller = user_frame(sys._getframe(2))
     site = f"{caller.f_code.co_filename}:{caller.f_lineno} {caller.f_code.co_name}"
     return [pg, op, json.dumps(shapes), dtype, time.time(), None, "pending", None,
             threading.current_thread().name, site, None, asynchronous]
+
+
+def _is_user(filename: str) -> bool:
+    return not any(part in filename for part in _NOT_USER)
+
+
+def user_frame(frame: Any) -> Any:
+    """The innermost frame at or above ``frame`` outside torch, DeepSpeed and decorators (the
+    first one when every frame is: a collective torch runs on its own)."""
+    f = frame
+    for _ in range(64):
+        if f is None:
+            break
+        if _is_user(f.f_code.co_filename):
+            return f
+        f = f.f_back
+    return frame
 
 
 def _group_name(group: Any) -> str:
@@ -305,7 +333,7 @@ def _fr_row(e: dict[str, Any]) -> dict[str, Any]:
     return {
         "pg": str(pg_name), "pg_desc": pg_desc,
         "seq": e.get("p2p_seq_id") if is_p2p else e.get("collective_seq_id"),
-        "op": str(e.get("profiling_name", "")).split(":", 1)[-1], "is_p2p": is_p2p,
+        "op": _fr_op(e), "is_p2p": is_p2p,
         "shapes": json.dumps(e.get("input_sizes") or []),
         "dtype": _dtype((e.get("input_dtypes") or [None])[0]),
         "start_time": start, "end_time": end,
@@ -326,10 +354,25 @@ def _dtype(name: str | None) -> str | None:
     return _DTYPES.get(name, name.lower()) if name else None
 
 
+def _fr_op(e: dict[str, Any]) -> str:
+    """The collective a Flight Recorder entry records. gloo runs ``reduce_scatter_tensor`` as
+    an all-reduce and records it as ``all_reduce``; the entry's own stack still names the API
+    (``reduce_scatter_tensor`` in distributed_c10d.py), and that is what every rank asked for."""
+    op = str(e.get("profiling_name", "")).split(":", 1)[-1]
+    if op != "all_reduce":
+        return _OP_NAMES.get(op, op)
+    for f in e.get("frames") or ():
+        if f.get("filename", "").endswith("distributed_c10d.py") and (
+                f.get("name", "").lstrip("_").startswith("reduce_scatter")):
+            return "reduce_scatter"
+    return op
+
+
 def _callsite(frames: Any) -> str | None:
-    """The innermost frame outside torch's own package: where the user's code asked for it."""
+    """The innermost frame outside torch, DeepSpeed and decorators: where the user's code
+    asked for it."""
     for f in frames:
-        if _TORCH_DIR not in f.get("filename", ""):
+        if _is_user(f.get("filename", "")):
             return f"{f['filename']}:{f['line']} {f['name']}"
     return None
 

@@ -18,7 +18,8 @@ class Discovered:
     """The job's training objects, unwrapped to what really steps.
 
     Attributes:
-        framework: ``"hf_trainer"``, ``"lightning"``, ``"accelerate"`` or ``"plain"``.
+        framework: ``"hf_trainer"``, ``"lightning"``, ``"deepspeed"``, ``"accelerate"`` or
+            ``"plain"``.
         trainer: the framework's trainer (``transformers.Trainer``, ``lightning.Trainer``,
             ``accelerate.Accelerator``), or the script's own ``trainer`` object, or None.
         models: ``[(name, module)]``, the user's model roots (unwrapped: DDP, compile,
@@ -34,6 +35,8 @@ class Discovered:
             ``trainer.optimizers[1]``, ``opt_g``, ``<found by gc>``): for messages.
         wrapped_models: ``[(name, module)]`` as the job holds them (an FSDP1 wrapper kept:
             its sharded state_dict needs it); same order as ``models``.
+        models_fixed: the adapter's models are the job's even though they do not own the
+            optimizers' parameters (DeepSpeed ZeRO: the optimizer holds flat partitions).
     """
 
     framework: str
@@ -45,6 +48,7 @@ class Discovered:
     notes: list[str] = field(default_factory=list)
     where: dict[int, str] = field(default_factory=dict)
     wrapped_models: list[tuple[str, Any]] = field(default_factory=list)
+    models_fixed: bool = False
 
     def name_of(self, obj: Any) -> str:
         return self.where.get(id(obj), type(obj).__name__)

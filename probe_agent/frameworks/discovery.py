@@ -1,7 +1,8 @@
 """``discover()``: ask each adapter in turn; the first that finds its trainer answers.
 
-Order: hf_trainer, lightning, accelerate (a Trainer's own Accelerator must not win over the
-Trainer), then the plain loop, which always answers. Whatever an adapter leaves out is filled by
+Order: hf_trainer, lightning, deepspeed, accelerate (a Trainer's own Accelerator or DeepSpeed
+engine must not win over the Trainer; a DeepSpeed engine knows its model, an Accelerator that
+prepared it does not), then the plain loop, which always answers. Whatever an adapter leaves out is filled by
 ``plain.complete`` (an optimizer stepped by hand beside the framework's).
 
 Cost: the script's names and the frames' locals are read on every call (microseconds). Live
@@ -23,10 +24,10 @@ from types import FrameType
 from typing import Any
 
 from ..operator_code import script_namespace
-from . import accelerate, hf_trainer, lightning, plain, unwrap
+from . import accelerate, deepspeed, hf_trainer, lightning, plain, unwrap
 from .base import Context, Discovered, loaded_class
 
-ADAPTERS = (hf_trainer, lightning, accelerate)
+ADAPTERS = (hf_trainer, lightning, deepspeed, accelerate)
 #: Seconds a gc scan is reused for. Objects created later (a second Trainer) appear after this
 #: at the latest; a new optimizer stepping invalidates at once.
 _TTL_S = 30.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import unwrap
+from .deepspeed import engine_of
 from .base import Context, Discovered
 
 name = "hf_trainer"
@@ -26,6 +27,8 @@ def find(ctx: Context) -> Discovered | None:
     label, tr = picked
     d = Discovered(name, trainer=tr)
     d.where[id(tr)] = label
+    # under DeepSpeed the optimizer holds ZeRO partitions, not the model's parameters
+    d.models_fixed = engine_of(tr) is not None
     opt = getattr(tr, "optimizer", None)
     if opt is not None:
         inner = unwrap.optimizer(opt)

@@ -9,6 +9,7 @@ is), ``trainer.train_dataloader`` the loader ``fit`` iterates.
 from __future__ import annotations
 
 from . import unwrap
+from .deepspeed import engine_of
 from .base import Context, Discovered
 
 name = "lightning"
@@ -23,6 +24,8 @@ def find(ctx: Context) -> Discovered | None:
     label, tr = picked
     d = Discovered(name, trainer=tr)
     d.where[id(tr)] = label
+    # under DeepSpeed the optimizer holds ZeRO partitions, not the model's parameters
+    d.models_fixed = engine_of(tr) is not None
     for i, opt in enumerate(_optimizers(tr)):
         inner = unwrap.optimizer(opt)
         d.optimizers.append(inner)

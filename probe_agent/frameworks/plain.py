@@ -96,7 +96,7 @@ def _cover_models(d: Discovered, ctx: Context) -> None:
     if not wanted:
         return
     owned = {id(p) for _, m in d.models for p in m.parameters()}
-    if d.models and wanted <= owned:
+    if d.models and (d.models_fixed or wanted <= owned):
         return
     cands = list(d.models) + _module_candidates(ctx, nn)
     chosen = cover(cands, wanted)

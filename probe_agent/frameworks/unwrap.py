@@ -20,7 +20,8 @@ Accelerate AcceleratedOptimizer,   ``.optimizer``                        ``optim
 DeepSpeed ZeRO optimizers
 Lightning LightningOptimizer       ``._optimizer``                       ``optimizer``
 Accelerate AcceleratedScheduler,   ``.scheduler``                        ``scheduler``
-Lightning LRSchedulerConfig
+Lightning LRSchedulerConfig,
+Accelerate DeepSpeedSchedulerWrapper
 =================================  ====================================  =======================
 
 Wrappers are recognised by class name and attribute, so nothing here imports a framework.
@@ -92,12 +93,20 @@ def scheduler(sched: Any) -> Any:
 
 
 def scheduler_types() -> tuple[type, ...]:
-    """torch's LR scheduler base classes (empty before the program imported torch.optim)."""
-    ls = sys.modules.get("torch.optim.lr_scheduler")
-    if ls is None:
-        return ()
-    names = ("LRScheduler", "_LRScheduler", "ReduceLROnPlateau")
-    return tuple(k for k in (getattr(ls, n, None) for n in names) if isinstance(k, type))
+    """torch's LR scheduler base classes, and DeepSpeed's own schedulers (plain classes, not
+    ``LRScheduler``s) once the program imported them; empty before it imported torch.optim."""
+    found: list[type] = []
+    for mod, names in (("torch.optim.lr_scheduler", ("LRScheduler", "_LRScheduler",
+                                                      "ReduceLROnPlateau")),
+                       ("deepspeed.runtime.lr_schedules", _DEEPSPEED_SCHEDULERS)):
+        ls = sys.modules.get(mod)
+        if ls is not None:
+            found += [k for k in (getattr(ls, n, None) for n in names) if isinstance(k, type)]
+    return tuple(found)
+
+
+#: deepspeed.runtime.lr_schedules classes (WarmupDecayLR subclasses WarmupLR).
+_DEEPSPEED_SCHEDULERS = ("WarmupLR", "WarmupCosineLR", "OneCycle", "LRRangeTest")
 
 
 def clean_module_name(name: str) -> str:

@@ -66,6 +66,11 @@ def render_checkpoint(results: Sequence[RankResult], colour: bool = False) -> li
     if names:
         out.append("")
         out += [f"{k}: {', '.join(v) if v else '-'}" for k, v in names.items()]
+    written = next((w for r in results
+                    if (w := FinishedAction.from_wire(r.data).data.get("written"))), None)
+    if written:  # a DeepSpeed checkpoint: what went where, and how to load it
+        out.append("")
+        out += [f"written {k}: {v}" for k, v in written.items()]
     return out
 
 

@@ -6,7 +6,7 @@
   Lightning never calls the LightningModule, only its ``self.net``, whose layers are then
   ``net.0``, not ``0``. Names given before any such model is known (before the first optimizer
   step) are given again once one is. Wrapper prefixes are dropped (``_orig_mod.`` of
-  ``torch.compile``, ``module.`` of DDP, FSDP's and checkpoint-wrapper's inner names), so a
+  ``torch.compile``, ``module.`` of DDP and of a DeepSpeed engine, FSDP's and checkpoint-wrapper's inner names), so a
   compiled or wrapped model reports the names of the plain one. The root itself is named by its
   class (``GPT``), and ``root`` tells several root models apart (``GPT``, ``GPT#2``).
 - **codes**: each (name, root label) pair gets a small int; rows carry the code and SQL joins
@@ -25,7 +25,7 @@ import pyarrow as pa
 
 #: Wrapper classes whose one child is the real model: attribute of the child.
 _WRAPPERS = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module",
-             "DataParallel": "module"}
+             "DataParallel": "module", "DeepSpeedEngine": "module", "PipelineEngine": "module"}
 #: Name components that wrappers insert at any depth.
 _INNER = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
 #: Beyond this many names (made up per call: rare), codes start over.

@@ -1,0 +1,81 @@
+"""DeepSpeed (``deepspeed.initialize``'s engine, and what Lightning's DeepSpeed strategy and the
+HF Trainer's ``deepspeed=`` config build: the same ``DeepSpeedEngine``).
+
+The engine is the model's home: ``engine.module`` is the user's model, ``engine.optimizer`` the
+ZeRO optimizer (stage 1/2: ``DeepSpeedZeroOptimizer``, stage 3: ``DeepSpeedZeroOptimizer_Stage3``)
+over the torch optimizer that steps (``engine.optimizer.optimizer``), ``engine.lr_scheduler``
+the scheduler (DeepSpeed's own ``WarmupLR`` family, which are not torch ``LRScheduler``s, or the
+client's torch one), ``engine.training_dataloader`` the loader when DeepSpeed built it.
+
+Under ZeRO the torch optimizer holds flat fp32 partitions (stage 1/2) or partitions of
+flattened parameters (stage 3), never the model's parameters, so the model cannot be found by
+who owns the optimizer's parameters (plain.py): only the engine knows it. ``Discovered.
+models_fixed`` tells ``plain.complete`` to keep the engine's model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import unwrap
+from .base import Context, Discovered
+
+name = "deepspeed"
+trainer_classes = ("deepspeed.runtime.engine.DeepSpeedEngine",)
+
+
+def find(ctx: Context) -> Discovered | None:
+    picked = ctx.trainer(trainer_classes, _optimizers, "engine")
+    if picked is None:
+        return None
+    label, engine = picked
+    d = Discovered(name, trainer=engine)
+    d.where[id(engine)] = label
+    d.models_fixed = True
+    module = getattr(engine, "module", None)
+    if module is not None:
+        inner, path = unwrap.model(module)
+        d.models.append((f"{label}.module{path}", inner))
+        d.wrapped_models.append((f"{label}.module{path}", inner))
+    opt = getattr(engine, "optimizer", None)
+    if opt is not None:
+        inner_opt = unwrap.optimizer(opt)
+        d.optimizers.append(inner_opt)
+        d.where[id(inner_opt)] = (f"{label}.optimizer.optimizer" if inner_opt is not opt
+                                  else f"{label}.optimizer")
+    sched = getattr(engine, "lr_scheduler", None)
+    if sched is not None:
+        d.schedulers.append(sched)
+        d.where[id(sched)] = f"{label}.lr_scheduler"
+    loader = getattr(engine, "training_dataloader", None)
+    if loader is not None:
+        d.train_loader = loader
+        d.where[id(loader)] = f"{label}.training_dataloader"
+    return d
+
+
+def _optimizers(engine: Any) -> list[Any]:
+    opt = getattr(engine, "optimizer", None)
+    return [opt] if opt is not None else []
+
+
+def engine_of(trainer: Any) -> Any:
+    """The DeepSpeedEngine behind a discovered trainer (the engine itself, Lightning's
+    ``strategy.deepspeed_engine``, the HF Trainer's ``model_wrapped``), else None."""
+    for obj in (trainer, getattr(getattr(trainer, "strategy", None), "deepspeed_engine", None),
+                getattr(trainer, "model_wrapped", None),
+                getattr(trainer, "deepspeed", None)):
+        if obj is not None and is_engine(obj):
+            return obj
+    return None
+
+
+def is_engine(obj: Any) -> bool:
+    return any(c.__name__ in ("DeepSpeedEngine", "PipelineEngine") for c in type(obj).__mro__)
+
+
+def zero_stage(engine: Any) -> int:
+    try:
+        return int(engine.zero_optimization_stage())
+    except (AttributeError, TypeError, ValueError):
+        return 0
