@@ -58,12 +58,14 @@ P2P = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_ob
                  "recv_object_list"})
 TABLE = "python.collectives"
 _TORCH_DIR = os.sep + "torch" + os.sep
-#: Frames that are never where the user asked for a collective: torch's, DeepSpeed's comm
-#: layer, and the decorators between them (``typing_extensions.deprecated``'s wrapper sits
-#: above every ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` in torch 2.13).
-_NOT_USER = (_TORCH_DIR, os.sep + "deepspeed" + os.sep, os.sep + "typing_extensions.py",
-             os.sep + "functools.py", os.sep + "contextlib.py",
-             os.sep + "probe_agent" + os.sep + "collectors" + os.sep)
+#: Modules whose frames are never where the user asked for a collective: torch, DeepSpeed's
+#: comm layer, the decorators between them (``typing_extensions.deprecated``'s wrapper sits
+#: above every ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` in torch 2.13), and
+#: this recorder. Packages by their directory, single files by their path (never by a name in
+#: the path: a user's project may well live in a directory called ``deepspeed``).
+_NOT_USER_PACKAGES = ("torch", "deepspeed")
+_NOT_USER_FILES = ("typing_extensions", "functools", "contextlib")
+_internal: tuple[tuple[str, ...], frozenset[str], int] = ((), frozenset(), -1)
 #: One name per collective, whichever API asked for it (the Flight Recorder says
 #: ``all_gather`` for ``all_gather_into_tensor``; the wrappers see the API's name).
 _OP_NAMES = {"reduce_scatter_tensor": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
@@ -255,18 +257,31 @@ def _begin(op: str, group: Any, args: tuple, kwargs: dict, asynchronous: bool) -
             threading.current_thread().name, site, None, asynchronous]
 
 
-def _is_user(filename: str) -> bool:
-    return not any(part in filename for part in _NOT_USER)
+def _not_user() -> tuple[tuple[str, ...], frozenset[str]]:
+    """(directory prefixes, file paths) of ``_NOT_USER_*``, recomputed when one more of them
+    has been imported (DeepSpeed after torch)."""
+    global _internal
+    loaded = [sys.modules.get(n) for n in (*_NOT_USER_PACKAGES, *_NOT_USER_FILES)]
+    count = sum(m is not None for m in loaded)
+    if count != _internal[2]:
+        files = [getattr(m, "__file__", None) for m in loaded]
+        n = len(_NOT_USER_PACKAGES)
+        dirs = [os.path.dirname(f) + os.sep for f in files[:n] if f]
+        dirs.append(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+        _internal = (tuple(dirs), frozenset(f for f in files[n:] if f), count)
+    return _internal[0], _internal[1]
 
 
 def user_frame(frame: Any) -> Any:
     """The innermost frame at or above ``frame`` outside torch, DeepSpeed and decorators (the
     first one when every frame is: a collective torch runs on its own)."""
+    dirs, files = _not_user()
     f = frame
     for _ in range(64):
         if f is None:
             break
-        if _is_user(f.f_code.co_filename):
+        name = f.f_code.co_filename
+        if not (name.startswith(dirs) or name in files):
             return f
         f = f.f_back
     return frame
@@ -371,8 +386,10 @@ def _fr_op(e: dict[str, Any]) -> str:
 def _callsite(frames: Any) -> str | None:
     """The innermost frame outside torch, DeepSpeed and decorators: where the user's code
     asked for it."""
+    dirs, files = _not_user()
     for f in frames:
-        if _is_user(f.get("filename", "")):
+        name = f.get("filename", "")
+        if not (name.startswith(dirs) or name in files):
             return f"{f['filename']}:{f['line']} {f['name']}"
     return None
 
