@@ -278,7 +278,10 @@ class DoctorBody(WireBody):
     """``GET /v1/doctor``: the training-loop state `probe doctor` needs, read without running
     user code: the step ``clock`` (``GET /v1/step``'s fields), the DataLoader and clipping
     ``loop`` monitor (None when it is not running), optimizer settings, the LR schedulers'
-    class names (None before the first step), CUDA totals (MiB)."""
+    class names (None before the first step), CUDA totals (MiB), and a DeepSpeed engine's
+    settings (None without one: ``zero_stage``, ``gradient_clipping``,
+    ``gradient_accumulation_steps``, ``fp16``, ``bf16``, ``global_steps``, ``skipped_steps``,
+    ``micro_steps``, ``loss_scale``)."""
 
     rank: int | None
     now: float | None = None
@@ -287,6 +290,7 @@ class DoctorBody(WireBody):
     optimizers: tuple[dict[str, Any], ...] = ()
     schedulers: tuple[str, ...] | None = None
     cuda_total_mib: dict[str, Any] = field(default_factory=dict)
+    deepspeed: dict[str, Any] | None = None
 
 
 def _checked(b: GradsBody) -> bool:

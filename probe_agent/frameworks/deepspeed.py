@@ -79,3 +79,26 @@ def zero_stage(engine: Any) -> int:
         return int(engine.zero_optimization_stage())
     except (AttributeError, TypeError, ValueError):
         return 0
+
+
+def settings(engine: Any) -> dict[str, Any]:
+    """What `probe doctor` needs to judge a DeepSpeed job: its clipping happens inside
+    ``engine.step()`` (``gradient_clipping``, never ``clip_grad_norm_``), its fp16 loss scaler
+    skips steps on overflow, and a step is ``gradient_accumulation_steps`` micro batches.
+    Attribute reads only (no collective, no tensor read), so any thread may call it."""
+    out: dict[str, Any] = {"zero_stage": zero_stage(engine)}
+    for key, method in (("gradient_clipping", "gradient_clipping"),
+                        ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+                        ("fp16", "fp16_enabled"), ("bf16", "bfloat16_enabled")):
+        try:
+            out[key] = getattr(engine, method)()
+        except (AttributeError, TypeError, ValueError, AssertionError):
+            out[key] = None
+    for key in ("global_steps", "skipped_steps", "micro_steps"):
+        out[key] = getattr(engine, key, None)
+    opt = getattr(engine, "optimizer", None)
+    scale = getattr(opt, "cur_scale", None)
+    if scale is None:
+        scale = getattr(getattr(opt, "loss_scaler", None), "cur_scale", None)
+    out["loss_scale"] = float(scale) if isinstance(scale, (int, float)) else None
+    return out

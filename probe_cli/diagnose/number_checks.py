@@ -193,9 +193,16 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
         return
     evidence = [f"{rank_label(rs)}: {x}" for x, rs in _by_value(lines)]
     problems, ranks, scaled = [], set(), {}
+    ds_lines: dict[str, list[int]] = {}
     for d in docs:
         loop = first_loop(d)
         clip_steps = int(num(loop.get("clip_steps")) or 0)
+        ds = (d.state or {}).get("deepspeed")
+        if ds:
+            problem = _deepspeed_lines(d.rank, ds, ds_lines)
+            if problem:
+                problems.append(problem)
+                ranks.add(d.rank)
         n_scaled = int(num(loop.get("scaled_clip_steps")) or 0)
         med = num(loop.get("grad_norm_median"))
         if clip_steps and 2 * n_scaled >= clip_steps:
@@ -219,7 +226,7 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
             if clipped >= CLIP_SHARE * finite and finite >= 5:
                 problems.append(f"rank {d.rank} clips on {clipped / finite:.0%} of steps")
                 ranks.add(d.rank)
-        elif loop:
+        elif loop and not ds:  # DeepSpeed clips inside engine.step(): said above
             evidence.append(f"rank {d.rank}: clip_grad_norm_ not called")
         for o in (d.state or {}).get("optimizers") or []:
             for g in o.get("groups") or []:
@@ -227,6 +234,7 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
                 if lr is not None and (lr == 0 or not math.isfinite(lr)):
                     problems.append(f"rank {d.rank}: {o.get('class')} lr is {g.get('lr')}")
                     ranks.add(d.rank)
+    evidence += [f"{rank_label(rs)}: {line}" for line, rs in ds_lines.items()]
     own = _loop_sets_lr(docs)
     disagree = _settings_disagree(docs, loop_sets_lr=bool(own))
     if disagree:
@@ -298,6 +306,37 @@ def _scaled_clip_finding(report: Report, scaled: dict[int, dict[str, Any]]) -> N
 
 def _g(v: float | None) -> str:
     return "?" if v is None else f"{v:.3g}"
+
+
+#: A DeepSpeed fp16 job whose loss scaler skipped more than this share of its steps (after
+#: ``_SKIP_MIN_STEPS``: the scale settles over the first few) is not training.
+_SKIP_SHARE, _SKIP_MIN_STEPS = 0.5, 20
+
+
+def _deepspeed_lines(rank: int, ds: dict[str, Any], lines: dict[str, list[int]]) -> str | None:
+    """Evidence about DeepSpeed's clipping, loss scaler and accumulation (``line -> ranks``);
+    a problem line when its fp16 loss scaler skips most steps."""
+    clip = num(ds.get("gradient_clipping"))
+    said = [f"DeepSpeed clips gradients inside engine.step() (gradient_clipping={clip:g}; "
+            "clip_grad_norm_ is not used)" if clip else
+            "DeepSpeed gradient_clipping is off (0); set it in the DeepSpeed config to clip"]
+    accum = int(num(ds.get("gradient_accumulation_steps")) or 1)
+    if accum > 1:
+        said.append(f"gradient accumulation {accum}: one optimizer step every {accum} micro "
+                     "batches (steps are the engine's global_steps)")
+    problem = None
+    if ds.get("fp16"):
+        steps = int(num(ds.get("global_steps")) or 0)
+        skipped = int(num(ds.get("skipped_steps")) or 0)
+        scale = num(ds.get("loss_scale"))
+        said.append((f"fp16 loss scale {scale:g}; " if scale is not None else "fp16; ")
+                    + f"the scaler skipped {skipped} of {steps} steps (gradient overflow)")
+        if steps >= _SKIP_MIN_STEPS and skipped > _SKIP_SHARE * steps:
+            problem = (f"rank {rank}: DeepSpeed's fp16 loss scaler skipped {skipped} of {steps} "
+                       "steps (gradients overflow: the weights barely change)")
+    for line in said:
+        lines.setdefault(line, []).append(rank)
+    return problem
 
 
 def _settings_disagree(docs: list[RankDoc], loop_sets_lr: bool = False) -> set[int]:

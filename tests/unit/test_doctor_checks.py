@@ -271,3 +271,36 @@ def test_one_lr_change_is_not_a_loop_that_sets_its_own_lr():
 def test_a_scheduled_lr_still_gets_probe_lr(schedulers):
     report = diagnose(NO_HANG, [_own_lr(doc(r), schedulers) for r in (0, 1)], 5.0)
     assert "probe lr --scale 0.5" in next(f for f in report.findings if f.check == "lr").next
+
+
+def _deepspeed_doc(rank: int, **ds) -> RankDoc:
+    d = doc(rank)
+    d.state["deepspeed"] = {"zero_stage": 3, "gradient_clipping": 1.0,
+                            "gradient_accumulation_steps": 2, "fp16": False,
+                            "global_steps": 40, "skipped_steps": 0, "loss_scale": None, **ds}
+    return d
+
+
+def test_deepspeed_clipping_and_accumulation_are_known():
+    """DeepSpeed clips inside engine.step() (gradient_clipping), never through
+    clip_grad_norm_: doctor says so instead of "clip_grad_norm_ not called"."""
+    report = diagnose(NO_HANG, [_deepspeed_doc(0), _deepspeed_doc(1)], 5.0)
+    lr = next(f for f in report.findings if f.check == "lr")
+    assert lr.severity == "info" and not report.problem
+    text = "\n".join(lr.evidence)
+    assert "clip_grad_norm_ not called" not in text
+    assert "ranks 0,1: DeepSpeed clips gradients inside engine.step() (gradient_clipping=1" in text
+    assert "gradient accumulation 2: one optimizer step every 2 micro batches" in text
+
+
+def test_deepspeed_fp16_scaler_skipping_most_steps_is_a_warning():
+    healthy = _deepspeed_doc(0, fp16=True, loss_scale=65536.0, skipped_steps=3)
+    stuck = _deepspeed_doc(1, fp16=True, loss_scale=1.0, skipped_steps=35,
+                           gradient_clipping=0.0)
+    report = diagnose(NO_HANG, [healthy, stuck], 5.0)
+    lr = next(f for f in report.findings if f.check == "lr")
+    assert lr.severity == "warning" and lr.ranks == [1], lr
+    assert "rank 1: DeepSpeed's fp16 loss scaler skipped 35 of 40 steps" in lr.title
+    assert any("rank 0: fp16 loss scale 65536; the scaler skipped 3 of 40" in e
+               for e in lr.evidence)
+    assert any("rank 1: DeepSpeed gradient_clipping is off" in e for e in lr.evidence)

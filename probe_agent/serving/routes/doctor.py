@@ -53,6 +53,7 @@ def _state(agent: AgentParts) -> dict[str, Any]:
         optimizers=tuple(optimizer_state(clock.optimizers())),
         schedulers=_schedulers(clock.optimizers()),
         cuda_total_mib=_cuda_totals(),
+        deepspeed=_deepspeed(clock.optimizers()),
     ).to_wire())
 
 
@@ -66,6 +67,17 @@ def _schedulers(optimizers: list[Any]) -> tuple[str, ...] | None:
     from ...frameworks.discovery import discover
 
     return tuple(type(s).__name__ for s in discover(optimizers=optimizers).schedulers)
+
+
+def _deepspeed(optimizers: list[Any]) -> dict[str, Any] | None:
+    """The DeepSpeed engine's clipping, loss scaler and accumulation, when one runs the job
+    (its clipping never calls clip_grad_norm_, which the loop monitor watches)."""
+    if "deepspeed" not in sys.modules or not optimizers:
+        return None
+    from ...frameworks import deepspeed, discover
+
+    engine = deepspeed.engine_of(discover(optimizers=optimizers).trainer)
+    return deepspeed.settings(engine) if engine is not None else None
 
 
 @router.get(routes.DOCTOR.path)
