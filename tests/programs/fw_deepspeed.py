@@ -11,7 +11,8 @@ After every optimizer step (``engine.is_gradient_accumulation_boundary()`` befor
 fw_common.StepLog writes ``global_step`` = ``engine.global_steps``, the LR the next step uses and
 the sum of the full (gathered under ZeRO-3) parameters.
 
-- ``--hang-at-step N``: rank 1 sleeps in ``do_hang`` before step N's forward, for ever.
+- ``--hang-file PATH``: once PATH exists, rank 1 sleeps in ``do_hang`` before the next step's
+  forward, for ever (rank 0 then waits in that step's first collective).
 - ``--verify-checkpoint PATH``: load a probe checkpoint's ``model`` strictly into a fresh
   ``GPT`` (no DeepSpeed), print ``PROBE-VERIFY {json}``, exit.
 
@@ -116,7 +117,7 @@ def train(args: argparse.Namespace) -> None:
     while True:
         idx = torch.randint(0, VOCAB, (4, 8), generator=g)
         boundary = engine.is_gradient_accumulation_boundary()
-        if boundary and rank == 1 and args.hang_at_step == engine.global_steps + 1:
+        if boundary and rank == 1 and args.hang_file and os.path.exists(args.hang_file):
             do_hang()
         loss = engine(idx)
         engine.backward(loss)
@@ -160,7 +161,7 @@ def main() -> None:
     p.add_argument("--stage", type=int, default=2)
     p.add_argument("--accum", type=int, default=2)
     p.add_argument("--scheduler", default="WarmupDecayLR")
-    p.add_argument("--hang-at-step", type=int, default=0)
+    p.add_argument("--hang-file")
     args = p.parse_args()
     if args.verify_checkpoint:
         verify(args.verify_checkpoint)

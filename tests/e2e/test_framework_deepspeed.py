@@ -1,0 +1,172 @@
+"""DeepSpeed as its users run it: ``deepspeed.initialize`` on 2 gloo ranks (its CPU accelerator),
+ZeRO-3 and ZeRO-2, gradient accumulation 2, DeepSpeed's own WarmupDecayLR
+(tests/programs/fw_deepspeed.py: the engine is called ``engine``; no ``model``, ``optimizer`` or
+``scheduler`` in the script).
+
+One job per ZeRO stage, shared by every check (the hang last: it never ends):
+
+- names: ``model``, ``optimizer``, ``scheduler``, ``trainer`` are the engine's module, its torch
+  optimizer, its DeepSpeed scheduler and the engine; ``eval --next-step`` runs after
+  ``engine.step()`` advanced ``global_steps``; `probe steps` agrees with ``global_steps``;
+- `probe lr --scale 0.5` holds through WarmupDecayLR, 10 steps later, on both ranks;
+- `probe checkpoint`: the consolidated fp32 weights load strictly into a fresh ``GPT`` and equal
+  the engine's full weights after step N; the optimizer state is DeepSpeed's own sharded
+  checkpoint, one partition per rank;
+- `probe slow` names modules from ``engine.module`` (``h.1.mlp``, not ``module.h.1.mlp``);
+- `probe doctor` on the healthy job: no problem, and it knows DeepSpeed clips;
+- `probe hang` names rank 1, the collective rank 0 waits in, and where each is (the user's code,
+  not ``typing_extensions.py`` or DeepSpeed's comm layer).
+
+Skipped without the deepspeed package. DeepSpeed builds a shared-memory comm op the first time
+it starts on a machine (25-40 s, cached in ~/.cache/torch_extensions): the first job's readiness
+wait allows for it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+
+import pytest
+
+from tests.e2e import framework_checks as fc
+from tests.e2e.training import probe, training_job
+from tests.support import python_env, wait_until
+
+pytestmark = [
+    pytest.mark.e2e, pytest.mark.frameworks, pytest.mark.deepspeed,
+    pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                       reason="the deepspeed package is not installed"),
+]
+
+PROGRAM = "fw_deepspeed.py"
+LR, WARMUP, TOTAL = 1e-3, 10, 100_000  # the program's WarmupDecayLR
+DS_ENV = {**fc.FRAMEWORK_ENV, "DS_ACCELERATOR": "cpu", "PROBE_TRACE": "on"}
+#: The first collective of a step, which rank 0 waits in while rank 1 hangs before it.
+FIRST_COLLECTIVE = {3: "all_gather", 2: "reduce_scatter"}
+
+
+def warmup_decay(step: int) -> float:
+    """The LR logged after global_step ``step``: WarmupDecayLR after ``step`` scheduler steps
+    (its last_batch_iteration is step - 1), linear warmup from LR/10 to LR, then linear decay."""
+    i = step - 1
+    gamma = i / WARMUP if i < WARMUP else max(0.0, (TOTAL - i) / (TOTAL - WARMUP))
+    return LR / 10 + (LR - LR / 10) * gamma
+
+
+@pytest.fixture(scope="module", params=[3, 2], ids=["zero3", "zero2"])
+def job(request, tmp_path_factory):
+    stage = request.param
+    tmp = tmp_path_factory.mktemp(f"zero{stage}")
+    args = ("--stage", str(stage), "--accum", "2", "--log-dir", str(tmp / "log"),
+            "--step-sleep", "0.05", "--slow-module", "h.1.mlp", "--slow-ms", "15",
+            "--hang-file", str(tmp / "hang"))
+    with training_job(tmp, PROGRAM, args=args, nproc=2, env=DS_ENV,
+                      timeout=300) as (_, infos):
+        yield infos[0]["url"].removeprefix("http://"), tmp, stage
+
+
+def evals(endpoint: str, *args: str) -> list[str]:
+    out = fc.ok(probe("-t", endpoint, "--json", "eval", *args))
+    return [r["result"] for r in sorted(json.loads(out.stdout), key=lambda r: r["rank"])]
+
+
+@pytest.mark.timeout(180)
+def test_playbook_names_are_the_engines_objects(job):
+    endpoint, tmp, _ = job
+    names = "type(model).__name__, type(optimizer).__name__, type(scheduler).__name__, " \
+            "type(trainer).__name__"
+    assert evals(endpoint, names) == [repr(("GPT", "AdamW", "WarmupDecayLR",
+                                            "DeepSpeedEngine"))] * 2
+    # the boundary is DeepSpeed's: after engine.step() advanced global_steps
+    assert evals(endpoint, "--next-step", "engine.global_steps == probe_step") == ["True"] * 2
+    fc.steps_agree(endpoint, tmp / "log", ranks=2)
+
+
+@pytest.mark.timeout(180)
+def test_lr_scale_holds_through_warmup_decay(job):
+    endpoint, tmp, _ = job
+    fc.lr_scale_holds(endpoint, tmp / "log", warmup_decay, ranks=2, later=10)
+
+
+@pytest.mark.timeout(240)
+def test_checkpoint_loads_strictly_and_holds_the_engines_weights(job):
+    endpoint, tmp, stage = job
+    path = tmp / "ck.pt"
+    out = fc.ok(probe("-t", endpoint, "--json", "checkpoint", str(path)))
+    results = json.loads(out.stdout)
+    n = results[0]["step"]
+    data = results[0]["data"]
+    assert data["mode"] == f"deepspeed ZeRO-{stage}", data
+    assert set(data["written"]) == {"model", "optimizer", "scheduler"}, data
+    assert "zero_to_fp32.py" in data["written"]["optimizer"]
+    # DeepSpeed's own sharded optimizer checkpoint: one partition per rank, never rank 0's alone
+    shards = sorted(p.name for p in (tmp / "ck.pt.deepspeed" / f"global_step{n}").iterdir())
+    assert [s for s in shards if s.endswith("optim_states.pt")] == [
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    fc.wait_for_step(tmp / "log", n, ranks=2)
+    run = subprocess.run(fc.verify_command(PROGRAM, "--verify-checkpoint", str(path)),
+                         capture_output=True, text=True, timeout=120, env=python_env(**DS_ENV))
+    assert run.returncode == 0, run.stdout + run.stderr
+    rec = json.loads(next(line for line in run.stdout.splitlines()
+                          if line.startswith("PROBE-VERIFY ")).split(" ", 1)[1])
+    logged = fc.read_log(tmp / "log", 0)[n]
+    assert rec["step"] == n and rec["framework"] == "deepspeed"
+    assert [0] not in rec["shapes"], rec  # ZeRO-3's empty partitions were gathered
+    assert rec["param_sum"] == logged["param_sum"], (rec, logged)  # the engine's after step N
+    assert rec["param_sum"] != rec["fresh_param_sum"]
+    assert rec["scheduler_last_batch_iteration"] == n - 1  # stepped by engine.step() N times
+
+
+@pytest.mark.timeout(180)
+def test_slow_names_modules_from_the_engines_module(job):
+    endpoint, _, _ = job
+
+    def slow_rows():
+        out = probe("-t", endpoint, "--json", "slow")
+        if out.returncode != 0:
+            return None
+        rows = []
+        for r in json.loads(out.stdout):
+            t = r.get("table") or r
+            if t.get("columns") and t.get("rows"):
+                rows += [dict(zip(t["columns"], row)) for row in t["rows"]]
+        return rows or None
+
+    rows = wait_until(slow_rows, 90, "probe slow had no traced steps")
+    modules = [row["module"] for row in rows]
+    assert modules[0] == "h.1.mlp", modules
+    assert not [m for m in modules if m.startswith(("module.", "DeepSpeedEngine."))], modules
+    names = fc.ok(probe("-t", endpoint, "--json", "query",
+                        "SELECT DISTINCT module, root FROM python.torch_trace"))
+    roots = {row[1] for r in json.loads(names.stdout) for row in r["rows"]}
+    assert roots == {"GPT"}, roots
+
+
+@pytest.mark.timeout(180)
+def test_doctor_finds_the_healthy_job_healthy(job):
+    endpoint, _, _ = job
+    out = fc.ok(probe("-t", endpoint, "doctor", timeout=120))
+    assert "no problem found" in out.stdout, out.stdout
+    assert "DeepSpeed clips gradients inside engine.step() (gradient_clipping=1" in out.stdout
+    assert "clip_grad_norm_ not called" not in out.stdout
+
+
+@pytest.mark.timeout(240)
+def test_hang_names_the_collective_and_where_each_rank_is(job):
+    """Last on its job: rank 1 never comes back."""
+    endpoint, tmp, stage = job
+    (tmp / "hang").touch()
+
+    def verdict():
+        out = probe("-t", endpoint, "hang")
+        return out if out.stdout.startswith("HANG") else None
+
+    out = wait_until(verdict, 120, "probe hang never saw the hang")
+    head = out.stdout.splitlines()[0]
+    op = FIRST_COLLECTIVE[stage]
+    assert head.startswith(f"HANG: rank 1 never reached {op} #"), out.stdout
+    assert "it is in do_hang (fw_deepspeed.py:" in head, out.stdout
+    waits = next(line for line in out.stdout.splitlines() if "rank 0 waits in" in line)
+    assert f"rank 0 waits in {op} #" in waits and "at fw_deepspeed.py:" in waits, out.stdout
