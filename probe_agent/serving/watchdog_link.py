@@ -42,7 +42,7 @@ from ..profiling.pyspy import find_pyspy
 from ..ranks import Identity
 from ..watchdog import beat
 from .server import bind_unix, close_sockets
-from .watchdog_restarts import RESTART_WINDOW_S, Restarts, supervise
+from .watchdog_restarts import DELIBERATE, RESTART_WINDOW_S, Restarts, supervise
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +244,15 @@ class WatchdogLink:
         """Record a death; the seconds to wait before restarting, or None for no restart (we
         are stopping, or it died too often and the in-process fallback now serves)."""
         if self.stopping or self._stop.is_set():
+            return None
+        if why in DELIBERATE:
+            # SIGTERM is how a watchdog is stopped on purpose (main.py): the job tearing down
+            # its processes (Lightning's SIGTERM handling, a launcher's kill of the tree). A
+            # restart then outlived the job by the whole grace; the sockets are served here.
+            self.restarts.died(why)
+            log.warning("probe agent on rank %d: the watchdog was stopped (%s); not restarted, "
+                        "serving the public sockets in-process", self.rank, why)
+            self._serve_in_process()
             return None
         delay = self.restarts.died(why)
         if delay is None:

@@ -5,9 +5,10 @@ process, a bug of ours. Before issue 20 the agent then served the public sockets
 loses the out-of-process backtrace for the rest of the job, exactly when a later hang needs it.
 Now ``supervise`` starts a new one on the same listening sockets (the agent kept its copies, so
 connections that arrive meanwhile wait in the backlog): at once the first time, then after a
-doubling backoff. ``Restarts`` keeps the count and the last cause for ``probe info``. A watchdog
-that dies MAX_RESTARTS times within RESTART_WINDOW_S is broken, not unlucky: the agent gives up
-and serves in-process, as before.
+doubling backoff. A watchdog stopped on purpose (SIGTERM: ``DELIBERATE``) is not restarted:
+the agent serves its sockets in-process. ``Restarts`` keeps the count and the last cause for
+``probe info``. A watchdog that dies MAX_RESTARTS times within RESTART_WINDOW_S is broken, not
+unlucky: the agent gives up and serves in-process, as before.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ RESTART_WINDOW_S = 300.0
 #: The wait before the n-th restart within the window is RESTART_BACKOFF_S * 2**(n-2), the first
 #: at once: the operator's next request should find a watchdog, a crash loop should not spin.
 RESTART_BACKOFF_S = 0.5
+
+
+#: Deaths that are a stop on purpose, never restarted: the watchdog's SIGTERM handler exits 0,
+#: and a SIGTERM that arrives before the handler is installed kills it.
+DELIBERATE = frozenset({"exited with status 0", "killed by SIGTERM"})
 
 
 def death_cause(code: int) -> str:

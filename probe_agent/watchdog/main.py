@@ -4,7 +4,8 @@ The config (JSON, from ``serving/watchdog_link.py``): ``pid, rank, hostname, run
 inner_path, tcp_fd, uds_fd, token, pyspy, reader, dump_signal, deadline_ms, grace_s, snapshot_s,
 port``. It prints ``ready`` on stdout once it serves, then closes stdout. SIGTERM ends it at
 once (the agent stopped on purpose); SIGUSR1 makes a dead rank's watchdog give its TCP port back
-(a restarted rank wants it); otherwise it lives as long as its rank plus the grace period.
+(a restarted rank wants it); otherwise it lives as long as its rank plus the grace period, and
+the grace ends as soon as the rank's launcher (its parent: the job) is gone too.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from .httpwire import MAX_HEAD
 from .proxy import Proxy
 from .rank import RankWatch
 from .reader import StackReader
+
+
+#: Seconds between checks, after the rank died, of whether its launcher is still there.
+JOB_POLL_S = 0.5
 
 
 class Watchdog:
@@ -82,12 +87,26 @@ class Watchdog:
         clean = e.get("code") == 0 and not e.get("exception")
         grace = 0.0 if clean else float(self.cfg["grace_s"])
         self.until = time.time() + grace
-        asyncio.get_running_loop().call_later(grace, self.stop.set)
+        loop = asyncio.get_running_loop()
+        loop.call_later(grace, self.stop.set)
+        if grace > 0:
+            loop.call_soon(self._end_with_job, loop)
         try:
             os.unlink(self.files.inner)
         except OSError:
             pass
         self._record()
+
+    def _end_with_job(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The grace serves a dead rank's forensics while its job lives (the launcher, the
+        other ranks, an operator running `probe`); once the launcher is gone too, stop within
+        ``JOB_POLL_S`` instead of holding the ports and a process for the rest of the grace."""
+        if self.stop.is_set():
+            return
+        if self.rank.job_gone():
+            self.stop.set()
+            return
+        loop.call_later(JOB_POLL_S, self._end_with_job, loop)
 
     def _release_port(self) -> None:
         srv = self.servers.pop("tcp", None)

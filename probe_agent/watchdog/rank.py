@@ -118,6 +118,11 @@ class RankWatch:
         self.on_death = on_death
         fields = _stat(pid)
         self.starttime = fields[19] if fields else None
+        # The rank's parent is its launcher (torchrun, deepspeed's launch.py, Lightning's rank
+        # 0, a shell): the job. Remembered with its start time, so a reused pid is not it.
+        self.parent = int(fields[1]) if fields else 0
+        parent = _stat(self.parent) if self.parent > 1 else None
+        self.parent_starttime = parent[19] if parent else None
         self.oom_before = _oom_kills(pid)
         self.alive = True
         self.exit: dict[str, Any] | None = None
@@ -140,6 +145,14 @@ class RankWatch:
             loop.call_later(0.1, self._poll_proc, loop)
         if not self._same_process():
             self._exited(loop)
+
+    def job_gone(self) -> bool:
+        """The rank's launcher has exited too: nobody is left to ask what became of the rank.
+        False when the launcher is unknown or is init (pid 1)."""
+        if self.parent_starttime is None:
+            return False
+        fields = _stat(self.parent)
+        return fields is None or fields[19] != self.parent_starttime or fields[0] in "ZX"
 
     def _same_process(self) -> bool:
         fields = _stat(self.pid)

@@ -1,5 +1,6 @@
 """DeepSpeed as its users run it: ``deepspeed.initialize`` on 2 gloo ranks (its CPU accelerator),
-ZeRO-3 and ZeRO-2, gradient accumulation 2, DeepSpeed's own WarmupDecayLR
+ZeRO-3 (under torchrun) and ZeRO-2 (under ``deepspeed --num_gpus 2``: its launcher processes get
+no agent, its ranks do), gradient accumulation 2, DeepSpeed's own WarmupDecayLR
 (tests/programs/fw_deepspeed.py: the engine is called ``engine``; no ``model``, ``optimizer`` or
 ``scheduler`` in the script).
 
@@ -26,7 +27,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,7 +48,7 @@ PROGRAM = "fw_deepspeed.py"
 LR, WARMUP, TOTAL = 1e-3, 10, 100_000  # the program's WarmupDecayLR
 DS_ENV = {**fc.FRAMEWORK_ENV, "DS_ACCELERATOR": "cpu", "PROBE_TRACE": "on"}
 #: The first collective of a step, which rank 0 waits in while rank 1 hangs before it.
-FIRST_COLLECTIVE = {3: "all_gather", 2: "reduce_scatter"}
+FIRST_COLLECTIVE = {3: "all_gather", 2: "all_reduce"}  # ZeRO-2 all-reduces its buckets
 
 
 def warmup_decay(step: int) -> float:
@@ -55,16 +59,27 @@ def warmup_decay(step: int) -> float:
     return LR / 10 + (LR - LR / 10) * gamma
 
 
+def deepspeed_launcher() -> list[str]:
+    """``deepspeed --num_gpus 2`` (one node: no hostfile, no ssh) on a free port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2",
+            "--master_port", str(port)]
+
+
 @pytest.fixture(scope="module", params=[3, 2], ids=["zero3", "zero2"])
 def job(request, tmp_path_factory):
+    """ZeRO-3 under torchrun; ZeRO-2 under DeepSpeed's own launcher."""
     stage = request.param
     tmp = tmp_path_factory.mktemp(f"zero{stage}")
     args = ("--stage", str(stage), "--accum", "2", "--log-dir", str(tmp / "log"),
             "--step-sleep", "0.05", "--slow-module", "h.1.mlp", "--slow-ms", "15",
             "--hang-file", str(tmp / "hang"))
-    with training_job(tmp, PROGRAM, args=args, nproc=2, env=DS_ENV,
-                      timeout=300) as (_, infos):
-        yield infos[0]["url"].removeprefix("http://"), tmp, stage
+    launcher = deepspeed_launcher() if stage == 2 else None
+    with training_job(tmp, PROGRAM, args=args, nproc=2, env=DS_ENV, timeout=300,
+                      launcher=launcher) as (proc, infos):
+        yield infos[0]["url"].removeprefix("http://"), tmp, stage, (proc.pid, infos)
 
 
 def evals(endpoint: str, *args: str) -> list[str]:
@@ -74,7 +89,7 @@ def evals(endpoint: str, *args: str) -> list[str]:
 
 @pytest.mark.timeout(180)
 def test_playbook_names_are_the_engines_objects(job):
-    endpoint, tmp, _ = job
+    endpoint, tmp, _, _ = job
     names = "type(model).__name__, type(optimizer).__name__, type(scheduler).__name__, " \
             "type(trainer).__name__"
     assert evals(endpoint, names) == [repr(("GPT", "AdamW", "WarmupDecayLR",
@@ -84,15 +99,24 @@ def test_playbook_names_are_the_engines_objects(job):
     fc.steps_agree(endpoint, tmp / "log", ranks=2)
 
 
+def test_only_the_ranks_have_agents(job):
+    """Under ``deepspeed --num_gpus 2`` its runner and launch.py start the ranks: they get no
+    agent, each rank has one (the run dir holds one ``<pid>.json`` per agent)."""
+    _, tmp, _, (launcher_pid, infos) = job
+    agents = {int(p.stem) for p in (tmp / "run").glob("*.json") if p.stem.isdigit()}
+    assert agents == {i["pid"] for i in infos}, (agents, infos)
+    assert launcher_pid not in agents
+
+
 @pytest.mark.timeout(180)
 def test_lr_scale_holds_through_warmup_decay(job):
-    endpoint, tmp, _ = job
+    endpoint, tmp, _, _ = job
     fc.lr_scale_holds(endpoint, tmp / "log", warmup_decay, ranks=2, later=10)
 
 
 @pytest.mark.timeout(240)
 def test_checkpoint_loads_strictly_and_holds_the_engines_weights(job):
-    endpoint, tmp, stage = job
+    endpoint, tmp, stage, _ = job
     path = tmp / "ck.pt"
     out = fc.ok(probe("-t", endpoint, "--json", "checkpoint", str(path)))
     results = json.loads(out.stdout)
@@ -121,7 +145,7 @@ def test_checkpoint_loads_strictly_and_holds_the_engines_weights(job):
 
 @pytest.mark.timeout(180)
 def test_slow_names_modules_from_the_engines_module(job):
-    endpoint, _, _ = job
+    endpoint, _, _, _ = job
 
     def slow_rows():
         out = probe("-t", endpoint, "--json", "slow")
@@ -141,12 +165,12 @@ def test_slow_names_modules_from_the_engines_module(job):
     names = fc.ok(probe("-t", endpoint, "--json", "query",
                         "SELECT DISTINCT module, root FROM python.torch_trace"))
     roots = {row[1] for r in json.loads(names.stdout) for row in r["rows"]}
-    assert roots == {"GPT"}, roots
+    assert roots == {"GPT", "optimizer"}, roots  # the optimizer's step rows: "optimizer"
 
 
 @pytest.mark.timeout(180)
 def test_doctor_finds_the_healthy_job_healthy(job):
-    endpoint, _, _ = job
+    endpoint, _, _, _ = job
     out = fc.ok(probe("-t", endpoint, "doctor", timeout=120))
     assert "no problem found" in out.stdout, out.stdout
     assert "DeepSpeed clips gradients inside engine.step() (gradient_clipping=1" in out.stdout
@@ -156,7 +180,7 @@ def test_doctor_finds_the_healthy_job_healthy(job):
 @pytest.mark.timeout(240)
 def test_hang_names_the_collective_and_where_each_rank_is(job):
     """Last on its job: rank 1 never comes back."""
-    endpoint, tmp, stage = job
+    endpoint, tmp, stage, _ = job
     (tmp / "hang").touch()
 
     def verdict():

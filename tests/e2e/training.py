@@ -23,8 +23,12 @@ def training_job(
     ranks: int = 1,
     env: dict[str, str] | None = None,
     timeout: float = 90,
+    launcher: list[str] | None = None,
 ) -> Iterator[tuple[subprocess.Popen[str], list[dict]]]:
     """Run ``program`` (under torchrun when ``nproc``) with PROBE=1 and yield (proc, rank infos).
+
+    ``launcher``: the command that starts ``nproc`` ranks instead of torchrun (``deepspeed
+    --num_gpus 2``).
 
     Every rank writes ``rank{N}.json`` when it has taken its first step. On exit the stop file is
     created, then the whole process group is killed if it lingers.
@@ -37,7 +41,10 @@ def training_job(
         **(env or {}),
     })
     cmd = [sys.executable]
-    if nproc:
+    if launcher:
+        cmd = list(launcher)
+        ranks = nproc
+    elif nproc:
         cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
                 "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"]
         ranks = nproc

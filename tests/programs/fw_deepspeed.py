@@ -162,6 +162,7 @@ def main() -> None:
     p.add_argument("--accum", type=int, default=2)
     p.add_argument("--scheduler", default="WarmupDecayLR")
     p.add_argument("--hang-file")
+    p.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     args = p.parse_args()
     if args.verify_checkpoint:
         verify(args.verify_checkpoint)
