@@ -1,7 +1,7 @@
 """`probe checkpoint PATH` of a DeepSpeed job: weights that load, and the optimizer state as
 DeepSpeed itself saves it.
 
-Runs on every rank at the same step boundary (after ``engine.step()`` returned: stepclock.py),
+Runs on every rank at the same step boundary (after ``engine.step()`` returned: clock.py),
 because both halves are collectives:
 
 - **PATH** (rank 0, ``torch.save``): ``{"probe_checkpoint": 1, "step", "world_size", "framework",
