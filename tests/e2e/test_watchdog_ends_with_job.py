@@ -24,6 +24,10 @@ from tests.support import PROGRAMS, python_env, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
+#: Runs its arguments as the rank, then waits for its stdin to close before exiting.
+LAUNCHER = ("import subprocess, sys\nrc = subprocess.call(sys.argv[1:])\nsys.stdin.read()\n"
+            "sys.exit(rc)")
+
 
 def test_a_sigtermed_watchdog_is_not_restarted(tmp_path: Path):
     run = tmp_path / "run"
@@ -58,13 +62,16 @@ def test_a_sigtermed_watchdog_is_not_restarted(tmp_path: Path):
 def test_a_dead_ranks_watchdog_ends_when_its_launcher_is_gone(tmp_path: Path):
     run = tmp_path / "run"
     ready = tmp_path / "ready.json"
-    # GIVEN a rank started by a launcher process (its parent), with a 600 s grace
+    # GIVEN a rank started by a launcher process (its parent), with a 600 s grace; the
+    # launcher outlives its rank until its stdin closes (torchrun tears the other ranks down
+    # before it exits)
     launcher = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))",
-         sys.executable, str(PROGRAMS / "watchdog_train.py"), "--ready-file", str(ready)],
+        [sys.executable, "-c", LAUNCHER, sys.executable, str(PROGRAMS / "watchdog_train.py"),
+         "--ready-file", str(ready)],
         env=python_env(PROBE_PORT="0", PROBE_RUN_DIR=str(run), PROBE_WATCHDOG="1",
                        PROBE_WATCHDOG_GRACE_S="600"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
     try:
         info = wait_json(ready, launcher, timeout=60)
         wd = _watchdog_pid(run, info["pid"])
@@ -81,6 +88,7 @@ def test_a_dead_ranks_watchdog_ends_when_its_launcher_is_gone(tmp_path: Path):
         wait_until(dead, 30, "the watchdog never reported the rank dead")
         assert _alive(wd)
         # AND the launcher exits too (the job is over)
+        launcher.stdin.close()
         launcher.wait(30)
         gone_at = time.monotonic()
         # THEN the watchdog ends within seconds, not after its 600 s grace

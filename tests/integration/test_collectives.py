@@ -109,3 +109,37 @@ def test_metrics_count_only_collectives_still_pending(process_group, client):
     # THEN none of them counts as pending or waiting (a healthy job is not stuck)
     assert values["probe_collectives_pending"] == 0, text
     assert values["probe_collective_wait_seconds"] == 0, text
+
+
+def scatter_grads(out, x):
+    dist.reduce_scatter_tensor(out, x)  # the call site the row must name
+
+
+def scatter_unwrapped(out, x):
+    # bound before the recorder wrapped it: only the Flight Recorder sees this call
+    dist.distributed_c10d.reduce_scatter_tensor.__wrapped__(out, x)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.distributed.*` is deprecated:FutureWarning")
+def test_reduce_scatter_is_named_for_what_was_asked_and_where(process_group, client):
+    """gloo runs reduce_scatter_tensor as an all-reduce and its Flight Recorder records
+    ``all_reduce``; the row says reduce_scatter, at the caller (not typing_extensions.py's
+    deprecation wrapper that sits above it in torch 2.13)."""
+    agent = process_group
+    wait_until(lambda: agent.collectors.collectives._armed, 10, "wrappers not installed")
+    # GIVEN a reduce_scatter_tensor through torch.distributed, one past the recorder's wrapper,
+    # and an all_gather_into_tensor
+    x, out = torch.ones(4), torch.empty(4)
+    scatter_grads(out, x)
+    scatter_unwrapped(out, x)
+    dist.all_gather_into_tensor(x, out)
+    # WHEN
+    rows = client.post("/v1/query", json={"sql": (
+        "SELECT op, source, callsite FROM python.collectives ORDER BY start_time")}).json()["rows"]
+    # THEN each is named for its API and its caller (earlier tests' groups left rows too)
+    assert [r[:2] for r in rows[-3:]] == [["reduce_scatter", "both"],
+                                          ["reduce_scatter", "flight_recorder"],
+                                          ["all_gather", "both"]], rows
+    assert rows[-3][2].endswith("scatter_grads"), rows
+    assert "test_collectives.py" in rows[-2][2] and rows[-2][2].endswith("scatter_unwrapped")
+    assert "test_collectives.py" in rows[-1][2], rows
