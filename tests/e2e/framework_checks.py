@@ -175,3 +175,28 @@ def verify_command(program: str, *args: str, nproc: int = 0) -> list[str]:
         cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
                 "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"]
     return [*cmd, str(PROGRAMS / program), *args]
+
+
+def deepspeed_checkpoint_loads(program: str, path: Path, log_dir: Path, n: int, framework: str,
+                               env: dict[str, str]) -> dict:
+    """A DeepSpeed `probe checkpoint PATH` taken at step N of a 2-rank job: ``program
+    --verify-checkpoint PATH`` (no DeepSpeed engine) loads the consolidated weights strictly
+    into a fresh model, they are the job's at step N (rank 0's log) and no weight is an empty
+    ZeRO-3 partition; ``PATH.deepspeed`` holds one optimizer partition per rank. Returns the
+    verify record."""
+    shards = sorted(p.name for p in (path.parent / f"{path.name}.deepspeed" / f"global_step{n}")
+                    .iterdir() if p.name.endswith("optim_states.pt"))
+    assert shards == ["zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                      "zero_pp_rank_1_mp_rank_00_optim_states.pt"], shards
+    wait_for_step(log_dir, n, ranks=2)
+    run = subprocess.run(verify_command(program, "--verify-checkpoint", str(path)),
+                         capture_output=True, text=True, timeout=120, env=python_env(**env))
+    assert run.returncode == 0, run.stdout + run.stderr
+    rec = json.loads(next(line for line in run.stdout.splitlines()
+                          if line.startswith("PROBE-VERIFY ")).split(" ", 1)[1])
+    logged = read_log(log_dir, 0)[n]
+    assert rec["step"] == n and rec["framework"] == framework, rec
+    assert [0] not in rec["shapes"], rec  # ZeRO-3's empty partitions were gathered
+    assert rec["param_sum"] == logged["param_sum"], (rec, logged)  # the job's after step N
+    assert rec["param_sum"] != rec["fresh_param_sum"]
+    return rec
