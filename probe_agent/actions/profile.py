@@ -8,7 +8,8 @@ torch.profiler there (profiling/window.py), which stops by itself at boundary S+
 Ceilings (safe by default): a window longer than ``max_steps`` (default ``MAX_STEPS``) is refused
 unless the request raises ``max_steps``, which is itself bounded by ``HARD_MAX_STEPS``; and the
 profiler stops after ``max_seconds`` (default ``MAX_SECONDS``) of wall time whatever the steps
-do. The same for flame graphs: ``seconds`` up to ``max_seconds`` (default ``FLAME_MAX_SECONDS``),
+do, or at the first step boundary where the process has grown more than ``max_mb`` (default
+``MAX_MB``) since the window began (profiling/memory.py). The same for flame graphs: ``seconds`` up to ``max_seconds`` (default ``FLAME_MAX_SECONDS``),
 at most ``FLAME_HARD_MAX_SECONDS``. Refusals are 400s that name the option to raise, and they
 are audited like every refused action.
 """
@@ -31,6 +32,9 @@ HARD_MAX_STEPS = 500
 #: Wall-clock ceiling of a window: the profiler stops by then even if the steps never come.
 MAX_SECONDS = 120.0
 HARD_MAX_SECONDS = 3600.0
+#: The RSS a window may add before it ends itself (profiling/memory.py), and its ceiling.
+MAX_MB = 512.0
+HARD_MAX_MB = 65536.0
 FLAME_MAX_SECONDS = 60.0
 FLAME_HARD_MAX_SECONDS = 600.0
 FLAME_MAX_RATE = 1000.0
@@ -54,6 +58,7 @@ def check_profile(args: dict[str, Any]) -> dict[str, Any]:
     steps = _number(args, "steps", None)
     max_steps = _number(args, "max_steps", MAX_STEPS)
     max_seconds = _number(args, "max_seconds", MAX_SECONDS)
+    max_mb = _number(args, "max_mb", MAX_MB)
     if steps != int(steps) or steps < 1:
         raise CeilingError(f"profile steps={steps:g} refused: give a whole number >= 1")
     if max_steps > HARD_MAX_STEPS:
@@ -67,10 +72,14 @@ def check_profile(args: dict[str, Any]) -> dict[str, Any]:
     if not 0 < max_seconds <= HARD_MAX_SECONDS:
         raise CeilingError(f"profile max_seconds={max_seconds:g} refused: give 0 < seconds <= "
                            f"{HARD_MAX_SECONDS:g}")
+    if not 0 < max_mb <= HARD_MAX_MB:
+        raise CeilingError(f"profile max_mb={max_mb:g} refused: give 0 < MiB <= "
+                           f"{HARD_MAX_MB:g}")
     for flag in ("record_shapes", "with_stack"):
         if not isinstance(args.get(flag, False), bool):
             raise CeilingError(f"profile {flag} must be true or false")
     return {"steps": int(steps), "max_steps": max_steps, "max_seconds": max_seconds,
+            "max_mb": max_mb,
             "record_shapes": bool(args.get("record_shapes")),
             "with_stack": bool(args.get("with_stack"))}
 

@@ -110,6 +110,7 @@ class Profiling:
                 steps=int(args["steps"]), record_shapes=bool(args.get("record_shapes")),
                 with_stack=bool(args.get("with_stack")),
                 max_seconds=float(args["max_seconds"]), out_dir=self.out_dir,
+                max_mb=float(args["max_mb"]),
                 clock=self.clock, tracer=self.tracer(),
                 on_done=lambda w, final: self._window_done(w, final, action.client,
                                                           action.requested_by),

@@ -36,7 +36,12 @@ from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, parallel_map, resolve_ranks
 from ..transport.session import Session
-from ..transport.step_actions import StepActionError, StepOutcome, run_step_action
+from ..transport.step_actions import (
+    StepActionError,
+    StepOutcome,
+    answer_lost,
+    run_step_action,
+)
 from . import pass_session
 from ._step_options import at_step_option, check_exclusive, step_outcome, wait_option
 from ._window import for_option
@@ -159,15 +164,24 @@ def _wait_windows(session: Session, targets: list[RankTarget], profile_id: str,
         hold = round(max(0.0, min(deadline - time.monotonic(), session.timeout * 0.5, 2.0)), 2)
         answers = fan_out(session, pending, lambda c, t: c.profile(profile_id, wait=hold))
         by_url = {r.url: r for r in answers}
-        still = []
+        still, lost = [], 0
         for t in pending:
             r = by_url[t.endpoint.label]
+            if not r.ok and answer_lost(r):
+                lost += 1
+                # A 504 or a timeout while the rank stops its profiler and writes the trace
+                # (the export holds its GIL for seconds): the window is still there; ask again.
+                final.setdefault(t.endpoint.label, r)
+                still.append(t)
+                continue
             if not r.ok or window_of(r).get("state") in ("done", "error"):
                 final[t.endpoint.label] = r
             else:
                 still.append(t)
                 final[t.endpoint.label] = r
         pending = still
+        if pending and lost == len(pending):
+            time.sleep(0.5)  # a 504 comes back at once while the GIL is held: do not spin
     return sorted(final.values(), key=lambda r: (r.rank is None, r.rank or 0))
 
 

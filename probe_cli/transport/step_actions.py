@@ -144,8 +144,8 @@ def run_step_action(
         posted = _submit(session, targets, body)
         if all(r.ok for r in posted):
             return _wait(session, targets, action_id, target, wait_s)
-        unknown = [t for t, r in zip(targets, posted) if not r.ok and _may_have_arrived(r)]
-        refused = [r for r in posted if not r.ok and not _may_have_arrived(r)]
+        unknown = [t for t, r in zip(targets, posted) if not r.ok and answer_lost(r)]
+        refused = [r for r in posted if not r.ok and not answer_lost(r)]
         if unknown and not refused:
             return _maybe_queued(posted, targets, unknown, action_id, target)
         queued = [t for t, r in zip(targets, posted) if r.ok]
@@ -167,8 +167,9 @@ def run_step_action(
     raise AssertionError("unreachable")
 
 
-def _may_have_arrived(r: RankResult) -> bool:
-    """Whether a failed POST may still have reached the agent: no answer in time, a gateway
+def answer_lost(r: RankResult) -> bool:
+    """Whether a failed request may still have reached the agent (or the thing it asked about
+    still be going on there): no answer in time, a gateway
     error (the watchdog's 504 while the rank's GIL is held), or a connection lost after the
     request was sent. Only a refusal from the agent itself, or a connection never made, is
     known to have queued nothing."""
@@ -190,7 +191,7 @@ def _submit(session: Session, targets: list[RankTarget],
     queued twice."""
     posted = _send(session, targets, ProbeClient.submit_action, body)
     for pause in SUBMIT_RETRY_S:
-        again = [i for i, r in enumerate(posted) if not r.ok and _may_have_arrived(r)]
+        again = [i for i, r in enumerate(posted) if not r.ok and answer_lost(r)]
         if not again:
             break
         time.sleep(pause)
