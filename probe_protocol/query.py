@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .envelope import Body, WireBody, as_dict, as_int, as_str, sometimes
+from .routes import RANK_HEADER
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +80,7 @@ class CannedRequest:
         return cls(as_dict((body or {}).get("params")))
 
 
-#: Response headers of an Arrow answer (the body is the stream itself).
-RANK_HEADER = "X-Probe-Rank"
+#: Response headers of an Arrow answer (the body is the stream itself), besides RANK_HEADER.
 TRUNCATED_HEADER = "X-Probe-Truncated"
 TRUNCATED_BY_HEADER = "X-Probe-Truncated-By"
 

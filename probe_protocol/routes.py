@@ -82,5 +82,16 @@ ROUTES: tuple[Route, ...] = (
     ACCESS_REFUSALS,
 )
 
+# -- headers ----------------------------------------------------------------------------------
+#: Which rank answered, on the answers that are not a JSON body (Arrow, a trace file, a pickle).
+RANK_HEADER = "X-Probe-Rank"
+#: How long a request waited for the serving budget (PROBE_SERVE_CPU), when it waited at all.
+QUEUED_HEADER = "X-Probe-Queued-Ms"
+#: The steps a memory snapshot covers, ``first-last``.
+STEPS_HEADER = "X-Probe-Steps"
+#: Set by the watchdog on what it forwards to the agent's private socket: the TCP client it
+#: proxies (``IP:PORT``), or ``watchdog`` for its own requests. Dropped from what clients send.
+CLIENT_HEADER = "x-probe-client"
+
 #: The Arrow IPC stream media type a query answers in when the request accepts it.
 ARROW_STREAM = "application/vnd.apache.arrow.stream"

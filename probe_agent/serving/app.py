@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_QUEUED = routes.QUEUED_HEADER.lower().encode()
 #: Cheap GETs that skip the serving budget (serving/budget.py).
 _UNBUDGETED = frozenset({routes.HEALTH.path, routes.STEP.path, routes.BACKTRACE.path})
 
@@ -97,7 +98,7 @@ class AdmissionMiddleware:
                 if waited >= 0.001:
                     message.setdefault("headers", [])
                     message["headers"] = [*message["headers"],
-                                          (b"x-probe-queued-ms", f"{waited * 1e3:.0f}".encode())]
+                                          (_QUEUED, f"{waited * 1e3:.0f}".encode())]
             await send(message)
 
         try:

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from probe_protocol.envelope import encode
+from probe_protocol.routes import CLIENT_HEADER
 
 
 MAX_HEAD = 64 * 1024
@@ -28,7 +29,7 @@ REASONS = {
 }
 #: Never forwarded: they describe one hop, not the request.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer",
-                        "transfer-encoding", "upgrade", "expect", "x-probe-client"})
+                        "transfer-encoding", "upgrade", "expect", CLIENT_HEADER})
 
 
 class BadRequest(Exception):
@@ -114,7 +115,7 @@ def forward_head(req: Request, client: str) -> bytes:
     lines += [f"{k}: {v}" for k, v in req.headers if k.lower() not in HOP_BY_HOP]
     if req.header("host") is None:  # HTTP/1.1 requires it (h11 refuses requests without)
         lines.append("host: localhost")
-    lines += [f"x-probe-client: {client}", "connection: close", "", ""]
+    lines += [f"{CLIENT_HEADER}: {client}", "connection: close", "", ""]
     return "\r\n".join(lines).encode("latin-1")
 
 

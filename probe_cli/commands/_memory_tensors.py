@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from probe_protocol.bodies import TensorsBody
+
 from ..outcome import Outcome, finish
 from ..render.text import format_table
 from ..result import RankResult
@@ -27,15 +29,15 @@ def _render(ok: list[RankResult]) -> list[str]:
     rows = []
     notes = []
     for r in ok:
-        d = r.data or {}
-        for g in d.get("groups", []):
+        d = TensorsBody.from_wire(r.data)
+        for g in d.groups:
             rows.append([r.rank, g["count"], _change(g.get("count_change")), g["mib"],
                          g["device"], g["dtype"], g["shape"], g["kind"], g.get("holder") or ""])
-        since = d.get("previous_step")
-        notes.append(f"rank {r.rank}: {d.get('tensors')} tensors, {d.get('total_mib')} MiB at "
-                     f"step {d.get('step')}; change since "
+        since = d.previous_step
+        notes.append(f"rank {r.rank}: {d.tensors} tensors, {d.total_mib} MiB at "
+                     f"step {d.step}; change since "
                      + ("the previous call" + (f" (step {since})" if since not in (None, -1)
                                                else "") if since is not None
                         else "the previous call: none yet (run it again to see growth)")
-                     + f"; census {d.get('census_ms')} ms")
+                     + f"; census {d.census_ms} ms")
     return [*format_table(list(_COLS), rows), "", *notes]

@@ -9,6 +9,7 @@ import re
 
 import click
 
+from probe_protocol.bodies import InfoBody
 from probe_protocol.runfiles import (
     LAUNCHER_SUFFIX,
     SOCK_SUFFIX,
@@ -144,12 +145,12 @@ def _agents_in(run_dir: str, rows: dict[int, dict]) -> None:
         pid = pid_of(name)
         if pid is None or pid in rows or name != f"{pid}{SOCK_SUFFIX}":
             continue
-        info = _read_json(RunFiles(run_dir, pid).json)
+        info = InfoBody.from_wire(_read_json(RunFiles(run_dir, pid).json))
         body = ask_socket(os.path.join(run_dir, name))
         alive = isinstance(body, dict) and body.get("ok") is True
         rows[pid] = {"pid": pid, "agent": "answering" if alive else "stale socket",
-                     "rank": info.get("rank"), "python": info.get("python"),
-                     "address": info.get("url") or f"unix:{os.path.join(run_dir, name)}",
+                     "rank": info.rank, "python": info.python,
+                     "address": info.url or f"unix:{os.path.join(run_dir, name)}",
                      "command": _cmdline(pid)}
 
 

@@ -196,7 +196,7 @@ class ProbeClient:
             f.write(resp.content)
         rank = ArrowBody.from_headers(resp.headers, b"").rank
         return {"ok": True, "rank": rank, "path": dest, "bytes": len(resp.content),
-                "steps": resp.headers.get("x-probe-steps")}
+                "steps": resp.headers.get(routes.STEPS_HEADER)}
 
     def doctor_grads(self, wait: float) -> dict[str, Any]:
         return self._json(routes.DOCTOR_GRADS, params={"wait": wait})

@@ -15,6 +15,10 @@ import threading
 import time
 from typing import Any
 
+from probe_protocol.bodies import BacktraceBody, CollectivesBody
+from probe_protocol.envelope import Envelope
+from probe_protocol.query import QueryBody
+
 from ..diagnose.doctor import diagnose as diagnose_doctor
 from ..diagnose.doctor import rank_doc
 from ..gather.evidence import (
@@ -50,38 +54,33 @@ def _state_of(r: RankResult, culprits: set[int], waiting_ranks: set[int], now: f
     """``stuck_s``: the hang verdict's own threshold (the job's rhythm, ``normal_wait``), so a
     tile never says "waiting" about a wait `probe hang` calls normal."""
     data = r.data or {}
-    bt = data.get("backtrace") or {}
-    if not r.ok or bt.get("state") == "dead":
+    bt = BacktraceBody.from_wire(data.get("backtrace"))
+    if not r.ok or bt.state == "dead":
         return "dead"
     if r.rank in culprits:
         return "hung"
-    if bt.get("gil_holder") or data.get("collectives_error"):
+    if bt.gil_holder or data.get("collectives_error"):
         return "gil"
     if r.rank in waiting_ranks:
         return "waiting"  # a hang's victim: it waits in the collective the culprit never reached
-    body = data.get("collectives") or {}
-    then = body.get("now") or now
+    body = CollectivesBody.from_wire(data.get("collectives"))
+    then = body.now or now
     # A collective pending as long as the verdict's rule calls stuck, not a healthy job's
     # all_reduce (a job with 8 s steps waits seconds in each).
     if any(c.get("end_time") is None and c.get("state") not in ("completed", "failed")
            and then - (c.get("start_time") or then) >= stuck_s
-           for c in (body.get("collectives") or [])[-8:]):
+           for c in body.collectives[-8:]):
         return "waiting"
     return "training"
 
 
 def _series(data: dict[str, Any]) -> list[dict[str, Any]]:
-    body = data.get("series") or {}
-    cols = body.get("columns") or []
-    return [dict(zip(cols, row, strict=False)) for row in body.get("rows") or []]
+    return QueryBody.from_wire(data.get("series")).records()
 
 
 def _stacks(data: dict[str, Any]) -> list[str]:
     """The main thread's frames as 'func (file:line)', outermost first."""
-    bt = data.get("backtrace") or {}
-    threads = bt.get("threads") or []
-    main = next((t for t in threads if t.get("is_main")), threads[0] if threads else None)
-    frames = (main or {}).get("frames") or bt.get("frames") or []
+    frames = (BacktraceBody.from_wire(data.get("backtrace")).main_thread or {}).get("frames") or []
     ordered = sorted(frames, key=lambda f: -int(f.get("depth", 0)))
     return [f"{f.get('func')} ({str(f.get('file', '')).rsplit('/', 1)[-1]}:{f.get('lineno')})"
             for f in ordered]
@@ -234,9 +233,10 @@ def run_sql(session: Session, lock: threading.Lock, sql: str, max_rows: int = 10
     errors = []
     for r in results:
         if r.ok and r.data:
-            columns = ["rank", *r.data.get("columns", [])]
-            rows.extend([r.rank, *row] for row in r.data.get("rows", []))
+            q = QueryBody.from_wire(r.data)
+            columns = ["rank", *q.columns]
+            rows.extend([r.rank, *row] for row in q.rows)
         else:
-            msg = (r.data or {}).get("error") or (r.error.message if r.error else "no answer")
+            msg = Envelope.from_wire(r.data).error or (r.error.message if r.error else "no answer")
             errors.append(f"rank {r.rank}: {msg}")
     return {"columns": columns, "rows": rows, "errors": errors}

@@ -35,7 +35,7 @@ async def report_refusals(request: Request, body: RefusalReport) -> dict[str, An
     # The watchdog sends these itself (x-probe-client: watchdog) over the private socket; it
     # strips that header from what clients send, so a token holder cannot forge audit rows.
     if agent.gate.peer_of(request.scope).kind != "unix" or \
-            request.headers.get("x-probe-client") != "watchdog":
+            request.headers.get(routes.CLIENT_HEADER) != "watchdog":
         raise ForbiddenError("only the rank's watchdog reports refusals")
     now = time.time()
     for r in body.refusals:

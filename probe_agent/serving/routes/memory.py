@@ -14,7 +14,6 @@ from fastapi.responses import Response
 
 from probe_protocol import routes
 from probe_protocol.bodies import TensorsBody
-from probe_protocol.query import RANK_HEADER
 
 from ...collectors.cuda_history import HistoryWindow, NoCudaError
 from ...collectors.tensors import TensorCensus
@@ -85,4 +84,5 @@ async def snapshot(
     except RuntimeError as e:
         raise ConflictError(str(e)) from None
     return Response(data, media_type="application/octet-stream",
-                    headers={RANK_HEADER: str(agent.rank), "X-Probe-Steps": f"{first}-{last}"})
+                    headers={routes.RANK_HEADER: str(agent.rank),
+                             routes.STEPS_HEADER: f"{first}-{last}"})

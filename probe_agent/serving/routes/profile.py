@@ -27,7 +27,6 @@ from starlette.concurrency import run_in_threadpool
 
 from probe_protocol import routes
 from probe_protocol.actions import FlameBody, ProfileBody
-from probe_protocol.query import RANK_HEADER
 
 from ...actions.profile import FLAME_MAX_SECONDS, check_flame
 from ...errors import ConflictError
@@ -72,7 +71,7 @@ async def get_profile_trace(request: Request, profile_id: str) -> FileResponse:
         raise ConflictError(f"no trace for profile {profile_id} on rank {agent.rank}: {why}",
                             reason="no-trace")
     return FileResponse(path, media_type="application/json",
-                        headers={RANK_HEADER: str(agent.rank)})
+                        headers={routes.RANK_HEADER: str(agent.rank)})
 
 
 class FlameRequest(BaseModel):
