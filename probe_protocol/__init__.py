@@ -19,5 +19,5 @@ cross-process format, its writer and its reader together, the way prometheus cli
   and each rank's entry in the c10d store.
 
 Stdlib only, and nothing here imports probe_agent or probe_cli: the watchdog runs it under
-``python -I -S``, the CLI on a laptop without torch (tests/unit/test_protocol_imports.py).
+``python -I -S``, the CLI on a laptop without torch (tests/unit/test_cli_imports.py).
 """
