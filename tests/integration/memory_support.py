@@ -48,6 +48,15 @@ class AttnHeavy(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+def run(capsys: Any, agent: Any, *argv: str) -> tuple[int, str, str]:
+    """The real CLI (``probe_cli.main``) against ``agent``: exit code, stdout, stderr."""
+    from probe_cli.main import main
+
+    code = main([agent.url.removeprefix("http://"), *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def steps(model: nn.Module, opt: torch.optim.Optimizer, n: int, batch: Any = None) -> None:
     """``n`` steps of ``model`` (returning its loss) on one batch, gradients cleared after."""
     idx, tgt = batch if batch is not None else tokens()

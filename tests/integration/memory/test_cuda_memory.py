@@ -16,15 +16,9 @@ pytest.importorskip("duckdb")
 
 from probe_agent.collectors.oom import largest_free_block  # noqa: E402
 from probe_agent.watchdog.rank import describe_exit  # noqa: E402
-from probe_cli.main import main  # noqa: E402
 from probe_protocol.runfiles import RunFiles  # noqa: E402
+from tests.integration.memory_support import run  # noqa: E402
 from tests.integration.tracing_support import rows  # noqa: E402
-
-
-def run(capsys, agent, *argv: str) -> tuple[int, str, str]:
-    code = main([agent.url.removeprefix("http://"), *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_largest_free_block_reads_the_inactive_blocks_of_a_snapshot():

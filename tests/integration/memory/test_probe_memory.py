@@ -10,18 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("duckdb")
 
-from probe_cli.main import main  # noqa: E402
-from tests.integration.memory_support import AttnHeavy, steps  # noqa: E402
+from tests.integration.memory_support import AttnHeavy, run, steps  # noqa: E402
 from tests.integration.tracing_support import rows  # noqa: E402
 
 
-def run(capsys, agent, *argv: str) -> tuple[int, str, str]:
-    code = main([agent.url.removeprefix("http://"), *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-leaked: list = []  # a global of the test module: the census names holders in __main__ only
+leaked: list = []  # a module global: the census finds it through the training thread's frames
 
 
 def test_breakdown_names_the_attention_block_and_the_levers(make_agent, capsys):
