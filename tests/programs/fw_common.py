@@ -98,3 +98,20 @@ def print_json(obj: dict[str, Any]) -> None:
     assert len(line) <= select.PIPE_BUF, "longer records are not written atomically to a pipe"
     sys.stdout.flush()
     os.write(sys.stdout.fileno(), line)
+
+
+def verify_consolidated(path: str, fresh: Any, **extra: Any) -> None:
+    """Load a probe checkpoint's consolidated ``model`` strictly into ``fresh`` (a new model of
+    the job's class, no framework around it) and print ``PROBE-VERIFY`` with the step, the
+    framework, the parameter sums after and before loading, every weight's shape and the
+    checkpoint's ``scheduler`` and ``written``, plus ``extra(state)`` for each callable."""
+    import torch
+
+    state = torch.load(path, weights_only=False, map_location="cpu")
+    fresh_sum = param_sum(fresh)
+    fresh.load_state_dict(state["model"], strict=True)
+    print_json({"step": state.get("step"), "framework": state.get("framework"),
+                "param_sum": param_sum(fresh), "fresh_param_sum": fresh_sum,
+                "shapes": sorted({tuple(v.shape) for v in state["model"].values()}),
+                "scheduler": state.get("scheduler"), "written": state.get("written"),
+                **{k: f(state) for k, f in extra.items()}})

@@ -29,7 +29,7 @@ import warnings
 
 import torch
 import torch.nn as nn
-from fw_common import StepLog, add_common_args, announce, make_slow, print_json
+from fw_common import StepLog, add_common_args, announce, make_slow, verify_consolidated
 
 DIM, VOCAB, LR = 32, 64, 1e-3
 
@@ -140,19 +140,8 @@ def train(args: argparse.Namespace) -> None:
 
 
 def verify(path: str) -> None:
-    state = torch.load(path, weights_only=False, map_location="cpu")
-    fresh = GPT()
-    fresh_sum = float(sum(p.detach().double().sum() for p in fresh.parameters()))
-    fresh.load_state_dict(state["model"], strict=True)
-    total = float(sum(p.detach().double().sum() for p in fresh.parameters()))
-    sched = state.get("scheduler") or {}
-    print_json({"step": state.get("step"), "framework": state.get("framework"),
-                "param_sum": total, "fresh_param_sum": fresh_sum,
-                "shapes": sorted({tuple(v.shape) for v in state["model"].values()}),
-                "scheduler_last_batch_iteration": sched.get("last_batch_iteration"),
-                "optimizer": sorted(state.get("optimizer") or {}) if isinstance(
-                    state.get("optimizer"), dict) else state.get("optimizer"),
-                "written": state.get("written")})
+    verify_consolidated(path, GPT(), scheduler_last_batch_iteration=lambda state: (
+        state.get("scheduler") or {}).get("last_batch_iteration"))
 
 
 def main() -> None:

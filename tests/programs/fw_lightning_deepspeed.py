@@ -29,7 +29,7 @@ import warnings
 
 import torch
 import torch.nn as nn
-from fw_common import add_common_args, announce, print_json
+from fw_common import add_common_args, announce, verify_consolidated
 
 DIM, LR = 16, 0.01
 
@@ -131,15 +131,7 @@ def train(args: argparse.Namespace) -> None:
 
 
 def verify(path: str) -> None:
-    state = torch.load(path, weights_only=False, map_location="cpu")
-    fresh = regressor_class()()
-    fresh_sum = float(sum(p.detach().double().sum() for p in fresh.parameters()))
-    fresh.load_state_dict(state["model"], strict=True)
-    total = float(sum(p.detach().double().sum() for p in fresh.parameters()))
-    print_json({"step": state.get("step"), "framework": state.get("framework"),
-                "param_sum": total, "fresh_param_sum": fresh_sum,
-                "shapes": sorted({tuple(v.shape) for v in state["model"].values()}),
-                "scheduler": state.get("scheduler"), "written": state.get("written")})
+    verify_consolidated(path, regressor_class()())
 
 
 def main() -> None:
