@@ -2,8 +2,8 @@
 
 Order: hf_trainer, lightning, deepspeed, accelerate (a Trainer's own Accelerator or DeepSpeed
 engine must not win over the Trainer; a DeepSpeed engine knows its model, an Accelerator that
-prepared it does not), then the plain loop, which always answers. Whatever an adapter leaves out is filled by
-``plain.complete`` (an optimizer stepped by hand beside the framework's).
+prepared it does not), then the plain loop, which always answers. Whatever an adapter leaves
+out is filled by ``plain.complete`` (an optimizer stepped by hand beside the framework's).
 
 Cost: the script's names and the frames' locals are read on every call (microseconds). Live
 trainers, schedulers and DataLoaders come from one ``gc.get_objects()`` pass (about 50-100 ms

@@ -6,8 +6,9 @@
   Lightning never calls the LightningModule, only its ``self.net``, whose layers are then
   ``net.0``, not ``0``. Names given before any such model is known (before the first optimizer
   step) are given again once one is. Wrapper prefixes are dropped (``_orig_mod.`` of
-  ``torch.compile``, ``module.`` of DDP and of a DeepSpeed engine, FSDP's and checkpoint-wrapper's inner names), so a
-  compiled or wrapped model reports the names of the plain one. The root itself is named by its
+  ``torch.compile``, ``module.`` of DDP and of a DeepSpeed engine, FSDP's and
+  checkpoint-wrapper's inner names), so a compiled or wrapped model reports the names of the
+  plain one. The root itself is named by its
   class (``GPT``), and ``root`` tells several root models apart (``GPT``, ``GPT#2``).
 - **codes**: each (name, root label) pair gets a small int; rows carry the code and SQL joins
   the strings in (``table``), so the writer's per-row Python is one dict lookup.
