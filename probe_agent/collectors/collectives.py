@@ -33,7 +33,6 @@ import functools
 import inspect
 import json
 import logging
-import os
 import pickle
 import sys
 import threading
@@ -42,6 +41,7 @@ from collections import deque
 from typing import Any
 
 from . import Guard, Sink
+from .collective_names import OP_NAMES, callsite, fr_op, user_frame
 from .torch_import import imported
 
 log = logging.getLogger(__name__)
@@ -57,20 +57,6 @@ WRAPPED = (
 P2P = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
                  "recv_object_list"})
 TABLE = "python.collectives"
-_TORCH_DIR = os.sep + "torch" + os.sep
-#: Modules whose frames are never where the user asked for a collective: torch, DeepSpeed's
-#: comm layer, the decorators between them (``typing_extensions.deprecated``'s wrapper sits
-#: above every ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` in torch 2.13), and
-#: this recorder. Packages by their directory, single files by their path (never by a name in
-#: the path: a user's project may well live in a directory called ``deepspeed``).
-_NOT_USER_PACKAGES = ("torch", "deepspeed")
-_NOT_USER_FILES = ("typing_extensions", "functools", "contextlib")
-_internal: tuple[tuple[str, ...], frozenset[str], int] = ((), frozenset(), -1)
-#: One name per collective, whichever API asked for it (the Flight Recorder says
-#: ``all_gather`` for ``all_gather_into_tensor``; the wrappers see the API's name).
-_OP_NAMES = {"reduce_scatter_tensor": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
-             "all_gather_into_tensor": "all_gather", "_all_gather_base": "all_gather"}
-
 # Wrapper record slots (a list, not an object: cheaper to build on the training thread).
 _PG, _OP, _SHAPES, _DTYPE, _START, _END, _STATE, _ERROR, _THREAD, _SITE, _SEQ, _ASYNC = range(12)
 
@@ -221,7 +207,7 @@ class CollectiveRecorder:
             out.append(
                 {
                     "pg": rec[_PG], "pg_desc": None, "seq": rec[_SEQ],
-                    "op": _OP_NAMES.get(rec[_OP], rec[_OP]),
+                    "op": OP_NAMES.get(rec[_OP], rec[_OP]),
                     "is_p2p": rec[_OP] in P2P, "shapes": rec[_SHAPES], "dtype": rec[_DTYPE],
                     "start_time": rec[_START], "end_time": rec[_END], "state": rec[_STATE],
                     "error": rec[_ERROR], "thread_name": rec[_THREAD], "callsite": rec[_SITE],
@@ -255,36 +241,6 @@ def _begin(op: str, group: Any, args: tuple, kwargs: dict, asynchronous: bool) -
     site = f"{caller.f_code.co_filename}:{caller.f_lineno} {caller.f_code.co_name}"
     return [pg, op, json.dumps(shapes), dtype, time.time(), None, "pending", None,
             threading.current_thread().name, site, None, asynchronous]
-
-
-def _not_user() -> tuple[tuple[str, ...], frozenset[str]]:
-    """(directory prefixes, file paths) of ``_NOT_USER_*``, recomputed when one more of them
-    has been imported (DeepSpeed after torch)."""
-    global _internal
-    loaded = [sys.modules.get(n) for n in (*_NOT_USER_PACKAGES, *_NOT_USER_FILES)]
-    count = sum(m is not None for m in loaded)
-    if count != _internal[2]:
-        files = [getattr(m, "__file__", None) for m in loaded]
-        n = len(_NOT_USER_PACKAGES)
-        dirs = [os.path.dirname(f) + os.sep for f in files[:n] if f]
-        dirs.append(os.path.dirname(os.path.abspath(__file__)) + os.sep)
-        _internal = (tuple(dirs), frozenset(f for f in files[n:] if f), count)
-    return _internal[0], _internal[1]
-
-
-def user_frame(frame: Any) -> Any:
-    """The innermost frame at or above ``frame`` outside torch, DeepSpeed and decorators (the
-    first one when every frame is: a collective torch runs on its own)."""
-    dirs, files = _not_user()
-    f = frame
-    for _ in range(64):
-        if f is None:
-            break
-        name = f.f_code.co_filename
-        if not (name.startswith(dirs) or name in files):
-            return f
-        f = f.f_back
-    return frame
 
 
 def _group_name(group: Any) -> str:
@@ -348,13 +304,13 @@ def _fr_row(e: dict[str, Any]) -> dict[str, Any]:
     return {
         "pg": str(pg_name), "pg_desc": pg_desc,
         "seq": e.get("p2p_seq_id") if is_p2p else e.get("collective_seq_id"),
-        "op": _fr_op(e), "is_p2p": is_p2p,
+        "op": fr_op(e), "is_p2p": is_p2p,
         "shapes": json.dumps(e.get("input_sizes") or []),
         "dtype": _dtype((e.get("input_dtypes") or [None])[0]),
         "start_time": start, "end_time": end,
         "retired": bool(e.get("retired")), "fr_state": e.get("state"),
         "thread_name": e.get("thread_name"),
-        "callsite": _callsite(e.get("frames") or ()),
+        "callsite": callsite(e.get("frames") or ()),
         "source": "flight_recorder",
     }
 
@@ -367,31 +323,6 @@ _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16
 
 def _dtype(name: str | None) -> str | None:
     return _DTYPES.get(name, name.lower()) if name else None
-
-
-def _fr_op(e: dict[str, Any]) -> str:
-    """The collective a Flight Recorder entry records. gloo runs ``reduce_scatter_tensor`` as
-    an all-reduce and records it as ``all_reduce``; the entry's own stack still names the API
-    (``reduce_scatter_tensor`` in distributed_c10d.py), and that is what every rank asked for."""
-    op = str(e.get("profiling_name", "")).split(":", 1)[-1]
-    if op != "all_reduce":
-        return _OP_NAMES.get(op, op)
-    for f in e.get("frames") or ():
-        if f.get("filename", "").endswith("distributed_c10d.py") and (
-                f.get("name", "").lstrip("_").startswith("reduce_scatter")):
-            return "reduce_scatter"
-    return op
-
-
-def _callsite(frames: Any) -> str | None:
-    """The innermost frame outside torch, DeepSpeed and decorators: where the user's code
-    asked for it."""
-    dirs, files = _not_user()
-    for f in frames:
-        name = f.get("filename", "")
-        if not (name.startswith(dirs) or name in files):
-            return f"{f['filename']}:{f['line']} {f['name']}"
-    return None
 
 
 def _fr_state(e: dict[str, Any], status: dict[str, str]) -> str:
