@@ -301,6 +301,26 @@ class RefusalLog:
         self.by_reason: dict[str, int] = {}
         self._window_start = 0.0
         self._in_window = 0
+        #: Ids of the watchdog's reports already applied, newest last (see ``apply_report``).
+        self._reports: dict[str, None] = {}
+
+    def apply_report(self, report_id: str, refused: list[tuple[str, str, str, str]],
+                     unlisted: int, now: float) -> bool:
+        """Record a report of the watchdog's refusals ``(client, what, reason, message)``
+        once: the watchdog sends a report again, unchanged, until it is answered, and one sent
+        during a GIL hold is delivered, then answered too late (watchdog/refusal_report.py).
+        False when that id was applied already."""
+        if report_id and report_id in self._reports:
+            return False
+        if report_id:
+            self._reports[report_id] = None
+        while len(self._reports) > 256:  # ids of reports long acknowledged
+            del self._reports[next(iter(self._reports))]
+        for client, what, reason, message in refused:
+            self.record(client, what, reason, message, now)
+        self.count += unlisted
+        self.unlogged += unlisted
+        return True
 
     def record(self, client: str, what: str, reason: str, message: str, now: float) -> None:
         self.count += 1

@@ -15,7 +15,6 @@ inherited listening sockets are closed, so the worker never answers for its pare
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import sys
@@ -31,16 +30,18 @@ from probe_protocol.runfiles import RunFiles
 from probe_protocol.tokens import sign_entry
 
 from . import roles, rundir
+from ._version import __version__
 from .access import Gate, Policy, RefusalLog
 from .actions import ActionQueue
+from .audit import AuditLog
 from .clock import StepClock
 from .collectors.registry import Collectors, build_collectors
+from .collectors.stacks import BacktraceTables
 from .config import LOCAL_RANK_VARS, AgentConfig, first_set
 from .errors import AgentStateError, EvalError
 from .evaluator import Evaluator
 from .frameworks.playbook import resolve
 from .profiling.sessions import Profiling
-from ._version import __version__
 from .ranks import Identity, RankRegistry, publish_rank
 from .step_cost import measure
 
@@ -63,12 +64,13 @@ class Agent:
         # issue 19: who may reach this agent (access.py), and the audit of whom it turned away.
         self.gate = Gate(Policy.for_agent(config.token, [
             identity.host, config.advertise_host or "", *config.allowed_hosts]))
-        self.refusals = RefusalLog(self._audit_refusal_row)
         #: Why TCP is not served, when it is not (a non-loopback host without a token).
         self.tcp_off: str | None = None
         self.tcp_port: int | None = None
         self.started_at = time.time()
         self.store = Store(config)
+        self.audit_log = AuditLog(self.store, self.rank)
+        self.refusals = RefusalLog(self._audit_refusal_row)
         # issue 6: the one step counter of this agent (the tracer uses it too).
         self.stepclock = StepClock()
         self.evaluator = Evaluator(
@@ -91,15 +93,12 @@ class Agent:
         #: (serving/watchdog_link.py).
         self.watchdog: Any = None
         # Profile windows and flame sessions; the run dir is settled by start() first.
-        self.profiling: Profiling = self._new_profiling()
+        self.profiling = Profiling(config.run_dir, self.rank, self.stepclock, self.store,
+                                   tracer=lambda: self.collectors.tracer, audit=self.audit)
         # The queue of step-boundary actions that rides on the step clock.
         self.actions = ActionQueue(self.stepclock, self.evaluator, rank=self.rank,
                                    timeout_s=config.action_timeout_s, audit=self.audit,
                                    running=lambda: self.running, profiling=self.profiling)
-
-    def _new_profiling(self) -> Profiling:
-        return Profiling(self.config.run_dir, self.rank, self.stepclock, self.store,
-                         tracer=lambda: self.collectors.tracer, audit=self.audit)
 
     def _playbook(self, names: list[str]) -> dict[str, Any]:
         """The playbook names of an eval (``optimizer``, ``model``...) from the framework
@@ -109,7 +108,6 @@ class Agent:
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
         # Lazy: fastapi and uvicorn load when an agent starts, never at import.
-        from .collectors.stacks import BacktraceTables
         from .serving.ports import bind_tcp_reclaiming
         from .serving.server import bind_unix
 
@@ -260,7 +258,7 @@ class Agent:
             log.warning("probe agent: rank %d until now, init_process_group gave rank %d; "
                         "using %d", ident.rank, rank, rank)
         self.identity = replace(ident, rank=rank, world_size=world_size, local_rank=local)
-        self.rank = self.actions.rank = self.profiling.rank = rank
+        self.rank = self.actions.rank = self.profiling.rank = self.audit_log.rank = rank
         if self.watchdog is not None:
             self.watchdog.rank = rank
         # The collectors stamp every row with the rank they were built with.
@@ -276,13 +274,9 @@ class Agent:
         if not self.config.unix_socket:
             return
         path = RunFiles(self.config.run_dir, self.identity.pid).json
-        tmp = path + ".tmp"
         try:
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                json.dump(self.info().to_wire(), f)
-            os.replace(tmp, path)
+            self._owned_inodes[path] = rundir.write_record(path, self.info().to_wire())
             self._info_path = path
-            self._owned_inodes[path] = os.stat(path).st_ino
         except OSError as e:
             log.warning("probe agent: could not write %s: %s", path, e)
 
@@ -331,34 +325,12 @@ class Agent:
         merged = {**self.peers, self.rank: me}
         return [merged[r] for r in sorted(merged)]
 
-    def audit(
-        self, client: str, code: str, outcome: str, error: str | None, ms: float,
-        **action: Any,
-    ) -> None:
-        """One row of python.evals. ``action`` (kind, action_id, at_step, requested_by)
-        is set by step-boundary actions (issue 6); a plain eval is kind 'eval'."""
-        import pyarrow as pa  # lazy: loaded with the store already; off `import` of this module
-
-        row: dict[str, list[Any]] = {
-            "timestamp": [time.time()],
-            "rank": [self.rank],
-            "client": [client],
-            "code": [code],
-            "outcome": [outcome],
-            "error": [error],
-            "elapsed_ms": [ms],
-        }
-        # Always every column: batches are concatenated before insert, and a missing column
-        # would become NULL rather than its default.
-        row["kind"] = [action.get("kind") or "eval"]
-        row["action_id"] = [action.get("action_id")]
-        row["at_step"] = [action.get("at_step")]
-        row["requested_by"] = [action.get("requested_by")]
-        # Visible to the very next query ("what did I just run?"): a read of python.evals first
-        # inserts what is queued for it (Store flush on read); nobody waits on the writer here.
-        schema = self.store.arrow_schema("python.evals")
-        self.store.append("python.evals", pa.table({f.name: row[f.name] for f in schema},
-                                                   schema=schema))
+    def audit(self, client: str, code: str, outcome: str, error: str | None, ms: float,
+              **action: Any) -> None:
+        """One row of python.audit (audit.py); ``action`` (kind, action_id, at_step,
+        requested_by) is set by step-boundary actions, profiles and refusals; a plain eval is
+        kind 'eval' and goes to python.evals too."""
+        self.audit_log.record(client, code, outcome, error, ms, **action)
 
     def run_eval(self, code: str, client: str, eval_id: str | None = None) -> Any:
         try:

@@ -142,18 +142,17 @@ def write_launcher_record(run_dir: str, pid: int, host: str) -> None:
     """``<run_dir>/<pid>.launcher.json``: `probe ps` shows the process as a launcher. The run
     dir's sweep removes it once the process is gone, like every ``<pid>.*`` file."""
     import atexit
-    import json
     import time
 
     from probe_protocol.runfiles import RunFiles
+
+    from .rundir import write_record
 
     path = RunFiles(run_dir, pid).launcher
     record = {"pid": pid, "role": "launcher", "host": host,
               "argv": sys.argv[:8], "since": time.time()}
     try:
-        with open(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            json.dump(record, f)
-        os.replace(path + ".tmp", path)
+        write_record(path, record)
         atexit.register(_unlink, path)
     except OSError as e:
         _log().warning("probe agent: could not write %s: %s", path, e)

@@ -13,12 +13,29 @@ directory that is not ours. `probe ps` and `probe PID` look in the same places
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
 import tempfile
 
 from probe_protocol import runfiles
+
+
+def write_record(path: str, record: dict) -> int:
+    """Write ``record`` as JSON to ``path`` atomically, readable by the owner only (what
+    `probe ps` and `probe PID` read); returns the file's inode, so that only our own file is
+    removed later. Raises OSError."""
+    tmp = path + ".tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+    return os.stat(path).st_ino
+
+
+#: At most this many names are looked at by one sweep (a run dir of 1240 files was seen).
+SWEEP_MAX = 5000
+
 
 def problem(path: str) -> str | None:
     """Why ``path`` cannot be this uid's run dir (made 0700 if missing), or None."""

@@ -337,18 +337,22 @@ class TensorsBody(WireBody):
 @dataclass(frozen=True, slots=True)
 class RefusalReport:
     """``POST /v1/access/refusals`` (watchdog -> its agent, private socket): the requests the
-    watchdog refused since its last report, and how many more it only counted."""
+    watchdog refused since its last report, and how many more it only counted. ``id`` is the
+    same on every resend of one report (one sent during a GIL hold arrives but is answered
+    late); the agent applies each id once."""
 
     refusals: tuple[dict[str, Any], ...] = ()
     unlisted: int = 0
+    id: str = ""
 
     def to_wire(self) -> dict[str, Any]:
-        return {"refusals": list(self.refusals), "unlisted": self.unlisted}
+        return {"id": self.id, "refusals": list(self.refusals), "unlisted": self.unlisted}
 
     @classmethod
     def from_wire(cls, body: Body | None) -> RefusalReport:
         b = body or {}
-        return cls(as_dicts(b.get("refusals")), as_int(b.get("unlisted")) or 0)
+        return cls(as_dicts(b.get("refusals")), as_int(b.get("unlisted")) or 0,
+                   str(b.get("id") or ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 -- schema.sql: every table the probe agent writes. The only DDL in the project.
 --
--- Conventions: every table carries `rank`, so results from many ranks concatenate; tables that
--- grow with training carry `step`, and retention (PROBE_RETENTION_MB) drops their oldest steps
--- first. Timestamps are seconds since the Unix epoch (DOUBLE). Unqualified names resolve:
+-- Conventions: every table carries `rank`, so results from many ranks concatenate; the tables
+-- that grow with training carry `step`, and retention (PROBE_RETENTION_MB) drops their oldest
+-- steps first: python.steps, torch_trace, memory, metrics and step_stats, named in
+-- probe_agent/store/retention.py (STEP_TABLES); every other table is kept whole. Timestamps are seconds since the Unix epoch (DOUBLE). Unqualified names resolve:
 -- queries run with search_path = python,main.
 
 CREATE SCHEMA IF NOT EXISTS python;
@@ -45,8 +46,9 @@ CREATE TABLE IF NOT EXISTS python.backtrace_all (
     locals      VARCHAR
 );
 
--- python.evals: the audit log of every /v1/eval (and, later, every step-boundary action).
--- code is stored as sent; outcome is 'ok' | 'error' | 'timeout' | 'refused'.
+-- python.evals: one row per /v1/eval request (probe eval without a step flag), as it ended.
+-- code is stored as sent; outcome is 'ok' | 'error' | 'timeout' | 'refused'. The same row is
+-- in python.audit (kind 'eval'), with every other request of the rank.
 CREATE TABLE IF NOT EXISTS python.evals (
     timestamp   DOUBLE  NOT NULL,
     rank        INTEGER NOT NULL,
@@ -55,6 +57,45 @@ CREATE TABLE IF NOT EXISTS python.evals (
     outcome     VARCHAR NOT NULL,
     error       VARCHAR,
     elapsed_ms  DOUBLE
+);
+
+-- python.audit: the audit log: who asked this rank to do what, and what became of it. Kept
+-- whole (retention trims only the step tables). Written by probe_agent/audit.py.
+-- kind:
+--   'eval': a /v1/eval (also in python.evals); outcome 'ok' | 'error' | 'timeout' | 'refused'.
+--   a step-boundary action (probe_agent/actions/): 'step-eval' (eval --at-step/--next-step),
+--     'lr', 'checkpoint', 'pause', 'resume', 'cancel'. One action writes several rows as it
+--     moves on: outcome 'queued' (accepted), 'refused' (not accepted: no optimizer step seen,
+--     step already passed, ...), 'overrun' (still running past PROBE_ACTION_TIMEOUT_S), then
+--     exactly one of 'ok' | 'error' | 'cancelled' | 'skipped' (not every rank reached the step
+--     in time, so it ran nowhere).
+--   'profile' (`probe profile`, a step-boundary action): queued, ok = the profiler started at
+--     at_step, refused, error; then one row with outcome 'done' (or 'error') when the window
+--     closed: code names the steps, what stopped it, and the measured cost ("step time x1.84
+--     (46.1 ms vs 25.0 ms before, 5 vs 20 steps)"). python.steps rows of profiled steps are
+--     real but inflated by the profiler; python.torch_trace has none for them (the tracer is
+--     paused).
+--   'flame' (`probe flame`): outcomes 'started', 'refused', then 'done' (or 'error') with the
+--     sampler's cost in code; action_id is the session id, at_step the step when it
+--     started/ended.
+--   'access': a request the access rule refused (by the agent, or by its watchdog, reported
+--     once each); code is 'METHOD /path', client the peer's address and uid, error the status
+--     and the reason. Past 20 rows in 10 s they are only counted (`probe info`).
+-- client: the peer address the request came from; requested_by: who the CLI says sent it
+--   (user@host).
+-- action_id: the same on every rank for one CLI command; at_step: the step it was meant for.
+CREATE TABLE IF NOT EXISTS python.audit (
+    timestamp    DOUBLE  NOT NULL,
+    rank         INTEGER NOT NULL,
+    kind         VARCHAR NOT NULL,
+    client       VARCHAR,
+    requested_by VARCHAR,
+    code         VARCHAR NOT NULL,
+    outcome      VARCHAR NOT NULL,
+    error        VARCHAR,
+    elapsed_ms   DOUBLE,
+    action_id    VARCHAR,
+    at_step      BIGINT
 );
 
 -- ---------------------------------------------------------------------------------------------
@@ -93,32 +134,6 @@ CREATE TABLE IF NOT EXISTS python.collectives (
     callsite    VARCHAR,    -- 'file:line func' of the innermost caller outside torch
     source      VARCHAR NOT NULL
 );
-
--- ---------------------------------------------------------------------------------------------
--- issue 6: step-boundary actions (probe_agent/actions/) share the audit table python.evals.
--- ---------------------------------------------------------------------------------------------
--- kind: 'eval' for /v1/eval (the default), else the step-boundary action's kind:
---   'step-eval' (eval --at-step/--next-step), 'lr', 'checkpoint', 'pause', 'resume', 'cancel'.
---   'access' (issue 19): a request the access rule refused; code is 'METHOD /path', client the
---   peer's address and uid, error the status and the reason.
--- One action writes several rows as it moves on: outcome 'queued' (accepted), 'refused' (not
---   accepted: no optimizer step seen, step already passed, ...), 'overrun' (still running past
---   PROBE_ACTION_TIMEOUT_S), then exactly one of 'ok' | 'error' | 'cancelled' | 'skipped' (not
---   every rank reached the step in time, so it ran nowhere).
--- action_id: the same on every rank for one CLI command; at_step: the step it was meant for
---   (not named `step`: the store trims tables with a `step` column, and an audit log is kept whole).
--- requested_by: who the CLI says sent it (user@host); client is the peer address it came from.
-ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS kind VARCHAR DEFAULT 'eval';
-ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS action_id VARCHAR;
-ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS at_step BIGINT;
-ALTER TABLE python.evals ADD COLUMN IF NOT EXISTS requested_by VARCHAR;
--- issue 16: `probe profile` is the step-boundary action kind 'profile' (queued, ok = the profiler
---   started at at_step, refused, error), then one row with outcome 'done' (or 'error') when the
---   window closed: code names the steps, what stopped it, and the measured cost ("step time
---   x1.84 (46.1 ms vs 25.0 ms before, 5 vs 20 steps)"). python.steps rows of profiled steps are
---   real but inflated by the profiler; python.torch_trace has none for them (the tracer is paused).
---   `probe flame`: kind 'flame', outcomes 'started', 'refused', then 'done' (or 'error') with the
---   sampler's cost in code; action_id is the session id, at_step the step when it started/ended.
 
 -- ---------------------------------------------------------------------------------------------
 -- issue 3: torch tracing (probe_agent/collectors/tracer/, and steps.py)
@@ -166,10 +181,12 @@ CREATE TABLE IF NOT EXISTS python.torch_trace (
     root          VARCHAR,            -- the root model's label: its class, 'GPT#2' for a second
     recompute     BOOLEAN,
     device        VARCHAR,            -- 'cuda' (CUDA-event timing) | 'cpu'
-    depth         INTEGER             -- nesting depth of the call (0 = root call); a backward
+    depth         INTEGER,            -- nesting depth of the call (0 = root call); a backward
                                       -- row has its forward call's depth. A row's children are
                                       -- the rows of depth+1 that start within its cpu span
                                       -- (queries/slow_modules.sql uses this for self time).
+    saved_bytes   BIGINT,             -- see below
+    input_bytes   BIGINT
 );
 -- saved_bytes (forward rows of traced steps): bytes of the tensors autograd saved for backward
 --   while this call's OWN forward ran (its children's are on their rows, so sum(saved_bytes)
@@ -184,8 +201,6 @@ CREATE TABLE IF NOT EXISTS python.torch_trace (
 --   module ORDER BY mib DESC LIMIT 5` ranks the modules.
 -- input_bytes (same rows): bytes of the tensor arguments of this call (their storages, once),
 --   what checkpointing the module would keep saved instead of everything its forward saves.
-ALTER TABLE python.torch_trace ADD COLUMN IF NOT EXISTS saved_bytes BIGINT;
-ALTER TABLE python.torch_trace ADD COLUMN IF NOT EXISTS input_bytes BIGINT;
 
 -- python.steps: one row per optimizer step (traced or not). start_time is the end of the
 -- previous step (so data loading counts), NULL for the first step the agent saw.
@@ -257,7 +272,14 @@ CREATE TABLE IF NOT EXISTS python.memory (
     rss           DOUBLE,
     agent_mib     DOUBLE,
     agent_threads INTEGER,
-    heap_free_mib DOUBLE
+    heap_free_mib DOUBLE,
+    params_mib      DOUBLE,           -- memory by kind: see below
+    grads_mib       DOUBLE,
+    optimizer_mib   DOUBLE,
+    activations_mib DOUBLE,
+    params_fp32_mib DOUBLE,
+    sharded         BOOLEAN,
+    capacity_mib    DOUBLE
 );
 -- Memory by kind, on traced steps (NULL on the others), in MiB, of this rank:
 --   params_mib: parameters (the local shard of FSDP2 DTensors; each storage once),
@@ -271,16 +293,9 @@ CREATE TABLE IF NOT EXISTS python.memory (
 -- (rss - agent_mib - heap_free_mib) minus those. Activations are freed by the time the row is
 -- taken (after the step), so they add to it: peak ~ params + grads + optimizer + activations +
 -- the rest.
-ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS params_mib DOUBLE;
-ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS grads_mib DOUBLE;
-ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS optimizer_mib DOUBLE;
 --   params_fp32_mib: the float32 part of params_mib (what bf16 would halve),
 --   sharded: some parameter is a DTensor (FSDP2): its optimizer state is sharded already.
 -- capacity_mib: the CUDA device's total memory (NULL on CPU).
-ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS activations_mib DOUBLE;
-ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS params_fp32_mib DOUBLE;
-ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS sharded BOOLEAN;
-ALTER TABLE python.memory ADD COLUMN IF NOT EXISTS capacity_mib DOUBLE;
 
 -- python.ooms: one row per CUDA out-of-memory the allocator raised, recorded by its OOM observer
 -- (probe_agent/collectors/oom.py) inside the failing allocation, on the thread that asked.

@@ -25,7 +25,7 @@ Model
   ``overran`` and logged; it is *not* interrupted: stopping code mid-way on the training thread
   could leave the model or optimizer half-updated, or raise into the training loop and end the
   job. Only a queued (or still agreeing) action can be cancelled.
-- Every change of state is audited in ``python.evals`` (kind, action_id, at_step, requested_by).
+- Every change of state is audited in ``python.audit`` (kind, action_id, at_step, requested_by).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class ActionQueue:
         evaluator: its session and output cap: names step-evals and ``/v1/eval`` share.
         rank: named in refusals and logs.
         timeout_s: PROBE_ACTION_TIMEOUT_S: longer is reported as an overrun (never stopped).
-        audit: writes one ``python.evals`` row (``Agent.audit``).
+        audit: writes one ``python.audit`` row (``Agent.audit``).
         running: whether the agent still runs; a held (paused) training thread is released
             once it does not.
         profiling: the agent's profile windows: a ``profile`` action starts one there.

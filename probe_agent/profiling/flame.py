@@ -11,7 +11,7 @@ Either runs on the session's daemon thread ``probe-agent.sampler`` and ends by i
 ``seconds`` (the ceiling the route enforced), whether or not anyone asks for the result: a CLI
 that died leaves nothing running. Then the cost: the median step time of the steps that ran
 entirely inside the sampled window over the median of the 20 steps before it (``python.steps``),
-plus the sampler's own CPU time; both go to the audit table (``python.evals`` kind ``flame``,
+plus the sampler's own CPU time; both go to the audit table (``python.audit`` kind ``flame``,
 outcome ``done``) and back to the CLI.
 """
 

@@ -5,7 +5,7 @@
   with a 409 that says which; training is not touched.
 - At most one flame session at a time per rank (two samplers would double the cost and halve
   nothing).
-- Cost, measured on this rank and audited in ``python.evals`` (kind ``profile`` / ``flame``,
+- Cost, measured on this rank and audited in ``python.audit`` (kind ``profile`` / ``flame``,
   outcome ``done``): the median step time inside the window over the median of the 20 steps
   before it (``python.steps``), both side by side in the row's ``code``.
 - Trace files live in ``<run dir>/profiles/`` (0700); the newest ``KEEP_TRACES`` stay, older

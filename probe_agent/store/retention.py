@@ -1,8 +1,37 @@
-"""Byte retention for the step-indexed tables (PROBE_RETENTION_MB): oldest steps go first."""
+"""Byte retention for the step tables (PROBE_RETENTION_MB): oldest steps go first.
+
+The step tables are named here, not found by a column called ``step``: a table that happens to
+have one (an audit row's step, a future table) is kept whole unless it is listed.
+"""
 
 from __future__ import annotations
 
 import duckdb
+
+#: The tables that grow with training and are trimmed by their oldest steps, together.
+STEP_TABLES = ("python.steps", "python.torch_trace", "python.memory", "python.metrics",
+               "python.step_stats")
+
+#: Rough bytes per row per column type, for retention. Exactness does not matter: the goal is a
+#: bound that holds memory flat, and DuckDB compresses below this.
+_WIDTH = {"VARCHAR": 48, "BOOLEAN": 1, "INTEGER": 4, "DATE": 4, "FLOAT": 4}
+
+
+def step_table_widths(columns: dict[str, list[tuple[str, str]]],
+                      step_tables: tuple[str, ...] = STEP_TABLES) -> dict[str, int]:
+    """Estimated bytes per row of each step table, from its ``(column, type)`` list.
+
+    Raises:
+        ValueError: a listed table is missing from the schema or has no ``step`` column
+            (schema.sql and this list disagree: a packaging or schema bug, found at start).
+    """
+    widths = {}
+    for table in step_tables:
+        cols = columns.get(table)
+        if not cols or "step" not in {c for c, _ in cols}:
+            raise ValueError(f"retention: step table {table} has no step column in schema.sql")
+        widths[table] = sum(_WIDTH.get(t, 8) for _, t in cols)
+    return widths
 
 
 def enforce_retention(cur: duckdb.DuckDBPyConnection, budget: int, step_tables: dict[str, int],

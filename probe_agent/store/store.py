@@ -4,10 +4,12 @@ Threads and ownership
 ---------------------
 - The *root* connection is created in ``Store.__init__`` (schema applied, then the
   configuration locked). Nobody runs SQL on it; it only hands out cursors, under a lock.
-- The *writer* thread (``probe-agent.writer``) owns one cursor for every write: it calls the
-  registered flushers (collectors turn their in-memory buffers into Arrow there), inserts the
-  queued Arrow batches, re-materialises on-demand tables and enforces byte retention. Rows are
-  never inserted one at a time (≈1k rows/s); Arrow batches reach 0.5–0.9 M rows/s.
+- The *writer* thread (``probe-agent.writer``, writer.py) owns one cursor for every write: it
+  calls the registered flushers (collectors turn their in-memory buffers into Arrow there),
+  inserts the queued Arrow batches and enforces byte retention on the step tables
+  (retention.py's ``STEP_TABLES``). Rows are never inserted one at a time (≈1k rows/s); Arrow
+  batches reach 0.5–0.9 M rows/s. On-demand tables are re-materialised by the reader that
+  needs them.
 - Flush on read: every DuckDB insert costs ~1–2 ms of CPU whatever its size, and part of it
   holds the GIL the training thread needs. So the writer flushes only every PROBE_FLUSH_MS
   (default 2 s; a table with few rows waits up to 10 s) and whenever a read arrives: a query
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -60,27 +61,12 @@ from .catalog import load_schema
 from .deadlines import Deadlines
 from .readonly import ReadOnlyCheck, check_sql_text, one_line
 from .results import Bounded, arrow_stream, json_rows
-from .retention import enforce_retention
+from .retention import step_table_widths
+from .writer import Writer, insert_arrow
 
 log = logging.getLogger(__name__)
 
-#: Rough bytes per row per column type, for retention. Exactness does not matter: the goal is a
-#: bound that holds memory flat, and DuckDB compresses below this.
-_WIDTH = {"VARCHAR": 48, "BOOLEAN": 1, "INTEGER": 4, "DATE": 4, "FLOAT": 4}
-_RETENTION_EVERY_S = 2.0
 _SNAPSHOT_REUSE_S = 0.02
-#: Housekeeping cadence (tickers): cheap Python only, no inserts.
-_TICK_S = 0.5
-#: Shortest time between two read-triggered flushes (readers arriving in between share one).
-_MIN_GAP_S = 0.05
-#: Batches held (queued or taken but not inserted) that force a full pass before the timer.
-_MAX_HELD = 64
-#: The timed pass inserts a table's held batches once they reach _INSERT_ROWS rows or have been
-#: held _MAX_HOLD_S. Reads insert what they name at once, so this costs no freshness; it spares
-#: an agent with tracing off ~4 inserts of a few rows every PROBE_FLUSH_MS (~2 ms of CPU each,
-#: much of it in duckdb's Python layer, under the GIL: 0.4% of the training thread, measured).
-_INSERT_ROWS = 2048
-_MAX_HOLD_S = 10.0
 #: Longest a read waits for the writer to flush before it reads what is there.
 _SYNC_WAIT_S = 2.0
 
@@ -126,26 +112,12 @@ class Store:
         self._root.execute("SET enable_external_access = false")
         self._root.execute("SET lock_configuration = true")
         self._root_lock = threading.Lock()
-        self._writer_lock = threading.Lock()  # the writer cursor's SQL vs a stopped writer's
-        self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._flushers: list[Callable[[], None]] = []
-        self._tickers: list[Callable[[], None]] = []
-        self._wake = threading.Event()
-        self._waiting: list[frozenset[str] | None] = []  # tables of waiting flush() calls
-        self._waiting_lock = threading.Lock()
-        # Estimated rows per step-indexed table (inserts add, retention subtracts), so the
-        # retention pass runs SQL only when the budget may be exceeded.
-        self._rows_est: dict[str, int] = {}
         self._materializers: dict[str, Callable[[], pa.Table]] = {}
         self._materialize_lock = threading.Lock()
         self._snapshot_at: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._step_tables: dict[str, int] = {}
-        self._last_retention = 0.0
-        self.rows_written = 0
-        self.rows_dropped = 0
         self._columns = self._load_columns()
+        #: The tables retention trims, with their estimated bytes per row.
+        self._step_tables = step_table_widths(self._columns)
         self._short_names = {t.split(".")[-1].lower(): t for t in self._columns}
         # A view (python.job_memory) is read, never written: a read naming it must flush the
         # tables its own SQL names, and retention and inserts must never see it.
@@ -158,21 +130,23 @@ class Store:
         self._local = threading.local()
         self._read_cursors: list[duckdb.DuckDBPyConnection] = []
         self._deadlines = Deadlines()
-        # Batches taken off the queue but not inserted yet (writer thread only): a
-        # read-triggered pass inserts only the tables its readers name.
-        self._held: dict[str, list[Any]] = {}
-        self._held_since: dict[str, float] = {}  # table -> when its oldest held batch came
+        self._writer = Writer(self._cursor, config.flush_ms, config.retention_mb * 1024 * 1024,
+                              self._step_tables, self._arrow_schemas)
+
+    @property
+    def rows_written(self) -> int:
+        return self._writer.rows_written
+
+    @property
+    def rows_dropped(self) -> int:
+        return self._writer.rows_dropped
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="probe-agent.writer", daemon=True)
-        self._thread.start()
+        self._writer.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._writer.stop(timeout)
         self._deadlines.stop()
         with self._root_lock:
             for cur in self._read_cursors:
@@ -180,20 +154,29 @@ class Store:
             self._read_cursors.clear()
             self._root.close()
 
-    # -- writing ----------------------------------------------------------------------------
+    # -- writing: the collectors' Sink, done by the writer (writer.py) -------------------
     def append(self, table: str, data: pa.Table | pa.RecordBatch) -> None:
         """Queue an Arrow batch for ``table`` (``schema.name``). Never blocks, never raises."""
-        self._queue.put((table, data))
+        self._writer.append(table, data)
 
     def add_flusher(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` on the writer thread every PROBE_FLUSH_MS and before every read; it
-        should move everything it has buffered into ``append``."""
-        self._flushers.append(fn)
+        """Call ``fn`` on the writer thread every PROBE_FLUSH_MS and before every read."""
+        self._writer.add_flusher(fn)
 
     def add_ticker(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` on the writer thread every ``_TICK_S`` (housekeeping; no appends)."""
-        self._tickers.append(fn)
+        """Call ``fn`` on the writer thread now and then (housekeeping; no appends)."""
+        self._writer.add_ticker(fn)
 
+    def flush(self, timeout: float = 5.0, tables: frozenset[str] | None = None) -> None:
+        """Block until what collectors buffered for ``tables`` (or all) is in DuckDB, at most
+        ``timeout`` s."""
+        self._writer.flush(timeout, tables)
+
+    def reader_waiting(self, table: str) -> bool:
+        """True while a read that needs ``table`` waits for the buffers."""
+        return self._writer.reader_waiting(table)
+
+    # -- tables ---------------------------------------------------------------------------
     def arrow_schema(self, table: str) -> pa.Schema:
         """``table``'s columns as an Arrow schema. Build batches with it: pyarrow infers an
         untyped Python list's type by trying ``import dateutil`` first, which where dateutil is
@@ -203,40 +186,6 @@ class Store:
     def add_materializer(self, table: str, fn: Callable[[], pa.Table]) -> None:
         """Replace ``table``'s rows with ``fn()`` before any query that names it."""
         self._materializers[table] = fn
-
-    def flush(self, timeout: float = 5.0, tables: frozenset[str] | None = None) -> None:
-        """Collect every collector's buffers and block until they are in DuckDB (reads, tests,
-        shutdown): those of ``tables`` (qualified names), or all. Gives up after ``timeout`` s:
-        a read then sees what is already there."""
-        done = threading.Event()
-        with self._waiting_lock:
-            self._waiting.append(tables)
-        try:
-            self._flush_now(done, timeout, tables)
-        finally:
-            with self._waiting_lock:
-                self._waiting.remove(tables)
-
-    def reader_waiting(self, table: str) -> bool:
-        """True while a read (or test, or shutdown) that needs ``table`` waits for the
-        buffers: a collector that batches its work over several passes (the tracer) does it
-        now, and only for the reads that name its table."""
-        with self._waiting_lock:
-            return any(t is None or table in t for t in self._waiting)
-
-    def _flush_now(self, done: threading.Event, timeout: float,
-                   tables: frozenset[str] | None) -> None:
-        self._queue.put(("", (done, tables)))
-        if self._thread is None or not self._thread.is_alive():
-            cur = self._cursor()
-            try:
-                with self._writer_lock:
-                    self._collect(cur)
-            finally:
-                cur.close()
-        else:
-            self._wake.set()
-            done.wait(timeout)
 
     def _read_cursor(self) -> duckdb.DuckDBPyConnection:
         """This thread's read cursor, made once (a cursor and its search_path cost ~0.5 ms of
@@ -254,118 +203,6 @@ class Store:
         cur.execute("SET search_path = 'python,main'")
         return cur
 
-    def _run(self) -> None:
-        cur = self._cursor()
-        interval = self.config.flush_ms / 1000.0
-        next_flush = time.monotonic() + interval
-        last = 0.0
-        while not self._stop.is_set():
-            now = time.monotonic()
-            woken = self._wake.wait(max(0.0, min(_TICK_S, next_flush - now)))
-            self._wake.clear()
-            self._call(self._tickers)
-            timed = time.monotonic() >= next_flush
-            full = (self._queue.qsize() > _MAX_HELD
-                    or len(self._held) and sum(map(len, self._held.values())) > _MAX_HELD)
-            if woken or timed or full:
-                # Many clients reading at once share passes: at most one per _MIN_GAP_S, so
-                # a busy dashboard costs the writer 20 passes a second, not one per query.
-                gap = _MIN_GAP_S - (time.monotonic() - last)
-                if woken and not (timed or full) and gap > 0:
-                    self._stop.wait(gap)
-                with self._writer_lock:
-                    self._collect(cur, everything=full, timed=timed)
-                last = time.monotonic()
-                if timed or full:
-                    next_flush = last + interval
-        with self._writer_lock:
-            self._collect(cur, everything=True)
-        cur.close()
-
-    def _call(self, fns: list[Callable[[], None]]) -> None:
-        for fn in list(fns):
-            try:
-                fn()
-            except Exception:  # a collector bug must not stop the writer; it logs itself
-                log.exception("probe agent: %r failed on the writer thread", fn)
-
-    def _collect(self, cur: duckdb.DuckDBPyConnection, everything: bool = True,
-                 timed: bool = False) -> None:
-        """Run the flushers, insert what the readers need (or everything; or, on the timed
-        pass, the tables that are due), then release the readers.
-
-        A read's marker may arrive while the flushers run; it is released only after a
-        flusher pass that started after it was seen, so the read sees every row buffered
-        before it asked. A read-triggered pass inserts only the tables its readers name (an
-        INSERT costs ~1 ms of CPU whatever its size, and 50 clients reading backtraces must not
-        insert every table 20 times a second); the rest stays held until the timed pass finds
-        it due (_INSERT_ROWS, _MAX_HOLD_S).
-        """
-        self._call(self._flushers)
-        events, wanted = self._take()
-        if events:
-            self._call(self._flushers)
-            more, more_wanted = self._take()
-            events += more
-            wanted = None if wanted is None or more_wanted is None else wanted | more_wanted
-        now = time.monotonic()
-        for table in list(self._held):
-            if (everything or wanted is None or table in wanted or timed and (
-                    now - self._held_since.get(table, now) >= _MAX_HOLD_S
-                    or sum(b.num_rows for b in self._held[table]) >= _INSERT_ROWS)):
-                self._held_since.pop(table, None)
-                self._insert(cur, table, self._held.pop(table))
-        if time.monotonic() - self._last_retention > _RETENTION_EVERY_S:
-            self._last_retention = time.monotonic()
-            self._enforce_retention(cur)
-        for ev in events:
-            ev.set()
-
-    def _take(self) -> tuple[list[threading.Event], frozenset[str] | None]:
-        """Move every queued batch into ``_held``; return the readers' markers and the tables
-        they need (None: every table)."""
-        events: list[threading.Event] = []
-        wanted: frozenset[str] | None = frozenset()
-        try:
-            while True:
-                table, data = self._queue.get_nowait()
-                if isinstance(data, tuple):  # a reader's marker: (event, tables or None)
-                    events.append(data[0])
-                    wanted = None if wanted is None or data[1] is None else wanted | data[1]
-                elif table:
-                    self._held.setdefault(table, []).append(data)
-                    self._held_since.setdefault(table, time.monotonic())
-        except queue.Empty:
-            pass
-        return events, wanted
-
-    def _insert(self, cur: duckdb.DuckDBPyConnection, table: str, batches: list[Any]) -> None:
-        try:
-            tbl = pa.concat_tables(
-                [b if isinstance(b, pa.Table) else pa.Table.from_batches([b]) for b in batches],
-                promote_options="default",
-            )
-            self._insert_arrow(cur, table, tbl)
-            self.rows_written += tbl.num_rows
-            if table in self._step_tables:
-                self._rows_est[table] = self._rows_est.get(table, 0) + tbl.num_rows
-        except Exception:  # a malformed batch is a collector bug; drop it, keep the writer
-            log.exception("probe agent: could not insert a batch into %s", table)
-
-    def _insert_arrow(self, cur: duckdb.DuckDBPyConnection, table: str, tbl: pa.Table) -> None:
-        schema = self._arrow_schemas.get(table)
-        if schema is not None and tbl.column_names == schema.names:
-            # Every column, in the table's order: a relation insert skips register/unregister
-            # (0.73 ms of CPU per insert here, against 1.23 ms).
-            cur.from_arrow(tbl).insert_into(table)
-            return
-        cols = ", ".join(f'"{c}"' for c in tbl.column_names)  # the others get their DEFAULT
-        cur.register("_probe_batch", tbl)
-        try:
-            cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _probe_batch")
-        finally:
-            cur.unregister("_probe_batch")
-
     def _load_columns(self) -> dict[str, list[tuple[str, str]]]:
         rows = self._root.execute(
             "SELECT schema_name || '.' || table_name, column_name, data_type "
@@ -376,9 +213,6 @@ class Store:
         out: dict[str, list[tuple[str, str]]] = {}
         for table, col, dtype in rows:
             out.setdefault(table, []).append((col, dtype))
-        for table, cols in out.items():
-            if any(c == "step" for c, _ in cols):
-                self._step_tables[table] = sum(_WIDTH.get(t, 8) for _, t in cols)
         return out
 
     def _load_views(self) -> dict[str, frozenset[str]]:
@@ -390,14 +224,6 @@ class Store:
     def _named_in(self, sql: str) -> frozenset[str]:
         lowered = sql.lower()
         return frozenset(t for short, t in self._short_names.items() if short in lowered)
-
-    def _enforce_retention(self, cur: duckdb.DuckDBPyConnection) -> None:
-        """Drop the oldest steps until the step-indexed tables fit PROBE_RETENTION_MB."""
-        try:
-            self.rows_dropped += enforce_retention(
-                cur, self.config.retention_mb * 1024 * 1024, self._step_tables, self._rows_est)
-        except Exception:  # retention must never kill the writer
-            log.exception("probe agent: retention pass failed")
 
     # -- reading ----------------------------------------------------------------------------
     def check_read_only(self, sql: str) -> None:
@@ -449,7 +275,7 @@ class Store:
                 cur.execute("BEGIN")
                 try:
                     cur.execute(f"DELETE FROM {table}")
-                    self._insert_arrow(cur, table, snapshot)
+                    insert_arrow(cur, table, snapshot, self._arrow_schemas.get(table))
                     cur.execute("COMMIT")
                 except BaseException:
                     cur.execute("ROLLBACK")

@@ -62,7 +62,7 @@ class Watchdog:
         self._record()
         snapshots = asyncio.ensure_future(self.rank.snapshot_loop(
             self.proxy.fetch_in_process, self.cfg["snapshot_s"], self.proxy.deadline_s))
-        refusals = asyncio.ensure_future(self.proxy.report_refusals())
+        refusals = asyncio.ensure_future(self.proxy.refusals.run())
         sys.stdout.write("ready\n")
         sys.stdout.flush()
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # let the agent's pipe close

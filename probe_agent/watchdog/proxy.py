@@ -28,18 +28,16 @@ from probe_protocol.bodies import (
     HealthBody,
     RankEntry,
     RanksBody,
-    RefusalReport,
 )
 from probe_protocol.envelope import error_body
 from probe_protocol.peers import Peer, tcp_peer, unix_peer_uid
-from probe_protocol.routes import ACCESS_REFUSALS, BACKTRACE, HEALTH, RANKS
+from probe_protocol.routes import BACKTRACE, HEALTH, RANKS
 
 from ..access import (
     LINGER_S,
     REQUEST_TIMEOUT_S,
     ConnectionLimits,
     Policy,
-    Refusal,
     header_map,
     overload_message,
     reserve_refusal,
@@ -56,12 +54,12 @@ from .httpwire import (
 from .liveness import LoopCheck
 from .rank import RankWatch
 from .reader import ReadError, StackReader, stop_note
+from .refusal_report import RefusalReporter
 
 #: How long the owner's keep-alive connection may sit idle between requests; anyone else's gets
 #: REQUEST_TIMEOUT_S (access.py), so idle sockets cannot pile up against the connection limits.
 IDLE_S = 60.0
 #: Refusals kept for the next report to the agent (the rest are only counted).
-MAX_PENDING_REFUSALS = 100
 #: Longest a forwarded request may wait for the agent while the agent is alive and its heartbeat
 #: fresh (the agent's own timeouts, PROBE_QUERY_TIMEOUT_MS and PROBE_EVAL_TIMEOUT_S, end
 #: requests well before this).
@@ -99,11 +97,11 @@ class Proxy:
                              host_names=frozenset(cfg.get("host_names") or ()))
         self.limits = ConnectionLimits(self.policy)
         self.port = cfg.get("port")
-        #: Refused requests not yet reported to the agent (see report_refusals).
-        self.pending_refusals: list[dict[str, str]] = []
-        self.unlisted_refusals = 0
         self.deadline_s = cfg["deadline_ms"] / 1000.0
         self.rank = rank
+        #: Refused requests, reported to the agent exactly once (refusal_report.py).
+        self.refusals = RefusalReporter(lambda req: self._ask_agent(req, "watchdog"),
+                                      lambda: rank.alive, self.deadline_s)
         self.reader = reader
         #: The agent's last /v1/ranks answer: served while it is frozen or dead, so that
         #: `probe -t this-rank ...` still reaches every other rank.
@@ -123,7 +121,7 @@ class Proxy:
                 if not self.policy.is_owner(peer):
                     refusal = self.policy.check(peer, "", "", {})
                     assert refusal is not None
-                    self._refused(peer, "CONNECT unix", refusal)
+                    self.refusals.add(peer, "CONNECT unix", refusal)
                     writer.write(self._error(403, refusal.message, close=True))
                     await _linger(reader, writer)
                     return
@@ -171,39 +169,11 @@ class Proxy:
         return json_response(status, error_body(self.rank_no, status, message, **extra),
                              close=close, headers=headers)
 
-    def _refused(self, peer: Peer, what: str, refusal: Refusal) -> None:
-        """Queue a refusal for the agent's audit table (report_refusals sends it)."""
-        if len(self.pending_refusals) >= MAX_PENDING_REFUSALS:
-            self.unlisted_refusals += 1
-            return
-        self.pending_refusals.append({
-            "client": peer.label()[:200], "what": what[:300], "reason": refusal.reason,
-            "message": f"HTTP {refusal.status}: {refusal.message}"[:1000]})
-
-    async def report_refusals(self, every_s: float = 1.0) -> None:
-        """Every ``every_s``, hand what was refused to the agent: one audit path for both."""
-        while True:
-            await asyncio.sleep(every_s)
-            if not (self.pending_refusals or self.unlisted_refusals) or not self.rank.alive:
-                continue
-            batch, self.pending_refusals = self.pending_refusals, []
-            unlisted, self.unlisted_refusals = self.unlisted_refusals, 0
-            body = json.dumps(RefusalReport(tuple(batch), unlisted).to_wire()).encode()
-            req = Request(ACCESS_REFUSALS.method, ACCESS_REFUSALS.path, "HTTP/1.1",
-                          [("content-type", "application/json"),
-                           ("content-length", str(len(body)))], body)
-            try:
-                head, r, w = await asyncio.wait_for(self._ask_agent(req, "watchdog"),
-                                                    self.deadline_s)
-                w.close()
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
-                self.unlisted_refusals += len(batch) + unlisted  # counted, if not listed
-
     async def dispatch(self, req: Request, writer: asyncio.StreamWriter, peer: Peer) -> bool:
         """Answer one request; False when the connection must close afterwards."""
         refusal = self.policy.check(peer, req.method, req.path, header_map(req.headers))
         if refusal is not None:
-            self._refused(peer, f"{req.method} {req.path}", refusal)
+            self.refusals.add(peer, f"{req.method} {req.path}", refusal)
             writer.write(self._error(refusal.status, refusal.message, close=True,
                                      headers=refusal.headers))
             return False

@@ -13,7 +13,7 @@ The CLI starts the same session id on every rank, waits, and writes:
 It prints the widest frames with each rank's share, the hottest frames (self time), and the
 frames where one rank spends far more time than the median of the ranks; the measured cost (the
 step time during sampling over the steps before, per rank) goes to stderr and to each rank's
-audit table (python.evals kind 'flame').
+audit table (python.audit kind 'flame').
 """
 
 from __future__ import annotations

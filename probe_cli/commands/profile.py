@@ -8,7 +8,7 @@
 4. Stream each rank's trace to a file next to ``-o`` (memory stays flat), merge them into one
    Perfetto/Chrome trace, one process per rank, and remove the per-rank files.
 5. Print the top operators per rank and the step spans side by side; the measured cost per
-   profiled step goes to stderr (and to every rank's audit table, python.evals kind 'profile').
+   profiled step goes to stderr (and to every rank's audit table, python.audit kind 'profile').
 """
 
 from __future__ import annotations

@@ -69,15 +69,44 @@ def test_the_watchdog_refuses_a_stranger_on_every_route_even_while_the_gil_is_he
 
     def audited() -> list | None:
         r = httpx.post(info["url"] + "/v1/query", timeout=30, json={
-            "sql": "SELECT client, code FROM python.evals WHERE kind = 'access'"}).json()
+            "sql": "SELECT client, code FROM python.audit WHERE kind = 'access'"}).json()
         rows = r.get("rows") or []
         return rows if len(rows) >= len(stranger) + 2 else None
 
-    rows = wait_until(audited, 15, "the watchdog's refusals never reached python.evals")
+    rows = wait_until(audited, 15, "the watchdog's refusals never reached python.audit")
     assert all(f"uid={FOREIGN_UID}" in c or "127.0.0.1" in c for c, _ in rows)
     assert any(code == "GET /v1/backtrace" for _, code in rows)
     access = httpx.get(info["url"] + "/v1/info").json()["access"]
     assert access["refused"] >= len(rows)
+
+
+def test_refusals_during_a_gil_hold_are_counted_once_each(gil_rank):
+    """The watchdog reports its refusals to the agent every second. While the GIL is held its
+    report is delivered but not answered in time; it used to count that batch again as
+    'unlisted' and send it again, and the agent, once running, applied every copy: a refusal
+    was counted once per report attempt of the hold."""
+    info, go, done = gil_rank(spin_s=5.0)
+    before = httpx.get(info["url"] + "/v1/info").json()["access"]["refused"]
+    # WHEN three requests with a foreign Host header are refused while the GIL is held
+    go.touch()
+    wait_until(lambda: not go.exists(), 10, "the program did not take the go file")
+    time.sleep(0.5)  # the C call has the GIL: the report attempts of the next 4 s time out
+    for _ in range(3):
+        r = httpx.get(info["url"] + "/v1/steps", headers={"Host": "rebind.attacker.example"})
+        assert r.status_code == 403, r.text
+    wait_until(done.exists, 20, "the C call never returned")
+
+    # THEN once the rank runs again, each is audited once and counted once
+    def audited() -> list | None:
+        rows = httpx.post(info["url"] + "/v1/query", timeout=30, json={
+            "sql": "SELECT code FROM python.audit WHERE kind = 'access'"}).json()["rows"]
+        return rows if len(rows) >= 3 else None
+
+    rows = wait_until(audited, 15, "the watchdog's refusals never reached python.audit")
+    time.sleep(3.0)  # reports still in flight would have landed by now
+    assert len(audited() or []) == 3, rows
+    access = httpx.get(info["url"] + "/v1/info").json()["access"]
+    assert access["refused"] - before == 3, access
 
 
 def test_a_strangers_flood_on_the_watchdog_leaves_the_owner_served(gil_rank):

@@ -139,7 +139,7 @@ def test_lr_scale_changes_both_ranks_at_one_step_and_survives_schedulers(
         # THEN the audit table says who asked what, for which step, and how it went (earlier
         # action ids, if any, are --next-step attempts that lost a race with a step: cancelled)
         audit = cli(capsys, "-t", t, "--json", "query",
-                    "SELECT outcome, at_step, requested_by FROM python.evals "
+                    "SELECT outcome, at_step, requested_by FROM python.audit "
                     f"WHERE action_id = '{bodies[0]['id']}' ORDER BY timestamp")
         for b in json.loads(audit.stdout):
             assert [row[:2] for row in b["rows"]] == [["queued", n], ["ok", n]], b

@@ -99,7 +99,7 @@ def test_profile_merges_every_rank_on_the_same_steps(job, capsys, tmp_path):
             f"SELECT count(*) FROM python.torch_trace WHERE step BETWEEN {first} AND {last}")
     assert [r["rows"][0][0] for r in json.loads(q.stdout)] == [0, 0], q.stdout
     q = cli(capsys, "-t", target(infos), "--json", "query",
-            "SELECT code FROM python.evals WHERE kind = 'profile' AND outcome = 'done'")
+            "SELECT code FROM python.audit WHERE kind = 'profile' AND outcome = 'done'")
     audited = [r["rows"] for r in json.loads(q.stdout)]
     assert all(rows and "step time" in rows[-1][0] for rows in audited), q.stdout
 

@@ -29,7 +29,7 @@ def _port(agent) -> int:
 
 def _audit_rows(agent) -> list[list]:
     res = agent.store.query(
-        "SELECT client, code, outcome, error FROM python.evals WHERE kind = 'access' "
+        "SELECT client, code, outcome, error FROM python.audit WHERE kind = 'access' "
         "ORDER BY timestamp")
     return res.rows
 
@@ -93,7 +93,7 @@ def test_the_token_lets_a_stranger_in_and_never_shows(make_agent):
     # AND the token appears in no answer and no audit row
     info = httpx.get(agent.url + "/v1/info").text
     evals = httpx.post(agent.url + "/v1/query",
-                       json={"sql": "SELECT * FROM python.evals"}).text
+                       json={"sql": "SELECT * FROM python.audit"}).text
     assert token not in info and token not in evals
     assert "same-user + token" in info
 

@@ -137,9 +137,9 @@ def test_overrun_is_reported_not_interrupted(make_agent, trainer: Trainer) -> No
         assert a["state"] == "ok" and a["result"] == "'done'" and a["overran"] is True
         assert "PROBE_ACTION_TIMEOUT_S=0.2" in a["error"]
         wait_until(lambda: len(c.post("/v1/query", json={
-            "sql": "SELECT 1 FROM python.evals WHERE action_id = 'slow'"}).json()["rows"]) == 3,
+            "sql": "SELECT 1 FROM python.audit WHERE action_id = 'slow'"}).json()["rows"]) == 3,
             5, "audit rows")
-        rows = c.post("/v1/query", json={"sql": "SELECT outcome FROM python.evals WHERE "
+        rows = c.post("/v1/query", json={"sql": "SELECT outcome FROM python.audit WHERE "
                                                 "action_id = 'slow' ORDER BY timestamp"})
         assert [r[0] for r in rows.json()["rows"]] == ["queued", "overrun", "ok"]
 

@@ -129,23 +129,23 @@ def test_row_cap_sets_truncated(make_agent):
 
 
 def test_a_read_inserts_what_it_reads_and_no_other_table(make_agent):
-    # GIVEN an agent whose timed flush is a minute away, and an audit row queued for evals
+    # GIVEN an agent whose timed flush is a minute away, and an audit row queued
     agent = make_agent(flush_ms=60_000)
     with httpx.Client(base_url=agent.url) as c:
         def count_evals() -> int:
-            return c.post("/v1/query", json={"sql": "SELECT count(*) FROM evals"}).json()["rows"][0][0]
+            return c.post("/v1/query", json={"sql": "SELECT count(*) FROM audit"}).json()["rows"][0][0]
 
         start = count_evals()
         written = agent.store.rows_written
-        agent.audit("test", "x = 1", "ok", None, 1.0)
+        agent.audit("test", "x = 1", "ok", None, 1.0, kind="lr")
         # WHEN a client reads another table: the row stays queued (no INSERT for it)
         assert c.post("/v1/query", json={"sql": "SELECT count(*) FROM python.backtrace"}).json()["ok"]
         assert agent.store.rows_written == written
-        # THEN a read of evals (qualified or not) sees it at once
+        # THEN a read of audit (qualified or not) sees it at once
         assert count_evals() == start + 1 and agent.store.rows_written == written + 1
         # AND a table named only inside a string is still flushed first (no stale read)
-        agent.audit("test", "y = 2", "ok", None, 1.0)
-        sql = "SELECT count(*) FROM query_table('python.evals')"
+        agent.audit("test", "y = 2", "ok", None, 1.0, kind="lr")
+        sql = "SELECT count(*) FROM query_table('python.audit')"
         assert c.post("/v1/query", json={"sql": sql}).json()["rows"] == [[start + 2]]
 
 

@@ -1,7 +1,7 @@
 """Text from a job is data, not terminal control (probe_cli/transport/untrusted_text.py).
 
 A stranger (a real uid-65534 process) sends refused requests whose paths hold OSC/CSI
-sequences; the agent audits them in python.evals. Before, the owner's `probe query` printed
+sequences; the agent audits them in python.audit. Before, the owner's `probe query` printed
 them raw: a window title, a cleared screen, a clipboard write (OSC 52). Eval output, errors and
 thread names in backtraces carry them the same way.
 """
@@ -35,7 +35,7 @@ def test_refused_paths_from_another_uid_print_escaped(make_agent, capsys):
     path = "/v1/eval%1b%5d0%3bpwned%07%1b%5b2J%1b%5d52%3bc%3bcm0gLXJmIH4K%07"
     status = run_as(FOREIGN_UID, lambda: http_request("127.0.0.1", port, "POST", path, {})[0])
     assert status == 403
-    sql = "SELECT code FROM python.evals WHERE code LIKE '%pwned%'"
+    sql = "SELECT code FROM python.audit WHERE code LIKE '%pwned%'"
     wait_until(lambda: main([agent.url.removeprefix("http://"), "--json", "query", sql]) == 0
                and "pwned" in capsys.readouterr().out, 15, "the refusal was never audited")
     # WHEN the owner reads them as a table

@@ -92,7 +92,7 @@ def test_the_ceiling_stops_a_window_whose_steps_never_come(make_agent, stepper):
     assert r.status_code == 200, r.text
     stepper.step(2)
     assert window(client, r.json()["action"]["id"], wait=10)["state"] == "done"
-    rows = agent.store.query("SELECT outcome, code FROM python.evals WHERE kind = 'profile' "
+    rows = agent.store.query("SELECT outcome, code FROM python.audit WHERE kind = 'profile' "
                              "AND outcome = 'done'").rows
     assert len(rows) == 2 and "ceiling" in rows[0][1]
     client.close()

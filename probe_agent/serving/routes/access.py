@@ -1,5 +1,6 @@
 """The watchdog's report of the requests it refused (issue 19), so that one audit table and one
-counter (`probe info`, python.evals with kind 'access') cover every public socket."""
+counter (`probe info`, python.audit with kind 'access') cover every public socket.
+Each report is applied once, whatever the resends (watchdog/refusal_report.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class RefusedRequest(BaseModel):
 
 
 class RefusalReport(BaseModel):
+    id: str = Field("", max_length=64, description="the same on every resend; applied once")
     refusals: list[RefusedRequest] = Field(default_factory=list, max_length=1000)
     unlisted: int = Field(0, ge=0, description="refusals counted but not listed")
 
@@ -37,9 +39,7 @@ async def report_refusals(request: Request, body: RefusalReport) -> dict[str, An
     if agent.gate.peer_of(request.scope).kind != "unix" or \
             request.headers.get(routes.CLIENT_HEADER) != "watchdog":
         raise ForbiddenError("only the rank's watchdog reports refusals")
-    now = time.time()
-    for r in body.refusals:
-        agent.refusals.record(r.client, r.what, r.reason, r.message, now)
-    agent.refusals.count += body.unlisted
-    agent.refusals.unlogged += body.unlisted
-    return RecordedBody(agent.rank, len(body.refusals)).to_wire()
+    applied = agent.refusals.apply_report(
+        body.id, [(r.client, r.what, r.reason, r.message) for r in body.refusals],
+        body.unlisted, time.time())
+    return RecordedBody(agent.rank, len(body.refusals) if applied else 0).to_wire()
