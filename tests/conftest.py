@@ -67,6 +67,18 @@ def hot_path(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def store() -> Iterator[object]:
+    """A started Store alone (no agent), with a 1 MB retention budget; stopped after."""
+    from probe_agent.config import AgentConfig
+    from probe_agent.store.store import Store  # here: unit tests never load duckdb
+
+    s = Store(AgentConfig(port=0, retention_mb=1))
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
 def agent(make_agent: Callable[..., object]) -> object:
     return make_agent()
 

@@ -11,7 +11,6 @@ import pytest
 pytest.importorskip("duckdb")
 pa = pytest.importorskip("pyarrow")
 
-from probe_agent.config import AgentConfig  # noqa: E402
 from probe_agent.store.catalog import load_queries  # noqa: E402
 from probe_agent.store.store import Store  # noqa: E402
 
@@ -28,14 +27,6 @@ def _memory_rows(store: Store, steps: range, device: str = "cpu") -> pa.Table:
         "agent_mib": [300.0] * n, "agent_threads": [6] * n, "heap_free_mib": [200.0] * n,
     }
     return pa.table(cols, schema=schema)
-
-
-@pytest.fixture
-def store():
-    s = Store(AgentConfig(port=0, retention_mb=1))
-    s.start()
-    yield s
-    s.stop()
 
 
 def test_job_memory_is_rss_less_agent_less_free_heap_and_cuda_allocated(store):

@@ -12,18 +12,9 @@ duckdb = pytest.importorskip("duckdb")
 pa = pytest.importorskip("pyarrow")
 
 from probe_agent.audit import AuditLog  # noqa: E402
-from probe_agent.config import AgentConfig  # noqa: E402
 from probe_agent.store.catalog import load_schema  # noqa: E402
 from probe_agent.store.retention import STEP_TABLES, step_table_widths  # noqa: E402
 from probe_agent.store.store import Store  # noqa: E402
-
-
-@pytest.fixture
-def store():
-    s = Store(AgentConfig(port=0, retention_mb=1))
-    s.start()
-    yield s
-    s.stop()
 
 
 def test_schema_sql_creates_each_table_whole():
