@@ -214,7 +214,21 @@ CREATE TABLE IF NOT EXISTS python.steps (
     duration      DOUBLE,
     samples       BIGINT,
     samples_per_s DOUBLE,
-    traced        BOOLEAN             -- python.torch_trace has rows for this step
+    traced        BOOLEAN,            -- python.torch_trace has rows for this step
+    -- throughput: see below
+    tokens        BIGINT,
+    tokens_per_s  DOUBLE,
+    tokens_source VARCHAR,
+    micro_batches INTEGER,
+    context_len   BIGINT,
+    flops         DOUBLE,
+    flops_measured BOOLEAN,
+    flops_6n      DOUBLE,
+    flops_per_s   DOUBLE,
+    compute_dtype VARCHAR,
+    peak_flops    DOUBLE,
+    peak_source   VARCHAR,
+    mfu           DOUBLE
 );
 -- Throughput (probe_agent/collectors/throughput.py; `probe throughput` reads these):
 --   tokens: tokens of this optimizer step on this rank: probe_agent.log(tokens=N) for the step
@@ -235,19 +249,6 @@ CREATE TABLE IF NOT EXISTS python.steps (
 --     (autocast's, else the parameters'; 'tf32' for float32 on CUDA with TF32 allowed).
 --   peak_flops: the device's dense peak in that dtype (a data sheet table by GPU name), or on
 --     CPU a matmul measured once per node; peak_source says which. mfu = flops_per_s / peak.
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS tokens BIGINT;
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS tokens_per_s DOUBLE;
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS tokens_source VARCHAR;
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS micro_batches INTEGER;
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS context_len BIGINT;
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS flops DOUBLE;
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS flops_measured BOOLEAN;
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS flops_6n DOUBLE;
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS flops_per_s DOUBLE;
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS compute_dtype VARCHAR;
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS peak_flops DOUBLE;
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS peak_source VARCHAR;
-ALTER TABLE python.steps ADD COLUMN IF NOT EXISTS mfu DOUBLE;
 
 -- python.memory: one row per optimizer step per device, taken right after the step.
 -- device 'cuda:N' (torch.cuda.memory_stats of the current device, only once the job has
