@@ -35,12 +35,12 @@ import logging
 import sys
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, NotFoundError
+from ..errors import ConflictError
+from ..jobs import Job, JobState, JobTable
 from ..operator_code import compile_code, user_traceback
 from .agreement import StepAgreement
 from .runners import RUNNERS
@@ -53,46 +53,33 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KINDS = ("step-eval", "lr", "checkpoint", "pause", "profile")
-TERMINAL = frozenset({"ok", "error", "cancelled", "skipped"})
 #: Finished actions kept for `probe actions` (queued ones are always kept).
 KEEP_FINISHED = 200
 _ticket = itertools.count()
 
 
-@dataclass
-class Action:
-    id: str
-    kind: str
+@dataclass(kw_only=True)
+class Action(Job):
+    """A step-boundary action: a job (jobs.py) whose states are queued -> waiting (agreeing
+    with the other ranks) -> running -> ok | error, or cancelled | skipped."""
+
     step: int
     code: str
     args: dict[str, Any]
     client: str
     requested_by: str | None
     group: list[int] | None
-    submitted_at: float = field(default_factory=time.time)
-    #: queued | waiting (agreeing) | running | ok | error | cancelled | skipped
-    state: str = "queued"
-    started_at: float | None = None
-    finished_at: float | None = None
     waited_ms: float | None = None
     elapsed_ms: float | None = None
-    result: str | None = None
     data: Any = None
     stdout: str = ""
     stderr: str = ""
-    error: str | None = None
     traceback: str | None = None
     overran: bool = False
     cancel_requested: bool = False
-    order: int = field(default_factory=lambda: next(_ticket))
+    _order: int = field(default_factory=lambda: next(_ticket))
     #: What the submission asked for (``request_key``), to recognise a retry of it.
-    request: tuple[Any, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("order")
-        d.pop("request")
-        return d
+    _request: tuple[Any, ...] = ()
 
 
 def request_key(kind: str, step: int | None, code: str, args: dict[str, Any]) -> tuple[Any, ...]:
@@ -130,7 +117,8 @@ class ActionQueue:
         self.scaler: Callable[[], Any] = lambda: None
         self._cond = threading.Condition()
         self._pending: list[Action] = []
-        self._all: OrderedDict[str, Action] = OrderedDict()
+        self._jobs: JobTable[Action] = JobTable("action", rank, KEEP_FINISHED,
+                                                "`probe actions`")
         self.paused_at: int | None = None
         self._hold = False
         self._holding = False
@@ -144,11 +132,11 @@ class ActionQueue:
             self._unsubscribe()
         with self._cond:  # never leave the training thread held by a stopped agent
             self._hold = False
-            for a in self._all.values():
-                if a.state == "waiting":
+            for a in self._jobs:
+                if a.state == JobState.WAITING:
                     a.cancel_requested = True  # its agreement votes abort at once
             for a in self._pending:
-                a.state, a.error = "cancelled", "the probe agent stopped"
+                a.state, a.error = JobState.CANCELLED, "the probe agent stopped"
             self._pending.clear()
             self._cond.notify_all()
 
@@ -164,8 +152,8 @@ class ActionQueue:
         rank = self.rank
         request = request_key(kind, step, code, args)
         with self._cond:
-            again = self._all.get(action_id)
-        if again is not None and again.request == request:
+            again = self._jobs.find(action_id)
+        if again is not None and again._request == request:
             # A retry of a request whose answer was lost (a 504 while this rank's GIL was held,
             # a dropped connection): the id is the client's idempotency key, so the retry gets
             # the action the first request queued and nothing runs twice.
@@ -185,16 +173,15 @@ class ActionQueue:
                         "queued (use --next-step, or a later --at-step)",
                         reason="past", current_step=cur,
                     )
-                if action_id in self._all:
+                if action_id in self._jobs:
                     raise ConflictError(f"an action with id {action_id} already exists on rank "
                                         f"{rank} with another request; choose a new id",
                                         reason="duplicate", current_step=cur)
-                a = Action(action_id, kind, target, code, args, client, requested_by, group,
-                           request=request)
-                self._all[action_id] = a
+                a = self._jobs.add(Action(
+                    id=action_id, kind=kind, step=target, code=code, args=args, client=client,
+                    requested_by=requested_by, group=group, _request=request))
                 self._pending.append(a)
-                self._pending.sort(key=lambda x: (x.step, x.order))
-                self._trim()
+                self._pending.sort(key=lambda x: (x.step, x._order))
                 self._cond.notify_all()
         except Exception as e:
             msg = getattr(e, "message", str(e))
@@ -237,34 +224,35 @@ class ActionQueue:
 
             check_profile(args, self.profiling)
 
+    @property
+    def jobs(self) -> JobTable[Action]:
+        """The actions as a job table: ``get`` (404 when unknown), ``wait``, iteration."""
+        return self._jobs
+
     def get(self, action_id: str) -> Action:
-        a = self._all.get(action_id)
-        if a is None:
-            raise NotFoundError(f"no action {action_id} on rank {self.rank}; "
-                                "`probe actions` lists them")
-        return a
+        return self._jobs.get(action_id)
 
     def actions(self) -> list[Action]:
-        return [*self._all.values()]
+        return list(self._jobs)
 
     def cancel(self, action_id: str, client: str, requested_by: str | None) -> Action:
         with self._cond:
             a = self.get(action_id)
-            if a.state == "running":
+            if a.state == JobState.RUNNING:
                 raise ConflictError(
                     f"action {a.id} is running on rank {self.rank}'s training thread and "
                     "cannot be cancelled: stopping code mid-way there could leave the model "
                     "half-updated or end the job", reason="running",
                     current_step=self.clock.current_step,
                 )
-            if a.state == "queued":
+            if a.state == JobState.QUEUED:
                 self._pending.remove(a)
-                a.state, a.finished_at = "cancelled", time.time()
+                a.state, a.finished_at = JobState.CANCELLED, time.time()
                 a.error = f"cancelled before step {a.step} (rank was at {self.clock.current_step})"
-            elif a.state == "waiting":
+            elif a.state == JobState.WAITING:
                 a.cancel_requested = True  # the agreement votes abort on every rank
             self._cond.notify_all()
-        if a.state == "cancelled":
+        if a.state == JobState.CANCELLED:
             self._audit(a, "cancelled", client=client, requested_by=requested_by)
         return a
 
@@ -275,11 +263,11 @@ class ActionQueue:
             was = self.paused_at
             for a in [a for a in self._pending if a.kind == "pause"]:
                 self._pending.remove(a)
-                a.state, a.finished_at = "cancelled", time.time()
+                a.state, a.finished_at = JobState.CANCELLED, time.time()
                 a.error = "cancelled by resume before it was reached"
                 cancelled.append(a)
-            for a in self._all.values():
-                if a.kind == "pause" and a.state == "waiting":
+            for a in self._jobs:
+                if a.kind == "pause" and a.state == JobState.WAITING:
                     a.cancel_requested = True
             self._hold = False
             self._cond.notify_all()
@@ -304,12 +292,12 @@ class ActionQueue:
                     return
                 a = self._pending.pop(0)
             if a.step < step:  # cannot happen while submit() checks under the lock; be loud
-                a.state, a.error = "skipped", f"step {a.step} passed before it could run"
+                a.state, a.error = JobState.SKIPPED, f"step {a.step} passed before it could run"
                 a.finished_at = time.time()
                 self._audit(a, "skipped")
                 continue
             self._run(a, step)
-            if a.kind == "pause" and a.state == "ok" and not self._holding:
+            if a.kind == "pause" and a.state == JobState.OK and not self._holding:
                 self._hold_loop(step)
 
     def hold_at(self, step: int) -> None:
@@ -336,17 +324,17 @@ class ActionQueue:
             log.warning("probe agent: rank %d resumed after step %d", self.rank, step)
 
     def _run(self, a: Action, step: int) -> None:
-        a.state = "waiting"
+        a.state = JobState.WAITING
         t0 = time.perf_counter()
         run, why = self.agreement.agree(a.id, a.group, self.timeout_s,
                                         lambda: a.cancel_requested, step)
         a.waited_ms = round((time.perf_counter() - t0) * 1e3, 3)
         if not run:
-            a.state = "cancelled" if a.cancel_requested else "skipped"
+            a.state = JobState.CANCELLED if a.cancel_requested else JobState.SKIPPED
             a.error, a.finished_at = why, time.time()
             self._audit(a, a.state)
             return
-        a.state, a.started_at = "running", time.time()
+        a.state, a.started_at = JobState.RUNNING, time.time()
         timer = threading.Timer(self.timeout_s, self._overrun, (a,))
         timer.daemon = True
         timer.name = "probe-agent.action-timer"
@@ -354,18 +342,18 @@ class ActionQueue:
         t1 = time.perf_counter()
         try:
             RUNNERS[a.kind](self, a, step)
-            a.state = "ok"
+            a.state = JobState.OK
         except KeyboardInterrupt:  # a real Ctrl-C is the operator's, not the action's
-            a.state, a.error = "error", "KeyboardInterrupt"
+            a.state, a.error = JobState.ERROR, "KeyboardInterrupt"
             raise
         except BaseException as e:  # operator code may raise anything (SystemExit too)
-            a.state, a.error = "error", f"{type(e).__name__}: {e}"
+            a.state, a.error = JobState.ERROR, f"{type(e).__name__}: {e}"
             a.traceback = user_traceback(e)
         finally:
             timer.cancel()
             a.elapsed_ms = round((time.perf_counter() - t1) * 1e3, 3)
             a.finished_at = time.time()
-            if a.overran and a.state == "ok":
+            if a.overran and a.state == JobState.OK:
                 a.error = f"overran PROBE_ACTION_TIMEOUT_S={self.timeout_s:g} s"
             self._audit(a, a.state)
 
@@ -383,7 +371,8 @@ class ActionQueue:
     def _audit(self, a: Action, outcome: str, client: str | None = None,
                requested_by: str | None = None) -> None:
         self._audit_raw(a.kind, a.id, a.step, a.code, client or a.client,
-                        requested_by or a.requested_by, outcome, a.error, a.elapsed_ms or 0.0)
+                        requested_by or a.requested_by, str(outcome), a.error,
+                        a.elapsed_ms or 0.0)
 
     def _audit_raw(self, kind: str, action_id: str | None, step: int | None, code: str,
                    client: str, requested_by: str | None, outcome: str, error: str | None,
@@ -393,8 +382,3 @@ class ActionQueue:
                              at_step=step, requested_by=requested_by)
         except Exception as e:  # the audit table must never fail an action or the training
             log.warning("probe agent: could not audit action %s: %s", action_id, e)
-
-    def _trim(self) -> None:
-        done = [k for k, a in self._all.items() if a.state in TERMINAL]
-        for k in done[: max(0, len(done) - KEEP_FINISHED)]:
-            del self._all[k]

@@ -3,12 +3,11 @@
 Queueing runs code on the training thread, so it follows /v1/eval's policy: off loopback it
 needs a token (the unix socket is always allowed). Nothing here blocks the event loop: submit
 runs in a worker thread (it checks a checkpoint path on the filesystem, issue 20), cancel only
-takes the queue's lock; ``wait`` polls the action's state.
+takes the queue's lock; ``wait`` is the job table's long-poll (jobs.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 import uuid
@@ -28,9 +27,6 @@ if TYPE_CHECKING:
     from ..parts import AgentParts
 
 router = APIRouter()
-
-#: Longest a GET /v1/actions/{id}?wait=S holds the request open.
-MAX_WAIT_S = 30.0
 
 
 def _json_number(v: Any) -> Any:
@@ -119,7 +115,7 @@ def require_eval_rights(request: Request, what: str) -> None:
 
 def _action(agent: AgentParts, action: Any) -> dict[str, Any]:
     return ActionBody(agent.rank, step=agent.stepclock.current_step,
-                      paused_at=agent.actions.paused_at, action=action.to_dict()).to_wire()
+                      paused_at=agent.actions.paused_at, action=action.to_wire()).to_wire()
 
 
 @router.get(routes.STEP.path)
@@ -134,7 +130,7 @@ async def list_actions(request: Request) -> dict[str, Any]:
     agent = _agent(request)
     return ActionListBody(agent.rank, step=agent.stepclock.current_step,
                           paused_at=agent.actions.paused_at,
-                          actions=tuple(a.to_dict() for a in agent.actions.actions())).to_wire()
+                          actions=tuple(a.to_wire() for a in agent.actions.actions())).to_wire()
 
 
 @router.post(routes.SUBMIT_ACTION.path)
@@ -163,13 +159,7 @@ async def submit(request: Request, body: ActionRequest) -> dict[str, Any]:
 async def get_action(request: Request, action_id: str, wait: float = 0.0) -> dict[str, Any]:
     """One action; ``wait=S`` holds the answer up to S seconds (≤ 30) until it has finished."""
     agent = _agent(request)
-    action = agent.actions.get(action_id)
-    deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
-    while action.state not in ("ok", "error", "cancelled", "skipped"):
-        if time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(0.02)
-    return _action(agent, action)
+    return _action(agent, await agent.actions.jobs.wait(action_id, wait))
 
 
 @router.delete(routes.CANCEL_ACTION.path)
