@@ -1,0 +1,93 @@
+"""`probe throughput`'s lever, the job's GB_tok and doctor's LOW THROUGHPUT finding on hand-made
+throughput rows; the peak table by device name and dtype."""
+
+from __future__ import annotations
+
+import pytest
+
+from probe_agent.collectors.peak import table_peak
+from probe_cli.diagnose.findings import Finding, RankDoc, Report
+from probe_cli.diagnose.throughput import check_throughput, from_rows
+
+
+def row(**kw: object) -> dict:
+    base = {"rank": 0, "steps": 50, "last_step": 100, "step_ms": 100.0, "tokens": 256,
+            "samples": 8, "micro_batches": 2, "context_len": 32, "tokens_per_s": 2560.0,
+            "samples_per_s": 80.0, "flops": 1e9, "flops_per_s": 1e10, "peak_flops": 2e10,
+            "peak_source": "measured: CPU float32 matmul, 1 threads", "traced_steps": 5,
+            "forward_share": 0.3, "backward_share": 0.55, "optimizer_share": 0.05,
+            "input_share": 0.02, "collective_share": 0.0, "host_share": 0.08,
+            "compute_flops_per_s": 1.2e10}
+    return {**base, **kw}
+
+
+def docs(*rows: dict) -> list[RankDoc]:
+    return [RankDoc(i, throughput=[{**r, "rank": i}]) for i, r in enumerate(rows)]
+
+
+def test_compute_bound_job_has_no_lever_and_no_finding():
+    # GIVEN two ranks whose compute is 90% of the step, MFU 50%
+    report = Report()
+    check_throughput(report, docs(row(), row()))
+    # THEN doctor stays quiet and says so
+    assert report.findings == []
+    assert report.fine and "compute dominates" in report.fine[0] and "rank 0 50%" in report.fine[0]
+
+
+@pytest.mark.parametrize("shares,lever,label", [
+    ({"input_share": 0.6, "forward_share": 0.1, "backward_share": 0.2}, "input", "input-bound"),
+    ({"collective_share": 0.5, "forward_share": 0.1, "backward_share": 0.3}, "collective",
+     "communication-bound"),
+    ({"host_share": 0.45, "forward_share": 0.2, "backward_share": 0.3}, "host", "host-bound"),
+], ids=["input", "collective", "host"])
+def test_the_largest_non_compute_share_is_the_lever(shares, lever, label):
+    report = Report()
+    check_throughput(report, docs(row(**shares), row(**shares)))
+    [f] = report.findings
+    assert f.check == "throughput" and f.severity == "warning"
+    assert f.detail["lever"] == lever and label in f.title and f.ranks == [0, 1]
+    assert f.next.startswith("probe ")
+
+
+def test_compute_far_below_the_peak_is_small_ops():
+    # GIVEN compute dominates but runs at 0.5% of the peak (many tiny modules)
+    report = Report()
+    check_throughput(report, docs(row(compute_flops_per_s=1e8)))
+    [f] = report.findings
+    assert f.detail["lever"] == "small_ops" and "0.5% of the peak" in f.evidence[0]
+
+
+def test_a_lever_with_its_own_finding_is_not_reported_twice():
+    report = Report(findings=[Finding("warning", "dataloader", "DATA-BOUND")])
+    check_throughput(report, docs(row(input_share=0.6)))
+    assert [f.check for f in report.findings] == ["dataloader"]
+    assert "the dataloader finding" in report.fine[-1]
+
+
+def test_too_few_traced_steps_name_no_lever():
+    ranks, _ = from_rows({0: row(traced_steps=1, input_share=0.9)}, 1)
+    assert ranks[0].lever() is None
+
+
+def test_gb_tok_and_peak_override():
+    # GIVEN 4 DP ranks of which 3 answered, 256 tokens each per step
+    ranks, job = from_rows({0: row(), 1: row(), 2: row()}, 4, peak_tflops=0.1)
+    j = job.to_json()
+    assert j["gb_tok"] == 4 * 256 and j["micro_batch"] == 4 and j["accumulation"] == 2
+    assert j["dp_world"] == 4 and j["context_len"] == 32
+    assert ranks[0].mfu == pytest.approx(1e10 / 1e11) and ranks[0].peak_source == "--peak-tflops"
+
+
+@pytest.mark.parametrize("name,dtype,tflops", [
+    ("NVIDIA H100 80GB HBM3", "bfloat16", 989.4), ("NVIDIA H100 PCIe", "bfloat16", 756.5),
+    ("NVIDIA H200", "float16", 989.4), ("NVIDIA A100-SXM4-80GB", "tf32", 156),
+    ("NVIDIA L40S", "bfloat16", 362.05), ("AMD Instinct MI300X", "bfloat16", 1307.4),
+])
+def test_peak_table_by_device_and_dtype(name, dtype, tflops):
+    flops, source = table_peak(name, dtype)
+    assert flops == pytest.approx(tflops * 1e12) and "data sheet" in source
+
+
+def test_unknown_device_or_dtype_has_no_peak():
+    assert table_peak("Some Future GPU", "bfloat16") is None
+    assert table_peak("NVIDIA V100", "bfloat16") is None
