@@ -63,6 +63,9 @@ class Scenario:
     lib: bool = False
     #: text no doctor finding's next command may hold (own_lr: `probe lr` would be undone)
     forbid_next: str = ""
+    #: throughput scenarios: the lever doctor's (info) LOW THROUGHPUT finding must name, or
+    #: "none" (a compute-bound job: no throughput finding at all); "" = not scored
+    lever: str = ""
 
 
 def _s(*kinds: str) -> frozenset[str]:
@@ -104,6 +107,14 @@ SCENARIOS = [
     Scenario("mem_optimizer", NONE, ready_step=40, step_s=0.0, trace="every:5",
              cause=("optimizer", "shard_optimizer")),
     Scenario("healthy_traced", NONE, ready_step=100, step_s=0.01, trace="every:5",
+             healthy=True),
+    # throughput: the lever named by doctor's LOW THROUGHPUT (info: a slow job is not broken);
+    # the input-bound job's lever is DATA-BOUND's own finding (one problem, one finding)
+    Scenario("tp_input", {"hang": _s(), "straggler": _s(), "doctor": _s("dataloader")},
+             ready_step=40, step_s=0.0, trace="every:5"),
+    Scenario("tp_comm", NONE, ready_step=40, step_s=0.0, trace="every:5", lever="collective"),
+    Scenario("tp_host", NONE, ready_step=40, step_s=0.0, trace="every:5", lever="small_ops"),
+    Scenario("tp_healthy", NONE, ready_step=40, step_s=0.0, trace="every:5", lever="none",
              healthy=True),
 ]
 QUICK = ("healthy", "leak", "hang_gil", "slow_rank")
@@ -148,6 +159,9 @@ def read(command: str, code: int | None, body: dict[str, Any], text: str) -> Out
                and f.get("severity") == "info"]
         if mem:
             head += f"; [info] {mem[0]['title']}"
+        tput = [f for f in body.get("findings", []) if f.get("check") == "throughput"]
+        if tput:
+            head += f"; [info] {tput[0]['title']}"
         return Outcome(command, code, kinds, ranks, head, body=body)
     problem = bool(body.get("problem")) or code == 4
     kinds = frozenset({command} if problem else ())
@@ -166,6 +180,10 @@ def score(sc: Scenario, o: Outcome) -> None:
         ok = ok and o.exit == 0  # healthy: exit 0, nothing above info
     if o.text_exit not in (0, 3, 4):
         ok = False  # the human output crashed (or timed out) where the JSON answered
+    if o.command == "doctor" and sc.lever:
+        levers = [(f.get("detail") or {}).get("lever") for f in o.body.get("findings", [])
+                  if f.get("check") == "throughput"]
+        ok = ok and levers == ([] if sc.lever == "none" else [sc.lever])
     if o.command == "doctor" and sc.forbid_next:
         ok = ok and not any(sc.forbid_next in (f.get("next") or "")
                             for f in o.body.get("findings", []))

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .findings import WARNING, Finding, RankDoc, Report, num
+from .findings import INFO, Finding, RankDoc, Report, num
 
 #: A non-compute share of the step at least this large is the lever (and doctor's finding).
 LEVER_SHARE = 0.3
@@ -177,7 +177,9 @@ def check_throughput(report: Report, docs: list[RankDoc]) -> None:
                 for r, lv in group]
     label = {"input": "input-bound", "collective": "communication-bound", "host": "host-bound",
              "small_ops": "host-bound (small ops)"}[name]
+    # Info, not a warning: a slow job is not a broken one (like the slowest modules, this is
+    # where the time goes), and the fault suite's healthy jobs sleep as their "work".
     report.findings.append(Finding(
-        WARNING, "throughput", f"LOW THROUGHPUT: {label}: {WHAT[name]} takes {top:.0%} "
+        INFO, "throughput", f"LOW THROUGHPUT: {label}: {WHAT[name]} takes {top:.0%} "
         f"of the step", evidence, NEXT[name], sorted(r.rank for r, _ in group), score=top,
         detail={"lever": name, "share": top}))

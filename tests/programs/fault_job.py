@@ -82,7 +82,31 @@ class BigEmbedding(nn.Module):
         return self.head(self.emb(idx).mean(dim=1))
 
 
+class Tiny(nn.Module):
+    """tp_host: 300 Linear(16, 16) layers, each a few hundred FLOPs: the step is per-op
+    overhead, not arithmetic."""
+
+    def __init__(self, n: int = 300) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(n))
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+#: Throughput scenarios: the input batch is repeated this many times (tp_healthy: big matmuls)
+REPEAT = {"tp_healthy": 16}
+
+
 def build_model(sc: str) -> nn.Module:
+    if sc == "tp_host":
+        return Tiny()
+    if sc == "tp_healthy":
+        return nn.Sequential(nn.Linear(16, 512), *(nn.Linear(512, 512) for _ in range(4)),
+                             nn.Linear(512, 1))
     if sc == "mem_activations":
         return AttnHeavy()
     if sc == "mem_optimizer":
@@ -163,7 +187,9 @@ def main() -> None:
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu") if sc in AMP else None  # bf16 autocast: scale 65536
-    data = Samples(0.004 if sc == "slow_input" else 0.0)
+    data = Samples(0.004 if sc in ("slow_input", "tp_input") else 0.0)
+    # tp_comm: a 4M-float all_reduce per step (16 MB through gloo), outside the model
+    comm = torch.zeros(1 << 22) if sc == "tp_comm" else None
     loader = iter(DataLoader(data, batch_size=16))
     step_s = 8.0 if sc == "long_steps" else args.step_s
     rng = random.Random(rank)
@@ -180,6 +206,8 @@ def main() -> None:
                 elif sc == "hang_dataloader":
                     data.stuck = True
             x, y = next(loader)
+            if sc in REPEAT:
+                x, y = x.repeat(REPEAT[sc], 1), y.repeat(REPEAT[sc], 1)
             if sc == "nan" and step + 1 >= args.bad_from:
                 x[0, 3] = float("inf")  # a corrupt record from here on
             work = step_s
@@ -213,6 +241,8 @@ def main() -> None:
                 dist.broadcast(report, 0)  # the others call all_reduce: the paths diverged
             else:
                 dist.all_reduce(report)
+            if comm is not None:
+                dist.all_reduce(comm)
             if sc == "leak":
                 leaked.append(torch.randn(256, 256))  # 256 KiB kept every step
             probe_agent.log(loss=loss.detach())
