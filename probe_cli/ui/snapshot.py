@@ -30,6 +30,7 @@ from ..gather.evidence import (
 from ..diagnose.hang import diagnose as diagnose_hang
 from ..diagnose.hang import rank_state
 from ..diagnose.rhythm import FALLBACK_WAIT_S
+from ..diagnose.throughput import from_rows
 from ..errors import ProbeCLIError, RankError
 from ..result import RankResult
 from ..transport.client import ProbeClient
@@ -165,6 +166,7 @@ class Snapshotter:
                 "tiles": build_tiles(results, hang, now),
                 "verdicts": {"hang": hang, **self.slow_state.get("verdicts", {})},
                 "slow": self.slow_state.get("slow", {}),
+                "throughput": self.slow_state.get("throughput"),
                 "slow_at": self.slow_state.get("at"),
             }
             self.snapshot = snap
@@ -197,8 +199,12 @@ class Snapshotter:
         strag = fan_out(self.slow_session, live, straggler_evidence(50))
         straggler, _ = straggler_verdict(strag, 200, 0.1)  # what `probe straggler` prints
         slow = {d.rank: d.slow or [] for d in docs}
+        # `probe throughput`'s numbers per rank, from the same answers doctor judged
+        ranks, job = from_rows({d.rank: d.throughput[0] for d in docs if d.throughput},
+                               len(targets))
+        throughput = {"ranks": [t.to_json() for t in ranks], "job": job.to_json()}
         return {"verdicts": {"doctor": report.to_dict(), "straggler": straggler.to_dict()},
-                "slow": slow, "at": time.time()}
+                "slow": slow, "throughput": throughput, "at": time.time()}
 
     def _run(self) -> None:
         n = 0

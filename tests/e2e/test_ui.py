@@ -129,7 +129,10 @@ def test_tiles_advance_and_sql_console_returns_rows(tmp_path):
         page.wait_for_selector("#heatmap rect", timeout=30_000)
         # AND memory by kind is one stacked bar per rank, its parameters drawn
         page.wait_for_selector('.membar[data-rank="1"]', timeout=30_000)
-        assert page.locator(".membar").count() == 2
+        assert page.locator("#memkinds .membar").count() == 2
+        # AND throughput is one bar per rank: where a traced step goes, tokens/s and MFU
+        page.wait_for_selector('.tpbar[data-rank="1"] .seg[data-part="forward"]', timeout=30_000)
+        assert page.locator(".tpbar").count() == 2
         assert page.locator('.membar[data-rank="0"] .seg[data-kind="parameters"]').count() == 1
         page.screenshot(path=str(tmp_path / "probe-ui-healthy.png"), full_page=True)
         shutil.copy(tmp_path / "probe-ui-healthy.png", "/tmp/probe-ui-healthy.png")

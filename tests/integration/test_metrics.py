@@ -151,3 +151,28 @@ def test_metrics_pass_through_the_watchdog(make_agent):
     assert resp.status_code == 200, resp.text
     assert resp.headers["content-type"].startswith("text/plain; version=0.0.4")
     assert "probe_up" in {f.name for f in parser.text_string_to_metric_families(resp.text)}
+
+
+def test_throughput_gauges_are_probe_throughputs_numbers(agent, client):
+    """Tokens/s, FLOP/s, MFU and the step shares per part: the throughput query's row."""
+    # GIVEN a token model traced on every step (integer input [8, 16], one micro-batch)
+    assert agent.stepclock.poll()
+    agent.collectors.tracer.set_mode("on")
+    model = torch.nn.Sequential(torch.nn.Embedding(32, 16), torch.nn.Linear(16, 32))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(8):
+        opt.zero_grad()
+        model(torch.randint(0, 32, (8, 16))).logsumexp(-1).mean().backward()
+        opt.step()
+    agent.store.flush()
+    # WHEN Prometheus scrapes
+    fams = _families(client)
+    # THEN the gauges are the row `probe throughput` shows for this rank
+    res = agent.store.query("SELECT tokens, tokens_per_s, flops_per_s FROM python.steps "
+                            "WHERE NOT flops_measured AND tokens IS NOT NULL ORDER BY step")
+    assert res.rows and all(r[0] == 8 * 16 for r in res.rows), res.rows
+    assert _value(fams, "probe_tokens_per_second") > 0
+    assert _value(fams, "probe_flops_per_second") > 0
+    parts = {s.labels["part"]: s.value for s in fams["probe_step_share"].samples}
+    assert set(parts) == {"forward", "backward", "optimizer", "input", "collective", "host"}
+    assert 0 < parts["forward"] < 1 and 0.5 < sum(parts.values()) < 1.5

@@ -11,7 +11,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "design-decisions.md"
 
 PARTS = ["Glossary", "Agent", "Store", "Tracer", "Collectors", "Serving", "Watchdog",
          "Actions and jobs", "Frameworks", "CLI and transport", "Diagnosis (verdicts)",
-         "Dashboard and metrics", "Profiling", "Security", "Protocol", "Measurement method"]
+         "Throughput", "Dashboard and metrics", "Profiling", "Security", "Protocol", "Measurement method"]
 
 
 def test_parts_in_order_and_nothing_else_at_the_top_level():

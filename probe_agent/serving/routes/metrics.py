@@ -32,6 +32,13 @@ _META = {
     "probe_last_step_timestamp_seconds": ("gauge", "When the last optimizer step finished."),
     "probe_step_duration_seconds": ("gauge", "Duration of the last finished step."),
     "probe_samples_per_second": ("gauge", "Samples per second of the last step, when known."),
+    "probe_tokens_per_second": ("gauge", "Tokens per second (median over the last "
+                                "20 steps; probe throughput's number)."),
+    "probe_flops_per_second": ("gauge", "Achieved model FLOP/s (FLOPs measured with "
+                               "FlopCounterMode, median over the last 20 steps)."),
+    "probe_mfu": ("gauge", "Model FLOPs utilisation: achieved FLOP/s over the device's peak."),
+    "probe_step_share": ("gauge", "Share of a traced step per part: forward, backward, "
+                         "optimizer, input, collective, host (medians; probe throughput)."),
     "probe_memory_rss_bytes": ("gauge", "Process resident set size."),
     "probe_memory_agent_bytes": ("gauge", "The agent's own share of the RSS (its DuckDB)."),
     "probe_memory_job_bytes": ("gauge", "The job's own host memory: RSS minus the agent's share "
@@ -130,6 +137,7 @@ def render(agent: AgentParts) -> str:
             put("probe_collective_seconds_total", a)
         elif kind == "nonfinite":
             put("probe_nonfinite_grad_steps_total", a)
+    _throughput(agent, put)
     out = []
     for name, (kind, help_text) in _META.items():
         if not samples[name]:
@@ -141,6 +149,24 @@ def render(agent: AgentParts) -> str:
         out.append(f"# TYPE {name} {kind}")
         out.extend(f"{name}{_labels(base, extra)} {text}" for extra, text in samples[name])
     return "\n".join(out) + "\n"
+
+
+#: Steps the throughput gauges look back over (the throughput query's --last).
+THROUGHPUT_STEPS = 20
+_PARTS = ("forward", "backward", "optimizer", "input", "collective", "host")
+
+
+def _throughput(agent: AgentParts, put: Any) -> None:
+    """The throughput query's row (what `probe throughput` shows for this rank)."""
+    res = agent.store.query(shipped_sql("throughput"), params={"last": THROUGHPUT_STEPS})
+    if not res.rows:
+        return
+    row = dict(zip(res.columns, res.rows[0]))
+    put("probe_tokens_per_second", row.get("tokens_per_s"))
+    put("probe_flops_per_second", row.get("flops_per_s"))
+    put("probe_mfu", row.get("mfu"))
+    for part in _PARTS:
+        put("probe_step_share", row.get(f"{part}_share"), {"part": part})
 
 
 @router.get(routes.METRICS.path)

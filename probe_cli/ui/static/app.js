@@ -176,6 +176,27 @@ function renderMemKinds(doc) {
   }).join("");
 }
 
+const PARTS = [["forward", "#4e79a7"], ["backward", "#59a14f"], ["optimizer", "#edc948"],
+  ["input", "#e15759"], ["collective", "#b07aa1"], ["host", "#bab0ac"]];
+
+// One bar per rank: where a traced step goes (`probe throughput`'s shares), then tokens/s, MFU
+// and the lever.
+function renderThroughput(tp) {
+  if (!tp) return;
+  const rs = (tp.ranks || []).slice().sort((a, b) => a.rank - b.rank);
+  if (!rs.length) { $("throughput").textContent = "no optimizer step recorded yet"; return; }
+  const pct = (v) => (v == null ? "?" : (100 * v).toFixed(1) + "%");
+  const num = (v) => (v == null ? "?" : v >= 1e3 ? (v / 1e3).toFixed(1) + "k" : v.toFixed(1));
+  const job = tp.job || {};
+  const legend = PARTS.map(([k, c]) => `<span class="kind"><i style="background:${c}"></i>${k}</span>`).join(" ");
+  $("throughput").innerHTML = `<div class="kinds-legend">job: ${num(job.tokens_per_s)} tokens/s · GB_tok ${esc(job.gb_tok ?? "?")} · MFU ${pct(job.mfu)} · ${legend}</div>` + rs.map((r) => {
+    const segs = PARTS.map(([k, c]) => { const v = r[k + "_share"] || 0;
+      return `<span class="seg" data-part="${k}" style="width:${(100 * v).toFixed(3)}%;background:${c}" title="${k} ${pct(v)}"></span>`; }).join("");
+    const lever = r.lever ? ` · lever: ${esc(r.lever.lever)} ${pct(r.lever.share)}` : "";
+    return `<div class="membar tpbar" data-rank="${r.rank}"><span class="who">rank ${r.rank}</span><span class="bar">${segs}</span><span class="tot">${num(r.tokens_per_s)} tokens/s · MFU ${pct(r.mfu)}${lever}</span></div>`;
+  }).join("");
+}
+
 function renderStacks(tiles) {
   const groups = new Map();
   for (const t of tiles) { const key = t.state === "dead" ? "(no answer)" : (t.stack || []).join("\n");
@@ -211,6 +232,7 @@ async function refresh() {
     renderHeatmap(snap.slow, snap.slow_at);
     banners(snap.verdicts || {});
     renderMemKinds((snap.verdicts || {}).doctor);
+    renderThroughput(snap.throughput);
     renderStacks(tiles);
   } catch (e) {
     $("summary").textContent = "probe ui is not answering: " + e;
