@@ -308,7 +308,9 @@ class TorchTracer(CudaRecords, WriterSide):
                     self._pass_root = module
                 elif module is self._pass_root:
                     self.saved.new_pass()
-            if self.recording:
+            # Only calls that build a graph feed training: a validation pass under no_grad
+            # inside the step (nanoGPT's every 250 steps) adds no tokens and no micro-batch.
+            if self.recording and self._torch.is_grad_enabled():
                 batch = self._batches.get(self.step)
                 if batch is None:
                     batch = self._batches[self.step] = StepBatch()
@@ -360,6 +362,10 @@ class TorchTracer(CudaRecords, WriterSide):
 
     def _on_step(self, step: int, optimizer: Any) -> None:
         """StepClock subscriber (training thread): step ``step`` finished; set up the next."""
+        if self.fallback:
+            # Root calls before the first optimizer step were numbered by the fallback count
+            # (a validation pass before training reaches "step 5"): not those steps' batches.
+            self._batches.clear()
         self.fallback = False
         self.step = step + 1
         self.in_backward = FORWARD
