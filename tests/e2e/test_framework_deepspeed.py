@@ -9,13 +9,14 @@ One job per ZeRO stage, shared by every check (the hang last: it never ends):
 - names: ``model``, ``optimizer``, ``scheduler``, ``trainer`` are the engine's module, its torch
   optimizer, its DeepSpeed scheduler and the engine; ``eval --next-step`` runs after
   ``engine.step()`` advanced ``global_steps``; `probe steps` agrees with ``global_steps``;
-- `probe lr --scale 0.5` holds through WarmupDecayLR, 10 steps later, on both ranks;
+- `probe lr --scale 0.5` holds through WarmupDecayLR, 5 steps later, on both ranks;
 - `probe checkpoint`: the consolidated fp32 weights load strictly into a fresh ``GPT`` and equal
   the engine's full weights after step N; the optimizer state is DeepSpeed's own sharded
   checkpoint, one partition per rank;
 - `probe slow` names modules from ``engine.module`` (``h.1.mlp``, not ``module.h.1.mlp``), and
   files the slow layer's time under its name;
-- `probe doctor` on the healthy job: no problem, and it knows DeepSpeed clips;
+- `probe doctor` on the healthy job: no problem (but the host time of the program's own sleep),
+  and it knows DeepSpeed clips;
 - `probe hang` names rank 1, the collective rank 0 waits in, and where each is (the user's code,
   not ``typing_extensions.py`` or DeepSpeed's comm layer).
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import socket
 import sys
 from pathlib import Path
@@ -118,7 +120,7 @@ def test_only_the_ranks_have_agents(job):
 @pytest.mark.timeout(180)
 def test_lr_scale_holds_through_warmup_decay(job):
     endpoint, tmp, _, _ = job
-    fc.lr_scale_holds(endpoint, tmp / "log", warmup_decay, ranks=2, later=10)
+    fc.lr_scale_holds(endpoint, tmp / "log", warmup_decay, ranks=2, later=5)
 
 
 @pytest.mark.timeout(240)
@@ -173,7 +175,10 @@ def test_slow_names_modules_from_the_engines_module(job):
 def test_doctor_finds_the_healthy_job_healthy(job):
     endpoint, _, _, _ = job
     out = fc.ok(probe("-t", endpoint, *SLOW_MACHINE, "doctor", timeout=180))
-    assert "no problem found" in out.stdout, out.stdout
+    # The program sleeps 50 ms a step in its loop, outside every module, on purpose: doctor may
+    # rightly call that host-bound. Nothing else is a problem.
+    problems = re.findall(r"^\d+\. \[(?:warning|critical)\] (.*)$", out.stdout, re.M)
+    assert all(p.startswith("LOW THROUGHPUT: host-bound") for p in problems), out.stdout
     assert "DeepSpeed clips gradients inside engine.step() (gradient_clipping=1" in out.stdout
     assert "clip_grad_norm_ not called" not in out.stdout
 
