@@ -22,10 +22,10 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from .errors import ConflictError, NotFoundError
 
@@ -95,7 +95,17 @@ class Job:
         return out
 
 
-J = TypeVar("J", bound=Job)
+class Tracked(Protocol):
+    """What a table needs of what it holds: a ``Job``, or an object that keeps its own state
+    (a profile window, a flame session) and says when it has finished."""
+
+    id: str
+
+    @property
+    def finished(self) -> bool: ...
+
+
+J = TypeVar("J", bound=Tracked)
 
 
 class JobTable(Generic[J]):
@@ -104,15 +114,21 @@ class JobTable(Generic[J]):
 
     Args:
         noun: how errors name a job of this kind ("action", "eval", "profile").
-        rank: named in errors.
+        rank: named in errors (a callable when the rank can change, as after renumbering).
         keep_finished: finished jobs kept for listings and late polls.
         listing: the command that lists them, named in the not-found error.
     """
 
-    def __init__(self, noun: str, rank: int, keep_finished: int, listing: str) -> None:
-        self.noun, self.rank, self.keep_finished, self.listing = noun, rank, keep_finished, listing
+    def __init__(self, noun: str, rank: int | Callable[[], int], keep_finished: int,
+                 listing: str) -> None:
+        self.noun, self.keep_finished, self.listing = noun, keep_finished, listing
+        self._rank = rank
         self._jobs: OrderedDict[str, J] = OrderedDict()
         self._lock = threading.Lock()
+
+    @property
+    def rank(self) -> int:
+        return self._rank() if callable(self._rank) else self._rank
 
     def add(self, job: J) -> J:
         with self._lock:

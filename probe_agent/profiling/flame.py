@@ -122,6 +122,10 @@ class FlameSession:
         cost.update(measure(self.owner.store.query, t0, t1))
         return cost
 
+    @property
+    def finished(self) -> bool:
+        return self.state != "sampling"
+
     def describe(self, stacks: bool = True) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": self.id, "state": self.state, "error": self.error, "seconds": self.seconds,

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..clock import StepClock
-from ..errors import ConflictError, NotFoundError
+from ..errors import ConflictError
+from ..jobs import JobTable
 from ..step_cost import compare, describe_cost, steps_before
 from .flame import FlameSession
 from .window import ProfileWindow
@@ -81,15 +82,18 @@ class Profiling:
         self.tracer = tracer
         self._audit = audit
         self.out_dir = os.path.join(run_dir, "profiles")
-        self.windows: dict[str, ProfileWindow] = {}
-        self.flames: dict[str, FlameSession] = {}
+        self.windows: JobTable[ProfileWindow] = JobTable(
+            "profile", lambda: self.rank, KEEP_WINDOWS, "`probe actions`")
+        self.flames: JobTable[FlameSession] = JobTable(
+            "flame session", lambda: self.rank, KEEP_WINDOWS, "`probe query \"select * from "
+            "python.evals where kind = 'flame'\"`")
         self._lock = threading.Lock()
 
     # -- profile windows ----------------------------------------------------------------------
     def busy(self) -> str | None:
         """Why no profile window may start now, else None."""
-        for w in self.windows.values():
-            if w.state in ("recording", "exporting"):
+        for w in self.windows:
+            if not w.finished:
                 return (f"`probe profile` {w.id} is already {w.state} on rank {self.rank} "
                         f"(steps {w.start_step + 1}..{w.last_step}); wait for it to finish")
         return other_profiler()
@@ -116,24 +120,16 @@ class Profiling:
                                                           action.requested_by),
             )
             w.start()
-            self.windows[w.id] = w
-            for old in list(self.windows)[:-KEEP_WINDOWS]:
-                if self.windows[old].state not in ("recording", "exporting"):
-                    del self.windows[old]
-            return w
+            return self.windows.add(w)
 
     def window(self, window_id: str) -> ProfileWindow:
-        w = self.windows.get(window_id)
-        if w is None:
-            raise NotFoundError(f"no profile {window_id} on rank {self.rank}; it never "
-                                "started here (see `probe actions`), or it is too old")
-        return w
+        return self.windows.get(window_id)
 
     def stop(self) -> None:
         """The agent stops: no window outlives it."""
-        for w in list(self.windows.values()):
+        for w in self.windows:
             w.cancel("the probe agent stopping")
-        for f in list(self.flames.values()):
+        for f in self.flames:
             f.cancel()
 
     def _window_done(self, w: ProfileWindow, final: str, client: str,
@@ -147,7 +143,7 @@ class Profiling:
                    w.error, ms, client, requested_by)
 
     def _trim_traces(self, keep: ProfileWindow) -> None:
-        done = [w for w in self.windows.values() if w.trace_path and w is not keep]
+        done = [w for w in self.windows if w.trace_path and w is not keep]
         for w in done[: max(0, len(done) - (KEEP_TRACES - 1))]:
             try:
                 os.unlink(w.trace_path or "")
@@ -164,29 +160,20 @@ class Profiling:
     def start_flame(self, flame_id: str, seconds: float, rate: float, client: str,
                     requested_by: str | None, sampler: str = "auto") -> FlameSession:
         with self._lock:
-            for f in self.flames.values():
-                if f.state == "sampling":
+            for f in self.flames:
+                if not f.finished:
                     since = time.strftime("%H:%M:%S", time.localtime(f.started))
                     raise ConflictError(
                         f"flame {f.id} is already sampling on rank {self.rank} "
                         f"({f.seconds:g} s from {since}); wait for it to finish",
                         reason="sampler-active")
-            if flame_id in self.flames:
-                raise ConflictError(f"a flame session {flame_id} already exists on rank "
-                                    f"{self.rank}", reason="duplicate")
-            f = FlameSession(self, flame_id, seconds, rate, client, requested_by, sampler)
-            self.flames[flame_id] = f
-            for old in list(self.flames)[:-KEEP_WINDOWS]:
-                if self.flames[old].state != "sampling":
-                    del self.flames[old]
+            f = self.flames.add(FlameSession(self, flame_id, seconds, rate, client,
+                                             requested_by, sampler))
         f.start()
         return f
 
     def flame(self, flame_id: str) -> FlameSession:
-        f = self.flames.get(flame_id)
-        if f is None:
-            raise NotFoundError(f"no flame session {flame_id} on rank {self.rank}")
-        return f
+        return self.flames.get(flame_id)
 
     # -- audit --------------------------------------------------------------------------------
     def audit(self, kind: str, action_id: str, at_step: int | None, code: str, outcome: str,

@@ -162,6 +162,10 @@ class ProfileWindow:
         self._timer.name = "probe-agent.profile-ceiling"
         self._timer.start()
 
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "error")
+
     def _on_step(self, step: int, optimizer: Any) -> None:
         with self._lock:
             if self.state != "recording" or threading.get_ident() != self._owner:

@@ -14,7 +14,6 @@ A profile window is queued as a step-boundary action (``POST /v1/actions`` with 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 import uuid
@@ -35,26 +34,15 @@ from .core import _agent, _client
 
 router = APIRouter()
 
-#: Longest a ``?wait=`` holds the request open.
-MAX_WAIT_S = 30.0
-
-
 def _profiling(request: Request) -> Any:
     return _agent(request).profiling
-
-
-async def _until(done: Any, wait: float) -> None:
-    deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
-    while not done() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
 
 
 @router.get(routes.PROFILE.path)
 async def get_profile(request: Request, profile_id: str, wait: float = 0.0) -> dict[str, Any]:
     """One rank's profile window; ``wait=S`` holds the answer until it is done (≤ 30 s)."""
     agent = _agent(request)
-    w = _profiling(request).window(profile_id)
-    await _until(lambda: w.state not in ("recording", "exporting"), wait)
+    w = await _profiling(request).windows.wait(profile_id, wait)
     return ProfileBody(agent.rank, step=agent.stepclock.current_step, now=time.time(),
                        profile=w.describe()).to_wire()
 
@@ -110,6 +98,5 @@ async def start_flame(request: Request, body: FlameRequest) -> dict[str, Any]:
 async def get_flame(request: Request, flame_id: str, wait: float = 0.0) -> dict[str, Any]:
     """A flame session; ``wait=S`` holds the answer until it has finished (≤ 30 s)."""
     agent = _agent(request)
-    f = _profiling(request).flame(flame_id)
-    await _until(lambda: f.state != "sampling", wait)
+    f = await _profiling(request).flames.wait(flame_id, wait)
     return FlameBody(agent.rank, step=agent.stepclock.current_step, flame=f.describe()).to_wire()
