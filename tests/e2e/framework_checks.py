@@ -20,6 +20,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.training import probe
 from tests.support import PROGRAMS, python_env, wait_until
 
@@ -200,3 +202,22 @@ def deepspeed_checkpoint_loads(program: str, path: Path, log_dir: Path, n: int, 
     assert rec["param_sum"] == logged["param_sum"], (rec, logged)  # the job's after step N
     assert rec["param_sum"] != rec["fresh_param_sum"]
     return rec
+
+
+def tokens_from_inputs(endpoint: str, per_step: int, micro_batches: int) -> None:
+    """With tracing on for a few steps, `probe throughput` counts ``per_step`` tokens per
+    optimizer step (B x T of input_ids summed over the micro-batches) and the FLOP-measured
+    step; tracing goes back off after."""
+    ok(probe("-t", endpoint, "trace", "on"))
+    try:
+        def row() -> dict | None:
+            out = ok(probe("-t", endpoint, "--json", "throughput", "--last", "3"))
+            t = json.loads(out.stdout)[0]["throughput"]
+            return t if t and t.get("tokens_source") == "inputs" else None
+
+        t = wait_until(row, 60, "no traced step counted tokens")
+        assert t["tokens"] == per_step and t["micro_batches"] == micro_batches, t
+        assert t["flops"] and t["flops_6n"] == pytest.approx(
+            t["flops_6n_per_token"] * per_step), t
+    finally:
+        ok(probe("-t", endpoint, "trace", "off"))

@@ -69,3 +69,10 @@ def test_steps_agree_with_global_step_and_no_hang(job):
     endpoint, tmp = job
     fc.steps_agree(endpoint, tmp / "log")
     fc.no_hang(endpoint)
+
+
+@pytest.mark.timeout(JOB_START_S + 120)
+def test_tokens_come_from_input_ids(job):
+    """The Trainer calls model(**batch): 4 sequences of 16 input_ids, 2 micro-batches."""
+    endpoint, _ = job
+    fc.tokens_from_inputs(endpoint, per_step=4 * 16 * 2, micro_batches=2)
