@@ -84,6 +84,7 @@ class Agent:
         self.url: str | None = None
         self.unix_path: str | None = None
         self._server: Any = None
+        self.postmortem: Any = None  # set by start() unless PROBE_POSTMORTEM=off
         self._info_path: str | None = None
         self._owned_inodes: dict[str, int] = {}
         self.peers: dict[int, RankEntry] = {}
@@ -160,6 +161,10 @@ class Agent:
         if self.watchdog is None and self.config.tls and self.config.tcp:
             serve, tls = sockets[1:], sockets[:1]  # the TCP socket is bound first
         self._server = self._serve(serve, tls)
+        self.postmortem = self._new_postmortem()
+        if self.postmortem is not None:
+            # Before the watchdog starts: its SIGTERM dump then chains to the end hooks.
+            self.postmortem.start()
         if self.watchdog is not None:
             self.watchdog.start()
         self.running = True
@@ -167,6 +172,27 @@ class Agent:
         self.actions.start()
         self._start_collectors()
         self._write_info_file()
+
+    def _new_postmortem(self) -> Any:
+        """The post-mortem copy of this rank's tables (probe_agent/postmortem/), unless off."""
+        if self.config.postmortem == "off":
+            return None
+        from probe_protocol import postmortem as layout
+
+        from .postmortem import Postmortem
+
+        ident = self.identity
+        return Postmortem(
+            self.store, root=self.config.postmortem_dir or os.path.join(
+                self.config.run_dir, "postmortem"),
+            job=layout.job_name(os.environ, ident.pid), rank=self.rank,
+            run_dir=self.config.run_dir if self.config.unix_socket else None, pid=ident.pid,
+            every_s=self.config.postmortem_every_s, budget_mb=self.config.postmortem_mb,
+            keep=self.config.postmortem == "always",
+            meta=lambda: {"rank": self.rank, "world_size": self.identity.world_size,
+                          "pid": ident.pid, "host": ident.host, "started_at": self.started_at,
+                          "step": self.stepclock.current_step if self.stepclock.seen_step
+                          else None, "argv": list(sys.argv[:8]), "version": __version__})
 
     def _serve(self, plain: list[Any], tls: list[Any]) -> Any:
         """Start an HTTP server of this agent on ``plain`` and ``tls`` sockets (the agent's
@@ -214,12 +240,18 @@ class Agent:
         if not self.running:
             return
         self.running = False
+        exiting = not threading.main_thread().is_alive()
+        if self.postmortem is not None:
+            # First: the last copy needs the collectors' buffers and the store.
+            self.postmortem.close(exiting, watchdog_stays=self.watchdog is not None and exiting)
         self.profiling.stop()  # no profile window or flame session outlives the agent
         self.collectors.stop()
         self.actions.stop()  # releases a paused training thread
         self.stepclock.stop()
         # At interpreter exit the watchdog stays to report the death, and keeps our files.
         handover = self.watchdog.stop() if self.watchdog is not None else False
+        if self.postmortem is not None and not exiting:
+            self.postmortem.release()
         if self._server is not None:
             self._server.stop()
         self.store.stop()

@@ -147,6 +147,22 @@ class AgentConfig:
     turn; none is refused. It bounds what a crowd of clients costs the training loop through
     the GIL. 1 or more = no limit."""
 
+    postmortem: str = "on"
+    """PROBE_POSTMORTEM: on | always | off. on: an on-disk copy of the tables is kept while the
+    rank runs and left behind when it dies (a clean exit removes it); always: a clean exit
+    leaves it too; off: no copy."""
+
+    postmortem_dir: str | None = None
+    """PROBE_POSTMORTEM_DIR: where the copies go (a shared filesystem: every node writes to one
+    place). Default: ``<run dir>/postmortem``."""
+
+    postmortem_every_s: float = 10.0
+    """PROBE_POSTMORTEM_EVERY_S: how often the copy is refreshed; a SIGKILLed rank's copy is at
+    most this old."""
+
+    postmortem_mb: int = 32
+    """PROBE_POSTMORTEM_MB: the copy's budget per rank; the oldest rows are dropped past it."""
+
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise_config("PROBE_PORT", self.port, "a port between 0 and 65535 (0 = any free)")
@@ -183,6 +199,11 @@ class AgentConfig:
         ):
             if number <= 0:
                 raise_config(name, number, "a positive number")
+        if self.postmortem not in ("on", "always", "off"):
+            raise_config("PROBE_POSTMORTEM", self.postmortem, "one of on, always, off")
+        if not self.postmortem_every_s > 0 or self.postmortem_mb <= 0:
+            raise_config("PROBE_POSTMORTEM_EVERY_S / PROBE_POSTMORTEM_MB",
+                         f"{self.postmortem_every_s} / {self.postmortem_mb}", "positive numbers")
         if self.action_timeout_s <= 0:
             raise_config("PROBE_ACTION_TIMEOUT_S", self.action_timeout_s, "a positive number")
         if self.token is not None and not self.token.strip():
@@ -332,6 +353,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("PROBE_WATCHDOG_SNAPSHOT_S", "watchdog_snapshot_s", _number),
     Setting("PROBE_ACTION_TIMEOUT_S", "action_timeout_s", _number),
     Setting("PROBE_SERVE_CPU", "serve_cpu", _number),
+    Setting("PROBE_POSTMORTEM", "postmortem", _lowered(_nonempty)),
+    Setting("PROBE_POSTMORTEM_DIR", "postmortem_dir", _path),
+    Setting("PROBE_POSTMORTEM_EVERY_S", "postmortem_every_s", _number),
+    Setting("PROBE_POSTMORTEM_MB", "postmortem_mb", _integer()),
 )
 #: Read by from_env itself (a port plus LOCAL_RANK; a token or the file holding it).
 COMBINED = ("PROBE_PORT", "PROBE_TOKEN", "PROBE_TOKEN_FILE")

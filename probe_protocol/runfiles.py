@@ -126,6 +126,12 @@ class RunFiles:
         return self._p(".exit.json")
 
     @property
+    def postmortem(self) -> str:
+        """The path of this rank's post-mortem directory (probe_protocol/postmortem.py), for
+        its watchdog, which records the death there."""
+        return self._p(".postmortem")
+
+    @property
     def watchdog(self) -> str:
         """The watchdog's own record: its pid, the rank's state, the port it holds."""
         return self._p(WATCHDOG_SUFFIX)
@@ -151,7 +157,7 @@ class RunFiles:
         return self._p(".inject.json")
 
     def forensic_files(self) -> tuple[str, ...]:
-        return (self.beat, self.dump, self.crash, self.term, self.exit_record)
+        return (self.beat, self.dump, self.crash, self.term, self.exit_record, self.postmortem)
 
 
 SOCK_SUFFIX = ".sock"

@@ -170,8 +170,10 @@ class WatchdogLink:
         if not faulthandler.is_enabled():
             faulthandler.enable(file=self._open(self.files.crash), all_threads=True)
             self._fatal_enabled = True
-        if _free_signal([signal.SIGTERM]) is not None:
-            # chain=True: after the dump the default action runs, so SIGTERM still kills.
+        if _free_signal([signal.SIGTERM]) is not None or callable(
+                signal.getsignal(signal.SIGTERM)):
+            # chain=True: after the dump the previous action runs: the default one (SIGTERM
+            # still kills), or a Python handler (the post-mortem end hooks, which chain on).
             faulthandler.register(signal.SIGTERM, file=self._open(self.files.term),
                                   all_threads=True, chain=True)
             self._registered.append(signal.SIGTERM)
@@ -195,6 +197,7 @@ class WatchdogLink:
             "pyspy": self.pyspy, "reader": cfg.watchdog_reader, "dump_signal": self.dump_signal,
             "deadline_ms": cfg.backtrace_deadline_ms, "grace_s": cfg.watchdog_grace_s,
             "snapshot_s": cfg.watchdog_snapshot_s,
+            "postmortem_keep": cfg.postmortem == "always",
             "tls_cert": cfg.tls_cert, "tls_key": cfg.tls_key,
             # issue 19: the same access rule as the agent's (access.Policy), host names included.
             "host_names": sorted(self.host_names),

@@ -307,6 +307,24 @@ class Store:
             raise QueryError(one_line(e)) from None
         return self._guarded(cur, lambda: consume(cur, sql, params or [], max_rows, t0))
 
+    def tables(self) -> list[str]:
+        """Every table the agent writes (qualified), views left out."""
+        return sorted(self._columns)
+
+    def export_arrow(self, table: str, after_rowid: int | None = None) -> pa.Table:
+        """``table``'s rows as Arrow, with their DuckDB ``rowid`` as ``_rowid`` (appends only
+        grow it), for the post-mortem copy: flushed and materialised as for a read, on the
+        calling thread's cursor under PROBE_QUERY_TIMEOUT_MS, with no row or byte cap (the
+        copy keeps its own budget). ``after_rowid``: only rows appended since."""
+        named = frozenset({table})
+        if table not in self._materializers:
+            self.flush(_SYNC_WAIT_S, named)
+        cur = self._read_cursor()
+        self._materialize(cur, named)
+        where = "" if after_rowid is None else f" WHERE rowid > {int(after_rowid)}"
+        sql = f"SELECT rowid AS _rowid, * FROM {table}{where}"  # table: one of tables()
+        return self._guarded(cur, lambda: cur.sql(sql).to_arrow_table())
+
     def query(
         self, sql: str, params: list[Any] | None = None, max_rows: int | None = None
     ) -> QueryResult:

@@ -26,6 +26,7 @@ from probe_protocol.runfiles import RunFiles
 from .httpwire import MAX_HEAD
 from .proxy import Proxy
 from .rank import RankWatch
+from .postmortem import record_death
 from .reader import StackReader
 
 
@@ -95,6 +96,7 @@ class Watchdog:
             os.unlink(self.files.inner)
         except OSError:
             pass
+        record_death(self.files, self.rank, keep=bool(self.cfg.get("postmortem_keep")))
         self._record()
 
     def _end_with_job(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -1,0 +1,97 @@
+"""The post-mortem copy of one rank (see copy.py, ends.py; layout in probe_protocol/postmortem.py).
+
+``Postmortem`` wires the copy, the end hooks and the sweep of old directories; the agent builds
+it (agent.py) and hands it what it uses. At start it sweeps old job directories, starts the
+refresh thread, installs the end hooks and leaves ``<pid>.postmortem`` in the run dir (the path
+of this rank's directory) for the watchdog, which records the death there. ``close`` at the
+agent's stop: one last copy, and a clean end removes the directory unless PROBE_POSTMORTEM=always
+(at interpreter exit with a watchdog, the watchdog decides: it knows the exit status).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from probe_protocol import postmortem as layout
+from probe_protocol.runfiles import RunFiles
+
+from .copy import PostmortemCopy
+from .ends import FINAL_WAIT_S, EndHooks
+from .sweep import sweep
+
+log = logging.getLogger(__name__)
+
+
+class Postmortem:
+    def __init__(self, store: Any, *, root: str, job: str, rank: int, run_dir: str | None,
+                 pid: int, every_s: float, budget_mb: int, keep: bool,
+                 meta: Callable[[], dict[str, Any]]) -> None:
+        self.root = root
+        self.job = job
+        self.keep = keep
+        self.path = layout.rank_dir(root, job, rank)
+        self.pointer = RunFiles(run_dir, pid).postmortem if run_dir else None
+        self.copy = PostmortemCopy(store, self.path, lambda: {"job": job, **meta()},
+                                   every_s, budget_mb * 1024 * 1024)
+        self.hooks = EndHooks(self._on_end)
+
+    def start(self) -> None:
+        try:
+            removed = sweep(self.root, keep=self.job)
+            if removed:
+                log.info("probe agent: removed %d old post-mortem directories from %s",
+                         len(removed), self.root)
+            layout.make_private(self.path)
+        except OSError as e:
+            log.warning("probe agent: no post-mortem copy (%s)", e)
+            return
+        if self.pointer is not None:
+            try:
+                with open(os.open(self.pointer, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                          "w") as f:
+                    f.write(self.path)
+            except OSError:
+                pass
+        self.copy.start()
+        self.hooks.install()
+
+    def _on_end(self, record: dict[str, Any]) -> None:
+        try:
+            layout.write_json(os.path.join(self.path, layout.END), record)
+        except OSError:
+            pass
+        self.copy.refresh_soon(FINAL_WAIT_S)
+
+    def close(self, exiting: bool, watchdog_stays: bool) -> None:
+        """The agent stops. At interpreter exit: a last copy and an ``exit`` end unless an
+        earlier end was seen. A clean end removes the directory unless kept; with a watchdog
+        staying to report the death, the watchdog decides (it sees the exit status)."""
+        if exiting:
+            self.hooks.end({"kind": "exit"})
+        self.copy.stop()
+        clean = (self.hooks.ended or {"kind": "exit"}).get("kind") == "exit"
+        if not (exiting and watchdog_stays):
+            if clean and not self.keep:
+                layout.remove_tree(self.path)
+            if self.pointer is not None:
+                try:
+                    os.unlink(self.pointer)
+                except OSError:
+                    pass
+
+    def release(self) -> None:
+        """Give the signals and the excepthook back (an explicit stop; after the watchdog's
+        own SIGTERM dump is unregistered, which chains to ours). At interpreter exit they stay:
+        a late SIGTERM still reaches the job's handler through them."""
+        self.hooks.uninstall()
+
+    def describe(self) -> dict[str, Any]:
+        c = self.copy
+        return {"path": self.path, "every_s": c.every_s, "budget_bytes": c.budget_bytes,
+                "refreshes": c.refreshes, "refreshed_at": c.refreshed_at,
+                "bytes_written": c.bytes_written, "last_refresh_s": round(c.last_refresh_s, 4),
+                "truncated": c.dropped_bytes > 0, "now": time.time()}

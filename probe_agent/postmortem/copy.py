@@ -1,0 +1,181 @@
+"""The post-mortem copy: this rank's tables on disk, refreshed on a budget, so they outlive it.
+
+One thread (``probe-agent.postmortem``) refreshes the copy every PROBE_POSTMORTEM_EVERY_S, and
+once more when the rank's end is seen (``final``; ends.py calls it). Layout and file names are
+probe_protocol/postmortem.py's.
+
+Incremental: an append-only table is copied as parts, ``<table>.<seq>.parquet``, each holding
+the rows appended since the last refresh (DuckDB's ``rowid`` only grows on append, and the
+agent's retention deletes the oldest rows, which the copy has already). Tables rebuilt on read
+(the stacks, the collectives, whose rows change state from pending to done) are rewritten whole
+as one file. ``seq`` is one counter for the whole rank, so the oldest part is the one with the
+smallest number: past the budget (PROBE_POSTMORTEM_MB) the oldest parts go first, and
+``meta.json`` says the copy was truncated.
+
+Never on the training thread: the DuckDB read releases the GIL, and pyarrow's Parquet writer
+too. A failed refresh is logged once and retried at the next one; it never raises out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from probe_protocol import postmortem as layout
+
+log = logging.getLogger(__name__)
+
+#: Tables rebuilt on read, or whose rows change after they are written: copied whole.
+WHOLE = frozenset({"python.backtrace", "python.collectives"})
+#: Not copied: every thread's stack incl. the agent's own (python.backtrace is the one to read).
+SKIP = frozenset({"python.backtrace_all"})
+
+
+class PostmortemCopy:
+    """Keeps ``path`` (a rank's post-mortem directory) a copy of ``store``'s tables.
+
+    Args:
+        store: the agent's Store (``tables()``, ``export_arrow()``).
+        path: this rank's directory; made 0700 on the first refresh.
+        meta: called at each refresh for the identity part of ``meta.json`` (job, rank, pid...).
+        every_s: refresh period. budget_bytes: the most the Parquet files may take.
+    """
+
+    def __init__(self, store: Any, path: str, meta: Callable[[], dict[str, Any]],
+                 every_s: float, budget_bytes: int) -> None:
+        self.store = store
+        self.path = path
+        self.meta = meta
+        self.every_s = every_s
+        self.budget_bytes = budget_bytes
+        self.refreshes = 0
+        self.bytes_written = 0
+        self.dropped_bytes = 0
+        self.refreshed_at: float | None = None
+        self.last_refresh_s = 0.0
+        self._marks: dict[str, int] = {}  # table -> highest rowid copied
+        self._seq = 0
+        self._lock = threading.Lock()  # one refresh at a time (the thread's, or a final one)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._done = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._warned = False
+        self._made = False
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="probe-agent.postmortem",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.every_s)
+            self._wake.clear()
+            if not self._stop.is_set():
+                self.refresh()
+
+    def refresh_soon(self, timeout: float) -> bool:
+        """Ask the thread for a refresh now and wait up to ``timeout`` s for one to finish
+        (the end hooks: bounded, whatever state the process is in). True if one finished."""
+        with self._done:
+            before = self.refreshes
+            self._wake.set()
+            if self._thread is None or not self._thread.is_alive():
+                self.refresh()  # at exit the thread may be gone
+            return self._done.wait_for(lambda: self.refreshes > before, timeout)
+
+    def refresh(self) -> None:
+        """Copy what changed since the last refresh; never raises."""
+        t0 = time.perf_counter()
+        with self._lock:
+            try:
+                self._refresh()
+            except Exception as e:  # a full disk or a gone store must not reach training
+                if not self._warned:
+                    self._warned = True
+                    log.warning("probe agent: post-mortem copy to %s failed: %s", self.path, e)
+                return
+            self.last_refresh_s = time.perf_counter() - t0
+        with self._done:
+            self.refreshes += 1
+            self._done.notify_all()
+
+    def _refresh(self) -> None:
+        if not self._made:
+            layout.make_private(self.path)
+            self._made = True
+        rows: dict[str, int] = {}
+        for table in self.store.tables():
+            if table in SKIP:
+                continue
+            short = table.split(".")[-1]
+            whole = table in WHOLE
+            mark = None if whole else self._marks.get(table)
+            data = self.store.export_arrow(table, after_rowid=mark)
+            if not whole and mark is not None and data.num_rows == 0:
+                continue
+            if data.num_rows:
+                top = int(max(data.column("_rowid").to_pylist()))
+                if mark is not None and top <= mark:
+                    continue
+                self._marks[table] = top
+            data = data.drop_columns(["_rowid"])
+            if whole:
+                for old in layout.table_files(self.path).get(short, []):
+                    os.unlink(old)
+            elif data.num_rows == 0 and short in layout.table_files(self.path):
+                continue  # an empty table already has its (schema-only) part
+            self._seq += 1
+            self._write(os.path.join(self.path, f"{short}.{self._seq}{layout.PARQUET}"), data)
+            rows[short] = data.num_rows
+        self._enforce_budget()
+        self.refreshed_at = time.time()
+        layout.write_json(os.path.join(self.path, layout.META), {
+            **self.meta(), "refreshed_at": self.refreshed_at, "refreshes": self.refreshes + 1,
+            "every_s": self.every_s, "budget_bytes": self.budget_bytes,
+            "bytes": self._parquet_bytes(), "bytes_written": self.bytes_written,
+            "truncated": self.dropped_bytes > 0, "dropped_bytes": self.dropped_bytes})
+
+    def _write(self, path: str, data: Any) -> None:
+        import pyarrow.parquet as pq  # lazy: loaded with the store already
+
+        tmp = f"{path}.tmp"
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            pq.write_table(data, f, compression="zstd")
+        self.bytes_written += os.path.getsize(tmp)
+        os.replace(tmp, path)
+
+    def _parquet_bytes(self) -> int:
+        return sum(os.path.getsize(p) for files in layout.table_files(self.path).values()
+                   for p in files)
+
+    def _enforce_budget(self) -> None:
+        """Drop the oldest parts (smallest seq, any table) until the copy fits the budget. A
+        table's newest part is never dropped: the copy keeps the last rows of every table."""
+        files = layout.table_files(self.path)
+        sizes = {p: os.path.getsize(p) for ps in files.values() for p in ps}
+        total = sum(sizes.values())
+        if total <= self.budget_bytes:
+            return
+        newest = {ps[-1] for ps in files.values()}
+
+        def seq(p: str) -> int:
+            return int(os.path.basename(p)[: -len(layout.PARQUET)].rpartition(".")[2])
+
+        for p in sorted((p for p in sizes if p not in newest), key=seq):
+            if total <= self.budget_bytes:
+                break
+            os.unlink(p)
+            total -= sizes[p]
+            self.dropped_bytes += sizes[p]

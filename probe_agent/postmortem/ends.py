@@ -1,0 +1,173 @@
+"""The ends a rank can see coming: an uncaught exception, SIGTERM, SIGINT, interpreter exit.
+
+Each calls ``on_end(record)`` once (the post-mortem copy writes ``end.json`` and refreshes, in
+bounded time), then hands the event on to whoever had it before: the previous
+``sys.excepthook``, the job's own signal handler, or the default action (the rank still dies
+of its SIGTERM, with the same status). Nothing is swallowed.
+
+A Python signal handler runs only when the main thread runs bytecode; a rank blocked in C (a
+collective) would not even die of SIGTERM any more. So when nobody else uses it, the signal
+module's wakeup fd is pointed at a pipe that a helper thread (``probe-agent.ends``) reads: it
+writes the copy at once and, when the signal's action was the default one and the main thread
+has still not run its handler, restores the default disposition (libc ``signal``) and sends
+the signal again, so the rank dies of it as it would have without the agent.
+
+Not seen here: SIGKILL (the watchdog records the death; the copy is at most one refresh old)
+and fatal signals such as the process group's SIGABRT on a collective timeout (faulthandler
+writes the stacks to ``<pid>.crash``, the watchdog puts them in ``death.json``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: The longest an end waits for its copy before the event goes on.
+FINAL_WAIT_S = 5.0
+
+
+def exception_record(exc: BaseException) -> dict[str, Any]:
+    frames = traceback.extract_tb(exc.__traceback__)[::-1]
+    name = type(exc).__name__
+    text = f"{name}: {exc}"[:2000]
+    kind = "oom" if name == "OutOfMemoryError" else (
+        "nan" if "nan" in str(exc).lower().split() else "exception")
+    return {"kind": kind, "exception": text, "traceback": [
+        {"depth": i, "func": f.name, "file": f.filename, "lineno": f.lineno or 0}
+        for i, f in enumerate(frames)]}
+
+
+class EndHooks:
+    """Install with ``install()`` (main thread), undo with ``uninstall()``.
+
+    Args:
+        on_end: ``on_end(record)``: record has ``kind`` (exit | signal | exception | oom | nan)
+            and ``at``; it must return within about FINAL_WAIT_S.
+    """
+
+    def __init__(self, on_end: Callable[[dict[str, Any]], None]) -> None:
+        self.on_end = on_end
+        self.ended: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._prev_hook: Any = None
+        self._prev: dict[int, Any] = {}
+        self._handled: dict[int, threading.Event] = {}
+        self._pipe: tuple[int, int] | None = None
+        self._thread: threading.Thread | None = None
+        self._written = threading.Event()
+
+    def end(self, record: dict[str, Any]) -> None:
+        """Record this end once (the first end seen wins: the exit after a SIGTERM is not a
+        second end). A second caller waits (bounded) for the first one's copy, so that a
+        signal's default action never kills the rank while its copy is being written."""
+        with self._lock:
+            first = self.ended is None
+            if first:
+                self.ended = {**record, "at": time.time()}
+        if not first:
+            self._written.wait(FINAL_WAIT_S)
+            return
+        try:
+            self.on_end(self.ended)
+        finally:
+            self._written.set()
+
+    # -- install ----------------------------------------------------------------------------
+    def install(self) -> None:
+        self._prev_hook = sys.excepthook
+        sys.excepthook = self._excepthook
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for sig in SIGNALS:
+            prev = signal.getsignal(sig)
+            if prev in (signal.SIG_IGN, None):
+                continue  # ignored, or a C handler we cannot chain to
+            self._prev[sig] = prev
+            self._handled[sig] = threading.Event()
+            signal.signal(sig, self._on_signal)
+        self._watch_wakeup()
+
+    def _watch_wakeup(self) -> None:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError:
+            old = None
+        if old != -1:  # someone (an asyncio loop) uses it: theirs stays
+            if old is not None:
+                signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
+            return
+        self._pipe = (r, w)
+        self._thread = threading.Thread(target=self._read_wakeups, name="probe-agent.ends",
+                                        daemon=True)
+        self._thread.start()
+
+    def uninstall(self) -> None:
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._prev_hook
+        if threading.current_thread() is threading.main_thread():
+            for sig, prev in self._prev.items():
+                if signal.getsignal(sig) == self._on_signal:
+                    signal.signal(sig, prev)
+            if self._pipe is not None and signal.set_wakeup_fd(-1) != self._pipe[1]:
+                pass
+        self._prev.clear()
+
+    # -- the ends ---------------------------------------------------------------------------
+    def _excepthook(self, tp: type[BaseException], exc: BaseException, tb: Any) -> None:
+        try:
+            if not isinstance(exc, SystemExit):
+                self.end(exception_record(exc))
+        finally:
+            (self._prev_hook or sys.__excepthook__)(tp, exc, tb)
+
+    def _signal_record(self, sig: int) -> dict[str, Any]:
+        return {"kind": "signal", "signal": int(sig), "signal_name": signal.Signals(sig).name,
+                # Python's handlers do not get siginfo: the sender stays unknown here.
+                "sender": None}
+
+    def _on_signal(self, sig: int, frame: Any) -> None:
+        self._handled.get(sig, threading.Event()).set()
+        self.end(self._signal_record(sig))
+        prev = self._prev.get(sig, signal.SIG_DFL)
+        if callable(prev):
+            prev(sig, frame)  # the job's own handler (KeyboardInterrupt for SIGINT)
+        elif prev == signal.SIG_DFL:
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+
+    def _read_wakeups(self) -> None:
+        assert self._pipe is not None
+        while True:
+            try:
+                data = os.read(self._pipe[0], 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for sig in set(data):
+                if sig in self._handled:
+                    threading.Thread(target=self._off_main, args=(sig,), daemon=True,
+                                     name="probe-agent.ends-signal").start()
+
+    def _off_main(self, sig: int) -> None:
+        """The signal arrived; write the copy now, whatever the main thread is doing. If its
+        action is the default one and the main thread has not handled it by then (blocked in
+        C), carry out the default action from here."""
+        self.end(self._signal_record(sig))
+        if self._handled[sig].wait(0.5) or self._prev.get(sig) != signal.SIG_DFL:
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal(int(sig), 0)  # SIG_DFL, without the main-thread rule of signal.signal
+        os.kill(os.getpid(), sig)
