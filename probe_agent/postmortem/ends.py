@@ -40,9 +40,20 @@ def exception_record(exc: BaseException) -> dict[str, Any]:
     text = f"{name}: {exc}"[:2000]
     kind = "oom" if name == "OutOfMemoryError" else (
         "nan" if "nan" in str(exc).lower().split() else "exception")
+    frames = [f for f in frames if f"{os.sep}probe_agent{os.sep}" not in f.filename]
     return {"kind": kind, "exception": text, "traceback": [
         {"depth": i, "func": f.name, "file": f.filename, "lineno": f.lineno or 0}
-        for i, f in enumerate(frames)]}
+        for i, f in enumerate(frames[:64])]}
+
+
+def stack_of(frame: Any) -> list[dict[str, Any]]:
+    """Frames from ``frame`` outwards, innermost first, the agent's own left out."""
+    out = []
+    for f in traceback.extract_stack(frame)[::-1] if frame is not None else ():
+        if f"{os.sep}probe_agent{os.sep}" not in f.filename:
+            out.append({"depth": len(out), "func": f.name, "file": f.filename,
+                        "lineno": f.lineno or 0})
+    return out[:64]
 
 
 class EndHooks:
@@ -132,14 +143,16 @@ class EndHooks:
         finally:
             (self._prev_hook or sys.__excepthook__)(tp, exc, tb)
 
-    def _signal_record(self, sig: int) -> dict[str, Any]:
+    def _signal_record(self, sig: int, frame: Any) -> dict[str, Any]:
+        """The signal, and where the main thread was when it came (``frame``: the frame it
+        interrupted, or the main thread's current one when it is blocked in C)."""
         return {"kind": "signal", "signal": int(sig), "signal_name": signal.Signals(sig).name,
                 # Python's handlers do not get siginfo: the sender stays unknown here.
-                "sender": None}
+                "sender": None, "stack": stack_of(frame)}
 
     def _on_signal(self, sig: int, frame: Any) -> None:
         self._handled.get(sig, threading.Event()).set()
-        self.end(self._signal_record(sig))
+        self.end(self._signal_record(sig, frame))
         prev = self._prev.get(sig, signal.SIG_DFL)
         if callable(prev):
             prev(sig, frame)  # the job's own handler (KeyboardInterrupt for SIGINT)
@@ -165,7 +178,8 @@ class EndHooks:
         """The signal arrived; write the copy now, whatever the main thread is doing. If its
         action is the default one and the main thread has not handled it by then (blocked in
         C), carry out the default action from here."""
-        self.end(self._signal_record(sig))
+        main = sys._current_frames().get(threading.main_thread().ident or 0)
+        self.end(self._signal_record(sig, main))
         if self._handled[sig].wait(0.5) or self._prev.get(sig) != signal.SIG_DFL:
             return
         libc = ctypes.CDLL(None, use_errno=True)

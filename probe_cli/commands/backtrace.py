@@ -9,6 +9,8 @@ import click
 from probe_protocol.bodies import BacktraceBody
 
 from ..group import rank_label
+from ..diagnose.ends import ends_lines
+from ..gather.postmortem import session_job
 from ..outcome import Outcome, finish
 from ..render.stacks import render_backtrace
 from ..render.text import format_csv
@@ -58,6 +60,9 @@ def command(session: Session, show_locals: bool, show_secrets: bool, native: boo
     out = finish(session, results, render)
     ok = [r for r in results if r.ok]
     out.stderr[:0] = _stopped_notes(ok) + (_native_notes(ok) if native else [])
+    job = session_job(session)
+    if job is not None and session.output == "text":  # the last stacks, with the deaths
+        out.stdout += ends_lines(job)
     return out
 
 

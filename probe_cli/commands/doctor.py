@@ -17,6 +17,9 @@ from ..diagnose.doctor import diagnose, rank_doc, steps_seen
 from ..gather.evidence import doctor_evidence
 from ..diagnose.hang import rank_state
 from ..errors import EXIT_FAILURE
+from ..diagnose.ends import ends_lines, went_wrong
+from ..errors import EXIT_FINDING
+from ..gather.postmortem import last_steps_lines, session_job
 from ..outcome import Outcome, failure_summary, verdict_outcome
 from ..render.doctor import doctor_header, render, render_json
 from ..render.verdicts import rank_answers
@@ -62,4 +65,14 @@ def command(session: Session, last: int, min_wait: float | None) -> Outcome:
         lines = [render_json(report, rank_answers(first))]
     else:
         lines = render(report, doctor_header([r.rank for r in answered], steps_seen(docs)))
-    return verdict_outcome(session, report, first, lines)
+    job = session_job(session)
+    if job is None or session.output == "json":
+        return verdict_outcome(session, report, first, lines)
+    # A dead job: how each rank ended (tracebacks, first to go wrong first) and the steps
+    # before it lead; a rank that died of an error is a finding whatever the checks say.
+    wrong = went_wrong(job)
+    lines = [*ends_lines(job), *last_steps_lines(job, [r.rank for r in wrong]), "", *lines]
+    out = verdict_outcome(session, report, first, lines)
+    if wrong:
+        out.exit_code = EXIT_FINDING
+    return out

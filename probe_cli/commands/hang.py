@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import click
 
+from ..diagnose.ends import ends_lines, timeout_line
 from ..gather.evidence import hang_evidence
+from ..gather.postmortem import session_job
 from ..diagnose.hang import HangVerdict, diagnose, rank_state
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import hang_json, render_verdict
@@ -42,5 +44,8 @@ def command(session: Session, min_wait: float | None) -> Outcome:
         lines = [hang_json(verdict, results)]
     else:
         lines = render_verdict(verdict)
+    job = session_job(session)
+    if job is not None and session.output != "json":  # a dead job: how each rank ended
+        lines += [x for x in [timeout_line(job, verdict.waiting)] if x] + ends_lines(job)
     # The verdict names silent ranks itself: no failure summary under it.
     return verdict_outcome(session, verdict, results, lines, summary=False)

@@ -77,7 +77,9 @@ class RankTarget:
 def resolve_ranks(session: Session) -> list[RankTarget]:
     """The ranks this invocation reaches (discovered once per session, then cached)."""
     if session.rank_cache is None:
-        if len(session.endpoints) == 1:
+        if session.endpoints[0].postmortem is not None:
+            targets = _postmortem_ranks(session.endpoints[0])
+        elif len(session.endpoints) == 1:
             targets = _expand(session, session.endpoints[0])
         else:
             targets = _dedupe(
@@ -85,6 +87,22 @@ def resolve_ranks(session: Session) -> list[RankTarget]:
             )
         session.rank_cache = _filter(targets, session.rank_filter)
     return list(session.rank_cache)
+
+
+def _postmortem_ranks(ep: Endpoint) -> list[RankTarget]:
+    """A post-mortem copy's ranks (gather/postmortem.py); one without a directory is a
+    failed rank, listed like a silent one."""
+    from ..gather.postmortem import PREFIX, find_job
+
+    job = find_job(ep.postmortem or "")
+    out = [RankTarget(r, Endpoint(PREFIX + c.path, postmortem=c.path),
+                      c.meta.get("host"), c.meta.get("pid")) for r, c in sorted(job.ranks.items())]
+    for r in job.missing:
+        label = f"{PREFIX}{job.path}/rank-{r}"
+        out.append(RankTarget(r, Endpoint(label), error=RankError(
+            f"rank {r} left no post-mortem directory in {job.path}", url=label,
+            reason="no post-mortem directory")))
+    return out
 
 
 _NO_ANSWER = (AgentUnreachableError, AgentTimeoutError, AuthError, ForbiddenError,
@@ -257,7 +275,8 @@ def fan_out_target_first(session: Session, call: Call) -> list[RankResult]:
     """``fan_out`` over ``resolve_ranks``, except that with one target and nothing discovered
     yet, the target's own ``call`` runs concurrently with discovery and is used for its rank
     whatever discovery does (the others are reached once discovery lists them)."""
-    if len(session.endpoints) != 1 or session.rank_cache is not None:
+    if (len(session.endpoints) != 1 or session.rank_cache is not None
+            or session.endpoints[0].postmortem is not None):
         return fan_out(session, resolve_ranks(session), call)
     ep = session.endpoints[0]
     pool = ThreadPoolExecutor(1, "probe-fanout-target")
@@ -288,7 +307,10 @@ def fan_out_target_first(session: Session, call: Call) -> list[RankResult]:
 def calling(method: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> Call:
     """A fan-out call from a ``ProbeClient`` method and its arguments:
     ``calling(ProbeClient.canned, "slow_modules", steps=20)`` sends that on every rank."""
-    return lambda client, _target: method(client, *args, **kwargs)
+    # By name, not the function itself: a post-mortem copy's client (gather/postmortem.py)
+    # answers the same methods from files.
+    name = method.__name__
+    return lambda client, _target: getattr(client, name)(*args, **kwargs)
 
 
 def run_on_ranks(

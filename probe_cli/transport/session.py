@@ -7,6 +7,7 @@ discovery and the command's own requests) and closes them when the command ends.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,7 +58,15 @@ class Session:
         """The (cached) client for ``endpoint``; safe to call from fan-out threads."""
         with self._lock:
             c = self._clients.get(endpoint)
-            if c is None:
+            if c is None and endpoint.postmortem is not None:
+                from probe_protocol import postmortem as layout
+
+                from ..gather.postmortem import PostmortemClient, find_job
+
+                job = find_job(os.path.dirname(endpoint.postmortem))
+                rank = layout.rank_of(os.path.basename(endpoint.postmortem))
+                c = self._clients[endpoint] = PostmortemClient(job.ranks[rank or 0])
+            elif c is None:
                 c = self._clients[endpoint] = ProbeClient(
                     endpoint, token=self.token, timeout=self.timeout, cacert=self.cacert,
                     raw=self.raw)

@@ -35,6 +35,8 @@ class Endpoint:
     base_url: str
     uds: str | None = None
     pid: int | None = None
+    postmortem: str | None = None
+    """A post-mortem copy's directory (a job's, or one rank's): answered from its files."""
 
     @property
     def label(self) -> str:
@@ -126,6 +128,11 @@ def parse_endpoint(
     """
     text = text.strip()
     kind = _kind(text)
+    if kind is None and os.path.isdir(text):
+        from ..gather.postmortem import PREFIX, find_job
+
+        job = find_job(text)  # a usage error when it is no copy, or not ours
+        return Endpoint(PREFIX + job.path, postmortem=job.path)
     if kind == "pid":
         pid = int(text)
         found = socket_of(pid, run_dir)

@@ -1,0 +1,100 @@
+"""How each rank of a dead job ended, first to go wrong first, and what the copy lacks. Pure:
+from a post-mortem JobCopy's records (gather/postmortem.py) to lines."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+#: A copy written longer than this many refresh periods before the death is called old.
+STALE_PERIODS = 1.5
+
+
+def describe_end(end: dict[str, Any], death: dict[str, Any]) -> str:
+    """One phrase: the watchdog's account when there is one (it saw the exit status), else the
+    rank's own, else "killed (no trace)"."""
+    exit_ = death.get("exit") or {}
+    own = end.get("kind")
+    status = (f"; killed by {exit_.get('signal_name') or exit_['signal']}" if exit_.get("signal")
+              else f"; exit code {exit_['code']}" if exit_.get("code") is not None else "")
+    if own == "signal":
+        sender = end.get("sender")
+        return (f"{end.get('signal_name')} received" + (f" from {sender}" if sender else
+                                                         " (sender unknown)") + status)
+    if own in ("exception", "oom", "nan"):
+        return f"uncaught {str(end.get('exception'))[:300]}{status}"
+    if exit_.get("description"):
+        return str(exit_["description"])
+    if own == "exit":
+        return "exited (no error seen)"
+    return "killed (no trace)"
+
+
+def _when(rank: Any) -> float:
+    return float(rank.end.get("at") or rank.death.get("at") or 1e18)
+
+
+def _culprit_first(rank: Any) -> tuple[int, float]:
+    """An exception or fatal signal is the news; a SIGTERM (the launcher tearing the job down
+    after another rank failed) and a clean exit come after."""
+    kind = rank.end.get("kind")
+    exit_ = rank.death.get("exit") or {}
+    wrong = kind in ("exception", "oom", "nan") or exit_.get("signal") not in (None, 15, 2)
+    return (0 if wrong else 1, _when(rank))
+
+
+def went_wrong(job: Any) -> list[Any]:
+    """The ranks whose end was an error (not a clean exit, not the launcher's SIGTERM)."""
+    return [r for r in sorted(job.ranks.values(), key=_culprit_first)
+            if _culprit_first(r)[0] == 0]
+
+
+def ends_lines(job: Any, now: float | None = None) -> list[str]:
+    """Every rank's end, first to go wrong first, then what is missing from the copy."""
+    now = time.time() if now is None else now
+    lines = [f"post-mortem of job {job.job} ({job.path}):"]
+    for rank in sorted(job.ranks.values(), key=_culprit_first):
+        at = _when(rank)
+        when = f" at {time.strftime('%H:%M:%S', time.localtime(at))}" if at < 1e18 else ""
+        step = rank.meta.get("step")
+        lines.append(f"  rank {rank.rank}: {describe_end(rank.end, rank.death)}{when}"
+                     + (f", step {step}" if step is not None else ""))
+        for f in (rank.end.get("traceback") or [])[:6]:
+            lines.append(f"      {f.get('func')} ({f.get('file')}:{f.get('lineno')})")
+    lines += missing_lines(job)
+    return lines
+
+
+def missing_lines(job: Any) -> list[str]:
+    out = []
+    if job.missing:
+        out.append(f"  missing: rank(s) {', '.join(map(str, job.missing))} left no directory "
+                   f"(world size {job.world_size})")
+    for rank in sorted(job.ranks.values(), key=lambda r: r.rank):
+        every = float(rank.meta.get("every_s") or 0)
+        # Against the last end the rank saw itself (its hooks copy after it), else its death.
+        died, copied = rank.end.get("at") or rank.death.get("at"), rank.copied_at
+        if died and copied and every and died - copied > STALE_PERIODS * every:
+            out.append(f"  rank {rank.rank}: its copy is {died - copied:.1f} s older than its "
+                       f"end (refreshed every {every:g} s)")
+        elif not copied:
+            out.append(f"  rank {rank.rank}: no table copy was written")
+        if rank.meta.get("truncated"):
+            out.append(f"  rank {rank.rank}: the copy hit its budget "
+                       f"({int(rank.meta.get('budget_bytes', 0)) >> 20} MiB): "
+                       f"{int(rank.meta.get('dropped_bytes', 0)) >> 10} KiB of the oldest rows "
+                       "were dropped")
+    return out
+
+
+def timeout_line(job: Any, waited: dict[str, Any] | None) -> str | None:
+    """"the job was aborted by the collective timeout N s later", when a rank's end says a
+    collective timed out; ``waited``: the verdict's waiting collective (its ``age_s``)."""
+    for rank in sorted(job.ranks.values(), key=_when):
+        text = f"{rank.end.get('exception') or ''} {(rank.death.get('exit') or {}).get('description') or ''}"
+        if "timed out" in text.lower() or "timeout" in text.lower() or (
+                (rank.death.get("exit") or {}).get("signal") == 6):
+            age = f" {waited['age_s']:.0f} s later" if waited and waited.get("age_s") else ""
+            return (f"the job was aborted by the collective timeout{age} (rank {rank.rank}: "
+                    f"{describe_end(rank.end, rank.death)[:160].rstrip(';')})")
+    return None

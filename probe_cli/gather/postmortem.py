@@ -1,0 +1,309 @@
+"""A post-mortem directory as a target: `probe -t DIR hang|doctor|steps|query ...` on a dead job.
+
+``find_job(path)`` reads a job's directory (probe_protocol/postmortem.py: ``rank-<r>/`` with
+Parquet parts, ``meta.json``, ``end.json``, ``death.json``). Each rank then answers through a
+``PostmortemClient``: the ``ProbeClient`` methods the diagnosis commands call (query, canned,
+backtrace, collectives...), answered from a local DuckDB (imported lazily) whose ``python.*``
+views read that rank's files. The commands, their verdicts and their renderers do not change:
+a dead job is one more source of the same evidence.
+
+The copy's clock is its own: ``now`` of the collectives is when the rank's copy ends (its death,
+or its last refresh), so waits are aged as they were when the rank went.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probe_protocol import postmortem as layout
+from probe_protocol.bodies import BacktraceBody, CollectivesBody
+from probe_protocol.query import QueryBody
+
+from ..errors import MissingDependencyError, RankError, UsageProblemError
+
+PREFIX = "postmortem:"
+
+
+@dataclass
+class RankCopy:
+    rank: int
+    path: str
+    meta: dict[str, Any]
+    end: dict[str, Any]
+    death: dict[str, Any]
+
+    @property
+    def died_at(self) -> float | None:
+        return self.death.get("at") or self.end.get("at")
+
+    @property
+    def copied_at(self) -> float | None:
+        return self.meta.get("refreshed_at")
+
+
+@dataclass
+class JobCopy:
+    path: str
+    job: str
+    ranks: dict[int, RankCopy] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        sizes = [c.meta.get("world_size") or 0 for c in self.ranks.values()]
+        return max([*sizes, max(self.ranks, default=-1) + 1])
+
+    @property
+    def missing(self) -> list[int]:
+        return [r for r in range(self.world_size) if r not in self.ranks]
+
+
+def _owned(path: str) -> str | None:
+    """Why ``path`` must not be read as our post-mortem copy (another uid's, or writable by
+    others: on a shared filesystem anyone may plant a directory), or None."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    if st.st_uid not in (os.getuid(), 0):
+        return f"{path} belongs to uid {st.st_uid}, not to you"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def is_copy(path: str) -> bool:
+    """True when ``path`` is a post-mortem job directory, a rank's, or a root with one job."""
+    return os.path.isdir(path) and (
+        any(layout.rank_of(n) is not None for n in _names(path))
+        or os.path.exists(os.path.join(path, layout.META))
+        or len(jobs_in(path)) == 1)
+
+
+def _names(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def jobs_in(root: str) -> list[str]:
+    """Job directories under a post-mortem root."""
+    return [os.path.join(root, n) for n in _names(root)
+            if any(layout.rank_of(m) is not None for m in _names(os.path.join(root, n)))]
+
+
+def find_job(path: str) -> JobCopy:
+    """The job copy at ``path`` (a job directory; a rank's directory means its job; a root
+    holding exactly one job means that job)."""
+    path = os.path.abspath(path)
+    if os.path.exists(os.path.join(path, layout.META)) and layout.rank_of(
+            os.path.basename(path)) is not None:
+        path = os.path.dirname(path)
+    if not any(layout.rank_of(n) is not None for n in _names(path)):
+        jobs = jobs_in(path)
+        if len(jobs) != 1:
+            raise UsageProblemError(
+                f"{path} holds {len(jobs)} post-mortem jobs" if jobs else
+                f"{path} is not a post-mortem directory (no rank-N/ in it)",
+                help_text="`probe postmortem` lists them; pass one job's directory to -t")
+        path = jobs[0]
+    problem = _owned(path)
+    if problem is not None:
+        raise UsageProblemError(f"not reading {path}: {problem}",
+                                help_text="only your own post-mortem copies are read")
+    job = JobCopy(path, os.path.basename(path))
+    for name in _names(path):
+        rank = layout.rank_of(name)
+        rpath = os.path.join(path, name)
+        if rank is None or _owned(rpath) is not None:
+            continue
+        job.ranks[rank] = RankCopy(
+            rank, rpath, layout.read_json(os.path.join(rpath, layout.META)),
+            layout.read_json(os.path.join(rpath, layout.END)),
+            layout.read_json(os.path.join(rpath, layout.DEATH)))
+    return job
+
+
+def session_job(session: Any) -> JobCopy | None:
+    """The post-mortem copy a command targets (``-t DIR``), or None for live ranks."""
+    ep = session.endpoints[0] if session.endpoints else None
+    return find_job(ep.postmortem) if ep is not None and ep.postmortem else None
+
+
+def last_steps_lines(job: JobCopy, ranks: list[int], n: int = 5) -> list[str]:
+    """The last ``n`` steps each of ``ranks`` recorded before it went: what led up to it."""
+    out = []
+    for rank in ranks:
+        client = PostmortemClient(job.ranks[rank])
+        try:
+            body = QueryBody.from_wire(client.query(
+                f"SELECT step, duration FROM python.steps ORDER BY step DESC LIMIT {int(n)}"))
+            rows = body.records()[::-1]
+        except RankError:
+            rows = []
+        finally:
+            client.close()
+        steps = ", ".join(f"{r['step']} ({(r['duration'] or 0) * 1e3:.0f} ms)" for r in rows)
+        out.append(f"  rank {rank}'s last steps: {steps}" if rows else
+                   f"  rank {rank} recorded no steps")
+    return out
+
+
+def _queries_dir() -> Path:
+    """sql/queries, found beside the packages without importing the agent's package."""
+    base = Path(__file__).resolve().parents[2]
+    for cand in (base / "probe_agent" / "sql" / "queries", base / "sql" / "queries"):
+        if cand.is_dir():
+            return cand
+    raise MissingDependencyError("the canned queries (sql/queries) are not installed")
+
+
+def canned_sql(name: str) -> str:
+    path = _queries_dir() / f"{name}.sql"
+    if not path.is_file():
+        raise UsageProblemError(f"no canned query {name!r}")
+    return path.read_text(encoding="utf-8")
+
+
+class PostmortemClient:
+    """``ProbeClient``'s read methods, answered from one rank's copy."""
+
+    def __init__(self, copy: RankCopy) -> None:
+        self.copy = copy
+        self.label = PREFIX + copy.path
+        self._db: Any = None
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _conn(self) -> Any:
+        if self._db is None:
+            try:
+                import duckdb  # lazy: the CLI needs it only for a post-mortem copy
+            except ImportError:
+                raise MissingDependencyError("reading a post-mortem copy needs duckdb") from None
+            db = duckdb.connect(":memory:")
+            db.execute("CREATE SCHEMA IF NOT EXISTS python")
+            for table, files in layout.table_files(self.copy.path).items():
+                paths = ", ".join("'" + p.replace("'", "''") + "'" for p in files)
+                db.execute(f'CREATE VIEW python."{table}" AS SELECT * FROM '
+                           f"read_parquet([{paths}], union_by_name = true)")
+            db.execute("SET search_path = 'python,main'")
+            self._db = db
+        return self._db
+
+    def _fail(self, message: str) -> RankError:
+        return RankError(f"rank {self.copy.rank} ({self.label}): {message}", url=self.label,
+                         reason=message.split("\n")[0][:160])
+
+    def _run(self, sql: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        import duckdb
+
+        try:
+            rel = self._conn().execute(sql, params or {})
+            cols = [d[0] for d in rel.description or ()]
+            types = [str(d[1]) for d in rel.description or ()]
+            rows = [list(r) for r in rel.fetchall()]
+        except duckdb.Error as e:
+            raise self._fail(str(e)) from None
+        return QueryBody(self.copy.rank, tuple(cols), tuple(types), tuple(rows), False,
+                         0.0).to_wire()
+
+    def query(self, sql: str, max_rows: int | None = None) -> dict[str, Any]:
+        return self._run(sql)
+
+    def canned(self, name: str, **params: Any) -> dict[str, Any]:
+        return self._run(canned_sql(name), params)
+
+    def info(self) -> dict[str, Any]:
+        m = self.copy.meta
+        return {"ok": True, "rank": self.copy.rank, "pid": m.get("pid"), "host": m.get("host"),
+                "world_size": m.get("world_size"), "source": "postmortem",
+                "path": self.copy.path}
+
+    def _now(self) -> float:
+        return float(self.copy.died_at or self.copy.copied_at or 0.0)
+
+    def collectives(self, *, limit: int = 200, state: str | None = None) -> dict[str, Any]:
+        if "collectives" not in layout.table_files(self.copy.path):
+            return CollectivesBody(self.copy.rank, recording=False, now=self._now()).to_wire()
+        body = QueryBody.from_wire(self._run(
+            "SELECT * FROM python.collectives ORDER BY start_time"))
+        rows = []
+        for r in body.records():
+            if r.get("state") == "failed" and "timed out" in str(r.get("error") or "").lower():
+                # The process group's timeout ended this wait: until then the rank waited in
+                # it, which is what the hang verdict reads as pending.
+                r = {**r, "state": "pending", "end_time": None, "duration": None}
+            rows.append(r)
+        if state:
+            rows = [r for r in rows if r["state"] == state]
+        return CollectivesBody(self.copy.rank, recording=True, collectives=tuple(rows[-limit:]),
+                               now=self._timeout_now(rows)).to_wire()
+
+    def _timeout_now(self, rows: list[dict[str, Any]]) -> float:
+        """The clock of the collectives: when the rank's own end came (a timed-out wait raised
+        there), else its death, else its last copy."""
+        return float(self.copy.end.get("at") or self._now())
+
+    def backtrace(self, **_: Any) -> dict[str, Any]:
+        threads = self._threads()
+        m = self.copy.meta
+        return BacktraceBody(self.copy.rank, pid=m.get("pid"), host=m.get("host"),
+                             source="postmortem", route=self._route(),
+                             threads=tuple(threads)).to_wire()
+
+    def _route(self) -> str:
+        end = self.copy.end
+        return ("the copy written at its end" if end else
+                "the watchdog's last stack" if self.copy.death else "the last copy")
+
+    def _threads(self) -> list[dict[str, Any]]:
+        """The main thread where the rank's end found it (the frame a signal interrupted, an
+        uncaught exception's traceback), the other threads of the last copy; without the
+        rank's own account, the watchdog's last stacks, else the copy's."""
+        end = self.copy.end
+        main = end.get("stack") or end.get("traceback")
+        if main:
+            others = [t for t in self._copied_threads() if not t["is_main"]]
+            return [{"thread_id": None, "thread_name": "MainThread", "is_main": True,
+                     "is_agent": False, "frames": [{**f, "frame_type": "Python"} for f in main]},
+                    *others]
+        died = list((self.copy.death.get("backtrace") or {}).get("threads") or [])
+        return died or self._copied_threads()
+
+    def _copied_threads(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if "backtrace" in layout.table_files(self.copy.path):
+            body = QueryBody.from_wire(self._run(
+                "SELECT thread_id, thread_name, is_main, depth, func, file, lineno, frame_type "
+                "FROM python.backtrace ORDER BY thread_id, depth"))
+            by: dict[Any, dict[str, Any]] = {}
+            for r in body.records():
+                t = by.setdefault(r["thread_id"], {
+                    "thread_id": r["thread_id"], "thread_name": r["thread_name"],
+                    "is_main": bool(r["is_main"]), "is_agent": False, "frames": []})
+                t["frames"].append({k: r[k] for k in ("func", "file", "lineno", "frame_type")})
+            for t in by.values():
+                t["frames"] = [{**f, "depth": i} for i, f in enumerate(t["frames"])]
+                out.append(t)
+        return out
+
+    def doctor(self) -> dict[str, Any]:
+        raise self._fail("the live loop state is not in a post-mortem copy")
+
+    def doctor_grads(self, wait: float) -> dict[str, Any]:
+        raise self._fail("gradients cannot be checked on a dead rank")
+
+    def __getattr__(self, name: str) -> Any:
+        def refuse(*_: Any, **__: Any) -> Any:
+            raise self._fail(f"`{name}` needs a live rank; this is a post-mortem copy")
+        return refuse
