@@ -68,6 +68,7 @@ class PostmortemCopy:
         self._made = False
 
     def start(self) -> None:
+        self._stop.clear()  # a stopped copy may start again (bench/bench_postmortem.py)
         self._thread = threading.Thread(target=self._run, name="probe-agent.postmortem",
                                         daemon=True)
         self._thread.start()

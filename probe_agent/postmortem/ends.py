@@ -131,8 +131,16 @@ class EndHooks:
             for sig, prev in self._prev.items():
                 if signal.getsignal(sig) == self._on_signal:
                     signal.signal(sig, prev)
-            if self._pipe is not None and signal.set_wakeup_fd(-1) != self._pipe[1]:
-                pass
+            if self._pipe is not None:
+                old = signal.set_wakeup_fd(-1)
+                if old != self._pipe[1]:
+                    signal.set_wakeup_fd(old)  # someone else's since: theirs stays
+        if self._pipe is not None:
+            os.close(self._pipe[1])  # the reader sees the end of the pipe and returns
+            if self._thread is not None:
+                self._thread.join(1.0)
+            os.close(self._pipe[0])
+            self._pipe = None
         self._prev.clear()
 
     # -- the ends ---------------------------------------------------------------------------

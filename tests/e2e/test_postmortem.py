@@ -1,0 +1,192 @@
+"""After the crash: each rank's tables on disk, and the same commands on the dead job.
+
+Four real jobs run side by side (one module fixture, to keep the wall time down): a 2-rank gloo
+job killed by its own collective timeout, a 2-rank job where rank 1 raises, one process killed
+with SIGKILL, and one clean exit. Every assertion reads what those jobs left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.procs import kill_all
+from tests.support import PROGRAMS, python_env, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+TOKEN = "pm-test-token-7f3a9c1e5b"
+EVERY_S = 1.0
+
+
+def _start(tmp: Path, name: str, mode: str, nproc: int, **env: str) -> dict:
+    base = tmp / name
+    (base / "ready").mkdir(parents=True)
+    os.chmod(base, 0o700)
+    cmd = [sys.executable]
+    if nproc:
+        cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+                "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"]
+    cmd += [str(PROGRAMS / "postmortem_job.py"), "--mode", mode, "--ready-dir",
+            str(base / "ready"), "--at", "20" if mode == "loop" else "5"]
+    child_env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(base / "run"),
+                           PROBE_WATCHDOG="1", PROBE_WATCHDOG_GRACE_S="20",
+                           PROBE_POSTMORTEM_EVERY_S=str(EVERY_S), **env)
+    proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            cwd=str(base))
+    return {"proc": proc, "base": base, "root": base / "run" / "postmortem"}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("postmortem")
+    started = {
+        "timeout": _start(tmp, "timeout", "hang", 2, PROBE_TOKEN=TOKEN),
+        "raise": _start(tmp, "raise", "raise", 2),
+        "kill": _start(tmp, "kill", "loop", 0),
+        "clean": _start(tmp, "clean", "clean", 0),
+    }
+    yield started
+    for job in started.values():
+        kill_all(job["proc"], job["base"] / "run")
+
+
+def _ended(job: dict, timeout: float = 150) -> int:
+    proc = job["proc"]
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the job did not end:\n{proc.stdout.read()}") from None
+
+
+def _job_dir(job: dict) -> Path:
+    def one() -> Path | None:
+        dirs = [p for p in job["root"].glob("*") if p.is_dir()] if job["root"].exists() else []
+        return dirs[0] if len(dirs) == 1 else None
+
+    return wait_until(one, 30, f"no post-mortem job directory under {job['root']}")
+
+
+def _deaths(job_dir: Path, ranks: int) -> None:
+    """The watchdogs record each death (death.json) soon after the rank is gone."""
+    wait_until(lambda: all((job_dir / f"rank-{r}" / "death.json").exists() for r in range(ranks)),
+               30, f"the watchdogs never recorded the deaths in {job_dir}")
+
+
+def probe(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "probe_cli", *args], env=python_env(),
+                          capture_output=True, text=True, timeout=90)
+
+
+def test_collective_timeout_listed_and_hang_names_the_stalled_rank(jobs):
+    job = jobs["timeout"]
+    assert _ended(job) != 0
+    job_dir = _job_dir(job)
+    _deaths(job_dir, 2)
+
+    listing = probe("postmortem", str(job["root"]))
+    assert listing.returncode == 0, listing.stderr
+    out = listing.stdout
+    assert f"{job_dir}  ranks 0,1 of 2" in out, out
+    # First to go wrong first: rank 0's timed-out all_reduce, then rank 1 torn down.
+    assert out.index("rank 0: uncaught RuntimeError") < out.index("rank 1: SIGTERM received")
+    assert "Timed out" in out
+
+    hang = probe("-t", str(job_dir), "hang")
+    assert hang.returncode == 4, hang.stdout + hang.stderr
+    head = hang.stdout.splitlines()[0]
+    assert "rank 1 never reached all_reduce #5" in head, hang.stdout
+    assert "do_hang (postmortem_job.py" in head, hang.stdout
+    assert "the job was aborted by the collective timeout" in hang.stdout
+    # The wait is aged on the copy's clock (rank 0's end), not on today's: about the timeout.
+    waited = float(head.rsplit("for ", 1)[1].split(" s")[0])
+    assert 15 <= waited <= 40, head
+    print(listing.stdout, hang.stdout, sep="\n")
+
+    # The same table names as on a live job, one rank column across the copy.
+    q = probe("-t", str(job_dir), "--json", "query",
+              "SELECT count(*) AS n, max(step) AS last FROM python.steps")
+    assert q.returncode == 0, q.stderr
+    bodies = json.loads(q.stdout)
+    assert [b["rank"] for b in bodies] == [0, 1]
+    assert all(b["rows"][0][0] >= 4 for b in bodies), bodies
+
+
+def test_the_copy_is_private_and_holds_no_token(jobs):
+    job = jobs["timeout"]
+    _ended(job)
+    job_dir = _job_dir(job)
+    for path in [job["root"], job_dir, *job_dir.rglob("*")]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+        if path.is_file():
+            assert TOKEN.encode() not in path.read_bytes(), path
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv to act as another uid")
+    meta = job_dir / "rank-0" / "meta.json"
+    other = subprocess.run([setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                            "cat", str(meta)], capture_output=True, text=True, timeout=30)
+    assert other.returncode != 0 and "Permission denied" in other.stderr, other
+    listing = subprocess.run([setpriv, "--reuid", "65534", "--regid", "65534",
+                              "--clear-groups", "ls", str(job_dir)],
+                             capture_output=True, text=True, timeout=30)
+    assert listing.returncode != 0, listing
+
+
+def test_a_raising_rank_doctor_shows_the_traceback_and_the_steps_before(jobs):
+    job = jobs["raise"]
+    assert _ended(job) != 0
+    job_dir = _job_dir(job)
+    _deaths(job_dir, 2)
+    doc = probe("-t", str(job_dir), "doctor")
+    assert doc.returncode == 4, doc.stdout + doc.stderr
+    lines = doc.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("  rank "))
+    assert lines[first].startswith("  rank 1: uncaught ValueError: loss went bad at step 5"), \
+        doc.stdout
+    assert "main (" in lines[first + 1] and "postmortem_job.py" in lines[first + 1], doc.stdout
+    steps = next(line for line in lines if "rank 1's last steps:" in line)
+    numbers = [int(part.split(" (")[0]) for part in steps.split(": ", 1)[1].split(", ")]
+    assert len(numbers) >= 3 and numbers == sorted(numbers), steps
+
+
+def test_sigkill_leaves_a_copy_at_most_one_refresh_old(jobs):
+    job = jobs["kill"]
+    wait_until(lambda: (job["base"] / "ready" / "rank0.json").exists(), 120,
+               "the looping job never reached step 20")
+    job_dir = _job_dir(job)
+    meta = job_dir / "rank-0" / "meta.json"
+    first = json.loads(meta.read_text())["refreshes"] if meta.exists() else 0
+    wait_until(lambda: meta.exists() and json.loads(meta.read_text())["refreshes"] >= first + 2,
+               30, "the copy was not refreshed")
+    os.kill(job["proc"].pid, signal.SIGKILL)
+    killed_at = time.time()
+    job["proc"].wait(10)
+    _deaths(job_dir, 1)
+    q = probe("-t", str(job_dir), "--json", "query", "SELECT max(end_time) FROM python.steps")
+    assert q.returncode == 0, q.stderr
+    last = json.loads(q.stdout)[0]["rows"][0][0]
+    # One refresh period, plus the time a refresh itself takes on a loaded machine.
+    assert killed_at - last <= EVERY_S + 2.0, (killed_at, last)
+    listing = probe("postmortem", str(job["root"]))
+    assert "rank 0: killed by signal 9 (SIGKILL)" in listing.stdout, listing.stdout
+
+
+def test_a_clean_exit_leaves_nothing(jobs):
+    job = jobs["clean"]
+    assert _ended(job) == 0
+    # The watchdog decides (it sees the exit status): the directory goes once it has.
+    wait_until(lambda: not any(job["root"].glob("*/rank-*")), 30,
+               "a clean exit left its post-mortem copy")
+    assert not [p for p in job["root"].glob("*") if p.is_dir()]
