@@ -27,7 +27,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--block-s", type=float, default=20.0)
     p.add_argument("--every-s", type=float, default=10.0)
-    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--width", type=int, default=256)
     args = p.parse_args()
     run = tempfile.mkdtemp(prefix="probe-bench-pm-")
     os.environ.update(PROBE_RUN_DIR=run, PROBE_PORT="0", PROBE_POSTMORTEM="always",

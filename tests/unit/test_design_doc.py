@@ -10,8 +10,9 @@ from pathlib import Path
 DOC = Path(__file__).resolve().parents[2] / "docs" / "design-decisions.md"
 
 PARTS = ["Glossary", "Agent", "Store", "Tracer", "Collectors", "Serving", "Watchdog",
-         "Actions and jobs", "Frameworks", "CLI and transport", "Diagnosis (verdicts)",
-         "Throughput", "Dashboard and metrics", "Profiling", "Security", "Protocol", "Measurement method"]
+         "Post-mortem", "Actions and jobs", "Frameworks", "CLI and transport",
+         "Diagnosis (verdicts)", "Throughput", "Dashboard and metrics", "Profiling", "Security",
+         "Protocol", "Measurement method"]
 
 
 def test_parts_in_order_and_nothing_else_at_the_top_level():
