@@ -36,6 +36,7 @@ def main() -> None:
     import torch
     import torch.nn as nn
 
+    torch.set_num_threads(1)  # one training core: the copy's threads compete for the other
     agent = probe_agent.start()
     copy = agent.postmortem.copy
     torch.manual_seed(0)
@@ -45,6 +46,8 @@ def main() -> None:
     x = torch.randn(64, w)
 
     def block(seconds: float) -> list[float]:
+        """Wall time of each step (the honest cost: the copy's threads take cores and the GIL
+        from the training thread)."""
         times = []
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
@@ -77,7 +80,7 @@ def main() -> None:
     written = copy.bytes_written - written0
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     print(json.dumps({
-        "every_s": args.every_s, "block_s": args.block_s, "rounds": args.rounds,
+        "every_s": args.every_s, "steps_per_block_note": "see stderr: median step ms per arm", "block_s": args.block_s, "rounds": args.rounds,
         "ratio_median": round(statistics.median(ratios), 4),
         "ratio_iqr": [round(q[0], 4), round(q[2], 4)],
         "refresh_s_median": round(statistics.median(refresh_s), 4) if refresh_s else None,
