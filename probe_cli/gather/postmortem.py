@@ -155,13 +155,26 @@ def last_steps_lines(job: JobCopy, ranks: list[int], n: int = 5) -> list[str]:
     return out
 
 
-def _queries_dir() -> Path:
-    """sql/queries, found beside the packages without importing the agent's package."""
+def _sql_dir() -> Path:
+    """sql/, found beside the packages (a wheel keeps it in probe_agent/sql) without importing
+    the agent's package."""
     base = Path(__file__).resolve().parents[2]
-    for cand in (base / "probe_agent" / "sql" / "queries", base / "sql" / "queries"):
-        if cand.is_dir():
+    for cand in (base / "probe_agent" / "sql", base / "sql"):
+        if (cand / "queries").is_dir():
             return cand
     raise MissingDependencyError("the canned queries (sql/queries) are not installed")
+
+
+def _queries_dir() -> Path:
+    return _sql_dir() / "queries"
+
+
+def schema_views() -> list[str]:
+    """The ``CREATE VIEW`` statements of schema.sql (python.job_memory): views are not copied,
+    they are made again over the copied tables."""
+    text = (_sql_dir() / "schema.sql").read_text(encoding="utf-8")
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("--")]
+    return [st.strip() for st in "\n".join(lines).split(";") if "CREATE VIEW" in st.upper()]
 
 
 def canned_sql(name: str) -> str:
@@ -196,6 +209,11 @@ class PostmortemClient:
                 paths = ", ".join("'" + p.replace("'", "''") + "'" for p in files)
                 db.execute(f'CREATE VIEW python."{table}" AS SELECT * FROM '
                            f"read_parquet([{paths}], union_by_name = true)")
+            for view in schema_views():
+                try:
+                    db.execute(view)
+                except duckdb.Error:
+                    pass  # a table it reads was not copied: the view is missing, as the table
             db.execute("SET search_path = 'python,main'")
             self._db = db
         return self._db

@@ -190,3 +190,29 @@ def test_a_clean_exit_leaves_nothing(jobs):
     wait_until(lambda: not any(job["root"].glob("*/rank-*")), 30,
                "a clean exit left its post-mortem copy")
     assert not [p for p in job["root"].glob("*") if p.is_dir()]
+
+
+def test_sigterm_reaches_a_rank_blocked_in_c_and_its_copy_is_written(tmp_path: Path):
+    """The end hooks must not change how a rank stuck in a C wait dies of SIGTERM: the
+    helper thread writes the copy and carries out the default action."""
+    os.chmod(tmp_path, 0o700)
+    (tmp_path / "ready").mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, str(PROGRAMS / "postmortem_blocked.py"), str(tmp_path / "ready")],
+        env=python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(tmp_path / "run"),
+                       PROBE_WATCHDOG="0"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_until(lambda: (tmp_path / "ready" / "rank0.json").exists() or proc.poll(), 120,
+                   "the blocked program never started")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == -signal.SIGTERM  # killed by it, as without the agent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    end = json.loads(next((tmp_path / "run" / "postmortem").glob("*/rank-0/end.json"))
+                     .read_text())
+    assert end["kind"] == "signal" and end["signal_name"] == "SIGTERM"
+    assert [f["func"] for f in end["stack"][:3]][1] == "blocked_in_c", end["stack"]
