@@ -1,0 +1,79 @@
+"""The post-mortem copy against a real Store: incremental parts, the budget, and the CLI's reading
+of what it left (a real local DuckDB over the Parquet files)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pyarrow as pa
+
+from probe_agent.postmortem.copy import PostmortemCopy
+from probe_cli.diagnose.ends import missing_lines
+from probe_cli.gather.postmortem import PostmortemClient, find_job
+from probe_protocol import postmortem as layout
+from probe_protocol.query import QueryBody
+
+
+def _metrics(store, first: int, n: int) -> None:
+    schema = store.arrow_schema("python.metrics")
+    store.append("python.metrics", pa.table({
+        "timestamp": [float(i) for i in range(first, first + n)], "rank": [0] * n,
+        "step": list(range(first, first + n)), "name": ["loss"] * n,
+        "value": [1.0 / (i + 1) for i in range(first, first + n)]}, schema=schema))
+
+
+def _copy(store, path: Path, budget: int) -> PostmortemCopy:
+    return PostmortemCopy(store, str(path), lambda: {"job": "j", "rank": 0, "world_size": 2},
+                          every_s=10.0, budget_bytes=budget)
+
+
+def test_refreshes_copy_only_new_rows_and_the_cli_reads_them(store, tmp_path: Path):
+    rank_dir = tmp_path / "root" / "j" / "rank-0"
+    copy = _copy(store, rank_dir, 1 << 30)
+    _metrics(store, 0, 100)
+    copy.refresh()
+    first = layout.table_files(str(rank_dir))["metrics"]
+    _metrics(store, 100, 50)
+    copy.refresh()
+    parts = layout.table_files(str(rank_dir))["metrics"]
+    assert parts[:len(first)] == first and len(parts) == len(first) + 1  # one new part
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(parts[-1]).num_rows == 50  # only the rows appended since
+    copy.refresh()  # nothing new: no new part
+    assert layout.table_files(str(rank_dir))["metrics"] == parts
+    for p in [rank_dir, *rank_dir.iterdir()]:
+        assert stat.S_IMODE(p.stat().st_mode) == (0o700 if p.is_dir() else 0o600)
+
+    job = find_job(str(tmp_path / "root" / "j"))
+    client = PostmortemClient(job.ranks[0])
+    try:
+        body = QueryBody.from_wire(client.query(
+            "SELECT count(*) AS n, max(step) AS last FROM metrics"))
+    finally:
+        client.close()
+    assert body.records() == [{"n": 150, "last": 149}]
+    # Rank 1 never wrote a directory: the CLI says so.
+    assert any("rank(s) 1 left no directory" in line for line in missing_lines(job))
+
+
+def test_past_the_budget_the_oldest_parts_go_and_the_copy_says_so(store, tmp_path: Path):
+    rank_dir = tmp_path / "j" / "rank-0"
+    copy = _copy(store, rank_dir, 1 << 30)
+    for i in range(4):
+        _metrics(store, i * 2000, 2000)
+        copy.refresh()
+    parts = layout.table_files(str(rank_dir))["metrics"]
+    assert len(parts) == 4
+    total = sum(os.path.getsize(p) for ps in layout.table_files(str(rank_dir)).values()
+                for p in ps)
+    copy.budget_bytes = total - os.path.getsize(parts[0]) // 2  # one part too many
+    _metrics(store, 8000, 10)
+    copy.refresh()
+    left = layout.table_files(str(rank_dir))["metrics"]
+    assert parts[0] not in left and left[-1] not in parts  # oldest gone, newest kept
+    job = find_job(str(tmp_path / "j"))
+    assert job.ranks[0].meta["truncated"] is True
+    assert any("hit its budget" in line for line in missing_lines(job))
