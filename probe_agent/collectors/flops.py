@@ -2,7 +2,7 @@
 
 What gets measured
 ------------------
-``torch.utils.flop_counter.FlopCounterMode`` is entered at a step boundary (right after
+``torch.utils.flop_counter.FlopCounterMode``'s dispatch mode is entered at a step boundary (right after
 optimizer step N, on the training thread) and left at the next one, so it sees every op of
 step N+1: the forward and backward of every micro-batch. It counts the ops torch has formulas
 for (matmuls, convolutions, attention), which is what "model FLOPs" means for MFU; the
@@ -23,6 +23,8 @@ Never
 -----
 - When another dispatch mode is active at the boundary (a user's FlopCounterMode, a debug
   mode): the meter's exit pops the top of the mode stack, so it must be the one it pushed.
+- With torch.compile in the process (compiled frames): under a dispatch mode they recompile or
+  run eagerly, so the step measured would not be the job's. FLOPs stay NULL, 6N remains.
 - After a failure (a Guard counts it; repeated failures switch the meter off).
 """
 
@@ -32,6 +34,7 @@ import logging
 from typing import Any
 
 from . import Guard
+from .tracer.saved_bytes import compiled_here
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,9 @@ class FlopMeter:
         self.tokens: int | None = None  # its tokens, when known
         self.measured_step: int | None = None
         self.measurements = 0
+        self.skipped: str | None = None  # why no measurement is taken
         self._mode: Any = None
+        self._counter: Any = None  # the FlopCounterMode whose dispatch mode is entered
         self._step: int | None = None  # the step the active mode measures
         self._shapes: Any = None  # token input shapes of the measured step
         self._want = True
@@ -81,25 +86,35 @@ class FlopMeter:
 
     def _begin(self, torch: Any, step: int) -> None:
         from torch.utils._python_dispatch import _get_current_dispatch_mode
-        from torch.utils.flop_counter import FlopCounterMode
+        from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
 
         if _get_current_dispatch_mode() is not None:
             return  # someone else's mode is on the stack: try again at the next boundary
-        mode = FlopCounterMode(display=False)
+        if compiled_here():
+            # A dispatch mode makes compiled frames recompile or run eagerly: the step
+            # measured would not be the job's step. flops stay NULL; flops_6n remains.
+            self.skipped = "torch.compile in the process"
+            return
+        # Only the dispatch mode, not FlopCounterMode.__enter__: that also enters a
+        # ModuleTracker, i.e. global module hooks for the whole step (torch.compile warns about
+        # them, and every module call takes the slow path). Without it every count lands in
+        # the counter's "Global" total, which is all we read.
+        counter = FlopCounterMode(display=False)
+        mode = _FlopCounterMode(counter)
         mode.__enter__()
-        self._mode, self._step, self._want = mode, step, False
+        self._mode, self._counter, self._step, self._want = mode, counter, step, False
 
     def _finish(self, torch: Any, step: int, shapes: Any) -> float | None:
         from torch.utils._python_dispatch import _get_current_dispatch_mode
 
         mode, self._mode = self._mode, None
-        if _get_current_dispatch_mode() is not getattr(mode, "mode", None):
+        if _get_current_dispatch_mode() is not mode:
             # The job left a mode of its own on top: popping now would pop the job's.
             raise RuntimeError("another dispatch mode is on top of the FLOP counter")
         mode.__exit__(None, None, None)
         if step != self._step:
             return None  # a step the clock counted differently (skipped by a scaler, ...)
-        self.flops = float(mode.get_total_flops())
+        self.flops = float(self._counter.get_total_flops())
         self.measured_step = step
         self.measurements += 1
         if shapes:
@@ -109,6 +124,7 @@ class FlopMeter:
     def state(self) -> dict[str, Any]:
         return {"flops": self.flops, "measured_step": self.measured_step,
                 "measurements": self.measurements, "measuring": self._mode is not None,
+                "skipped": self.skipped,
                 "failures": self.guard.failures, "disabled": not self.guard.enabled}
 
 

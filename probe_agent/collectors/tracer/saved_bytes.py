@@ -70,7 +70,7 @@ class SavedBytes:
         the step's counts, pushes the hooks for a traced step and pops them after one."""
         self.seen.clear()
         self.total = self.peak = 0
-        want = on and self.enabled and not _compiled()
+        want = on and self.enabled and not compiled_here()
         self.torch = torch
         if want:
             skip = set()
@@ -229,7 +229,7 @@ def _local(t: Any) -> Any:
     return local if local is not None else t
 
 
-def _compiled() -> bool:
+def compiled_here() -> bool:
     """torch.compile has compiled frames here: AOTAutograd would trace the hook into graphs."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is None:
