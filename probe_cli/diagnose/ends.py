@@ -92,9 +92,13 @@ def timeout_line(job: Any, waited: dict[str, Any] | None) -> str | None:
     collective timed out; ``waited``: the verdict's waiting collective (its ``age_s``)."""
     for rank in sorted(job.ranks.values(), key=_when):
         text = f"{rank.end.get('exception') or ''} {(rank.death.get('exit') or {}).get('description') or ''}"
-        if "timed out" in text.lower() or "timeout" in text.lower() or (
-                (rank.death.get("exit") or {}).get("signal") == 6):
-            age = f" {waited['age_s']:.0f} s later" if waited and waited.get("age_s") else ""
+        age = f" {waited['age_s']:.0f} s later" if waited and waited.get("age_s") else ""
+        if "timed out" in text.lower() or "timeout" in text.lower():
             return (f"the job was aborted by the collective timeout{age} (rank {rank.rank}: "
                     f"{describe_end(rank.end, rank.death)[:160].rstrip(';')})")
+        if (rank.death.get("exit") or {}).get("signal") == 6:
+            # SIGABRT is what the process group does on a collective timeout (NCCL), but not
+            # only that: say what is known.
+            return (f"rank {rank.rank} was aborted (SIGABRT){age}, as the process group does "
+                    "on a collective timeout")
     return None

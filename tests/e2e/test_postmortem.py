@@ -55,6 +55,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory):
         "raise": _start(tmp, "raise", "raise", 2),
         "kill": _start(tmp, "kill", "loop", 0),
         "clean": _start(tmp, "clean", "clean", 0),
+        "abort": _start(tmp, "abort", "abort", 0),
     }
     yield started
     for job in started.values():
@@ -181,6 +182,22 @@ def test_sigkill_leaves_a_copy_at_most_one_refresh_old(jobs):
     assert killed_at - last <= EVERY_S + 2.0, (killed_at, last)
     listing = probe("postmortem", str(job["root"]))
     assert "rank 0: killed by signal 9 (SIGKILL)" in listing.stdout, listing.stdout
+
+
+def test_sigabrt_is_recorded_by_the_watchdog_with_the_fatal_stack(jobs):
+    """Nothing runs in a rank at SIGABRT (a process group's abort): the watchdog writes the
+    death, with faulthandler's stack, beside the last copy."""
+    job = jobs["abort"]
+    assert _ended(job) == -signal.SIGABRT
+    job_dir = _job_dir(job)
+    _deaths(job_dir, 1)
+    death = json.loads((job_dir / "rank-0" / "death.json").read_text())
+    assert death["exit"]["signal"] == signal.SIGABRT
+    assert death["backtrace"]["route"] == "faulthandler at the fatal signal"
+    listing = probe("postmortem", str(job["root"]))
+    assert "rank 0: killed by signal 6 (SIGABRT)" in listing.stdout, listing.stdout
+    bt = probe("-t", str(job_dir), "backtrace")
+    assert "main (" in bt.stdout and "postmortem_job.py" in bt.stdout, bt.stdout
 
 
 def test_a_clean_exit_leaves_nothing(jobs):

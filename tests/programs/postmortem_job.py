@@ -3,7 +3,8 @@
 ``--mode hang``: 2 ranks on gloo with a short process-group timeout; rank 1 stalls in
 ``do_hang`` inside step ``--at`` before the step's all_reduce, so rank 0's all_reduce times out
 and the job dies on its own. ``--mode raise``: rank 1 raises at step ``--at``. ``--mode loop``:
-one process stepping until it is killed (announces itself at step ``--at``). ``--mode clean``:
+one process stepping until it is killed (announces itself at step ``--at``). ``--mode abort``:
+SIGABRT at step ``--at``. ``--mode clean``:
 a few steps, then a normal exit.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import time
 
 import ready  # tests/programs/ready.py, beside this script
@@ -36,7 +38,8 @@ def step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=("hang", "raise", "loop", "clean"), required=True)
+    p.add_argument("--mode", choices=("hang", "raise", "loop", "clean", "abort"),
+                   required=True)
     p.add_argument("--at", type=int, default=5)
     p.add_argument("--timeout-s", type=float, default=20)
     p.add_argument("--ready-dir")
@@ -57,6 +60,8 @@ def main() -> None:
             ready.announce(args.ready_dir, rank)
             if args.mode == "raise" and rank == 1:
                 raise ValueError(f"loss went bad at step {i}")
+            if args.mode == "abort":
+                os.abort()  # as NCCL's watchdog does on a collective timeout: no Python runs
         step(model, opt, x, y, dist, stall=args.mode == "hang" and rank == 1 and i == args.at)
         if args.mode == "clean" and i >= args.at:
             break
