@@ -80,7 +80,8 @@ def main() -> None:
     written = copy.bytes_written - written0
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     print(json.dumps({
-        "every_s": args.every_s, "width": args.width, "block_s": args.block_s, "rounds": args.rounds,
+        "every_s": args.every_s, "width": args.width, "block_s": args.block_s,
+        "rounds": args.rounds,
         "ratio_median": round(statistics.median(ratios), 4),
         "ratio_iqr": [round(q[0], 4), round(q[2], 4)],
         "refresh_s_median": round(statistics.median(refresh_s), 4) if refresh_s else None,

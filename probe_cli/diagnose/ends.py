@@ -91,7 +91,8 @@ def timeout_line(job: Any, waited: dict[str, Any] | None) -> str | None:
     """"the job was aborted by the collective timeout N s later", when a rank's end says a
     collective timed out; ``waited``: the verdict's waiting collective (its ``age_s``)."""
     for rank in sorted(job.ranks.values(), key=_when):
-        text = f"{rank.end.get('exception') or ''} {(rank.death.get('exit') or {}).get('description') or ''}"
+        exit_ = rank.death.get("exit") or {}
+        text = f"{rank.end.get('exception') or ''} {exit_.get('description') or ''}"
         age = f" {waited['age_s']:.0f} s later" if waited and waited.get("age_s") else ""
         if "timed out" in text.lower() or "timeout" in text.lower():
             return (f"the job was aborted by the collective timeout{age} (rank {rank.rank}: "
