@@ -484,3 +484,5 @@ def _after_fork_in_child() -> None:
         agent._server.close_sockets()
     if agent.watchdog is not None:
         agent.watchdog.after_fork_in_child()
+    if agent.postmortem is not None:
+        agent.postmortem.after_fork_in_child()

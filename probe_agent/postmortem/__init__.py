@@ -89,6 +89,9 @@ class Postmortem:
         a late SIGTERM still reaches the job's handler through them."""
         self.hooks.uninstall()
 
+    def after_fork_in_child(self) -> None:
+        self.hooks.after_fork_in_child()
+
     def describe(self) -> dict[str, Any]:
         c = self.copy
         return {"path": self.path, "every_s": c.every_s, "budget_bytes": c.budget_bytes,

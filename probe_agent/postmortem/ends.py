@@ -74,11 +74,31 @@ class EndHooks:
         self._pipe: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
         self._written = threading.Event()
+        self.active = True
+
+    def after_fork_in_child(self) -> None:
+        """A forked child (a DataLoader worker) is not the rank: its ends are not recorded,
+        and its signals must not reach the parent's helper through the inherited wakeup pipe
+        (the parent would take a worker's SIGTERM for its own)."""
+        self.active = False
+        if self._pipe is None:
+            return
+        try:
+            old = signal.set_wakeup_fd(-1)
+            if old != self._pipe[1]:
+                signal.set_wakeup_fd(old)
+        except ValueError:  # not the main thread
+            pass
+        for fd in self._pipe:
+            os.close(fd)
+        self._pipe = None
 
     def end(self, record: dict[str, Any]) -> None:
         """Record this end once (the first end seen wins: the exit after a SIGTERM is not a
         second end). A second caller waits (bounded) for the first one's copy, so that a
         signal's default action never kills the rank while its copy is being written."""
+        if not self.active:
+            return
         with self._lock:
             first = self.ended is None
             if first:

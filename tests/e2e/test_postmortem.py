@@ -233,3 +233,16 @@ def test_sigterm_reaches_a_rank_blocked_in_c_and_its_copy_is_written(tmp_path: P
                      .read_text())
     assert end["kind"] == "signal" and end["signal_name"] == "SIGTERM"
     assert [f["func"] for f in end["stack"][:3]][1] == "blocked_in_c", end["stack"]
+
+
+def test_a_forked_workers_sigterm_is_not_the_ranks_end(tmp_path: Path):
+    os.chmod(tmp_path, 0o700)
+    out = subprocess.run(
+        [sys.executable, str(PROGRAMS / "postmortem_fork.py")],
+        env=python_env(PROBE_PORT="0", PROBE_RUN_DIR=str(tmp_path / "run"), PROBE_WATCHDOG="0",
+                       PROBE_POSTMORTEM="always"),
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and f"alive {int(signal.SIGTERM)}" in out.stdout, out
+    end = json.loads(next((tmp_path / "run" / "postmortem").glob("*/rank-0/end.json"))
+                     .read_text())
+    assert end["kind"] == "exit", end
