@@ -330,11 +330,16 @@ class Agent:
             unix_socket=self.unix_path,
             argv=tuple(sys.argv[:8]),
             trace=getattr(self.collectors.tracer, "mode", self.config.trace),
+            hot_path=self._hot_path(),
             watchdog=self.watchdog.describe() if self.watchdog is not None else None,
             serve_cpu=self.config.serve_cpu,
             access=self.access_info(),
             queued_s=round(getattr(self.serve_budget, "waited_s", 0.0), 3),
         )
+
+    def _hot_path(self) -> str | None:
+        tracer = self.collectors.tracer
+        return tracer.hot_path_text() if tracer is not None else None
 
     def access_info(self) -> dict[str, Any]:
         """Who may reach this agent (`probe info`); never the token itself."""

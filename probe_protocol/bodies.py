@@ -41,6 +41,9 @@ class InfoBody(WireBody):
     unix_socket: str | None = None
     argv: tuple[str, ...] = ()
     trace: str | None = None
+    hot_path: str | None = None
+    """The tracer's hot path: ``native`` or ``python (building, 40 s)``, ``python (no compiler:
+    ...)``, ``python (build failed: see FILE)``..."""
     watchdog: dict[str, Any] | None = None
     """The watchdog's pid, reader, restarts...; None when the agent runs without one."""
     serve_cpu: float | None = None
@@ -267,7 +270,9 @@ class TraceBody(WireBody):
     dropped_rows: int | None = None
     cuda_events: bool | None = None
     hot_path: str | None = None
+    """The path the traced steps run on now: ``native`` or ``python``."""
     native_build: str | None = None
+    """``native``, or why not: ``python (building, 40 s)``, ``python (build failed: see FILE)``"""
     saved_bytes: dict[str, Any] | None = None
     """Whether the saved-for-backward bytes are counted: ``counting``, ``failures``,
     ``last_error``."""

@@ -65,11 +65,19 @@ def command(session: Session, mode: str | None, every: int | None, perfetto: boo
 
 
 def _render_state(session: Session, ok: list[RankResult]) -> list[str]:
-    rows = [[r.rank if c == "rank" else getattr(TraceBody.from_wire(r.data), c)
-             for c in STATE_COLUMNS] for r in ok]
+    rows = [[_cell(r, c) for c in STATE_COLUMNS] for r in ok]
     if session.output == "csv":
         return format_csv(STATE_COLUMNS, rows)
     return format_table(STATE_COLUMNS, rows, colour=session.colour)
+
+
+def _cell(r: RankResult, column: str) -> object:
+    if column == "rank":
+        return r.rank
+    body = TraceBody.from_wire(r.data)
+    if column == "hot_path" and body.hot_path != "native" and body.native_build:
+        return body.native_build  # why not native: building, no compiler, build failed...
+    return getattr(body, column)
 
 
 def _export(session: Session, path: str, last: int, overwrite: bool) -> Outcome:

@@ -197,7 +197,8 @@ def query_notes(results: Sequence[RankResult]) -> list[str]:
 
 # -- info -----------------------------------------------------------------------------------
 
-INFO_COLUMNS = ("rank", "host", "pid", "python", "torch", "version", "access", "uptime")
+INFO_COLUMNS = ("rank", "host", "pid", "python", "torch", "version", "access", "hot_path",
+                "uptime")
 
 
 def format_duration(seconds: Any) -> str:
@@ -228,7 +229,8 @@ def info_rows(
         rows.append([
             r.rank, info.host if "host" in d else r.host, info.pid if "pid" in d else r.pid,
             info.python, info.torch or ("" if raw else "-"), info.version,
-            _access(info.access), up if raw else format_duration(up),
+            _access(info.access), info.hot_path or ("" if raw else "-"),
+            up if raw else format_duration(up),
         ])
     return cols, rows
 

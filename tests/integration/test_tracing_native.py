@@ -32,34 +32,44 @@ def test_a_failing_compiler_leaves_the_python_path_and_says_why_once(tmp_path, m
         loader.request(torch, "auto")
         loader.request(torch, "auto")
         assert loader.ready.wait(280), loader.status
-    # THEN nothing was loaded, the status says why, and the log says it once with the way out
+    # THEN nothing was loaded, the status names the compiler's log, and the log says it once
+    # with the way out
     assert loader.module is None
-    assert loader.status.startswith("python: build failed"), loader.status
+    log_file = tmp_path / "cache" / ext_name(torch) / "build.log"
+    assert loader.describe() == f"python (build failed: see {log_file})", loader.describe()
+    assert "did not build" in log_file.read_text()
     warned = [r.getMessage() for r in caplog.records if "hot path" in r.getMessage()]
     assert len(warned) == 1 and "PROBE_TRACE_NATIVE=off" in warned[0], warned
     assert not (tmp_path / "cache" / ext_name(torch) / f"{ext_name(torch)}.so").exists()
 
 
+def test_no_compiler_says_so_and_runs_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROBE_NATIVE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no c++, g++ or clang++ here
+    loader = NativeLoader()
+    loader.request(torch, "auto")
+    assert loader.ready.wait(60), loader.status
+    assert loader.describe().startswith("python (no compiler: "), loader.describe()
+    assert "CXX" in loader.describe() and loader.module is None
+
+
 @pytest.mark.timeout(300)
 def test_a_lock_left_by_a_killed_build_does_not_block_the_next(tmp_path, monkeypatch):
-    import os
-    import time
-
-    # GIVEN the lock file of a build that was killed an hour ago (and a compiler that fails,
+    # GIVEN the lock file of a build that was killed a moment ago (and a compiler that fails,
     # so that the build ends quickly once it starts)
     monkeypatch.setenv("PROBE_NATIVE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("CXX", "false")
     d = tmp_path / "cache" / ext_name(torch)
     d.mkdir(parents=True)
     (d / "lock").touch()
-    old = time.time() - 3600
-    os.utime(d / "lock", (old, old))
     # WHEN the loader builds
     loader = NativeLoader()
     loader.request(torch, "auto")
     # THEN the build ran (and failed on the compiler) instead of waiting for the lock forever
     assert loader.ready.wait(280), loader.status
     assert loader.status.startswith("python: build failed"), loader.status
+    assert not (d / "lock").exists()
 
 
 def test_native_off_never_starts_a_build(tmp_path, monkeypatch):

@@ -211,11 +211,12 @@ def test_stack_key_ignores_thread_ids_and_locals():
 def test_info_table_and_durations():
     access = {"mode": "same-user+token", "tcp": "on", "refused": 3}
     lines = render_info([ok(0, host="node0", pid=42, python="3.11.7", torch="2.13.0",
-                            version="0.1.0", uptime_s=3725, access=access)])
+                            version="0.1.0", uptime_s=3725, access=access,
+                            hot_path="native")])
     assert lines[0].split() == ["rank", "host", "pid", "python", "torch", "version", "access",
-                                "uptime"]
+                                "hot_path", "uptime"]
     assert lines[2].split() == ["0", "node0", "42", "3.11.7", "2.13.0", "0.1.0",
-                                "same-user+token,", "3", "refused", "1h02m"]
+                                "same-user+token,", "3", "refused", "native", "1h02m"]
     assert [format_duration(s) for s in (5, 65, 90000)] == ["5s", "1m05s", "1d01h"]
 
 

@@ -184,7 +184,7 @@ def test_the_step_time_bounds_the_samples_when_gaps_do_not_show_steps():
     (["/v/bin/python", "-m", "torch.distributed.run", "--nproc-per-node=2", "t.py"], "launcher"),
     (["/v/bin/python", "/v/bin/torchrun", "--nproc-per-node=2", "t.py"], "launcher"),
     (["/v/bin/python", "/v/bin/accelerate", "launch", "t.py"], "launcher"),
-    (["/v/bin/python", "-m", "probe_agent.collectors.tracer.trace_native", "x", "/d"],
+    (["/v/bin/python", "-m", "probe_agent.collectors.tracer.native_build", "x", "/d", "1"],
      "probe helper"),
     (["/v/bin/python", "-m", "probe_cli", "ui"], "probe helper"),
     (["/v/bin/python", "train.py", "--torchrun"], None),

@@ -5,7 +5,8 @@ and ``/v1/trace`` switch.
 
 - tracer.py: ``TorchTracer``, the collector: arming on torch's import, modes, buffers;
 - trace_hot.py: the per-call Python hot path; trace_native.py with trace_native.cpp and
-  trace_native_backward.cpp: the C++ one, built on first use;
+  trace_native_backward.cpp: the C++ one, built on first use (native_build.py: the builder
+  process; native_ahead.py: `probe build-native`);
 - trace_columns.py: the record formats; trace_flush.py: when the writer resolves them;
   trace_rows.py, trace_names.py: records to rows;
 - trace_cuda.py: the CUDA allocator columns.

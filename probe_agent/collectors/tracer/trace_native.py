@@ -14,13 +14,15 @@ How it is built, and why this way:
 - The compiler runs in a child process at the lowest CPU priority (``nice``), started from a
   daemon thread when a traced step first runs: the training process never imports
   ``cpp_extension`` (setuptools and friends), never waits for the build, and a failing compiler
-  cannot hurt it. Ranks on one node share the cache; ``load_inline``'s lock file makes one of
-  them build while the others wait.
+  cannot hurt it. Ranks on one node share the cache; a lock the kernel releases at death makes
+  one of them build while the others wait, and the builder dies with its rank
+  (``native_build.py``). ``probe build-native`` builds ahead of time for a cluster image
+  (``native_ahead.py``).
 - It is cached under ``PROBE_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/probe/native`` or
   ``~/.cache/probe/native``); a cached build is loaded in milliseconds.
 - ``PROBE_TRACE_NATIVE=off`` keeps the Python path (no compiler is ever run). Without a C++
   compiler, or if the build fails, the tracer says so once in the log and in ``probe trace``'s
-  state (``hot_path``), and keeps the Python path.
+  state and ``probe info`` (``NativeLoader.describe``), and keeps the Python path.
 - The native path serves CPU steps; a step with CUDA events recorded uses the Python path,
   which records the events (``trace_hot.py``).
 """
@@ -31,23 +33,21 @@ import hashlib
 import importlib.util
 import logging
 import os
-import shutil
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from .native_build import BUILD_TIMEOUT_S, SOURCES, build, compiler
 from .trace_columns import BW_N, FORWARD, FW_N, KEEP_STEPS, PASS_END, RECOMPUTE
 
 log = logging.getLogger(__name__)
+__all__ = ["BUILD_TIMEOUT_S", "LOADER", "NativeLoader", "SOURCES", "cache_dir", "compiler",
+           "ext_name"]
 
-#: One translation unit, in this order (the first has the includes and the record constants).
-SOURCES = [Path(__file__).with_name(f) for f in ("trace_native_backward.cpp", "trace_native.cpp")]
 #: What the build must report from ``layout()``: the record formats this Python reads.
 LAYOUT = (FW_N, BW_N, PASS_END, FORWARD, RECOMPUTE, KEEP_STEPS)
-BUILD_TIMEOUT_S = 900
 
 
 def cache_dir(environ: Any = os.environ) -> Path:
@@ -79,6 +79,21 @@ class NativeLoader:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.ready = threading.Event()  # set when loading ended, either way
+        self.building_since = 0.0  # monotonic
+
+    def describe(self) -> str:
+        """What ``probe info`` and ``probe trace`` show: ``native``, or ``python (<why>)``:
+        ``building, 40 s``, ``no compiler: ...``, ``build failed: see FILE``, ``off: ...``."""
+        status = self.status
+        if status == "native":
+            return "native"
+        if status == "building":
+            return f"python (building, {time.monotonic() - self.building_since:.0f} s)"
+        if status == "off":
+            return "python (off: PROBE_TRACE_NATIVE=off)"
+        if status == "idle":
+            return "python (native not requested: tracing has not run)"
+        return f"python ({status.removeprefix('python: ')})"
 
     def request(self, torch: Any, mode: str) -> None:
         """Start loading in the background unless it started already (``mode``: auto | off)."""
@@ -101,8 +116,9 @@ class NativeLoader:
             directory = cache_dir() / name
             so = directory / f"{name}.so"
             if not so.exists():
+                self.building_since = time.monotonic()
                 self.status = "building"
-                _build(name, directory)
+                build(name, directory)
             self.status = "loading"
             _check_owner(so)
             spec = importlib.util.spec_from_file_location(name, so)
@@ -117,6 +133,8 @@ class NativeLoader:
             log.info("probe agent: module tracing uses the C++ hot path (%s)", so)
         except Exception as e:  # noqa: BLE001 - a background thread: the Python path stays
             why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            if not why.startswith(("build failed", "no compiler")):
+                why = f"not loaded: {why}"
             self.status = f"python: {why[:300]}"
             log.warning("probe agent: module tracing keeps its Python hot path: the C++ one did "
                         "not build or load (%s); set PROBE_TRACE_NATIVE=off to skip it", why)
@@ -136,55 +154,5 @@ def _check_owner(so: Path) -> None:
                                f"PROBE_NATIVE_DIR to a private directory")
 
 
-def compiler() -> str | None:
-    """The C++ compiler ``load_inline`` would run ($CXX, else c++, g++ or clang++ on PATH)."""
-    return os.environ.get("CXX") or next(
-        (c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
-
-
-def _build(name: str, directory: Path) -> None:
-    """Compile in a child process at the lowest priority; raise with the compiler's last words."""
-    if compiler() is None:
-        raise RuntimeError("no C++ compiler (c++, g++ or clang++) on PATH")
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    # load_inline's lock file: a build killed with its job (a launcher kills the process group)
-    # leaves it behind, and every later build would wait on it forever. None lives longer than
-    # BUILD_TIMEOUT_S, after which its parent has killed it.
-    lock = directory / "lock"
-    try:
-        if time.time() - lock.stat().st_mtime > BUILD_TIMEOUT_S:
-            lock.unlink()
-            log.warning("probe agent: removed a stale build lock %s", lock)
-    except FileNotFoundError:
-        pass
-    cmd = [sys.executable, "-m", "probe_agent.collectors.tracer.trace_native", name, str(directory)]
-    if shutil.which("nice"):
-        cmd = ["nice", "-n", "19", *cmd]
-    env = dict(os.environ, PROBE="0", MAX_JOBS="1")  # no agent in the builder; one core
-    # ninja from the `ninja` wheel sits beside this interpreter, on PATH or not
-    env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable),
-                                              env.get("PATH")) if p)
-    # the child imports this module from where this process found it
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(Path(__file__).resolve().parents[3]), env.get("PYTHONPATH")) if p)
-    env.pop("PYTHONSTARTUP", None)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
-                          stdin=subprocess.DEVNULL)
-    if proc.returncode != 0 or not (directory / f"{name}.so").exists():
-        words = [ln for ln in (proc.stderr + proc.stdout).splitlines()
-                 if "error" in ln.lower()] or (proc.stderr + proc.stdout).splitlines()[-3:]
-        raise RuntimeError("build failed: " + " | ".join(w.strip() for w in words[:3]))
-
-
-def _build_here(name: str, directory: str) -> None:
-    from torch.utils.cpp_extension import load_inline
-
-    load_inline(name, cpp_sources=[src.read_text() for src in SOURCES], extra_cflags=["-O2"],
-                build_directory=directory, verbose=False)
-
-
 #: One per process: the extension's state is process-wide (trace_hot's fork handler unbinds it).
 LOADER = NativeLoader()
-
-if __name__ == "__main__":  # the build child (``_build``)
-    _build_here(sys.argv[1], sys.argv[2])

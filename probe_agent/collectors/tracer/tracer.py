@@ -270,6 +270,12 @@ class TorchTracer(CudaRecords, WriterSide):
         if self.native is not None:
             self.native.sync(self.step, self.recording, self.root, boundary)
 
+    def hot_path_text(self) -> str:
+        """``native`` or ``python (why)``: what `probe info` and `probe trace` show."""
+        if self.native_mode == "off":
+            return "python (off: PROBE_TRACE_NATIVE=off)"
+        return LOADER.describe()
+
     def _native_ready(self) -> bool:
         """The C++ hot path is loaded (its first request starts loading it) and bound here."""
         LOADER.request(self._torch, self.native_mode)
@@ -412,7 +418,7 @@ class TorchTracer(CudaRecords, WriterSide):
             "dropped_rows": self.dropped,
             "cuda_events": self.cuda,
             "hot_path": "native" if self.on_native else "python",
-            "native_build": LOADER.status,
+            "native_build": self.hot_path_text(),
             "saved_bytes": {"counting": self.saved.pushed and self.saved.enabled,
                             "failures": self.saved.failures,
                             "last_error": self.saved.last_error},
