@@ -71,10 +71,12 @@ def _builder(rank: int) -> int | None:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(120 + 2 * BUILD_TIMEOUT_S)
-def test_a_rank_killed_mid_build_takes_its_builder_and_the_next_job_loads_native(tmp_path):
+def test_a_rank_killed_mid_build_takes_its_builder_and_the_next_job_loads_native(tmp_path,
+                                                                                 monkeypatch):
     if compiler() is None:
         pytest.skip("no C++ compiler: the tracer keeps its Python hot path")
     cache = tmp_path / "native"
+    monkeypatch.setenv("PROBE_NATIVE_DIR", str(cache))  # this process is the next job
     directory = cache / ext_name(torch)
     # GIVEN a rank whose builder is compiling (torch's build holds its plain-file lock)
     rank = subprocess.Popen([sys.executable, "-c", RANK], stdin=subprocess.PIPE, text=True,
@@ -90,6 +92,7 @@ def test_a_rank_killed_mid_build_takes_its_builder_and_the_next_job_loads_native
         if rank.poll() is None:
             rank.kill()
             rank.wait()
+        rank.stdin.close()
     # THEN its builder and the compiler under it die with it
     wait_until(lambda: not _alive(tree), 20, "the builder or its compiler outlived the rank")
     # AND torch's lock was left behind, fresh, and yet
@@ -99,12 +102,13 @@ def test_a_rank_killed_mid_build_takes_its_builder_and_the_next_job_loads_native
     loader = NativeLoader()
     loader.request(torch, "auto")
     wait_until(lambda: loader.status != "idle", 60, "the loader never started")
+    assert loader.status == "building", loader.describe()
     # THEN it says it is building, for how long, while it builds ...
-    if loader.status == "building":
-        assert re.fullmatch(r"python \(building, \d+ s\)", loader.describe()), loader.describe()
+    assert re.fullmatch(r"python \(building, \d+ s\)", loader.describe()), loader.describe()
     # ... and it builds and loads the native path
     assert loader.ready.wait(BUILD_TIMEOUT_S), loader.describe()
     assert loader.describe() == "native" and loader.module is not None, loader.describe()
+    assert Path(loader.module.__file__).parent == directory
     assert not (directory / "lock").exists()
     # AND `probe build-native` (ahead of time, for an image) finds the build and says where
     out = subprocess.run([sys.executable, "-m", "probe_cli", "build-native"], text=True,

@@ -181,3 +181,17 @@ def test_a_build_others_could_have_replaced_is_not_loaded(tmp_path, monkeypatch,
     ok = NativeLoader()
     ok.request(torch, "auto")
     assert ok.ready.wait(60) and ok.status == "native", ok.status
+
+
+def test_probe_info_and_trace_say_which_hot_path_and_why(make_agent, capsys):
+    from probe_cli.main import main
+
+    # GIVEN an agent whose C++ hot path is switched off
+    agent = make_agent(trace="on")
+    where = agent.url.removeprefix("http://")
+    # WHEN `probe info` and `probe trace` ask it, THEN both say the Python path runs, and why
+    for command in ("info", "trace"):
+        assert main([where, command]) == 0
+        out = capsys.readouterr().out
+        assert "hot_path" in out.splitlines()[0], out
+        assert "python (off: PROBE_TRACE_NATIVE=off)" in out, out

@@ -87,6 +87,8 @@ def _descendants() -> list[int]:
     """This process's live descendants (Linux /proc; elsewhere none are found)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
         try:
             with open(f"/proc/{entry}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
@@ -105,12 +107,14 @@ def _die_with(parent: int) -> None:
     """Take this builder, and the compiler under it, down when ``parent`` is gone."""
     def die(*_: object) -> None:
         # ninja starts each compiler in a process group of its own: the group is not enough
-        for pid in _descendants():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        os.killpg(0, signal.SIGKILL)
+        try:
+            for pid in _descendants():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        finally:
+            os.killpg(0, signal.SIGKILL)
 
     signal.signal(signal.SIGTERM, die)
     if sys.platform.startswith("linux"):
