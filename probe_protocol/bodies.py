@@ -41,14 +41,14 @@ class InfoBody(WireBody):
     unix_socket: str | None = None
     argv: tuple[str, ...] = ()
     trace: str | None = None
-    hot_path: str | None = None
-    """The tracer's hot path: ``native`` or ``python (building, 40 s)``, ``python (no compiler:
-    ...)``, ``python (build failed: see FILE)``..."""
     watchdog: dict[str, Any] | None = None
     """The watchdog's pid, reader, restarts...; None when the agent runs without one."""
     serve_cpu: float | None = None
     access: dict[str, Any] | None = None
     queued_s: float | None = None
+    hot_path: str | None = None
+    """The tracer's hot path: ``native`` or ``python (building, 40 s)``, ``python (no compiler:
+    ...)``, ``python (build failed: see FILE)``..."""
 
     @property
     def now(self) -> float | None:
