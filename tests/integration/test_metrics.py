@@ -113,9 +113,11 @@ def test_docker_scrape_config_and_grafana_dashboard_match_what_the_agent_serves(
     assert len(dash["panels"]) >= 10
     names = {re.sub(r"_total$", "", n) for e in exprs for n in re.findall(r"probe_\w+", e)}
     # CUDA families appear once a job uses CUDA, samples/s once the job's batches are counted,
-    # memory by kind once a step is traced (test_metrics_carry_memory_by_kind)
-    later = {n for n in names if n.startswith("probe_cuda_")} | {"probe_samples_per_second",
-                                                                  "probe_memory_kind_bytes"}
+    # memory by kind once a step is traced (test_metrics_carry_memory_by_kind), throughput
+    # once a traced step has counted tokens and FLOPs (the throughput gauges' own test)
+    later = {n for n in names if n.startswith("probe_cuda_")} | {
+        "probe_samples_per_second", "probe_memory_kind_bytes", "probe_tokens_per_second",
+        "probe_flops_per_second", "probe_mfu", "probe_step_share"}
     assert names - later <= served, names - later - served
 
 

@@ -103,12 +103,13 @@ def test_retention_holds_the_tables_under_the_byte_cap(make_agent):
     width = agent.store._step_tables["python.torch_trace"]
 
     def trimmed():
+        # A read flushes the rows buffered since the last retention pass (passes run every
+        # _RETENTION_EVERY_S), so the bound holds from the next pass on, not at every instant.
         n, lo, hi = rows(agent, "SELECT count(*), min(step), max(step) FROM torch_trace")[0]
-        return (n, lo, hi) if lo > 1 else None
+        return (n, lo, hi) if lo > 1 and n * width <= 1 << 20 else None
 
-    n, lo, hi = wait_until(trimmed, 15, "retention never dropped the oldest steps")
+    n, lo, hi = wait_until(trimmed, 15, "retention never brought torch_trace under the cap")
     assert hi == 200  # the newest steps stay
-    assert n * width <= 1 << 20
     assert agent.store.rows_dropped > 0
 
 
