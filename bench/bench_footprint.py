@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -102,9 +104,7 @@ def stage(name: str, retention_mb: int) -> dict[str, object]:
         import probe_agent.collectors.registry  # noqa: F401
         import probe_agent.store.store
         from probe_agent.config import AgentConfig
-        import tempfile
-
-        run_dir = os.path.join(tempfile.mkdtemp(prefix="probe-bfp-", dir="/tmp"), "run")
+        run_dir = os.path.join(os.environ["BENCH_FOOTPRINT_DIR"], "run")
         config = AgentConfig(port=0, watchdog=name == "watchdog", retention_mb=retention_mb,
                              trace_native="off", run_dir=run_dir)
         if name == "duckdb":
@@ -130,9 +130,14 @@ def run(name: str, retention_mb: int) -> dict[str, object]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     env = {k: v for k, v in env.items() if not k.startswith("PROBE")}
-    proc = subprocess.run([sys.executable, __file__, "--stage", name,
-                           "--retention-mb", str(retention_mb)],
-                          capture_output=True, text=True, env=env, timeout=900)
+    # a short run dir (unix socket paths stay under 108 bytes), removed after the stage
+    env["BENCH_FOOTPRINT_DIR"] = tempfile.mkdtemp(prefix="probe-bfp-", dir="/tmp")
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--stage", name,
+                               "--retention-mb", str(retention_mb)],
+                              capture_output=True, text=True, env=env, timeout=900)
+    finally:
+        shutil.rmtree(env["BENCH_FOOTPRINT_DIR"], ignore_errors=True)
     if proc.returncode != 0:
         sys.exit(f"stage {name} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
