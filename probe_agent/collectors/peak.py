@@ -87,6 +87,29 @@ class PeakFlops:
         self._known[key] = found
         return found
 
+    def at_least(self, device: str | None, dtype: str | None,
+                 achieved: float) -> tuple[float, str] | None:
+        """The peak, raised to ``achieved`` where a step beat a measured CPU peak.
+
+        The matmul probe runs once, for 0.3 s; on a node whose cores are busy at that moment it
+        reads low, and every step after it would show an MFU above 100%. A step's own FLOP/s is
+        then the best measured lower bound of the peak, so it replaces the probe's figure (here
+        and in the node's cache). A data-sheet peak is never raised: beating it means the FLOP
+        count or the clock is wrong, and the MFU above 100% shows that.
+        """
+        key = (device or "", dtype or "")
+        found = self._known.get(key)
+        if device != "cpu" or found is None or achieved <= found[0]:
+            return found
+        source = found[1].split(" (")[0] + " (raised to a step's own FLOP/s: the probe ran busy)"
+        self._known[key] = (achieved, source)
+        path = os.path.join(self.run_dir, "cpu_peak.json")
+        cache = _read(path)
+        for k in [k for k in cache if k.endswith(f"|{dtype}")]:
+            cache[k] = max(float(cache[k]), achieved)
+        _write(path, cache)
+        return self._known[key]
+
     def _cpu(self, torch: Any, dtype: str) -> tuple[float, str] | None:
         threads = torch.get_num_threads()
         key = f"{_cpu_model()}|{threads}|{dtype}"

@@ -43,6 +43,7 @@ class StepWork:
     params: int | None
     dtype: str | None
     peak: tuple[float, str] | None
+    device: str | None = None
 
 
 class ThroughputMeter:
@@ -83,7 +84,8 @@ class ThroughputMeter:
             tokens=b.tokens if b is not None else None, source=source if b else None,
             micro_batches=b.micro_batches if b is not None else None,
             context=b.context if b is not None else None, flops=flops, params=self._params,
-            dtype=b.dtype if b is not None else None, peak=peak)
+            dtype=b.dtype if b is not None else None, peak=peak,
+            device=b.device if b is not None else None)
 
     def columns(self, work: StepWork | None, logged: int | None,
                 duration: float | None) -> tuple[Any, ...]:
@@ -105,6 +107,8 @@ class ThroughputMeter:
             flops = self._flops
         f6n = 6.0 * work.params * tokens if work.params and tokens else None
         per_s = flops / duration if flops and duration else None
+        if per_s and work.peak and per_s > work.peak[0]:
+            work.peak = self.peaks.at_least(work.device, work.dtype, per_s)
         peak, peak_source = work.peak if work.peak else (None, None)
         mfu = per_s / peak if per_s and peak else None
         tps = tokens / duration if tokens and duration else None
