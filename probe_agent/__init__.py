@@ -39,7 +39,7 @@ def log(step: int | None = None, **scalars: Any) -> None:
     Free to call when no agent runs (it returns at once) and never raises. ``step`` defaults to
     the last finished optimizer step, so call it after ``optimizer.step()`` or pass ``step=``.
     Tensors are fine: they are converted on the agent's writer thread, so this never waits for
-    the GPU. ``samples=N`` also fills ``python.steps.samples_per_s`` (issue 3).
+    the GPU. ``samples=N`` also fills ``python.steps.samples_per_s``.
     """
     # No agent was ever started while probe_agent.agent is not loaded: return without loading
     # it (and config, ssl with it) into a program that only logs.

@@ -1,7 +1,7 @@
 """``PROBE=1`` auto-start, called from the ``probe_autostart.pth`` line at interpreter start-up.
 
 The .pth line itself only reads ``os.environ`` (already imported by ``site``), so with PROBE
-unset it costs one dict lookup. With PROBE set, ``decide`` sorts the process (issue 17):
+unset it costs one dict lookup. With PROBE set, ``decide`` sorts the process:
 
 - ``NO``: a launcher (torchrun / ``torch.distributed.run|launch``, deepspeed's launchers,
   ``accelerate launch``, torch.compile's compile workers, the probe CLI, pip). They start ranks

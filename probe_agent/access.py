@@ -1,4 +1,4 @@
-"""Who may reach an agent: one rule for every public socket (issue 19). Stdlib only.
+"""Who may reach an agent: one rule for every public socket. Stdlib only.
 
 The agent's own server (``serving/server.py``, ``serving/app.py``, when no watchdog runs) and
 the watchdog's proxy (``watchdog/proxy.py``, another process) both decide through
@@ -174,7 +174,7 @@ class Policy:
         return {"proof": proof(self.token, nonce, str(server[0]), int(server[1]))}
 
 
-#: Open connections each class of peer may hold (issue 20): a flood from another uid or host
+#: Open connections each class of peer may hold: a flood from another uid or host
 #: cannot take the owner's share, and a half-open socket is dropped after REQUEST_TIMEOUT_S.
 #: The owner's TCP and unix connections are two classes, so that `probe PID` still answers
 #: when the owner's own dashboards fill the TCP share.

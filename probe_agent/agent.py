@@ -61,7 +61,7 @@ class Agent:
         self.config = config
         self.identity = identity
         self.rank = identity.rank
-        # issue 19: who may reach this agent (access.py), and the audit of whom it turned away.
+        # who may reach this agent (access.py), and the audit of whom it turned away.
         self.gate = Gate(Policy.for_agent(config.token, [
             identity.host, config.advertise_host or "", *config.allowed_hosts]))
         #: Why TCP is not served, when it is not (a non-loopback host without a token).
@@ -71,7 +71,7 @@ class Agent:
         self.store = Store(config)
         self.audit_log = AuditLog(self.store, self.rank)
         self.refusals = RefusalLog(self._audit_refusal_row)
-        # issue 6: the one step counter of this agent (the tracer uses it too).
+        # the one step counter of this agent (the tracer uses it too).
         self.stepclock = StepClock()
         self.evaluator = Evaluator(
             config.eval_timeout_s, config.eval_output_bytes, rank=self.rank,
@@ -90,7 +90,7 @@ class Agent:
         self.peers: dict[int, RankEntry] = {}
         self.serve_budget: Any = None  # set by create_app: requests' CPU budget (budget.py)
         self.running = False
-        #: issue 5: the out-of-process companion that owns the public sockets
+        #: the out-of-process companion that owns the public sockets
         #: (serving/watchdog_link.py).
         self.watchdog: Any = None
         # Profile windows and flame sessions; the run dir is settled by start() first.
@@ -117,7 +117,7 @@ class Agent:
         sockets = []
         try:
             if self.config.tcp and not self.config.loopback_only and self.config.token is None:
-                # issue 19: stacks, locals and table data are not for the whole network.
+                # stacks, locals and table data are not for the whole network.
                 self.tcp_off = (f"PROBE_HOST={self.config.host} is not loopback and PROBE_TOKEN "
                                 "is not set")
                 sys.stderr.write(
@@ -207,7 +207,7 @@ class Agent:
 
     def _settle_run_dir(self) -> None:
         """A run dir that cannot be used falls back to a private one, with one warning, and
-        dead jobs' files are cleared from it (issue 20; rundir.py)."""
+        dead jobs' files are cleared from it (rundir.py)."""
         path, warning = rundir.choose(self.config.run_dir)
         if warning is not None:
             log.warning("probe agent on rank %d: %s", self.rank, warning)
@@ -272,7 +272,7 @@ class Agent:
                     pass
 
     def adopt_group(self, rank: int, world_size: int) -> None:
-        """Take the identity ``init_process_group`` gave this process (issue 17).
+        """Take the identity ``init_process_group`` gave this process.
 
         Lightning's rank 0 starts with no RANK or WORLD_SIZE, and a rank started from its
         environment may be renumbered by the group. Rows written from now on carry the new
@@ -410,7 +410,7 @@ def start(config: AgentConfig | None = None, environ: Mapping[str, str] | None =
         _current = agent
         os.environ["PROBE_AGENT_PID"] = str(os.getpid())
         publish_rank(agent.identity)
-        # issue 17: init_process_group renumbers it, start_processes makes it a launcher
+        # init_process_group renumbers it, start_processes makes it a launcher
         roles.arm(after_init=on_group_init, before_spawn=on_start_processes)
         if not _fork_handler_registered:
             # NOTE: forked children (DataLoader workers) must not answer for their parent.

@@ -1,4 +1,4 @@
-"""What `probe inject` runs inside its target (issue 5): start the agent as PROBE=1 would have.
+"""What `probe inject` runs inside its target: start the agent as PROBE=1 would have.
 
 The CLI's bootstrap file calls ``attach(overrides)`` from a ``probe-agent.attach`` thread once
 the injected native thread holds the GIL. The agent then starts exactly as at launch, from the

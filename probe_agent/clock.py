@@ -1,7 +1,7 @@
 """StepClock: the agent's single source of truth for "which training step is this rank at".
 
-NOTE for every feature that needs step numbers or step boundaries (the torch tracer of issue 3,
-the step-boundary actions of issue 6, ...): use ``agent.stepclock`` — ``current_step`` for the
+NOTE for every feature that needs step numbers or step boundaries (the torch tracer,
+the step-boundary actions, ...): use ``agent.stepclock`` — ``current_step`` for the
 number and ``subscribe(fn)`` for "run this on the training thread right after the step". Do not
 register another global optimizer hook that counts on its own: two counters drift apart (one
 arms later, one counts every optimizer), and then "step 40" means two different things in one
@@ -30,7 +30,7 @@ How it works
 - Subscribers run on the training thread right after each counted step, in subscription order.
   Each has its own ``collectors.Guard``: a failure is counted and logged once, and after repeated
   failures that subscriber is switched off. Training never sees the exception.
-- Steps the AMP grad scaler skips count too (issue 17). ``GradScaler.step(optimizer)`` does not
+- Steps the AMP grad scaler skips count too. ``GradScaler.step(optimizer)`` does not
   call ``optimizer.step()`` when the gradients hold inf/NaN (fp16 training skips several steps
   at its start while the scale settles), yet the HF Trainer's ``state.global_step`` and
   Lightning's ``global_step`` count that step. So the clock wraps ``GradScaler.step`` (on the

@@ -116,7 +116,7 @@ class AgentConfig:
     """PROBE_EVAL_OUTPUT_BYTES: captured stdout/stderr of one eval is cut after this."""
 
     watchdog: bool = True
-    """PROBE_WATCHDOG=0 disables the out-of-process stack reader (issue 5): then the agent serves
+    """PROBE_WATCHDOG=0 disables the out-of-process stack reader: then the agent serves
     its public sockets itself, and a rank whose GIL is held answers nothing."""
 
     watchdog_grace_s: float = 600.0
@@ -138,8 +138,7 @@ class AgentConfig:
     action_timeout_s: float = 60.0
     """PROBE_ACTION_TIMEOUT_S: the longest a step-boundary action should hold the training thread
     (waiting for the other ranks to reach the step, then running). A waiting action is skipped
-    on every rank past it; a running one cannot be stopped safely and is reported as overrunning
-    (issue 6)."""
+    on every rank past it; a running one cannot be stopped safely and is reported as overrunning."""
 
     serve_cpu: float = 0.02
     """PROBE_SERVE_CPU: the share of one core the agent's request-serving threads may use,
@@ -367,7 +366,7 @@ ELSEWHERE = ("PROBE", "PROBE_PYSPY", "PROBE_NATIVE_DIR", "PROBE_JOB")
 
 
 #: Where launchers put a process's rank on its node, in order of preference: torchrun and
-#: deepspeed set LOCAL_RANK; srun sets only SLURM_LOCALID; Open MPI's mpirun its own (issue 4).
+#: deepspeed set LOCAL_RANK; srun sets only SLURM_LOCALID; Open MPI's mpirun its own.
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")

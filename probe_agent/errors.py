@@ -59,7 +59,7 @@ class EvalError(ProbeAgentError):
 
 class TooLargeError(ProbeAgentError):
     """A request over a size cap (PROBE_MAX_SQL_BYTES, PROBE_MAX_EVAL_BYTES): refused before
-    it is parsed (issue 20)."""
+    it is parsed."""
 
     status = 413
 

@@ -8,7 +8,7 @@
   innermost wins, then ``__main__`` globals; torch's and this agent's own frames are skipped),
   over the names earlier evals defined (``session``), under the caller's extras
   (``probe_step``...).
-- Playbook names (issue 17): ``optimizer``, ``model``, ``scheduler``/``lr_scheduler``,
+- Playbook names: ``optimizer``, ``model``, ``scheduler``/``lr_scheduler``,
   ``train_loader`` and ``trainer``, when the code uses one that the script does not define
   itself (in its own files' frames or ``__main__``) nor an earlier eval, are the objects the
   framework layer discovers (probe_agent/frameworks: ``trainer.optimizer`` under the HF

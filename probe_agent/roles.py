@@ -1,4 +1,4 @@
-"""Whether this process is a rank or a launcher, decided by what it does with torch (issue 17).
+"""Whether this process is a rank or a launcher, decided by what it does with torch.
 
 At start-up ``_autostart.decide`` sorts processes by their command line and environment. Two
 kinds cannot be told apart there, only later by what they call:

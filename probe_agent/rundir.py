@@ -1,4 +1,4 @@
-"""The run dir: where an agent's unix socket and discovery files live (issue 20). Stdlib only.
+"""The run dir: where an agent's unix socket and discovery files live. Stdlib only.
 
 ``choose(path)`` makes sure the agent comes up even when its run dir cannot be used: full, out
 of inodes, read-only, a symlink, or made first by another uid (any local user can create

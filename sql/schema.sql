@@ -99,7 +99,7 @@ CREATE TABLE IF NOT EXISTS python.audit (
 );
 
 -- ---------------------------------------------------------------------------------------------
--- issue 4: collectives (probe_agent/collectors/collectives.py)
+-- collectives (probe_agent/collectors/collectives.py)
 -- ---------------------------------------------------------------------------------------------
 
 -- python.collectives: one row per torch.distributed collective or point-to-point call of this
@@ -136,7 +136,7 @@ CREATE TABLE IF NOT EXISTS python.collectives (
 );
 
 -- ---------------------------------------------------------------------------------------------
--- issue 3: torch tracing (probe_agent/collectors/tracer/, and steps.py)
+-- torch tracing (probe_agent/collectors/tracer/, and steps.py)
 -- ---------------------------------------------------------------------------------------------
 -- Steps: rows of the work leading up to optimizer step N (forward, backward, the step itself)
 -- carry step = N, where N is the agent's StepClock count (one global optimizer step hook; the
@@ -366,7 +366,7 @@ CREATE TABLE IF NOT EXISTS python.metrics (
 );
 
 -- ---------------------------------------------------------------------------------------------
--- issue 7: the training loop around the model (probe_agent/collectors/trainloop.py), for
+-- the training loop around the model (probe_agent/collectors/trainloop.py), for
 -- `probe doctor`. Recorded on every optimizer step, traced or not.
 -- ---------------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Step-boundary actions (issue 6): operator code and built-in actions (LR change, checkpoint,
+"""Step-boundary actions: operator code and built-in actions (LR change, checkpoint,
 pause) that run on the training thread right after optimizer step N, on every targeted rank or
 on none.
 

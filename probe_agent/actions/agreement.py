@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-#: Store keys live under this prefix (next to issue 4's ``probe_agent/rank{N}`` entries).
+#: Store keys live under this prefix (next to the ``probe_agent/rank{N}`` discovery entries).
 STORE_PREFIX = "probe_actions"
 _POLL_S = 0.005
 

@@ -31,7 +31,7 @@ Two layouts:
   ``torch.distributed.checkpoint`` writes the directory ``PATH`` from every rank, with
   ``get_state_dict`` for model and optimizers, ``step``, the scheduler states and ``rng.rank{r}``.
 
-Never destructive (issue 20): an existing file is replaced only with ``overwrite``; a device,
+Never destructive: an existing file is replaced only with ``overwrite``; a device,
 FIFO, socket or a directory never is (checkpoint_target.py has the rules, checked on submit and
 again right before the rename). A full disk is refused before writing when ``statvfs`` says so,
 and otherwise reported as "disk full" with the size needed, leaving no temporary file.

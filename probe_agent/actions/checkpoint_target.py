@@ -1,4 +1,4 @@
-"""Where `probe checkpoint` may write, and what a full disk looks like (issue 20, item 6).
+"""Where `probe checkpoint` may write, and what a full disk looks like.
 
 A checkpoint must never destroy anything it was not asked to replace. The rules, checked when
 the action is submitted (``POST /v1/actions``: the API is reachable without the CLI) and again

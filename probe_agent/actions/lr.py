@@ -41,7 +41,7 @@ with ``last_epoch`` starts from the changed LR. A scalar ``eta_min`` is scaled o
 group got the same factor (always with ``--scale``); otherwise it is left and the result says so.
 A tensor LR (``capturable``/fused optimizers) is updated in place.
 
-Refused, before anything changes (issue 20): a value that is not a finite number, a negative one,
+Refused, before anything changes: a value that is not a finite number, a negative one,
 and an LR the parameters' dtype cannot hold (``optimizer.step()`` would raise in the training
 loop) always; zero (training stops, and schedulers' base LRs stay 0 for good) and any change
 that makes an LR more than ``MAX_FACTOR`` times the current largest one (``lr --set 1e30`` made
@@ -59,7 +59,7 @@ from typing import Any
 from ..errors import ProbeAgentError
 from .lr_holds import judge, predict_next, restore, snapshot
 
-#: How many times the current largest LR a change may reach without ``force`` (issue 20).
+#: How many times the current largest LR a change may reach without ``force``.
 MAX_FACTOR = 10.0
 _FORCE = 'pass --force (API: "force": true) if you mean it'
 #: Scheduler attributes holding one LR per param group: torch's, and DeepSpeed's (WarmupLR,

@@ -1,4 +1,4 @@
-"""Does an LR change survive the scheduler's next step? Asked before saying it does (issue 17).
+"""Does an LR change survive the scheduler's next step? Asked before saying it does.
 
 `probe lr` used to report success under the HF Trainer while the job's scheduler put the LR
 back on the next step. Now every scheduler's next step is simulated twice, before and after the

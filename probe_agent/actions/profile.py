@@ -1,4 +1,4 @@
-"""The ``profile`` step-boundary action (issue 16) and the ceilings of `probe profile` and
+"""The ``profile`` step-boundary action and the ceilings of `probe profile` and
 `probe flame`.
 
 ``POST /v1/actions {"kind": "profile", "profile": {"steps": N, ...}}`` queues it like any other

@@ -12,7 +12,7 @@ Model
 - Kinds: ``step-eval`` (operator code; the repr of a trailing expression comes back),
   ``lr`` (lr.py), ``checkpoint`` (checkpoint.py) and ``pause``, which holds the training thread
   after step N until ``resume()``. While held, actions queued for step N still run there.
-- Refused at once (HTTP 400, issue 20): an LR change or a checkpoint path that the action itself
+- Refused at once (HTTP 400): an LR change or a checkpoint path that the action itself
   would refuse (lr.py, checkpoint_target.py); 409 for a checkpoint path that exists without
   overwrite.
 - Refused at once (HTTP 409): no torch, no optimizer step seen yet (nothing to ride on), a step
@@ -210,7 +210,7 @@ class ActionQueue:
             )
 
     def _check_args(self, kind: str, args: dict[str, Any]) -> None:
-        """Refuse now (4xx) what the action would refuse at the step boundary (issue 20): the
+        """Refuse now (4xx) what the action would refuse at the step boundary: the
         API is reachable without the CLI. The runners check again there."""
         if kind == "lr":
             from .lr import check_args
@@ -219,7 +219,7 @@ class ActionQueue:
             from .checkpoint_target import check_args
             dist = self.agreement.distributed()
             check_args(args, self.rank, dist.get_world_size() if dist is not None else 1)
-        elif kind == "profile":  # issue 16: the ceilings, and no other profiler active
+        elif kind == "profile":  # the ceilings, and no other profiler active
             from .profile import check_args as check_profile
 
             check_profile(args, self.profiling)

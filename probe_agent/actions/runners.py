@@ -36,7 +36,7 @@ def run_code(q: ActionQueue, a: Action, step: int) -> None:
 def run_lr(q: ActionQueue, a: Action, step: int) -> None:
     from .lr import change_lr
 
-    d = discovered(q.clock.optimizers())  # the framework's objects, wrappers off (issue 17)
+    d = discovered(q.clock.optimizers())  # the framework's objects, wrappers off
     report = change_lr(d.optimizers, d.schedulers, scale=a.args.get("scale"),
                        set_to=a.args.get("set"), force=bool(a.args.get("force")),
                        names=d.where)
@@ -57,7 +57,7 @@ def run_lr(q: ActionQueue, a: Action, step: int) -> None:
 def run_checkpoint(q: ActionQueue, a: Action, step: int) -> None:
     from .checkpoint import checkpoint_names, save
 
-    d = discovered(q.clock.optimizers())  # the framework's objects, wrappers off (issue 17)
+    d = discovered(q.clock.optimizers())  # the framework's objects, wrappers off
     models = find_models(d.optimizers, training_namespace(), a.args.get("model"), d)
     dist = q.agreement.distributed()
     world = dist.get_world_size() if dist is not None else 1
@@ -87,7 +87,7 @@ def run_pause(q: ActionQueue, a: Action, step: int) -> None:
 
 
 def run_profile(q: ActionQueue, a: Action, step: int) -> None:
-    from .profile import run_profile as start_window  # issue 16
+    from .profile import run_profile as start_window
 
     start_window(q, a, step)
 

@@ -37,13 +37,13 @@ class Collectors:
     just finished was traced before the tracer's subscriber moves on to the next step.
     """
 
-    ranks: RankRegistry | None = None  # issue 4: rank discovery through the job's c10d store
-    collectives: CollectiveRecorder | None = None  # issue 4: python.collectives
-    steps: StepRecorder | None = None  # issue 3: python.steps, memory, metrics
-    tracer: TorchTracer | None = None  # issue 3: python.torch_trace
+    ranks: RankRegistry | None = None  # rank discovery through the job's c10d store
+    collectives: CollectiveRecorder | None = None  # python.collectives
+    steps: StepRecorder | None = None  # python.steps, memory, metrics
+    tracer: TorchTracer | None = None  # python.torch_trace
     oom: OomRecorder | None = None  # python.ooms: a CUDA OOM caught in the act
-    trainloop: LoopMonitor | None = None  # issue 7: python.step_stats, the doctor's loop state
-    stacks: BacktraceTables | None = None  # issue 17: python.backtrace(_all) by thread
+    trainloop: LoopMonitor | None = None  # python.step_stats, the doctor's loop state
+    stacks: BacktraceTables | None = None  # python.backtrace(_all) by thread
 
     def running(self) -> list[tuple[str, Any]]:
         """``(name, collector)`` of those present, in start order."""

@@ -1,4 +1,4 @@
-"""StackSampler: Python stacks of the rank's threads, sampled in-process at HZ (issue 16).
+"""StackSampler: Python stacks of the rank's threads, sampled in-process at HZ.
 
 What gets captured
 ------------------

@@ -124,7 +124,7 @@ def _frames(frame: FrameType | None, with_locals: bool, show_secrets: bool = Fal
 def snapshot(*, with_locals: bool = False, include_agent: bool = False,
              show_secrets: bool = False) -> list[ThreadStack]:
     """Stacks of every live thread, main thread first, innermost frame first. Locals whose
-    names look like secrets are redacted unless ``show_secrets`` (issue 19)."""
+    names look like secrets are redacted unless ``show_secrets``."""
     names = {t.ident: t.name for t in threading.enumerate()}
     main_id = threading.main_thread().ident
     me = threading.get_ident()

@@ -1,4 +1,4 @@
-"""StepRecorder: ``python.steps``, ``python.memory`` and ``python.metrics`` (issue 3).
+"""StepRecorder: ``python.steps``, ``python.memory`` and ``python.metrics``.
 
 What gets captured
 ------------------

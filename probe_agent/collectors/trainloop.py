@@ -1,4 +1,4 @@
-"""LoopMonitor: what the training loop does around the model -> ``python.step_stats`` (issue 7).
+"""LoopMonitor: what the training loop does around the model -> ``python.step_stats``.
 
 What gets captured
 ------------------

@@ -1,5 +1,5 @@
 """The framework layer: find a job's trainer, models, optimizers, schedulers and train loader,
-whatever framework runs it, and take the wrappers off (issue 17).
+whatever framework runs it, and take the wrappers off.
 
 API (the agent never imports a framework; everything is recognised among modules the program
 already imported)::

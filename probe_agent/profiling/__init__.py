@@ -1,4 +1,4 @@
-"""Looking inside a slow step (issue 16): a torch.profiler window over the same optimizer steps on
+"""Looking inside a slow step: a torch.profiler window over the same optimizer steps on
 every rank, and sampled Python stacks for flame graphs.
 
 - window.py: ``ProfileWindow``, one torch.profiler session from step boundary S to S+N (started

@@ -1,4 +1,4 @@
-"""FlameSession: sample this rank's Python stacks for T seconds, then say what it cost (issue 16).
+"""FlameSession: sample this rank's Python stacks for T seconds, then say what it cost.
 
 Samplers (``sampler``): ``py-spy`` (``py-spy record --nonblocking`` from a child process,
 pyspy.py), ``in-process`` (collectors/sampler.py, a thread walking ``sys._current_frames()``),

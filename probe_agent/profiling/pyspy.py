@@ -1,4 +1,4 @@
-"""``py-spy record --nonblocking`` on this rank, from a child process (issue 16, `probe flame`).
+"""``py-spy record --nonblocking`` on this rank, from a child process (`probe flame`).
 
 Why it is the default sampler where it can run: it reads the rank's memory from outside without
 taking the GIL, so the training thread pays nothing measurable (bench/bench_profile.py, 100 Hz,

@@ -1,4 +1,4 @@
-"""Profiling: one agent's profile windows and flame sessions, and what each cost (issue 16).
+"""Profiling: one agent's profile windows and flame sessions, and what each cost.
 
 - At most one profiler at a time in a process: a second `probe profile`, or one requested while
   the program's own ``torch.profiler`` runs (``torch.autograd._profiler_enabled()``), is refused

@@ -1,4 +1,4 @@
-"""ProfileWindow: torch.profiler over optimizer steps S+1 .. S+N of one rank (issue 16).
+"""ProfileWindow: torch.profiler over optimizer steps S+1 .. S+N of one rank.
 
 Timeline (every call on the training thread, from the agent's StepClock, unless said otherwise)
 -----------------------------------------------------------------------------------------------

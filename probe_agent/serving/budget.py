@@ -16,7 +16,7 @@ threads to a share of one core, as a token bucket:
 
 A request's CPU is known only after it ran, so the share holds on average, not per request.
 
-Bytes as well as CPU (issue 20): four clients pulling 100 MB results slowed training by 69%
+Bytes as well as CPU: four clients pulling 100 MB results slowed training by 69%
 with PROBE_SERVE_CPU at its default. Two reasons. A request found the bucket empty only while
 another was in flight, so one-at-a-time requests were never held back; now a request waits
 whenever the bucket is in debt, but with nothing else in flight at most ``LONE_WAIT_S`` (an
@@ -108,7 +108,7 @@ class ServeBudget:
                 # Requests already admitted have not been charged yet (their CPU is measured
                 # after they ran): count them at the mean cost, or a burst of arrivals would
                 # all pass on one full bucket. A bucket in debt holds a request even when
-                # nothing else is in flight, for up to LONE_WAIT_S (issue 20: else
+                # nothing else is in flight, for up to LONE_WAIT_S (else
                 # back-to-back requests were free).
                 while self.tokens - self._owed() < 0:
                     if not self.inflight and time.monotonic() - t0 >= LONE_WAIT_S:

@@ -59,7 +59,7 @@ def bind_tcp(host: str, port: int, rank: int) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         # A deep backlog: a burst of connections queues in the kernel instead of being reset
-        # (a 1000-request burst got 244 resets with 128; issue 20).
+        # (a 1000-request burst got 244 resets with 128).
         sock.listen(1024)
     except OSError as e:
         sock.close()
@@ -79,7 +79,7 @@ def bind_unix(
     run_dir: str, pid: int, rank: int, name: str | None = None
 ) -> tuple[socket.socket, str]:
     """Bind ``run_dir/<pid>.sock`` (or ``run_dir/<name>``) with the run dir 0700 and the socket
-    0600. ``name`` is the watchdog's private hop to the agent (issue 5)."""
+    0600. ``name`` is the watchdog's private hop to the agent."""
     path = os.path.join(run_dir, name) if name else RunFiles(run_dir, pid).sock
     try:
         os.makedirs(run_dir, mode=0o700, exist_ok=True)

@@ -5,7 +5,7 @@ agent then serves. ``start()`` (after the agent's server runs) registers the fau
 dumps, starts the ``probe-agent.heartbeat`` thread, spawns the watchdog with the public listening sockets and
 grants it ptrace (Yama), and starts ``probe-agent.watchdog``, which waits on the watchdog
 process. If it dies while the rank lives, that thread starts a new one
-(``watchdog_restarts.py``, issue 20), logging one line each time; ``describe()``
+(``watchdog_restarts.py``), logging one line each time; ``describe()``
 (``probe info``) counts the restarts. A watchdog that keeps dying is given up on, and the agent
 serves the public sockets itself again.
 
@@ -199,7 +199,7 @@ class WatchdogLink:
             "snapshot_s": cfg.watchdog_snapshot_s,
             "postmortem_keep": cfg.postmortem == "always",
             "tls_cert": cfg.tls_cert, "tls_key": cfg.tls_key,
-            # issue 19: the same access rule as the agent's (access.Policy), host names included.
+            # the same access rule as the agent's (access.Policy), host names included.
             "host_names": sorted(self.host_names),
         }
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,7 +1,7 @@
 """Restarting a dead watchdog (runs inside the rank, on the ``probe-agent.watchdog`` thread).
 
 A watchdog can die while its rank lives: a stray ``kill -9``, the OOM killer picking the small
-process, a bug of ours. Before issue 20 the agent then served the public sockets itself, which
+process, a bug of ours. The agent used to serve the public sockets itself, which
 loses the out-of-process backtrace for the rest of the job, exactly when a later hang needs it.
 Now ``supervise`` starts a new one on the same listening sockets (the agent kept its copies, so
 connections that arrive meanwhile wait in the backlog): at once the first time, then after a

@@ -1,5 +1,5 @@
 """The store: the agent's in-memory DuckDB and everything that decides what reaches it and what
-comes back (issue 18: one package per concern).
+comes back (one package per concern).
 
 - store.py: ``Store``, the sole owner of DuckDB (one writer thread, a cursor per reader);
 - readonly.py: a client's SQL must be one bounded read statement;

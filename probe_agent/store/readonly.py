@@ -3,7 +3,7 @@
 DuckDB still allows CREATE/DROP after ``lock_configuration``, so statements are allow-listed by
 the type DuckDB's own parser gives them, never by matching text.
 
-Bounded work (issue 20): ``extract_statements`` parses holding the GIL, so a 10 MB
+Bounded work: ``extract_statements`` parses holding the GIL, so a 10 MB
 ``SELECT 1+1+…`` froze the training thread for 23 s and a 1M-item ``IN`` list for 7.9 s. So:
 
 - the text is capped (PROBE_MAX_SQL_BYTES, 64 KiB) before anything parses it;

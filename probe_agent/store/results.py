@@ -1,5 +1,5 @@
 """Bounded results: at most PROBE_MAX_ROWS rows and PROBE_MAX_RESULT_BYTES bytes of one query
-reach Python, and the JSON is encoded a chunk at a time (issue 20).
+reach Python, and the JSON is encoded a chunk at a time.
 
 Why DuckDB measures first: ``memory_limit`` bounds DuckDB, not the conversion to Python and
 JSON. ``SELECT repeat('x', 400000000)`` took the training process from 430 to 1953 MB, and 60 MB

@@ -27,14 +27,14 @@ Sandbox
 replacement scans, bounded threads and memory, ``lock_configuration=true``. Because DuckDB still
 allows CREATE/DROP after the lock, statements are allow-listed (``readonly.py``).
 
-No spill to disk (issue 20): DuckDB's default ``temp_directory`` is ``<cwd>/.tmp``, and
+No spill to disk: DuckDB's default ``temp_directory`` is ``<cwd>/.tmp``, and
 ``enable_external_access=false`` does not stop spilling there (a hash join over range(150M)
 wrote 3.2 GiB into the training job's directory in 10 s). ``temp_directory=''`` and
 ``max_temp_directory_size=0`` turn it off; a query that needs more than PROBE_DB_MEMORY_MB then
 fails with DuckDB's own "Out of Memory Error". DuckDB refuses to change ``temp_directory`` once
 external access is off, hence the order below.
 
-Bounded requests (issue 20): the SQL text is capped before it is parsed, and classified on the
+Bounded requests: the SQL text is capped before it is parsed, and classified on the
 reader's cursor under the deadline (``readonly.py``); results are cut at a row and a byte cap
 inside DuckDB before they reach Python (``results.py``).
 """
@@ -98,7 +98,7 @@ class Store:
                 # DuckDB's allocator gives freed memory back to the OS only on later allocator
                 # activity, unless its background threads do it: a join stopped at
                 # PROBE_DB_MEMORY_MB kept 500 MB of the training process's RSS until the next
-                # queries; with them it is back within 2 s (measured, issue 20).
+                # queries; with them it is back within 2 s (measured).
                 "allocator_background_threads": True,
                 "max_temp_directory_size": "0B",
                 "autoload_known_extensions": False,

@@ -1,4 +1,4 @@
-"""The watchdog: a small companion process that answers for its rank when the rank cannot (issue 5).
+"""The watchdog: a small companion process that answers for its rank when the rank cannot.
 
 Why a process: an in-process server needs the GIL to answer, so a C call that holds the GIL
 (a long kernel launch, a wedged collective inside C++, a hung ``read``) silences it, backtrace
@@ -14,14 +14,14 @@ The model::
 - The agent binds the public TCP port and ``<pid>.sock`` in the caller's thread (so a taken port
   fails ``start()`` at once), then hands the listening fds to the watchdog (``pass_fds``) and
   serves only its private socket ``<pid>.agent``. It keeps its copies unused: if the watchdog
-  dies, the agent starts a new one on them (``serving/watchdog_restarts.py``, issue 20), and
+  dies, the agent starts a new one on them (``serving/watchdog_restarts.py``), and
   serves them itself only after the watchdog has died MAX_RESTARTS times within a few minutes.
 - The watchdog is a lean asyncio reverse proxy (stdlib only; started with ``python -I -S``).
   Every request is forwarded with a deadline. A backtrace the agent does not answer within
   PROBE_BACKTRACE_DEADLINE_MS (or at once when the agent's heartbeat is already stale) is read
   from outside (``reader.py``) and says so: ``source: "out-of-process"``, ``route``, ``reason``,
   ``gil_holder``. Other routes get a 504 that says the rank's Python is not answering;
-  ``/v1/ranks`` gets the agent's last answer instead, after the same deadline (issue 20).
+  ``/v1/ranks`` gets the agent's last answer instead, after the same deadline.
 - The agent writes a heartbeat (monotonic time and current step) into ``<pid>.beat`` every
   250 ms from a daemon thread: it is how the watchdog tells "slow" from "GIL held", and where it
   reads the last step of a rank that died.

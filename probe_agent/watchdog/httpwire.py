@@ -20,7 +20,7 @@ from probe_protocol.routes import CLIENT_HEADER
 MAX_HEAD = 64 * 1024
 #: The largest request body relayed: the agent's biggest legitimate body (a query or an eval at
 #: its 64 KiB cap, JSON-escaped: 6 x 64 KiB + 4 KiB) with room to spare. A 64 MB body used to be
-#: read and relayed whole (issue 20).
+#: read and relayed whole.
 MAX_BODY = 1024 * 1024
 REASONS = {
     100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",

@@ -64,7 +64,7 @@ IDLE_S = 60.0
 #: fresh (the agent's own timeouts, PROBE_QUERY_TIMEOUT_MS and PROBE_EVAL_TIMEOUT_S, end
 #: requests well before this).
 MAX_WAIT_S = 600.0
-#: A /v1/ranks answer up to this size is read whole to refresh the watchdog's copy (issue 20);
+#: A /v1/ranks answer up to this size is read whole to refresh the watchdog's copy;
 #: 512 ranks take about 50 KB.
 RANKS_MAX_BYTES = 4 * 1024 * 1024
 CHUNK = 64 * 1024
@@ -246,7 +246,7 @@ class Proxy:
         patience = 0.0 if self._stale() is not None else self.deadline_s
         # Discovery is the first step of every fan-out, `probe backtrace` included: it gets the
         # backtrace's deadline, not MAX_WAIT_S, even while the heartbeat is fresh (a wedged
-        # event loop beside a live training thread, issue 20).
+        # event loop beside a live training thread).
         is_ranks = RANKS.matches(req.method, req.path)
         loop_check = LoopCheck(self.fetch, self.deadline_s)
         try:
@@ -398,7 +398,7 @@ class Proxy:
                                f"be read from outside: {e}", source="out-of-process")
         threads = [t for t in res["threads"] if show_all or not t.get("is_agent")]
         show_secrets = req.flag("secrets")
-        for t in threads:  # py-spy's locals get the agent's redaction too (issue 19)
+        for t in threads:  # py-spy's locals get the agent's redaction too
             for f in t.get("frames") or ():
                 f["locals"] = redact_locals(f.get("locals"), show_secrets)
         threads.sort(key=lambda t: (not t.get("is_main"), bool(t.get("is_agent")),

@@ -14,7 +14,7 @@ Two routes, both answering in the shape of the in-process ``/v1/backtrace`` (``t
 faulthandler and says why in ``reason``.
 
 A stopped rank (state ``T``: SIGSTOP, SIGTSTP; ``t``: held by a debugger) runs no signal handler
-and cannot be suspended by py-spy, whose plain ``dump`` then fails (issue 20). It is read with
+and cannot be suspended by py-spy, whose plain ``dump`` then fails. It is read with
 ``py-spy dump --nonblocking``, which only reads memory (safe: a stopped process cannot change
 under it; py-spy refuses ``--native`` with it). Without py-spy, ``/proc`` still gives each
 thread's state and kernel wait channel (route ``proc``), and ``stopped`` says how to resume it.

@@ -1,4 +1,4 @@
-"""`probe eval --at-step N | --next-step CODE`: eval as a step-boundary action (issue 6)."""
+"""`probe eval --at-step N | --next-step CODE`: eval as a step-boundary action."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def command(session: Session, show_locals: bool, show_secrets: bool, native: boo
     (smallest groups first: the rank that is elsewhere is usually the one to look at).
     """
     # The target's own stack is asked for beside discovery, not after it: a rank whose event
-    # loop is wedged answers /v1/ranks late, but its backtrace at once (issue 20).
+    # loop is wedged answers /v1/ranks late, but its backtrace at once.
     results = fan_out_target_first(
         session,
         lambda client, _: client.backtrace(locals=show_locals, native=native, all=show_all,

@@ -22,7 +22,7 @@ def resolve(path: str) -> tuple[str, str]:
     """(absolute path, the stderr line that says which one is used and why).
 
     Resolved here, against the operator's working directory: the agents refuse a relative
-    path, since nobody at the CLI knows the training job's working directory (issue 20)."""
+    path, since nobody at the CLI knows the training job's working directory."""
     absolute = os.path.abspath(os.path.expanduser(path))
     if absolute == path:
         return absolute, f"probe: checkpoint path {absolute}"

@@ -48,7 +48,7 @@ def command(session: Session, code: str | None, at_step: int | None, next_step: 
     if code == "-":
         code = click.get_text_stream("stdin").read()
     check_exclusive(at_step, next_step)
-    if at_step is not None or next_step:  # issue 6: a step-boundary action (step_actions.py)
+    if at_step is not None or next_step:  # a step-boundary action (step_actions.py)
         from ._step_eval import step_eval
 
         return step_eval(session, code, at_step, wait_s)

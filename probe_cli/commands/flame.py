@@ -1,4 +1,4 @@
-"""`probe flame`: sample every rank's Python stacks for T seconds and merge them (issue 16).
+"""`probe flame`: sample every rank's Python stacks for T seconds and merge them.
 
 Every rank samples for ``--seconds`` with ``py-spy record --nonblocking`` where it may read the
 rank, else in-process (``--sampler``; why: probe_agent/profiling/pyspy.py and

@@ -33,7 +33,7 @@ def command(session: Session) -> Outcome:
 
 def watchdog_note(r: RankResult) -> str | None:
     """``note: rank 0: its watchdog was restarted 2 times (last: killed by SIGKILL, 5s ago)``:
-    a restarted watchdog (issue 20) means something kills processes on that node."""
+    a restarted watchdog means something kills processes on that node."""
     info = InfoBody.from_wire(r.data)
     wd = info.watchdog or {}
     restarts = wd.get("restarts") or 0

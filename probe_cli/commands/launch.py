@@ -145,7 +145,7 @@ def command(port: int | None, host: str | None, token_file: str | None, trace: s
     wanted_host = host or os.environ.get("PROBE_HOST", "127.0.0.1")
     if token_file is None and not _is_loopback(wanted_host) and not (
             os.environ.get("PROBE_TOKEN") or os.environ.get("PROBE_TOKEN_FILE")):
-        # issue 19: off loopback the agents serve TCP only with a token, so make the job one.
+        # off loopback the agents serve TCP only with a token, so make the job one.
         token_file = os.path.join(default_run_dir(), f"job-{os.getpid()}.token")
     if token_file is not None:
         made = ensure_token_file(token_file)

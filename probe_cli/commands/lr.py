@@ -1,6 +1,6 @@
 """`probe lr --scale F | --set LR`: change every optimizer's LR at the same step on every rank.
 
-Refused here, before any request (issue 20): a value that is not a finite number (``nan``,
+Refused here, before any request: a value that is not a finite number (``nan``,
 ``inf``, ``1e400``: JSON cannot even carry them), a negative one, and without ``--force`` zero
 or a scale above 10. The agents refuse the same, and a ``--set`` above 10x the current largest
 LR (only they know it), at submit time and again at the step boundary.

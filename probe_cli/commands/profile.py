@@ -1,4 +1,4 @@
-"""`probe profile`: torch.profiler over the same N optimizer steps on every rank, merged (issue 16).
+"""`probe profile`: torch.profiler over the same N optimizer steps on every rank, merged.
 
 1. Queue the ``profile`` step-boundary action (transport/step_actions.py): every rank starts
    its profiler right after step S and stops it right after step S+N, on its own (a CLI that

@@ -134,7 +134,7 @@ def _agents_in(run_dir: str, rows: dict[int, dict]) -> None:
                                     "address": f"unix:{sock}",
                                     "command": "(exited; its watchdog reports it)"}
     for name in names:
-        # issue 17: a process that started ranks with torch.multiprocessing stopped its agent
+        # a process that started ranks with torch.multiprocessing stopped its agent
         # and left this record, so that it shows as what it is rather than as rank 0.
         pid = pid_of(name)
         if name.endswith(LAUNCHER_SUFFIX) and pid is not None and os.path.exists(f"/proc/{pid}"):

@@ -1,4 +1,4 @@
-"""`probe ui`: the live dashboard (issue 15), served from this process to a browser."""
+"""`probe ui`: the live dashboard, served from this process to a browser."""
 
 from __future__ import annotations
 

@@ -312,7 +312,7 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
 
 def rank_state(r: RankResult) -> RankState:
     """What one rank's answer to ``probe hang``'s round (``{"backtrace": ..., "collectives":
-    ...}``, or its failure) says about it. A rank whose watchdog reports it dead (issue 5) is
+    ...}``, or its failure) says about it. A rank whose watchdog reports it dead is
     dead, as is one that refuses connections (nothing listens)."""
     rank = r.rank if r.rank is not None else -1
     if not r.ok or r.data is None:
@@ -320,14 +320,14 @@ def rank_state(r: RankResult) -> RankState:
         reason = getattr(err, "reason", None) or str(err)
         dead = isinstance(err, AgentUnreachableError) and reason == "connection refused"
         body = BacktraceBody.from_wire(getattr(err, "body", None))
-        if body.state == "dead":  # its watchdog reports the death (issue 5)
+        if body.state == "dead":  # its watchdog reports the death
             cause = (body.exit or {}).get("description") or "exited"
             at = f" at step {body.last_step}" if body.last_step is not None else ""
             return RankState(rank, error=f"is dead: {cause}{at} (its watchdog reports it)",
                              dead=True)
         return RankState(rank, error=reason, dead=dead)
     bt = BacktraceBody.from_wire(r.data["backtrace"])
-    if bt.state == "dead":  # the watchdog answered for a rank that is gone (issue 5)
+    if bt.state == "dead":  # the watchdog answered for a rank that is gone
         cause = (bt.exit or {}).get("description") or "exited"
         at = f" at step {bt.last_step}" if bt.last_step is not None else ""
         return RankState(rank, error=f"is dead: {cause}{at} (its watchdog reports it)",

@@ -1,4 +1,4 @@
-"""Pure data for `probe flame`'s files and tables (issue 16): merged folded stacks, speedscope JSON,
+"""Pure data for `probe flame`'s files and tables: merged folded stacks, speedscope JSON,
 the widest frames, and the frames where one rank spends far more time than the others (the text
 is render/flame.py's). Stdlib only.
 

@@ -1,4 +1,4 @@
-"""A self-contained flame graph: SVG, and an HTML page around it (issue 16). Stdlib only.
+"""A self-contained flame graph: SVG, and an HTML page around it. Stdlib only.
 
 The classic layout (flamegraph.pl): the root at the bottom, children above their parent, widths
 proportional to samples, siblings sorted by name. Each box carries a ``<title>`` tooltip (frame,

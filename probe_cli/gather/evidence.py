@@ -1,6 +1,6 @@
 """What each rank is asked for a verdict: the per-rank calls of `probe hang`, `probe doctor` and
 `probe straggler`, shared with `probe ui` so the dashboard shows the verdicts the commands print
-from the same evidence (one home for diagnosis, issue 14). Each returns a ``fanout.Call``; the
+from the same evidence (one home for diagnosis). Each returns a ``fanout.Call``; the
 verdicts themselves are computed by the pure modules of diagnose/.
 """
 
@@ -43,7 +43,7 @@ def hang_evidence(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
 def doctor_queries(last: int) -> tuple[tuple[str, str, dict[str, int]], ...]:
     """(key, canned query, params): what each rank is asked in the second round. Memory growth
     and the slowest modules are the queries `probe memory` and `probe slow` run, so the commands
-    cannot disagree with doctor (issue 18); doctor only picks the window (``last``, the
+    cannot disagree with doctor; doctor only picks the window (``last``, the
     look-back every canned query takes; memory growth looks further back)."""
     return (
         ("loop", "doctor_loop", {"last": last}),

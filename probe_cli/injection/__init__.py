@@ -1,4 +1,4 @@
-"""`probe inject PID`: start a probe agent inside a running Python process (issue 5).
+"""`probe inject PID`: start a probe agent inside a running Python process.
 
 Runs on the operator's side and never imports probe_agent: the agent is started *inside the
 target* by a bootstrap file the target executes.

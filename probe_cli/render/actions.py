@@ -1,4 +1,4 @@
-"""Pure rendering for step-boundary actions (issue 6): lr, checkpoint, pause, the action list.
+"""Pure rendering for step-boundary actions: lr, checkpoint, pause, the action list.
 
 Stdlib only; nothing here prints (main.py does).
 """

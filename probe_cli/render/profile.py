@@ -1,4 +1,4 @@
-"""Pure rendering for `probe profile` (issue 16): the top operators of each rank side by side, the
+"""Pure rendering for `probe profile`: the top operators of each rank side by side, the
 ranks' step spans side by side, and the cost line. Stdlib only; nothing here prints."""
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def source_note(body: Body | None) -> str:
     """``[out-of-process via py-spy; GIL held by thread 7]`` for a stack not read in-process;
     empty for the usual in-process answer (or an agent that does not say)."""
     bt = BacktraceBody.from_wire(body)
-    if bt.state == "dead":  # answered by the dead rank's watchdog (issue 5)
+    if bt.state == "dead":  # answered by the dead rank's watchdog
         return "[" + "; ".join(dead_facts(body)) + "]"
     if not bt.source or bt.source == IN_PROCESS:
         return ""

@@ -236,7 +236,7 @@ def info_rows(
 
 
 def _access(a: Any) -> str:
-    """``same-user + token, 3 refused``: who may reach the rank (issue 19)."""
+    """``same-user + token, 3 refused``: who may reach the rank."""
     if not isinstance(a, dict):
         return "-"
     text = str(a.get("mode") or "-")

@@ -44,8 +44,7 @@ _ssl_contexts: dict[str | None, ssl.SSLContext] = {}
 
 def ssl_context(cacert: str | None = None) -> ssl.SSLContext:
     """One verifying SSL context per CA file for every client. Building one loads the CA bundle
-    (≈24 ms here); a fresh one per rank made a 64-rank fan-out take 2 s instead of ~0.2 s
-    (issue 4). ``cacert`` (a PEM bundle) replaces the system's trust store."""
+    (≈24 ms here); a fresh one per rank made a 64-rank fan-out take 2 s instead of ~0.2 s. ``cacert`` (a PEM bundle) replaces the system's trust store."""
     ctx = _ssl_contexts.get(cacert)
     if ctx is None:
         if cacert is None:
@@ -223,7 +222,7 @@ class ProbeClient:
     def resume(self, requested_by: str) -> dict[str, Any]:
         return self._json(routes.RESUME, json=ResumeRequest(requested_by).to_wire())
 
-    # issue 16: profile windows (queued with submit_action, kind "profile") and flame graphs
+    # profile windows (queued with submit_action, kind "profile") and flame graphs
     def profile(self, profile_id: str, *, wait: float | None = None) -> dict[str, Any]:
         """One rank's profile window (state, step spans, top operators, cost); ``wait`` long-
         polls until it is done."""

@@ -12,7 +12,7 @@ Rank discovery (``resolve_ranks``):
 - ``--rank`` then filters; naming a rank the job does not have is a usage error.
 
 ``fan_out_target_first`` (``probe backtrace``) sends the single target its own request beside
-discovery, not after it: a rank whose ``/v1/ranks`` is slow (a wedged event loop, issue 20) still
+discovery, not after it: a rank whose ``/v1/ranks`` is slow (a wedged event loop) still
 answers its own backtrace, and its watchdog's cached rank list reaches the others.
 
 Fan-out (``fan_out``) never raises for a rank: each becomes a ``RankResult`` with the wire body

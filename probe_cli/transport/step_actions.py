@@ -1,4 +1,4 @@
-"""Step-boundary actions from the operator's side (issue 6): pick the step, queue, wait, cancel.
+"""Step-boundary actions from the operator's side: pick the step, queue, wait, cancel.
 
 ``run_step_action`` is the whole protocol, shared by `eval --at-step/--next-step`, `lr`,
 `checkpoint` and `pause` (docs/design-decisions.md, "Step-boundary actions"):

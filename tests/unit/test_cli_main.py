@@ -169,9 +169,10 @@ def test_info_table(capsys):
         code, out, _ = run(capsys, a[0].address, "info")
     assert code == 0
     assert out.splitlines()[0].split() == ["rank", "host", "pid", "python", "torch", "version",
-                                           "access", "uptime"]
+                                           "access", "hot_path", "uptime"]
+    # a canned agent from before the hot path was reported shows '-' for it
     assert out.splitlines()[2].split() == ["0", "node0", "1000", "3.11.7", "2.13.0", "0.1.0",
-                                           "-", "1m15s"]
+                                           "-", "-", "1m15s"]
 
 
 def test_arrow_format_needs_an_output_file(capsys):

@@ -1,4 +1,4 @@
-"""The torch tracer (issue 3): forward, backward and optimizer-step time of every ``nn.Module``
+"""The torch tracer: forward, backward and optimizer-step time of every ``nn.Module``
 into ``python.torch_trace``. One name for one thing: the tracer (``TorchTracer``, the
 collector ``tracer``) writes the table ``torch_trace``, which ``PROBE_TRACE``, ``probe trace``
 and ``/v1/trace`` switch.

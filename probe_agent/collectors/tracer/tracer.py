@@ -1,6 +1,6 @@
 """TorchTracer: forward, backward and optimizer-step time of every ``nn.Module`` -> torch_trace.
 
-What gets captured (issue 3)
+What gets captured
 ----------------------------
 - **forward**: one row per module call, host wall time around the call (on CUDA also a pair of
   CUDA events, resolved later on the writer thread without synchronising).
@@ -25,7 +25,7 @@ How (and why not hooks)
 untraced steps cost nothing. Global forward hooks would do the same job but any global hook
 sends *every* module call through ``_call_impl``'s slow path (+4.3 µs per call measured here),
 and ``torch.compile``'d modules warn about them. Full backward hooks cost +55% and break
-in-place ops (issue 3). Two hot paths record the same rows (no sys.settrace/setprofile):
+in-place ops. Two hot paths record the same rows (no sys.settrace/setprofile):
 - C++ (``trace_native.py``), for CPU steps once built: the call's work in C++, and backward
   from a RecordFunction callback that keeps the nodes forward records name (no per-node
   registration, no Python);

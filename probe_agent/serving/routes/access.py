@@ -1,4 +1,4 @@
-"""The watchdog's report of the requests it refused (issue 19), so that one audit table and one
+"""The watchdog's report of the requests it refused, so that one audit table and one
 counter (`probe info`, python.audit with kind 'access') cover every public socket.
 Each report is applied once, whatever the resends (watchdog/refusal_report.py)."""
 

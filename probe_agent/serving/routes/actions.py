@@ -1,8 +1,8 @@
-"""Step-boundary action routes (issue 6): step, actions (queue, list, wait, cancel), resume.
+"""Step-boundary action routes: step, actions (queue, list, wait, cancel), resume.
 
 Queueing runs code on the training thread, so it follows /v1/eval's policy: off loopback it
 needs a token (the unix socket is always allowed). Nothing here blocks the event loop: submit
-runs in a worker thread (it checks a checkpoint path on the filesystem, issue 20), cancel only
+runs in a worker thread (it checks a checkpoint path on the filesystem), cancel only
 takes the queue's lock; ``wait`` is the job table's long-poll (jobs.py).
 """
 
@@ -31,7 +31,7 @@ router = APIRouter()
 
 def _json_number(v: Any) -> Any:
     """pydantic's lax mode reads ``true`` as 1 and ``"0.5"`` as 0.5; an LR or a step must be a
-    JSON number (issue 20: ``{"set": true}`` set every LR to 1.0)."""
+    JSON number (``{"set": true}`` set every LR to 1.0)."""
     if isinstance(v, (bool, str)):
         raise ValueError(f"give a JSON number, not {type(v).__name__} {v!r}")
     if isinstance(v, float) and not math.isfinite(v):
@@ -61,7 +61,7 @@ class ActionRequest(BaseModel):
                                   "sharded: an existing checkpoint directory)")
     model: str | None = Field(None, description="checkpoint: the model's name (dotted) to save")
     profile: dict[str, Any] | None = Field(
-        None, description="profile (issue 16): steps, max_steps, max_seconds, record_shapes, "
+        None, description="profile: steps, max_steps, max_seconds, record_shapes, "
         "with_stack; checked by probe_agent/actions/profile.py")
     id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",

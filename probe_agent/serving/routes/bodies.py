@@ -1,4 +1,4 @@
-"""Request bodies read within a cap, before anything parses them (issue 20).
+"""Request bodies read within a cap, before anything parses them.
 
 FastAPI reads and parses a declared body model before the route runs, however large it is: the
 watchdog relays up to 64 MB, and a 10 MB query froze training for 23 s in the parser. The query

@@ -1,4 +1,4 @@
-"""Cluster routes (issue 4): collective state of this rank, for `probe hang` and friends.
+"""Cluster routes: collective state of this rank, for `probe hang` and friends.
 
 ``/v1/ranks`` (in core) serves the rank registry; this module serves what a cross-rank verdict
 needs from one rank in one request.

@@ -63,7 +63,7 @@ def _client(request: Request) -> str:
     c = request.scope.get("client")
     if c:
         return f"{c[0]}:{c[1]}"
-    # Over a unix socket. The watchdog (issue 5) proxies TCP clients through the agent's private
+    # Over a unix socket. The watchdog proxies TCP clients through the agent's private
     # socket and says who they are; it strips this header from what clients send, and only our
     # uid or root can reach a unix socket (SO_PEERCRED), so the header cannot be forged remotely.
     return request.headers.get(routes.CLIENT_HEADER) or "unix"

@@ -1,4 +1,4 @@
-"""Doctor routes (issue 7): the live training-loop state `probe doctor` needs, eval-free.
+"""Doctor routes: the live training-loop state `probe doctor` needs, eval-free.
 
 ``GET /v1/doctor`` answers without touching the training thread: the step clock, a DataLoader
 wait in progress, the optimizers' param-group settings (lr, momentum, weight decay, ...) and, on

@@ -1,4 +1,4 @@
-"""``GET /v1/metrics``: this rank's live numbers in the Prometheus text format (issue 15).
+"""``GET /v1/metrics``: this rank's live numbers in the Prometheus text format.
 
 Written by hand (the format is a few lines per metric) because prometheus_client is not an
 agent dependency; tests validate the output with prometheus_client's parser. One read of the

@@ -1,4 +1,4 @@
-"""Profile and flame routes (issue 16).
+"""Profile and flame routes.
 
 A profile window is queued as a step-boundary action (``POST /v1/actions`` with kind
 ``profile``, routes/actions.py); these routes follow it and fetch its trace:

@@ -1,4 +1,4 @@
-"""Trace routes (issue 3): read and change the torch tracing mode at run time.
+"""Trace routes: read and change the torch tracing mode at run time.
 
 ``GET /v1/trace`` -> the tracer's state; ``POST /v1/trace {"mode": "on"|"off"|"every:N"}`` sets
 the mode. With an optimizer the new mode takes effect at the next step boundary (a step is never
