@@ -100,7 +100,7 @@ def stage(name: str, retention_mb: int) -> dict[str, object]:
         import uvicorn  # noqa: F401
 
         import probe_agent
-        import probe_agent.agent  # noqa: F401
+        import probe_agent.process  # noqa: F401
         import probe_agent.collectors.registry  # noqa: F401
         import probe_agent.store.store
         from probe_agent.config import AgentConfig

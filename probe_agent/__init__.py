@@ -21,14 +21,14 @@ if TYPE_CHECKING:
 def start(config: AgentConfig | None = None) -> Agent:
     """Start the agent in this process, configured from ``PROBE_*`` variables unless ``config``
     is given. Binds its sockets before returning: a taken port raises ``BindError`` here."""
-    from .agent import start as _start
+    from .process import start as _start
 
     return _start(config)
 
 
 def stop() -> None:
     """Stop the agent if one runs; idempotent."""
-    from .agent import stop as _stop
+    from .process import stop as _stop
 
     _stop()
 
@@ -41,9 +41,9 @@ def log(step: int | None = None, **scalars: Any) -> None:
     Tensors are fine: they are converted on the agent's writer thread, so this never waits for
     the GPU. ``samples=N`` also fills ``python.steps.samples_per_s``.
     """
-    # No agent was ever started while probe_agent.agent is not loaded: return without loading
+    # No agent was ever started while probe_agent.process is not loaded: return without loading
     # it (and config, ssl with it) into a program that only logs.
-    agent_mod = sys.modules.get("probe_agent.agent")
+    agent_mod = sys.modules.get("probe_agent.process")
     if agent_mod is not None:
         agent_mod.log_scalars(step, scalars)
 

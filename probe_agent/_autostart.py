@@ -144,11 +144,11 @@ def maybe_start() -> None:
         if what == DEFER:
             from .roles import arm
 
-            # The agent's handlers load probe_agent.agent only when a hook fires: a deferred
+            # The agent's handlers load probe_agent.process only when a hook fires: a deferred
             # process (every DataLoader worker) must not pay for config and ssl at start-up.
             arm(after_init=_on_group_init, before_spawn=_on_start_processes)
         elif what == START:
-            from .agent import start
+            from .process import start
 
             start()
     except Exception as e:  # never keep the training program from running
@@ -156,12 +156,12 @@ def maybe_start() -> None:
 
 
 def _on_group_init(rank: int, world: int) -> None:
-    from .agent import on_group_init  # lazy: see maybe_start
+    from .process import on_group_init  # lazy: see maybe_start
 
     on_group_init(rank, world)
 
 
 def _on_start_processes() -> None:
-    from .agent import on_start_processes  # lazy: see maybe_start
+    from .process import on_start_processes  # lazy: see maybe_start
 
     on_start_processes()

@@ -1,26 +1,22 @@
 """Agent: wires the store, the collectors, the evaluator and the HTTP server of one rank.
 
 This is the top of the agent's layers (docs/design-decisions.md, "Agent"): it builds every part
-and hands each what it uses; no part imports this module. Only the entry points do
-(``probe_agent.start``/``stop``/``log``, the ``PROBE=1`` start-up hook, ``probe inject``'s
-``attach``), through the process-level functions at the bottom of this file, which keep the
-process's one agent.
+and hands each what it uses; no part imports this module. Only process.py does: it keeps the
+process's one agent, and the entry points go through it.
 
 Lifecycle: ``start()`` binds every socket in the caller's thread (so a taken port fails at once),
 then starts the writer and HTTP threads. ``stop()`` is idempotent and joins them. A forked child
-(a DataLoader worker) gets ``_after_fork_in_child``: the agent is marked stopped there and the
-inherited listening sockets are closed, so the worker never answers for its parent.
+(a DataLoader worker) gets ``process._after_fork_in_child``: the agent is marked stopped there
+and the inherited listening sockets are closed, so the worker never answers for its parent.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -29,7 +25,7 @@ from probe_protocol.bodies import InfoBody, RankEntry
 from probe_protocol.runfiles import RunFiles
 from probe_protocol.tokens import sign_entry
 
-from . import roles, rundir
+from . import rundir
 from ._version import __version__
 from .access import Gate, Policy, RefusalLog
 from .actions import ActionQueue
@@ -38,7 +34,7 @@ from .clock import StepClock
 from .collectors.registry import Collectors, build_collectors
 from .collectors.stacks import BacktraceTables
 from .config import LOCAL_RANK_VARS, AgentConfig, first_set
-from .errors import AgentStateError, EvalError
+from .errors import EvalError
 from .evaluator import Evaluator
 from .frameworks.playbook import resolve
 from .profiling.sessions import Profiling
@@ -47,15 +43,11 @@ from .step_cost import measure
 
 log = logging.getLogger(__name__)
 
-_lock = threading.Lock()
-_current: Agent | None = None
-_fork_handler_registered = False
-
 
 class Agent:
     def __init__(self, config: AgentConfig, identity: Identity) -> None:
         # Lazy: duckdb and pyarrow load with the store, when an agent is built, never at
-        # `import probe_agent.agent` (probe_agent.log and the role hooks import this module).
+        # `import probe_agent.process` (probe_agent.log and the role hooks import it).
         from .store.store import Store
 
         self.config = config
@@ -392,102 +384,3 @@ class Agent:
             err.status = status
             raise err
         return out
-
-
-def start(config: AgentConfig | None = None, environ: Mapping[str, str] | None = None) -> Agent:
-    """Start the agent in this process; raises ``AgentStateError`` if one already runs."""
-    global _current, _fork_handler_registered
-    env = os.environ if environ is None else environ
-    with _lock:
-        if _current is not None and _current.running:
-            raise AgentStateError(
-                f"a probe agent already runs in this process (rank {_current.rank}, "
-                f"{_current.url or _current.unix_path}); call probe_agent.stop() first"
-            )
-        cfg = config if config is not None else AgentConfig.from_env(env)
-        agent = Agent(cfg, Identity.from_env(env))
-        agent.start()
-        _current = agent
-        os.environ["PROBE_AGENT_PID"] = str(os.getpid())
-        publish_rank(agent.identity)
-        # init_process_group renumbers it, start_processes makes it a launcher
-        roles.arm(after_init=on_group_init, before_spawn=on_start_processes)
-        if not _fork_handler_registered:
-            # NOTE: forked children (DataLoader workers) must not answer for their parent.
-            os.register_at_fork(after_in_child=_after_fork_in_child)
-            atexit.register(stop)
-            _fork_handler_registered = True
-        return agent
-
-
-def stop() -> None:
-    global _current
-    with _lock:
-        agent, _current = _current, None
-    if agent is not None:
-        agent.stop()
-
-
-def current() -> Agent | None:
-    """This process's running agent, for programs and tests in the same process. The agent's
-    own parts never call it: they are handed what they use (tests/unit/test_import_graph.py
-    checks that no part imports this module)."""
-    return _current
-
-
-def start_once(config: AgentConfig, environ: Mapping[str, str]) -> tuple[Agent, bool]:
-    """The running agent and False, or a new one started from ``config`` and True
-    (``probe inject`` into a process that may already have one)."""
-    with _lock:
-        agent = _current
-    if agent is not None and agent.running:
-        return agent, False
-    return start(config, environ), True
-
-
-def log_scalars(step: int | None, scalars: dict[str, Any]) -> None:
-    """``probe_agent.log``: into python.metrics when an agent runs, else nothing."""
-    agent = _current
-    recorder = agent.collectors.steps if agent is not None else None
-    if recorder is not None:
-        recorder.log(step, scalars)
-
-
-def on_group_init(rank: int, world: int) -> None:
-    """After ``init_process_group`` returned (roles.py): the running agent takes the group's
-    identity; a process without one (an ``mp.spawn`` rank under PROBE=1) starts one now."""
-    agent = _current
-    if agent is not None and agent.running:
-        agent.adopt_group(rank, world)
-    elif os.environ.get("PROBE", "") not in ("", "0"):
-        environ = roles.group_environ(rank, world)
-        start(AgentConfig.from_env(environ), environ)
-
-
-def on_start_processes() -> None:
-    """Before ``torch.multiprocessing.start_processes`` from outside a process group
-    (roles.py): this process is a launcher, not a rank; its agent stops so the real rank 0
-    can bind the base port, and ``<pid>.launcher.json`` tells `probe ps` what it is."""
-    agent = _current
-    if agent is None or not agent.running:
-        return
-    if agent.config.unix_socket:
-        roles.write_launcher_record(agent.config.run_dir, agent.identity.pid,
-                                    agent.identity.host)
-    log.info("probe agent: pid %d starts ranks with torch.multiprocessing: it is a launcher, "
-             "not rank %d; its agent stops", os.getpid(), agent.rank)
-    stop()
-
-
-def _after_fork_in_child() -> None:
-    global _current
-    agent, _current = _current, None
-    if agent is None:
-        return
-    agent.running = False  # its threads do not exist in the child; nothing to join
-    if agent._server is not None:
-        agent._server.close_sockets()
-    if agent.watchdog is not None:
-        agent.watchdog.after_fork_in_child()
-    if agent.postmortem is not None:
-        agent.postmortem.after_fork_in_child()

@@ -17,7 +17,7 @@ def attach(overrides: dict[str, str]) -> dict[str, Any]:
     """Start the agent; the returned dict becomes the status `probe inject` prints."""
     # Imported here: this module is loaded into the target by the injector before it calls
     # attach(), and must stay cheap until then.
-    from .agent import start_once
+    from .process import start_once
     from .config import AgentConfig
 
     base = {"pid": os.getpid(), "python": sys.version.split()[0]}

@@ -37,9 +37,12 @@ def probe_json(*args: str) -> list[dict]:
 
 
 def both_ranks(target: str) -> list[dict]:
-    """`probe -t target info` once it lists both ranks (discovery takes a moment), else []."""
-    got = probe_json("-t", target, "info")
-    return got if len(got) == 2 else []
+    """`probe -t target info` once both ranks answer, else [] (discovery takes a moment: until
+    rank 1 has registered, the CLI reports it silent and exits 3, which is the truth)."""
+    out = probe("--json", "-t", target, "info")
+    assert out.returncode in (0, 3), out.stdout + out.stderr
+    got = json.loads(out.stdout) if out.stdout.strip() else []
+    return got if out.returncode == 0 and len(got) == 2 else []
 
 
 @pytest.mark.timeout(180)
@@ -142,7 +145,7 @@ def test_a_deferred_process_starts_its_agent_when_it_joins_a_process_group(tmp_p
         import json, socket, sys
         before = "torch" in sys.modules
         import torch, torch.distributed as dist
-        from probe_agent.agent import current
+        from probe_agent.process import current
         after_import = current()
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]

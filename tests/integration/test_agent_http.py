@@ -366,7 +366,7 @@ def test_unknown_route_and_malformed_body(client):
 
 def test_forked_child_does_not_inherit_agent(agent):
     """A DataLoader worker forks after the agent started: it must not answer for its parent."""
-    import probe_agent.agent as agent_mod
+    import probe_agent.process as agent_mod
 
     r, w = os.pipe()
     pid = os.fork()

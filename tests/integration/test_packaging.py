@@ -63,7 +63,7 @@ def test_pth_hook_imports_nothing_without_probe():
 
 def test_pth_hook_starts_agent_with_probe_set(tmp_path):
     code = (
-        "import sys, probe_agent.agent as a; ag = a.current(); "
+        "import sys, probe_agent.process as a; ag = a.current(); "
         "print(ag is not None and ag.url is not None)"
     )
     env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(tmp_path / "r"), PROBE_WATCHDOG="0")

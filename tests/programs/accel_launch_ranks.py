@@ -21,7 +21,7 @@ def main() -> None:
     p.add_argument("--run-dir", required=True)
     args = p.parse_args()
     acc = Accelerator(cpu=True)
-    from probe_agent.agent import current
+    from probe_agent.process import current
 
     agent = current()
     acc.wait_for_everyone()  # every rank's agent is up: the run dir lists them all

@@ -35,7 +35,7 @@ def announce(ready_dir: str | None, rank: int) -> None:
     if not ready_dir:
         return
     info: dict[str, object] = {"rank": rank, "pid": os.getpid()}
-    from probe_agent.agent import current
+    from probe_agent.process import current
 
     agent = current()
     if agent is not None:

@@ -153,7 +153,7 @@ def own_lr(step: int, warmup: int = 10, decay: int = 2000) -> float:
 
 
 def announce(ready_dir: str, step: int) -> None:
-    from probe_agent.agent import current
+    from probe_agent.process import current
 
     agent = current()
     info = {"rank": dist.get_rank(), "pid": os.getpid(), "step": step,

@@ -43,7 +43,7 @@ class Regressor(nn.Module):
 
 
 def clock() -> int:
-    from probe_agent.agent import current
+    from probe_agent.process import current
 
     return current().stepclock.current_step
 
@@ -111,7 +111,7 @@ def main() -> None:
     run = run_hf if args.framework == "hf" else run_lightning
     final, seen = run(args.steps, os.path.dirname(os.path.abspath(args.out)))
 
-    from probe_agent.agent import current
+    from probe_agent.process import current
 
     agent = current()
     agent.collectors.steps.flush(final=True)

@@ -13,7 +13,7 @@ def announce(ready_dir: str | None, rank: int, **extra: object) -> None:
         return
     info: dict[str, object] = {"rank": rank, "pid": os.getpid(), **extra}
     try:
-        from probe_agent.agent import current
+        from probe_agent.process import current
 
         agent = current()
     except ImportError:  # run without the agent installed

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import probe_agent  # noqa: E402
-from probe_agent.agent import current  # noqa: E402
+from probe_agent.process import current  # noqa: E402
 
 
 def main() -> None:

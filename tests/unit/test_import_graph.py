@@ -169,16 +169,18 @@ def test_probe_agent_has_no_import_circle():
     assert not found, describe(found, graph)
 
 
-#: The entry points: how a process gets its agent (``probe_agent.start``, the PROBE=1 start-up
-#: hook, `probe inject`'s attach). They sit above agent.py; every part sits below it.
-ENTRY_POINTS = {"probe_agent", "probe_agent._autostart", "probe_agent.attach"}
+#: process.py keeps the process's one agent; the entry points (``probe_agent.start``, the
+#: PROBE=1 start-up hook, `probe inject`'s attach) reach agent.py only through it, and
+#: ``probe_agent/__init__`` names the Agent class for type checking. Every part sits below.
+ENTRY_POINTS = {"probe_agent", "probe_agent.process"}
 
 
-def test_nothing_but_the_entry_points_imports_agent_py():
+def test_nothing_but_the_process_module_imports_agent_py():
     # GIVEN the graph with the imports made for type checking only: a part typed against the
     # Agent still reaches up to it
     graph = import_graph(ROOT / "probe_agent", type_only=True)
-    # THEN only the entry points import agent.py; the parts are handed what they use
+    # THEN only process.py (and a type-only name in __init__) imports agent.py; the parts are
+    # handed what they use
     importers = sorted(m for m, deps in graph.items() if "probe_agent.agent" in deps)
     assert set(importers) <= ENTRY_POINTS, sorted(set(importers) - ENTRY_POINTS)
 
