@@ -18,11 +18,12 @@ on the serving pool, only when asked (``GET /v1/memory/tensors``); training wait
 
 from __future__ import annotations
 
-import gc
 import sys
 import threading
 import time
 from typing import Any
+
+from ..heapscan import live_objects
 
 #: Containers looked into for holders, per global or local (a list of 10k tensors is named by
 #: its first entries).
@@ -57,15 +58,9 @@ class TensorCensus:
     def _take(self, torch: Any, top: int, models: list[Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         tensor, module = torch.Tensor, torch.nn.Module
-        found, mods = [], []
-        for o in gc.get_objects():
-            # type(), not isinstance(): isinstance falls back to ``__class__``, a property that
-            # some objects compute (torch.distributed.reduce_op warns when it is read)
-            t = type(o)
-            if issubclass(t, tensor):
-                found.append(o)
-            elif issubclass(t, module):
-                mods.append(o)
+        live = live_objects({"tensors": (tensor,), "modules": (module,)})
+        found, mods = live["tensors"], live["modules"]
+        del live
         labels = self._labels(torch, [*models, *_roots(mods)])
         del mods
         holders = _holders(torch, self.stepclock.training_thread)

@@ -15,7 +15,6 @@ actions do, once per action).
 
 from __future__ import annotations
 
-import gc
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from types import FrameType
 from typing import Any
 
 from ..operator_code import script_namespace
+from ..heapscan import live_objects
 from . import accelerate, deepspeed, hf_trainer, lightning, plain, unwrap
 from .base import Context, Discovered, loaded_class
 
@@ -61,16 +61,7 @@ class _LiveCache:
 
     def _scan(self) -> dict[str, list[Any]]:
         kinds = _kinds()
-        every = tuple(t for types in kinds.values() for t in types)
-        live: dict[str, list[Any]] = {k: [] for k in kinds}
-        if every:
-            for o in gc.get_objects():
-                t = type(o)  # type(), not isinstance(): see plain._cover_models
-                if not issubclass(t, every):
-                    continue
-                for kind, types in kinds.items():
-                    if issubclass(t, types):
-                        live[kind].append(o)
+        live = live_objects(kinds)
         refs: dict[str, list[weakref.ref[Any]]] = {}
         for kind, objs in live.items():
             try:

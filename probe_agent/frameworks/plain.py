@@ -10,10 +10,10 @@ one the user steps by hand) is still changed and saved.
 
 from __future__ import annotations
 
-import gc
 import sys
 from typing import Any
 
+from ..heapscan import live_objects
 from . import unwrap
 from .base import Context, Discovered
 
@@ -101,10 +101,8 @@ def _cover_models(d: Discovered, ctx: Context) -> None:
     cands = list(d.models) + _module_candidates(ctx, nn)
     chosen = cover(cands, wanted)
     if chosen is None:  # not in the script's names: any live module
-        # type(), not isinstance(): isinstance reads __class__, which some module-level
-        # objects turn into a deprecation warning (torch.distributed.reduce_op).
-        live = [(f"<{type(o).__name__} found by gc>", o) for o in gc.get_objects()
-                if issubclass(type(o), nn.Module)]
+        live = [(f"<{type(o).__name__} found by gc>", o)
+                for o in live_objects({"modules": (nn.Module,)})["modules"]]
         chosen = cover(cands + live, wanted)
     if chosen is None:
         d.notes.append("no nn.Module owns the optimizers' parameters")

@@ -16,13 +16,14 @@
 
 from __future__ import annotations
 
-import gc
 import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+
+from ...heapscan import live_objects
 
 #: Wrapper classes whose one child is the real model: attribute of the child.
 _WRAPPERS = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module",
@@ -190,11 +191,10 @@ def _parents() -> dict[int, Any]:
     import torch.nn as nn  # the tracer runs: torch is loaded
 
     out: dict[int, Any] = {}
-    for o in gc.get_objects():
-        if issubclass(type(o), nn.Module):  # type(): isinstance may warn (see frameworks.plain)
-            for child in o._modules.values():
-                if child is not None:
-                    out.setdefault(id(child), weakref.ref(o))
+    for o in live_objects({"modules": (nn.Module,)})["modules"]:
+        for child in o._modules.values():
+            if child is not None:
+                out.setdefault(id(child), weakref.ref(o))
     return out
 
 
