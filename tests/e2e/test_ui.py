@@ -18,6 +18,8 @@ import httpx
 import pytest
 
 from tests.e2e.test_cluster import torchrun_job
+from tests.e2e.training import probe
+from tests.support import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -142,29 +144,39 @@ def test_tiles_advance_and_sql_console_returns_rows(tmp_path):
 def test_hang_banner_names_the_culprit(tmp_path):
     _need_browser()
     # GIVEN a 2-rank job whose rank 1 sleeps before the all_reduce rank 0 waits in
-    with torchrun_job(tmp_path, "hang_sleep_before_allreduce.py", 2) as (_, infos), \
-            dashboard(infos[0]["url"]) as url, \
-            page_at(url, tmp_path, RECORD_BANNERS) as page:
-        # WHEN the page has refreshed past the job's hang threshold
-        banner = page.locator("#banner-hang")
-        banner.wait_for(timeout=60_000)
-        page.wait_for_selector('.tile.hung[data-rank="1"]', timeout=30_000)
-        assert page.locator('.tile[data-rank="0"]').get_attribute("class") == "tile waiting"
-        shot = tmp_path / "probe-ui-hang.png"
-        page.screenshot(path=str(shot), full_page=True)
-        shutil.copy(shot, "/tmp/probe-ui-hang.png")
-        # THEN the banner names rank 1 (the verdict `probe hang` prints), linking to evidence
-        text = banner.inner_text()
-        assert text.startswith("HANG: rank 1"), text
-        assert banner.locator("a").get_attribute("href") == "#ev-hang"
-        assert "rank 1" in page.locator("#ev-hang summary").inner_text()
-        # AND from its first paint on, the page never said the job was fine: before the first
-        # snapshot it says it is checking
-        seen = page.evaluate("window.__banners")
-        assert seen and seen[0].startswith("Checking the job"), seen
-        assert not any("No hang" in t for t in seen), seen
-        # AND once the doctor and straggler round is in, no straggler is named under the hang
-        page.wait_for_function(
-            "!document.getElementById('findings').textContent.startsWith('waiting')",
-            timeout=60_000)
-        assert page.locator("#banner-straggler").count() == 0
+    with torchrun_job(tmp_path, "hang_sleep_before_allreduce.py", 2) as (_, infos):
+        # AND the hang is established by the verdict's own rule (`probe hang`, default
+        # threshold: the job's rhythm) before the page is opened: its first paint is during the
+        # hang. Before that moment "No hang." is the truth, on a loaded machine for seconds.
+        target = infos[0]["url"].removeprefix("http://")
+        wait_until(lambda: probe("-t", target, "--timeout", "5", "hang").returncode == 4, 90,
+                   "probe hang never called the hang")
+        with dashboard(infos[0]["url"]) as url, page_at(url, tmp_path, RECORD_BANNERS) as page:
+            _hang_banner_checks(page, tmp_path)
+
+
+def _hang_banner_checks(page, tmp_path):
+    """The hang banner from the first paint of a page opened during a hang."""
+    # WHEN the page has refreshed
+    banner = page.locator("#banner-hang")
+    banner.wait_for(timeout=60_000)
+    page.wait_for_selector('.tile.hung[data-rank="1"]', timeout=30_000)
+    assert page.locator('.tile[data-rank="0"]').get_attribute("class") == "tile waiting"
+    shot = tmp_path / "probe-ui-hang.png"
+    page.screenshot(path=str(shot), full_page=True)
+    shutil.copy(shot, "/tmp/probe-ui-hang.png")
+    # THEN the banner names rank 1 (the verdict `probe hang` prints), linking to evidence
+    text = banner.inner_text()
+    assert text.startswith("HANG: rank 1"), text
+    assert banner.locator("a").get_attribute("href") == "#ev-hang"
+    assert "rank 1" in page.locator("#ev-hang summary").inner_text()
+    # AND from its first paint on, the page never said the job was fine: before the first
+    # snapshot it says it is checking
+    seen = page.evaluate("window.__banners")
+    assert seen and seen[0].startswith("Checking the job"), seen
+    assert not any("No hang" in t for t in seen), seen
+    # AND once the doctor and straggler round is in, no straggler is named under the hang
+    page.wait_for_function(
+        "!document.getElementById('findings').textContent.startsWith('waiting')",
+        timeout=60_000)
+    assert page.locator("#banner-straggler").count() == 0
