@@ -67,6 +67,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from . import optim_hooks
 from .collectors import Guard, Sink
 from .collectors.torch_import import imported
 
@@ -142,7 +143,8 @@ class StepClock:
         with self._lock:
             if not self.armed:
                 mod = sys.modules["torch.optim.optimizer"]
-                self._handle = mod.register_optimizer_step_post_hook(self._on_step)
+                # copy-on-write: a step in progress on the training thread is iterating it
+                self._handle = optim_hooks.register(mod, "post", self._on_step)
                 self._wrap_grad_scaler()
                 self._wrap_engine_step()
                 self.armed = True

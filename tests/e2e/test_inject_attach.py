@@ -120,8 +120,9 @@ def test_repeated_injection_keeps_numerics(plain_train, tmp_path):
 
         with httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://x",
                           timeout=10) as c:
-            c.post("/v1/eval", json={"code": "import threading, probe_agent; "
-                                             "threading.Timer(0.05, probe_agent.stop).start()"})
+            r = c.post("/v1/eval", json={"code": "import threading, probe_agent; "
+                                                 "threading.Timer(0.05, probe_agent.stop).start()"})
+            assert r.status_code == 200 and r.json()["ok"], r.text
         # stop() removes the socket file last: then the agent is wholly gone
         wait_until(lambda: not os.path.exists(sock), 20, f"agent {i} did not stop")
     # THEN the target is alive and never computed a wrong number

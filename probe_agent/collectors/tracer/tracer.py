@@ -55,6 +55,7 @@ import weakref
 from array import array
 from typing import TYPE_CHECKING, Any
 
+from ... import optim_hooks
 from .. import Guard, Sink
 from ..torch_import import TorchImportWatcher, torch_ready
 from . import trace_hot
@@ -207,16 +208,14 @@ class TorchTracer(CudaRecords, WriterSide):
                 return
             torch = sys.modules["torch"]
             from torch.autograd.variable import Variable
-            from torch.optim.optimizer import (
-                register_optimizer_step_post_hook,
-                register_optimizer_step_pre_hook,
-            )
+            from torch.optim import optimizer as optimizer_mod
 
             self._torch = torch
             self.queue_callback = Variable._execution_engine.queue_callback
+            # copy-on-write (optim_hooks.py): the training thread may be iterating them now
             self._handles = [
-                register_optimizer_step_pre_hook(self._on_opt_pre),
-                register_optimizer_step_post_hook(self._on_opt_post),
+                optim_hooks.register(optimizer_mod, "pre", self._on_opt_pre),
+                optim_hooks.register(optimizer_mod, "post", self._on_opt_post),
             ]
             clock = self.stepclock
             clock.poll()

@@ -1,0 +1,50 @@
+"""Global optimizer step hooks added and removed without disturbing a step in progress.
+
+torch runs a step's global hooks by iterating ``_global_optimizer_{pre,post}_hooks.values()``
+lazily (``itertools.chain`` in ``Optimizer.step``'s wrapper): a hook added or removed from another
+thread while the training thread is between two hooks of that loop raises ``RuntimeError:
+OrderedDict mutated during iteration`` in the training thread. Seen: ``probe_agent.stop()`` run
+from an eval killed the training loop of an injected process. So the agent never changes those
+dicts in place: it copies, changes the copy, and rebinds the module's name. A loop in progress
+keeps iterating the old dict; the next step reads the new one.
+
+Caveat: a ``RemovableHandle`` that someone else took for a global optimizer hook before one of
+these swaps points at the old dict, so its ``remove()`` no longer reaches the hook. In torch and
+the frameworks we test, only ``torch.distributed._tools.mem_tracker`` removes such hooks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+_lock = threading.Lock()
+
+
+class GlobalHook:
+    """One hook in ``torch.optim.optimizer._global_optimizer_{kind}_hooks``; ``remove()`` is
+    idempotent and safe from any thread."""
+
+    def __init__(self, module: Any, name: str, key: int) -> None:
+        self._module, self._name, self._key = module, name, key
+
+    def remove(self) -> None:
+        with _lock:
+            old = getattr(self._module, self._name)
+            if self._key in old:
+                new = OrderedDict(old)
+                del new[self._key]
+                setattr(self._module, self._name, new)
+
+
+def register(module: Any, kind: str, hook: Any) -> GlobalHook:
+    """Add ``hook`` as a global optimizer ``kind`` ('pre' or 'post') step hook of ``module``
+    (``torch.optim.optimizer``), copy-on-write."""
+    name = f"_global_optimizer_{kind}_hooks"
+    with _lock:
+        new = OrderedDict(getattr(module, name))
+        key = module.hooks.RemovableHandle(new).id  # torch's own id counter: no clash
+        new[key] = hook
+        setattr(module, name, new)
+    return GlobalHook(module, name, key)
