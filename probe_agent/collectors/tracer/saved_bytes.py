@@ -123,11 +123,14 @@ class SavedBytes:
         graph = torch.autograd.graph
         orig = graph.disable_saved_tensors_hooks
         if getattr(orig, "probe_wrapped", False):
+            # wrapped once per process: it serves the newest tracer's accounting (an agent
+            # started again after a stop, or after `probe inject` re-attached)
+            orig.probe_owner = self  # type: ignore[attr-defined]
             return
-        saved = self
 
         @contextlib.contextmanager
         def disable_saved_tensors_hooks(error_message: str) -> Iterator[None]:
+            saved = disable_saved_tensors_hooks.probe_owner  # type: ignore[attr-defined]
             lifted = False
             if saved.pushed:
                 saved._pop(torch)
@@ -136,10 +139,14 @@ class SavedBytes:
                 with orig(error_message):
                     yield
             finally:
-                if lifted:
+                # Pushed back only while counting is on: a stopped agent's accounting left on
+                # the stack mid-step must not re-register its global input hook (torch.compile
+                # enters this context, and found the hook, in a later job of the process).
+                if lifted and saved.enabled:
                     saved._push(torch)
 
         disable_saved_tensors_hooks.probe_wrapped = True  # type: ignore[attr-defined]
+        disable_saved_tensors_hooks.probe_owner = self  # type: ignore[attr-defined]
         graph.disable_saved_tensors_hooks = disable_saved_tensors_hooks
 
     def _pop(self, torch: Any) -> None:
