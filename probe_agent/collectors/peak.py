@@ -12,16 +12,29 @@ is kept in the run dir (``cpu_peak.json``, keyed by CPU model, threads and dtype
 ranks of the node and later jobs reuse it; its source says "measured". It runs on the training
 thread at a step boundary (~0.3 s, once): measured anywhere else it would compete with the
 step it is meant to judge.
+
+Ranks of a node share the file: every write is a read-modify-write under an exclusive
+``flock`` on ``cpu_peak.json.lock``, merged key by key and replaced with a rename, so two ranks
+measuring at once both land (a plain write kept only the last writer's keys), and a rank that
+waited for the lock finds the other's measurement instead of running its own probe beside it
+(two probes on the same cores would both read low). The lock is waited for at most
+``LOCK_WAIT_S``: past that the rank goes on unlocked rather than stall its training.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 T = 1e12
+#: The longest a rank waits for the node's cache lock (another rank's 0.3 s probe) before it
+#: goes on without it.
+LOCK_WAIT_S = 2.0
 _NV = "NVIDIA data sheet"
 _AMD = "AMD data sheet"
 #: (name substring, {dtype: dense FLOP/s}, source), most specific first.
@@ -103,24 +116,27 @@ class PeakFlops:
             return found
         source = found[1].split(" (")[0] + " (raised to a step's own FLOP/s: the probe ran busy)"
         self._known[key] = (achieved, source)
-        path = os.path.join(self.run_dir, "cpu_peak.json")
-        cache = _read(path)
-        for k in [k for k in cache if k.endswith(f"|{dtype}")]:
-            cache[k] = max(float(cache[k]), achieved)
-        _write(path, cache)
+
+        def raise_(cache: dict[str, Any]) -> None:
+            for k in [k for k in cache if k.endswith(f"|{dtype}")]:
+                cache[k] = max(float(cache[k]), achieved)
+
+        update_cache(os.path.join(self.run_dir, "cpu_peak.json"), raise_)
         return self._known[key]
 
     def _cpu(self, torch: Any, dtype: str) -> tuple[float, str] | None:
         threads = torch.get_num_threads()
         key = f"{_cpu_model()}|{threads}|{dtype}"
-        path = os.path.join(self.run_dir, "cpu_peak.json")
-        cache = _read(path)
-        if key in cache:
-            flops = float(cache[key])
-        else:
-            flops = measure_cpu(torch, dtype)
-            cache[key] = flops
-            _write(path, cache)
+        found: list[float] = []
+
+        def measure(cache: dict[str, Any]) -> None:
+            # Under the node's lock: a rank that waited here finds the other's figure.
+            if key not in cache:
+                cache[key] = measure_cpu(torch, dtype)
+            found.append(float(cache[key]))
+
+        update_cache(os.path.join(self.run_dir, "cpu_peak.json"), measure)
+        flops = found[0]
         return flops, f"measured: CPU {dtype} matmul, {threads} threads"
 
 
@@ -159,6 +175,40 @@ def _read(path: str) -> dict[str, Any]:
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
+
+
+def update_cache(path: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Read ``path``, let ``change`` edit the dict, write it back atomically, all under the
+    node's lock (see the module docstring). ``change`` runs even when the file cannot be
+    written: the figure still holds for this rank."""
+    with _locked(path + ".lock"):
+        cache = _read(path)
+        before = dict(cache)
+        change(cache)
+        if cache != before:
+            _write(path, cache)
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield  # no lock file (read-only run dir): unlocked, as before
+        return
+    try:
+        end = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() > end:
+                    break  # never stall training for a cache: go on unlocked
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
 
 
 def _write(path: str, data: dict[str, Any]) -> None:
