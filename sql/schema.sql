@@ -393,3 +393,39 @@ CREATE TABLE IF NOT EXISTS python.step_stats (
     clip_calls    BIGINT,
     grad_scale    DOUBLE
 );
+
+-- python.schedule: the job's LR schedule in steps, one row per top-level LR scheduler each time
+-- it is read (probe_agent/collectors/schedule.py: at the first optimizer step seen, then at
+-- steps 10, 100, 1000, ...). Not a step table: a handful of rows per run, never trimmed.
+-- step: the optimizer step it was read at. scheduler: the class (a LambdaLR with its function,
+--   a SequentialLR with what it holds); NULL with kind 'none' when no scheduler steps the
+--   job's optimizers. location: how the job reaches it (trainer.lr_scheduler, sched, ...).
+-- kind: 'warmup+decay' | 'decay' | 'warmup' | 'constant' | 'periodic' | 'warmup+periodic' |
+--   'opaque' | 'none'. method: 'read' (from its settings: OneCycleLR total_steps, T_max,
+--   total_iters, milestones, HF's num_training_steps, DeepSpeed's total_num_steps) |
+--   'measured' (a LambdaLR's function called for steps 0..N) | 'opaque' (neither; note says why).
+-- warmup_steps / end_step: scheduler steps at which the warmup and the decay end (NULL when it
+--   has none, or it cannot be known). after_end: 'constant' | 'rises' (periodic: the cosine
+--   climbs again) | 'raises' (OneCycleLR raises ValueError past total_steps).
+-- sched_steps: the scheduler's own count (last_epoch) when read; about step - 1 when it steps
+--   once per optimizer step (it steps after optimizer.step()), far below for a per-epoch one.
+-- total_steps / total_source: the optimizer steps the framework says the job runs
+--   (Trainer.state.max_steps, TrainingArguments.max_steps, Lightning Trainer.max_steps or
+--   estimated_stepping_batches); NULL in a hand-written loop. framework: discovery's name.
+CREATE TABLE IF NOT EXISTS python.schedule (
+    timestamp     DOUBLE  NOT NULL,
+    rank          INTEGER NOT NULL,
+    step          BIGINT  NOT NULL,
+    scheduler     VARCHAR,
+    location      VARCHAR,
+    kind          VARCHAR,
+    method        VARCHAR,
+    warmup_steps  BIGINT,
+    end_step      BIGINT,
+    after_end     VARCHAR,
+    sched_steps   BIGINT,
+    total_steps   BIGINT,
+    total_source  VARCHAR,
+    framework     VARCHAR,
+    note          VARCHAR
+);

@@ -9,6 +9,7 @@ import click
 
 from probe_protocol.query import QueryBody
 
+from ..diagnose.schedule import schedules
 from ..diagnose.throughput import RankThroughput, from_rows
 from ..outcome import Outcome, finish
 from ..render.text import query_notes
@@ -43,7 +44,16 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
     peak_flops and peak_source after --peak-tflops; "lever": null or {lever (input |
     collective | host | small_ops), share, evidence, next}) and "job" (ranks, dp_world,
     tokens_per_s, samples_per_s, gb_tok, micro_batch, accumulation, context_len, flops_per_s,
-    peak_flops, mfu), the same in every rank's object.
+    peak_flops, mfu, schedule), the same in every rank's object.
+
+    The LR schedule (job "schedule": a list, one object per LR scheduler of the stepping
+    optimizers, as the lowest rank read it): scheduler, location, kind, method (read from its
+    settings | measured by calling a LambdaLR's function | opaque), warmup_steps, end_step,
+    after_end (constant | rises | raises), sched_steps and read_at_step (its own count against
+    the optimizer step: per_optimizer_step), total_steps and total_source (the framework's
+    max_steps), warmup_tokens, decay_tokens, end_tokens, total_tokens (steps x GB_tok), and
+    check: null, or the trap in words (a schedule ending before or after the job's own total,
+    or a job already past the schedule's end).
     """
     results = fan_out(session, resolve_ranks(session), _gather(last))
     world = len(results)
@@ -51,9 +61,16 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
     ranks, job = from_rows(rows, world, peak_tflops)
     by_rank = {t.rank: t for t in ranks}
     job_json = job.to_json()
+    # The schedule is the job's: the lowest rank that has read one speaks for it.
+    sched = next((r.data["_schedule"] for r in sorted(results, key=lambda r: str(r.rank))
+                  if r.ok and r.data and r.data.get("_schedule")), [])
+    now = max((int(t.row["last_step"]) for t in ranks if t.row.get("last_step") is not None),
+              default=None)
+    job_json["schedule"] = schedules(sched, job_json.get("gb_tok"), now)
     for r in results:
         if r.ok and r.data is not None:
             r.data.pop("_row", None)
+            r.data.pop("_schedule", None)
             t = by_rank.get(r.rank)
             r.data["throughput"] = t.to_json() if t is not None else None
             r.data["job"] = job_json
@@ -71,6 +88,12 @@ def _gather(last: int) -> Any:
         body = client.canned("throughput", last=last)
         recs = QueryBody.from_wire(body).records()
         body["_row"] = recs[0] if recs else None
+        try:
+            sched = QueryBody.from_wire(client.canned("schedule")).records()
+        except Exception:  # noqa: BLE001 - an agent without the table: the rest still stands
+            sched = []
+        body["_schedule"] = [s for s in sched if s.get("scheduler") is not None or
+                             s.get("kind") == "none"]
         return body
 
     return call

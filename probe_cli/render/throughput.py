@@ -38,6 +38,7 @@ def render_throughput(ranks: list[RankThroughput], job: dict[str, Any]) -> list[
         f"accumulation {job.get('accumulation')} x data-parallel ranks {job.get('dp_world')} x "
         f"context {job.get('context_len')}",
     ]
+    lines += schedule_lines(job.get("schedule") or [])
     for t in ranks:
         r = t.row
         lines += [
@@ -68,3 +69,37 @@ def render_throughput(ranks: list[RankThroughput], job: dict[str, Any]) -> list[
             lines.append(f"  lever: {lv[0]} ({pct(lv[1])}): {lv[2]}")
             lines.append(f"  next: {NEXT[lv[0]]}")
     return lines
+
+
+def _steps_tokens(steps: Any, tokens: Any) -> str:
+    return f"step {steps}" + (f" = {si(tokens, 'tokens')}" if tokens is not None else "")
+
+
+def schedule_lines(blocks: list[dict[str, Any]]) -> list[str]:
+    """The LR schedule beside GB_tok (diagnose/schedule.py)."""
+    if not blocks:
+        return ["  schedule: not read yet (read at the first optimizer step, then steps 10, "
+                "100, ...)"]
+    out = []
+    for b in blocks:
+        if b.get("scheduler") is None:
+            out.append(f"  schedule: {b.get('note') or 'no LR scheduler'}")
+            continue
+        head = f"  schedule: {b['scheduler']} ({b.get('location')}), {b.get('kind')}, " \
+               f"{b.get('method')}"
+        parts = []
+        if b.get("warmup_steps"):
+            parts.append(f"warmup to {_steps_tokens(b['warmup_steps'], b.get('warmup_tokens'))}")
+        if b.get("end_step") is not None:
+            parts.append(f"decay ends at {_steps_tokens(b['end_step'], b.get('end_tokens'))}"
+                         + (f" ({si(b['decay_tokens'], 'tokens')} of decay)"
+                            if b.get("decay_tokens") is not None else ""))
+        if b.get("total_steps") is not None:
+            parts.append(f"job total {_steps_tokens(b['total_steps'], b.get('total_tokens'))} "
+                         f"({b.get('total_source')})")
+        out.append(head + (": " + "; ".join(parts) if parts else ""))
+        if b.get("note"):
+            out.append(f"    note: {b['note']}")
+        if b.get("check"):
+            out.append(f"    CHECK: {b['check']}")
+    return out

@@ -2,7 +2,9 @@
 [B, T] and gradient accumulation 2. `probe throughput` reports the exact tokens per optimizer
 step and GB_tok, tokens/s within 10% of what the script timed itself over the same steps, and
 FLOPs per step within 5% of FlopCounterMode run here on the same model and shapes (and, for
-this Linear-only model, within 15% of 6·N·tokens)."""
+this Linear-only model, within 15% of 6·N·tokens). Its warmup+cosine LambdaLR (warmup 10 steps,
+ending at step 40 while the loop runs on) is measured, shown in tokens with GB_tok, and the
+job running past its end is called out."""
 
 from __future__ import annotations
 
@@ -42,13 +44,18 @@ def _flops_here(batch: int, context: int, accum: int) -> float:
 @pytest.mark.timeout(300)
 def test_tokens_gb_tok_rate_and_flops_of_a_token_model(tmp_path):
     # GIVEN a 2-rank DDP token model, B=4 T=32, 2 micro-batches per step, tracing every 2nd step
+    # and a warmup+cosine schedule that ends at step 40 while the loop runs past it
+    args = ("--schedule", "cosine", "--warmup", "10", "--sched-total", "40",
+            "--ready-step", "50")
     with training_job(tmp_path, "token_job.py", nproc=2, env={"PROBE_TRACE": "every:2"},
-                      timeout=240) as (_, infos):
+                      args=args, timeout=240) as (_, infos):
         # WHEN probe throughput --json asks every rank about its last 20 steps
         out = probe("-t", infos[0]["url"].removeprefix("http://"), "--json", "throughput",
                     "--last", "20", timeout=120)
         assert out.returncode == 0, out.stderr + out.stdout
         bodies = {b["rank"]: b for b in json.loads(out.stdout)}
+        text = probe("-t", infos[0]["url"].removeprefix("http://"), "throughput", "--last", "5",
+                     timeout=120)
         own = {i["rank"]: dict(line.split() for line in
                                (tmp_path / "ready" / f"steps{i['rank']}.txt").read_text()
                                .splitlines()) for i in infos}
@@ -82,3 +89,18 @@ def test_tokens_gb_tok_rate_and_flops_of_a_token_model(tmp_path):
     assert job["gb_tok"] == info["batch"] * info["accum"] * info["world"] * info["context"]
     assert job["micro_batch"] == info["batch"] and job["accumulation"] == info["accum"]
     assert job["dp_world"] == 2
+    # AND the LR schedule sits beside GB_tok: measured from the lambda, in steps and tokens
+    gb = job["gb_tok"]
+    [sched] = job["schedule"]
+    assert sched["scheduler"] == "LambdaLR(lr_factor)" and sched["method"] == "measured", sched
+    assert (sched["warmup_steps"], sched["end_step"]) == (info["warmup"], info["sched_total"])
+    assert sched["per_optimizer_step"] is True, sched
+    assert sched["warmup_tokens"] == info["warmup"] * gb
+    assert sched["end_tokens"] == info["sched_total"] * gb
+    assert sched["decay_tokens"] == (info["sched_total"] - info["warmup"]) * gb
+    assert sched["total_steps"] is None  # a hand-written loop declares no total
+    # AND the trap is named: the loop is past the schedule's end, the cosine climbing again
+    assert sched["after_end"] == "rises"
+    assert sched["check"] and "past the schedule's end at step 40" in sched["check"], sched
+    assert "schedule: LambdaLR(lr_factor)" in text.stdout and "CHECK: step" in text.stdout, \
+        text.stdout

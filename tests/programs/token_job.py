@@ -5,6 +5,9 @@ gloo under torchrun (or one process).
 6·N·tokens is the model's FLOPs up to the biases; ``--model embed``: an Embedding first (its
 gather is no matmul: measured FLOPs fall below 6N).
 
+``--schedule cosine --warmup W --sched-total E``: a hand-written warmup+cosine LambdaLR (the
+usual recipe) stepped once per optimizer step, warming up for W steps and ending at step E.
+
 Each rank appends ``step seconds`` for every optimizer step to ``<ready_dir>/steps{rank}.txt``,
 timed here independently of the agent (from one ``opt.step()`` return to the next), announces
 after ``--ready-step`` steps (tests/programs/ready.py) with its batch, accumulation and context,
@@ -14,6 +17,7 @@ then steps until ``--stop-file``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 
@@ -57,6 +61,15 @@ class EmbedLM(nn.Module):
 MODELS = {"linear": LinearLM, "embed": EmbedLM}
 
 
+def warmup_cosine(warmup: int, total: int):  # noqa: ANN201 - a LambdaLR factor
+    def lr_factor(step: int) -> float:
+        if step < warmup:
+            return step / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return max(0.0, 0.5 * (1 + math.cos(math.pi * progress)))
+    return lr_factor
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=sorted(MODELS), default="linear")
@@ -66,6 +79,9 @@ def main() -> None:
     p.add_argument("--ready-dir", required=True)
     p.add_argument("--stop-file", required=True)
     p.add_argument("--ready-step", type=int, default=30)
+    p.add_argument("--schedule", choices=("none", "cosine"), default="none")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--sched-total", type=int, default=40)
     args = p.parse_args()
     distributed = "RANK" in os.environ
     if distributed:
@@ -75,6 +91,8 @@ def main() -> None:
     model = MODELS[args.model]()
     train = nn.parallel.DistributedDataParallel(model) if distributed else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = (torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(args.warmup, args.sched_total))
+             if args.schedule == "cosine" else None)
     g = torch.Generator().manual_seed(rank)
     log = open(os.path.join(args.ready_dir, f"steps{rank}.txt"), "a", buffering=1)
     step = 0
@@ -91,9 +109,11 @@ def main() -> None:
         log.write(f"{step} {now - last}\n")
         last = now
         opt.zero_grad(set_to_none=True)
+        if sched is not None:
+            sched.step()
         if step == args.ready_step:
             announce(args.ready_dir, rank, batch=args.batch, accum=args.accum,
-                     context=args.context, world=dist.get_world_size() if distributed else 1)
+                     context=args.context, warmup=args.warmup, sched_total=args.sched_total, world=dist.get_world_size() if distributed else 1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,111 @@
+"""ScheduleWatcher: the job's LR schedule in optimizer steps -> ``python.schedule``.
+
+At the first optimizer step the agent sees, then at steps 10, 100, 1000, ... (ten times further
+each time), on the training thread, it finds the LR schedulers of the stepping optimizers
+(the framework layer: the HF Trainer's LambdaLR, Lightning's configs, the script's own) and the
+total the framework declares (HF ``max_steps``, Lightning ``max_steps`` or
+``estimated_stepping_batches``), and records one row per top-level scheduler: where its warmup
+and decay end (schedule_read.py: read from its settings, or measured from its lambda), and its
+own step count beside the optimizer's (a per-epoch scheduler counts epochs, and its steps are
+not optimizer steps).
+
+Why so rarely: finding the schedulers walks the heap (discovery's gc scan, 50-100 ms on a large
+job, reused while fresh), and a schedule does not change while it runs. Why on the training
+thread: a LambdaLR is probed by calling the job's own function, which must not race the step.
+`probe throughput` turns the steps into tokens with GB_tok and names the trap (a schedule that
+ends before or after the job's own total, or a job already past its schedule's end).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from . import Guard, Sink
+from .schedule_read import MAX_HORIZON, MIN_HORIZON, describe, job_total
+
+if TYPE_CHECKING:
+    from ..clock import StepClock
+
+TABLE = "python.schedule"
+#: Rows kept between flushes (a schedule is read a handful of times per run).
+BUFFER = 1000
+
+
+class ScheduleWatcher:
+    """Collector for python.schedule.
+
+    Args:
+        clock: its steps drive the reads; its optimizers are the ones whose schedulers count.
+        rank: written into every row.
+    """
+
+    def __init__(self, clock: StepClock, rank: int) -> None:
+        self.clock = clock
+        self.rank = rank
+        self.guard = Guard("schedule watcher")
+        self.rows: list[tuple[Any, ...]] = []
+        self.sink: Sink | None = None
+        self._schema: pa.Schema | None = None
+        self._next = 0  # the next step at which the schedule is read
+        self._unsubscribe: Any = None
+
+    def start(self, sink: Sink) -> None:
+        self.sink, self._schema = sink, sink.arrow_schema(TABLE)
+        self._unsubscribe = self.clock.subscribe(self._on_step, "schedule watcher")
+        sink.add_flusher(self.flush)
+
+    def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    # -- training thread ---------------------------------------------------------------------
+    def _on_step(self, step: int, optimizer: Any) -> None:
+        if step < self._next or not self.guard.enabled:
+            return
+        self._next = max(10, 10 * step)
+        try:
+            self.rows.extend(self.read(step, sys._getframe(1))[: BUFFER - len(self.rows)])
+        except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
+            self.guard.failed(e)
+
+    def read(self, step: int, frame: Any) -> list[tuple[Any, ...]]:
+        """One row per top-level scheduler of the stepping optimizers (none: one row saying so,
+        so that `probe throughput` can tell "no scheduler" from "not read yet")."""
+        from ..frameworks import discover, unwrap
+
+        stepping = self.clock.optimizers()
+        d = discover(frame=frame, optimizers=stepping)
+        total, source = job_total(d.framework, d.trainer)
+        ids = {id(unwrap.optimizer(o)) for o in stepping}
+        mine = [s for s in d.schedulers
+                if id(unwrap.optimizer(getattr(s, "optimizer", None))) in ids]
+        inside = {id(x) for s in mine for x in getattr(s, "_schedulers", ())}
+        horizon = min(max(MIN_HORIZON, 4 * (total or 0), 4 * step), MAX_HORIZON)
+        now = time.time()
+        rows = []
+        for s in mine:
+            if id(s) in inside:
+                continue  # described as part of its SequentialLR/ChainedScheduler
+            r = describe(s, horizon)
+            last = getattr(s, "last_epoch", None)
+            rows.append((now, self.rank, step, r["scheduler"], d.name_of(s), r["kind"],
+                         r["method"], r["warmup_steps"], r["end_step"], r["after_end"],
+                         last if isinstance(last, int) else None, total, source, d.framework,
+                         r["note"]))
+        if not rows:
+            rows.append((now, self.rank, step, None, None, "none", None, None, None, None, None,
+                         total, source, d.framework, "no LR scheduler steps these optimizers"))
+        return rows
+
+    # -- writer thread -----------------------------------------------------------------------
+    def flush(self) -> None:
+        n = len(self.rows)
+        if not n or self.sink is None:
+            return
+        rows, self.rows[:n] = self.rows[:n], []
+        self.sink.append(TABLE, pa.table(list(map(list, zip(*rows))), schema=self._schema))

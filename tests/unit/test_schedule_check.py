@@ -1,0 +1,39 @@
+"""The LR schedule beside GB_tok (probe_cli/diagnose/schedule.py): steps turned into tokens, and
+the trap named when the framework's total is not where the schedule ends."""
+
+from __future__ import annotations
+
+from probe_cli.diagnose.schedule import schedules
+
+
+def row(**kw: object) -> dict:
+    base = {"step": 1, "scheduler": "LambdaLR(lr_lambda)", "location": "trainer.lr_scheduler",
+            "kind": "warmup+decay", "method": "read", "warmup_steps": 10, "end_step": 40,
+            "after_end": "constant", "sched_steps": 0, "total_steps": None,
+            "total_source": None, "framework": "lightning", "note": None}
+    return {**base, **kw}
+
+
+def test_a_declared_total_past_the_schedule_end_is_the_trap():
+    # GIVEN a schedule ending at step 40 in a job whose Trainer.max_steps is 100, GB_tok 512
+    [b] = schedules([row(total_steps=100, total_source="Trainer.max_steps")], 512, 5)
+    # THEN the tokens are steps x GB_tok, and the 60 steps past the end are named
+    assert (b["warmup_tokens"], b["end_tokens"], b["decay_tokens"], b["total_tokens"]) == (
+        5120, 20480, 15360, 51200)
+    assert b["check"].startswith("the schedule ends at step 40 but the job runs to step 100 "
+                                 "(Trainer.max_steps): its last 60 steps (30,720 tokens) run "
+                                 "at the schedule's final LR")
+
+
+def test_a_total_short_of_the_end_and_a_matching_one():
+    [b] = schedules([row(total_steps=20, total_source="Trainer.max_steps")], 512, 5)
+    assert "stops 50% of the way" in b["check"]
+    [b] = schedules([row(total_steps=40, total_source="Trainer.max_steps")], 512, 39)
+    assert b["check"] is None
+
+
+def test_a_per_epoch_scheduler_gets_no_tokens():
+    # GIVEN a scheduler that had stepped 3 times when the agent read it at optimizer step 1000
+    [b] = schedules([row(step=1000, sched_steps=3)], 512, 1000)
+    assert b["per_optimizer_step"] is False and b["end_tokens"] is None
+    assert "not optimizer steps" in b["check"]
