@@ -24,20 +24,12 @@ def find(ctx: Context) -> Discovered | None:
     d = Discovered(name, trainer=acc)
     d.where[id(acc)] = label
     for i, opt in enumerate(getattr(acc, "_optimizers", [])):
-        inner = unwrap.optimizer(opt)
-        d.optimizers.append(inner)
-        d.where[id(inner)] = f"{label}._optimizers[{i}].optimizer"
+        d.add_optimizer(opt, f"{label}._optimizers[{i}]", ".optimizer")
     for i, sched in enumerate(getattr(acc, "_schedulers", [])):
-        inner = unwrap.scheduler(sched)
-        d.schedulers.append(inner)
-        d.where[id(inner)] = f"{label}._schedulers[{i}].scheduler"
+        d.add_scheduler(sched, f"{label}._schedulers[{i}]", ".scheduler")
     for i, model in enumerate(getattr(acc, "_models", [])):
-        inner, path = unwrap.model(model)
-        kept, kpath = unwrap.model(model, keep_fsdp=True)
-        d.models.append((f"{label}._models[{i}]{path}", inner))
-        d.wrapped_models.append((f"{label}._models[{i}]{kpath}", kept))
+        d.add_model(model, f"{label}._models[{i}]")
     loaders = list(getattr(acc, "_dataloaders", []))
     if loaders:
-        d.train_loader = loaders[0]
-        d.where[id(loaders[0])] = f"{label}._dataloaders[0]"
+        d.add_loader(loaders[0], f"{label}._dataloaders[0]")
     return d

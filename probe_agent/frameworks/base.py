@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import unwrap
+
 
 @dataclass(slots=True)
 class Discovered:
@@ -52,6 +54,30 @@ class Discovered:
 
     def name_of(self, obj: Any) -> str:
         return self.where.get(id(obj), type(obj).__name__)
+
+    # Each adapter reads the same three kinds of objects off its trainer; these take the
+    # wrapper off and record where the unwrapped object was found, in one way for all.
+    def add_optimizer(self, opt: Any, where: str, inner_suffix: str = "") -> None:
+        """``opt`` unwrapped; ``where + inner_suffix`` names it when a wrapper came off."""
+        inner = unwrap.optimizer(opt)
+        self.optimizers.append(inner)
+        self.where[id(inner)] = where + (inner_suffix if inner is not opt else "")
+
+    def add_scheduler(self, sched: Any, where: str, inner_suffix: str = "") -> None:
+        inner = unwrap.scheduler(sched)
+        self.schedulers.append(inner)
+        self.where[id(inner)] = where + (inner_suffix if inner is not sched else "")
+
+    def add_model(self, model: Any, where: str) -> None:
+        """The user's module under ``model``, and ``model`` as held (an FSDP1 wrapper kept)."""
+        inner, path = unwrap.model(model)
+        kept, kpath = unwrap.model(model, keep_fsdp=True)
+        self.models.append((where + path, inner))
+        self.wrapped_models.append((where + kpath, kept))
+
+    def add_loader(self, loader: Any, where: str) -> None:
+        self.train_loader = loader
+        self.where[id(loader)] = where
 
 
 @dataclass(slots=True)

@@ -34,23 +34,16 @@ def find(ctx: Context) -> Discovered | None:
     d.models_fixed = True
     module = getattr(engine, "module", None)
     if module is not None:
-        inner, path = unwrap.model(module)
-        d.models.append((f"{label}.module{path}", inner))
-        d.wrapped_models.append((f"{label}.module{path}", inner))
+        d.add_model(module, f"{label}.module")
     opt = getattr(engine, "optimizer", None)
     if opt is not None:
-        inner_opt = unwrap.optimizer(opt)
-        d.optimizers.append(inner_opt)
-        d.where[id(inner_opt)] = (f"{label}.optimizer.optimizer" if inner_opt is not opt
-                                  else f"{label}.optimizer")
+        d.add_optimizer(opt, f"{label}.optimizer", ".optimizer")
     sched = getattr(engine, "lr_scheduler", None)
     if sched is not None:
-        d.schedulers.append(sched)
-        d.where[id(sched)] = f"{label}.lr_scheduler"
+        d.add_scheduler(sched, f"{label}.lr_scheduler")
     loader = getattr(engine, "training_dataloader", None)
     if loader is not None:
-        d.train_loader = loader
-        d.where[id(loader)] = f"{label}.training_dataloader"
+        d.add_loader(loader, f"{label}.training_dataloader")
     return d
 
 

@@ -31,14 +31,10 @@ def find(ctx: Context) -> Discovered | None:
     d.models_fixed = engine_of(tr) is not None
     opt = getattr(tr, "optimizer", None)
     if opt is not None:
-        inner = unwrap.optimizer(opt)
-        d.optimizers.append(inner)
-        d.where[id(inner)] = f"{label}.optimizer" + (".optimizer" if inner is not opt else "")
+        d.add_optimizer(opt, f"{label}.optimizer", ".optimizer")
     sched = getattr(tr, "lr_scheduler", None)
     if sched is not None:
-        inner = unwrap.scheduler(sched)
-        d.schedulers.append(inner)
-        d.where[id(inner)] = f"{label}.lr_scheduler" + (".scheduler" if inner is not sched else "")
+        d.add_scheduler(sched, f"{label}.lr_scheduler", ".scheduler")
     model = getattr(tr, "model", None)
     if model is not None:
         inner, path = unwrap.model(model)
@@ -48,9 +44,9 @@ def find(ctx: Context) -> Discovered | None:
         kept_name = (f"{label}.model{path}" if kept is inner
                      else f"{label}.model_wrapped{kpath}")  # an FSDP1 wrapper, kept for saving
         d.wrapped_models.append((kept_name, kept))
-    d.train_loader = _loader(ctx, tr)
-    if d.train_loader is not None:
-        d.where[id(d.train_loader)] = "train_dataloader (the Trainer loop's local)"
+    loader = _loader(ctx, tr)
+    if loader is not None:
+        d.add_loader(loader, "train_dataloader (the Trainer loop's local)")
     return d
 
 

@@ -27,18 +27,12 @@ def find(ctx: Context) -> Discovered | None:
     # under DeepSpeed the optimizer holds ZeRO partitions, not the model's parameters
     d.models_fixed = engine_of(tr) is not None
     for i, opt in enumerate(_optimizers(tr)):
-        inner = unwrap.optimizer(opt)
-        d.optimizers.append(inner)
-        d.where[id(inner)] = f"{label}.optimizers[{i}]"
+        d.add_optimizer(opt, f"{label}.optimizers[{i}]")
     for i, conf in enumerate(getattr(tr, "lr_scheduler_configs", None) or []):
-        sched = unwrap.scheduler(conf)
-        d.schedulers.append(sched)
-        d.where[id(sched)] = f"{label}.lr_scheduler_configs[{i}].scheduler"
+        d.add_scheduler(conf, f"{label}.lr_scheduler_configs[{i}]", ".scheduler")
     module = getattr(tr, "lightning_module", None)
     if module is not None:
-        inner, path = unwrap.model(module)
-        d.models.append((f"{label}.lightning_module{path}", inner))
-        d.wrapped_models.append((f"{label}.lightning_module{path}", inner))
+        d.add_model(module, f"{label}.lightning_module")
     try:
         loader = tr.train_dataloader
     except (AttributeError, RuntimeError):  # before fit() set up its loops

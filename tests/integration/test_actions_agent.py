@@ -7,6 +7,7 @@ behaviour (agreement, --next-step across ranks) is in tests/e2e/test_actions.py.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,16 +57,24 @@ class Trainer:
         wait_until(lambda: self.steps >= target, 10, "trainer did not step")
 
 
-@pytest.fixture
-def trainer(request: pytest.FixtureRequest) -> Iterator[Trainer]:
+@contextlib.contextmanager
+def trainer_running(free: bool, check: bool = True) -> Iterator[Trainer]:
+    """A Trainer stepping on its own thread (``free``: without waiting for ``go``); joined
+    after, and with ``check`` its loop must not have raised."""
     t = Trainer()
-    free = getattr(request, "param", False)
     th = threading.Thread(target=t.run, args=(free,), name="trainer", daemon=True)
     th.start()
     yield t
     t.stop.set()
     th.join(10)
-    assert t.error is None, t.error
+    if check:
+        assert t.error is None, t.error
+
+
+@pytest.fixture
+def trainer(request: pytest.FixtureRequest) -> Iterator[Trainer]:
+    with trainer_running(getattr(request, "param", False)) as t:
+        yield t
 
 
 def post(c: httpx.Client, **body: object) -> httpx.Response:

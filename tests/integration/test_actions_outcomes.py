@@ -7,14 +7,13 @@ was not cancelled, and one that may still run was not "nothing ran".
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from probe_cli.main import main
-from tests.integration.test_actions_agent import Trainer
+from tests.integration.test_actions_agent import Trainer, trainer_running
 from tests.support import wait_until
 
 pytest.importorskip("torch")
@@ -22,13 +21,8 @@ pytest.importorskip("torch")
 
 @pytest.fixture
 def running_trainer() -> Iterator[Trainer]:
-    t = Trainer()
-    th = threading.Thread(target=t.run, args=(True,), name="trainer", daemon=True)
-    th.start()
-    yield t
-    t.stop.set()
-    th.join(10)
-    assert t.error is None, t.error
+    with trainer_running(free=True) as t:
+        yield t
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

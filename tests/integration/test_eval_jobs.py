@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from probe_cli.main import main
-from tests.integration.test_actions_agent import Trainer
+from tests.integration.test_actions_agent import Trainer, trainer_running
 from tests.support import wait_until
 
 SWALLOWS = ("while True:\n"
@@ -68,12 +68,8 @@ def test_probe_eval_cancel_stops_a_running_eval(make_agent: Any,
 
 @pytest.fixture
 def trainer() -> Iterator[Trainer]:
-    t = Trainer()
-    th = threading.Thread(target=t.run, args=(True,), name="trainer", daemon=True)
-    th.start()
-    yield t
-    t.stop.set()
-    th.join(10)
+    with trainer_running(free=True, check=False) as t:
+        yield t
 
 
 def test_an_eval_blocked_in_c_says_it_still_runs_and_what_it_costs(
