@@ -429,3 +429,22 @@ CREATE TABLE IF NOT EXISTS python.schedule (
     framework     VARCHAR,
     note          VARCHAR
 );
+
+-- python.parallel: the job's tensor/pipeline-parallel layout as this rank read it
+-- (probe_agent/collectors/parallel.py: at the first optimizer step seen in a process group,
+-- then at steps 10, 100, 1000, ...). Not a step table: a handful of rows, never trimmed.
+-- source: 'DeviceMesh' | 'megatron parallel_state' | 'deepspeed PipelineEngine', or NULL when
+--   none was found (tp = pp = 1 then: the data-parallel world is assumed to be every rank).
+-- mesh: the dims as read ('dp=1, tp=2'). tp / pp: tensor- and pipeline-parallel sizes (a
+--   DeviceMesh's dims named tp/tensor and pp/pipe/pipeline; every other dim is data parallel).
+-- world: the process group's size. The data-parallel world is world / (tp x pp).
+CREATE TABLE IF NOT EXISTS python.parallel (
+    timestamp     DOUBLE  NOT NULL,
+    rank          INTEGER NOT NULL,
+    step          BIGINT  NOT NULL,
+    source        VARCHAR,
+    mesh          VARCHAR,
+    tp            INTEGER,
+    pp            INTEGER,
+    world         INTEGER
+);

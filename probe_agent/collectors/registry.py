@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..ranks import RankRegistry
     from .collectives import CollectiveRecorder
     from .oom import OomRecorder
+    from .parallel import ParallelWatcher
     from .schedule import ScheduleWatcher
     from .stacks import BacktraceTables
     from .steps import StepRecorder
@@ -45,6 +46,7 @@ class Collectors:
     oom: OomRecorder | None = None  # python.ooms: a CUDA OOM caught in the act
     trainloop: LoopMonitor | None = None  # python.step_stats, the doctor's loop state
     schedule: ScheduleWatcher | None = None  # python.schedule: the LR schedule in steps
+    parallel: ParallelWatcher | None = None  # python.parallel: tensor/pipeline groups
     stacks: BacktraceTables | None = None  # python.backtrace(_all) by thread
 
     def running(self) -> list[tuple[str, Any]]:
@@ -82,6 +84,7 @@ def build_collectors(clock: StepClock, rank: int, config: AgentConfig,
     from .collectives import CollectiveRecorder
     from .stacks import BacktraceTables
     from .oom import OomRecorder
+    from .parallel import ParallelWatcher
     from .schedule import ScheduleWatcher
     from .steps import StepRecorder
     from .tracer.tracer import TorchTracer
@@ -98,6 +101,7 @@ def build_collectors(clock: StepClock, rank: int, config: AgentConfig,
         oom=_build("oom", lambda: OomRecorder(clock, rank, config.run_dir, kinds)),
         trainloop=_build("trainloop", lambda: LoopMonitor(clock, rank)),
         schedule=_build("schedule", lambda: ScheduleWatcher(clock, rank)),
+        parallel=_build("parallel", lambda: ParallelWatcher(clock, rank)),
         stacks=_build("stacks", lambda: BacktraceTables(clock, rank)),
     )
 

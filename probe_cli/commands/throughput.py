@@ -40,11 +40,16 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
     2% of the peak. The job: summed tokens/s, samples/s and TFLOP/s, MFU of the sum, and GB_tok
     = micro-batch x accumulation x data-parallel ranks x context.
 
+    The data-parallel world is the ranks reached unless tensor or pipeline groups are detected
+    (a DeviceMesh with dims named tp/pp, Megatron's parallel_state, DeepSpeed's pipeline
+    engine): then it is world / (tp x pp), and each replica's tokens count once in GB_tok.
+    The output says which ("assumed = ranks reached" when none was found).
+
     --json: one object per rank: its "throughput" (the throughput query's columns; mfu,
     peak_flops and peak_source after --peak-tflops; "lever": null or {lever (input |
     collective | host | small_ops), share, evidence, next}) and "job" (ranks, dp_world,
     tokens_per_s, samples_per_s, gb_tok, micro_batch, accumulation, context_len, flops_per_s,
-    peak_flops, mfu, schedule), the same in every rank's object.
+    peak_flops, mfu, dp_world, dp_source, tp, pp, schedule), the same in every rank's object.
 
     The LR schedule (job "schedule": a list, one object per LR scheduler of the stepping
     optimizers, as the lowest rank read it): scheduler, location, kind, method (read from its
@@ -58,7 +63,9 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
     results = fan_out(session, resolve_ranks(session), _gather(last))
     world = len(results)
     rows = {r.rank: r.data.pop("_row") for r in results if r.ok and r.data and r.data.get("_row")}
-    ranks, job = from_rows(rows, world, peak_tflops)
+    layout = next((r.data["_parallel"] for r in sorted(results, key=lambda r: str(r.rank))
+                   if r.ok and r.data and r.data.get("_parallel")), None)
+    ranks, job = from_rows(rows, world, peak_tflops, layout)
     by_rank = {t.rank: t for t in ranks}
     job_json = job.to_json()
     # The schedule is the job's: the lowest rank that has read one speaks for it.
@@ -71,6 +78,7 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
         if r.ok and r.data is not None:
             r.data.pop("_row", None)
             r.data.pop("_schedule", None)
+            r.data.pop("_parallel", None)
             t = by_rank.get(r.rank)
             r.data["throughput"] = t.to_json() if t is not None else None
             r.data["job"] = job_json
@@ -94,6 +102,11 @@ def _gather(last: int) -> Any:
             sched = []
         body["_schedule"] = [s for s in sched if s.get("scheduler") is not None or
                              s.get("kind") == "none"]
+        try:
+            lay = QueryBody.from_wire(client.canned("parallel")).records()
+        except Exception:  # noqa: BLE001 - as above
+            lay = []
+        body["_parallel"] = lay[0] if lay else None
         return body
 
     return call

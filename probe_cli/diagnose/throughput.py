@@ -102,10 +102,24 @@ class RankThroughput:
 
 @dataclass(slots=True)
 class JobThroughput:
-    """The job: sums over ranks (tokens/s, samples/s, FLOP/s), GB_tok, MFU of the sum."""
+    """The job: sums over ranks (tokens/s, samples/s, FLOP/s), GB_tok, MFU of the sum.
+
+    ``layout``: the ``parallel`` canned query's row of one rank (tp, pp, world, source, mesh),
+    or None when no rank has one (a single process, or an older agent).
+    """
 
     ranks: list[RankThroughput]
     world: int
+    layout: dict[str, Any] | None = None
+
+    def data_parallel(self) -> tuple[int, int, int, str]:
+        """(dp world, tp, pp, how it was known)."""
+        lay = self.layout or {}
+        tp, pp = int(_f(lay.get("tp")) or 1), int(_f(lay.get("pp")) or 1)
+        world = int(_f(lay.get("world")) or self.world)
+        if lay.get("source"):
+            return max(world // (tp * pp), 1), tp, pp, f"{lay['source']}: {lay.get('mesh')}"
+        return self.world, 1, 1, "assumed = ranks reached (no tensor/pipeline groups detected)"
 
     def to_json(self) -> dict[str, Any]:
         rs = self.ranks
@@ -115,13 +129,18 @@ class JobThroughput:
             return sum(vals) if vals and len(vals) == len(rs) else None
 
         tokens = [int(v) for r in rs if (v := _f(r.row.get("tokens"))) is not None]
+        dp, tp, pp, dp_source = self.data_parallel()
         # GB_tok: micro-batch x accumulation x data-parallel world x context = the tokens of
         # one optimizer step summed over the DP ranks; ranks that did not answer count as the
-        # median of those that did.
+        # median of those that did. With tensor/pipeline groups, the ranks of one replica feed
+        # the same tokens (or, past the first stage, none): a replica counts once.
         gb = None
         if tokens:
             med = sorted(tokens)[len(tokens) // 2]
-            gb = sum(tokens) + med * max(self.world - len(tokens), 0)
+            if tp * pp > 1:
+                gb = med * dp
+            else:
+                gb = sum(tokens) + med * max(self.world - len(tokens), 0)
         fps = total("flops_per_s")
         peaks = [r.peak for r in rs]
         peak = sum(p for p in peaks if p) if all(peaks) and peaks else None
@@ -130,7 +149,8 @@ class JobThroughput:
         samples = _f(first.get("samples"))
         micro = _f(first.get("micro_batches"))
         return {
-            "ranks": len(rs), "dp_world": self.world, "tokens_per_s": total("tokens_per_s"),
+            "ranks": len(rs), "dp_world": dp, "dp_source": dp_source, "tp": tp, "pp": pp,
+            "tokens_per_s": total("tokens_per_s"),
             "samples_per_s": total("samples_per_s"), "gb_tok": gb,
             "micro_batch": samples / micro if samples and micro else None,
             "accumulation": int(mb[0]) if mb and mb[0] else None,
@@ -139,11 +159,12 @@ class JobThroughput:
         }
 
 
-def from_rows(rows: dict[Any, dict[str, Any]], world: int,
-              peak_tflops: float | None = None) -> tuple[list[RankThroughput], JobThroughput]:
+def from_rows(rows: dict[Any, dict[str, Any]], world: int, peak_tflops: float | None = None,
+              layout: dict[str, Any] | None = None,
+              ) -> tuple[list[RankThroughput], JobThroughput]:
     override = peak_tflops * 1e12 if peak_tflops else None
     ranks = [RankThroughput(r, row, override) for r, row in sorted(rows.items())]
-    return ranks, JobThroughput(ranks, world)
+    return ranks, JobThroughput(ranks, world, layout)
 
 
 def check_throughput(report: Report, docs: list[RankDoc]) -> None:

@@ -37,6 +37,9 @@ def render_throughput(ranks: list[RankThroughput], job: dict[str, Any]) -> list[
         f"  GB_tok {si(job.get('gb_tok'), 'tokens')} = micro-batch {job.get('micro_batch')} x "
         f"accumulation {job.get('accumulation')} x data-parallel ranks {job.get('dp_world')} x "
         f"context {job.get('context_len')}",
+        f"  data-parallel world {job.get('dp_world')}: {job.get('dp_source')}"
+        + (f" (tensor-parallel {job.get('tp')}, pipeline-parallel {job.get('pp')})"
+           if (job.get("tp") or 1) * (job.get("pp") or 1) > 1 else ""),
     ]
     lines += schedule_lines(job.get("schedule") or [])
     for t in ranks:

@@ -104,3 +104,25 @@ def test_tokens_gb_tok_rate_and_flops_of_a_token_model(tmp_path):
     assert sched["check"] and "past the schedule's end at step 40" in sched["check"], sched
     assert "schedule: LambdaLR(lr_factor)" in text.stdout and "CHECK: step" in text.stdout, \
         text.stdout
+
+
+@pytest.mark.timeout(240)
+def test_a_tensor_parallel_mesh_makes_the_data_parallel_world_one(tmp_path):
+    # GIVEN 2 gloo ranks in a DeviceMesh (dp=1, tp=2): one replica, its hidden layers split
+    with training_job(tmp_path, "token_job.py", nproc=2, env={"PROBE_TRACE": "every:2"},
+                      args=("--tp", "2", "--ready-step", "12"), timeout=180) as (_, infos):
+        url = infos[0]["url"].removeprefix("http://")
+        out = probe("-t", url, "--json", "throughput", "--last", "10", timeout=120)
+        text = probe("-t", url, "throughput", "--last", "5", timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    bodies = json.loads(out.stdout)
+    info = infos[0]
+    per_rank = info["batch"] * info["context"] * info["accum"]
+    job = bodies[0]["job"]
+    # THEN both ranks fed the same tokens, and the job counts them once: dp world 1, tp 2
+    assert [b["throughput"]["tokens"] for b in bodies] == [per_rank, per_rank], bodies
+    assert (job["dp_world"], job["tp"], job["pp"]) == (1, 2, 1), job
+    assert job["dp_source"] == "DeviceMesh: dp=1, tp=2", job
+    assert job["gb_tok"] == per_rank, job
+    assert "data-parallel world 1: DeviceMesh: dp=1, tp=2 (tensor-parallel 2" in text.stdout, \
+        text.stdout

@@ -5,6 +5,9 @@ gloo under torchrun (or one process).
 6·N·tokens is the model's FLOPs up to the biases; ``--model embed``: an Embedding first (its
 gather is no matmul: measured FLOPs fall below 6N).
 
+``--tp 2``: no DDP; a DeviceMesh (dp=1, tp=2) over the ranks and the hidden layers made
+tensor parallel (ColwiseParallel, then RowwiseParallel): both ranks feed the same tokens.
+
 ``--schedule cosine --warmup W --sched-total E``: a hand-written warmup+cosine LambdaLR (the
 usual recipe) stepped once per optimizer step, warming up for W steps and ending at step E.
 
@@ -79,6 +82,7 @@ def main() -> None:
     p.add_argument("--ready-dir", required=True)
     p.add_argument("--stop-file", required=True)
     p.add_argument("--ready-step", type=int, default=30)
+    p.add_argument("--tp", type=int, default=1)
     p.add_argument("--schedule", choices=("none", "cosine"), default="none")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--sched-total", type=int, default=40)
@@ -89,11 +93,24 @@ def main() -> None:
     rank = dist.get_rank() if distributed else 0
     torch.manual_seed(0)
     model = MODELS[args.model]()
-    train = nn.parallel.DistributedDataParallel(model) if distributed else model
+    if args.tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                       parallelize_module)
+
+        world = dist.get_world_size()
+        mesh = init_device_mesh("cpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+        parallelize_module(model.hidden, mesh["tp"], {"0": ColwiseParallel(),
+                                                      "2": RowwiseParallel()})
+        train = model
+        data_rank = mesh.get_local_rank("dp")  # a TP group feeds one batch
+    else:
+        train = nn.parallel.DistributedDataParallel(model) if distributed else model
+        data_rank = rank
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = (torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(args.warmup, args.sched_total))
              if args.schedule == "cosine" else None)
-    g = torch.Generator().manual_seed(rank)
+    g = torch.Generator().manual_seed(data_rank)
     log = open(os.path.join(args.ready_dir, f"steps{rank}.txt"), "a", buffering=1)
     step = 0
     last = time.perf_counter()

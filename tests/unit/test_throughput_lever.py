@@ -91,3 +91,18 @@ def test_peak_table_by_device_and_dtype(name, dtype, tflops):
 def test_unknown_device_or_dtype_has_no_peak():
     assert table_peak("Some Future GPU", "bfloat16") is None
     assert table_peak("NVIDIA V100", "bfloat16") is None
+
+
+def test_tensor_and_pipeline_groups_count_a_replica_once_and_none_says_assumed():
+    # GIVEN 8 ranks in a mesh dp=2, tp=2, pp=2; each rank of a replica reports its 256 tokens
+    rows = {i: row() for i in range(8)}
+    lay = {"source": "DeviceMesh", "mesh": "dp=2, pp=2, tp=2", "tp": 2, "pp": 2, "world": 8}
+    _, job = from_rows(rows, 8, layout=lay)
+    j = job.to_json()
+    # THEN the data-parallel world is 8 / (2 x 2) and GB_tok counts each replica once
+    assert (j["dp_world"], j["tp"], j["pp"], j["gb_tok"]) == (2, 2, 2, 512)
+    assert j["dp_source"] == "DeviceMesh: dp=2, pp=2, tp=2"
+    # AND without a layout every rank reached is data parallel, and the output says so
+    j = from_rows(rows, 8)[1].to_json()
+    assert (j["dp_world"], j["gb_tok"]) == (8, 8 * 256)
+    assert j["dp_source"].startswith("assumed = ranks reached")

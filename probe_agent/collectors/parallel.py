@@ -1,0 +1,154 @@
+"""ParallelWatcher: the job's tensor/pipeline-parallel layout -> ``python.parallel``, so that the
+data-parallel world (and GB_tok) counts each data-parallel replica once.
+
+Where it is read, first found wins:
+
+- a ``torch.distributed.device_mesh.DeviceMesh`` (found on the heap, heapscan.py): the root
+  mesh this rank belongs to, its dims by name: ``tp``/``tensor`` are tensor parallel,
+  ``pp``/``pipe``/``pipeline`` pipeline parallel, the rest (dp, dp_shard, dp_replicate, fsdp,
+  cp, ...) count as data parallel (each of their ranks feeds its own tokens);
+- Megatron's ``megatron.core.parallel_state`` when the program imported it and initialised it
+  (tensor and pipeline model-parallel world sizes);
+- DeepSpeed's ``PipelineEngine`` (``num_stages``) when the program imported it.
+
+None found: the row says so (``source`` NULL), and `probe throughput` says the data-parallel
+world is assumed to be the ranks of the process group. Read at the first optimizer step seen
+and at steps 10, 100, 1000, ...: a heap walk (50-100 ms on a large job, other threads wait)
+is too dear for every step, and a layout does not change while the job runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from . import Guard, Sink
+
+if TYPE_CHECKING:
+    from ..clock import StepClock
+
+TABLE = "python.parallel"
+TP_NAMES = frozenset({"tp", "tensor", "tensor_parallel"})
+PP_NAMES = frozenset({"pp", "pipe", "pipeline", "pipeline_parallel"})
+
+
+class ParallelWatcher:
+    """Collector for python.parallel.
+
+    Args:
+        clock: its steps drive the reads.
+        rank: written into every row.
+    """
+
+    def __init__(self, clock: StepClock, rank: int) -> None:
+        self.clock = clock
+        self.rank = rank
+        self.guard = Guard("parallel layout")
+        self.rows: list[tuple[Any, ...]] = []
+        self.sink: Sink | None = None
+        self._schema: pa.Schema | None = None
+        self._next = 0
+        self._unsubscribe: Any = None
+
+    def start(self, sink: Sink) -> None:
+        self.sink, self._schema = sink, sink.arrow_schema(TABLE)
+        self._unsubscribe = self.clock.subscribe(self._on_step, "parallel layout")
+        sink.add_flusher(self.flush)
+
+    def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def _on_step(self, step: int, optimizer: Any) -> None:
+        if step < self._next or not self.guard.enabled or len(self.rows) > 100:
+            return
+        self._next = max(10, 10 * step)
+        try:
+            found = layout()
+            if found is not None:
+                self.rows.append((time.time(), self.rank, step, *found))
+        except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
+            self.guard.failed(e)
+
+    def flush(self) -> None:
+        n = len(self.rows)
+        if not n or self.sink is None:
+            return
+        rows, self.rows[:n] = self.rows[:n], []
+        self.sink.append(TABLE, pa.table(list(map(list, zip(*rows))), schema=self._schema))
+
+
+def layout() -> tuple[Any, ...] | None:
+    """``(source, mesh, tp, pp, world)``; None before the process group exists (no row: a
+    single process has no layout to tell)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    world = dist.get_world_size()
+    for read in (_device_mesh, _megatron, _deepspeed_pipe):
+        got = read(dist)
+        if got is not None:
+            source, mesh, tp, pp = got
+            return source, mesh, tp, pp, world
+    return None, None, 1, 1, world
+
+
+def _device_mesh(dist: Any) -> tuple[str, str, int, int] | None:
+    dm = sys.modules.get("torch.distributed.device_mesh")
+    cls = getattr(dm, "DeviceMesh", None)
+    if cls is None:
+        return None
+    from ..heapscan import live_objects
+
+    me = dist.get_rank()
+    meshes = []
+    for m in live_objects({"mesh": (cls,)})["mesh"]:
+        root = getattr(m, "_root_mesh", None)
+        names = getattr(m, "mesh_dim_names", None)
+        if (root is not None and root is not m) or not names:
+            continue
+        if me not in m.mesh.flatten().tolist():
+            continue
+        meshes.append(m)
+    if not meshes:
+        return None
+    m = max(meshes, key=lambda x: x.mesh.numel())
+    sizes = dict(zip(m.mesh_dim_names, m.mesh.shape))
+    tp = _prod(v for k, v in sizes.items() if k.lower() in TP_NAMES)
+    pp = _prod(v for k, v in sizes.items() if k.lower() in PP_NAMES)
+    text = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    return "DeviceMesh", text, tp, pp
+
+
+def _megatron(dist: Any) -> tuple[str, str, int, int] | None:
+    ps = sys.modules.get("megatron.core.parallel_state")
+    if ps is None or not ps.model_parallel_is_initialized():
+        return None
+    tp = int(ps.get_tensor_model_parallel_world_size())
+    pp = int(ps.get_pipeline_model_parallel_world_size())
+    return "megatron parallel_state", f"tp={tp}, pp={pp}", tp, pp
+
+
+def _deepspeed_pipe(dist: Any) -> tuple[str, str, int, int] | None:
+    eng = sys.modules.get("deepspeed.runtime.pipe.engine")
+    cls = getattr(eng, "PipelineEngine", None)
+    if cls is None:
+        return None
+    from ..heapscan import live_objects
+
+    found = live_objects({"engine": (cls,)})["engine"]
+    if not found:
+        return None
+    pp = int(getattr(found[0], "num_stages", 1) or 1)
+    return "deepspeed PipelineEngine", f"pp={pp}", 1, pp
+
+
+def _prod(values: Any) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
