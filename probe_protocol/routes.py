@@ -82,6 +82,12 @@ ROUTES: tuple[Route, ...] = (
     ACCESS_REFUSALS,
 )
 
+#: Served by the watchdog only (not by the agent's app): one rank per node asks the node's
+#: other ranks over their unix sockets and merges the answers (probe_protocol/nodefan.py).
+NODE_FANOUT = _r("POST", "/node/fanout",
+                 "ask this node's ranks (backtrace or query) and answer once, merged")
+WATCHDOG_ROUTES: tuple[Route, ...] = (NODE_FANOUT,)
+
 # -- headers ----------------------------------------------------------------------------------
 #: Which rank answered, on the answers that are not a JSON body (Arrow, a trace file, a pickle).
 RANK_HEADER = "X-Probe-Rank"

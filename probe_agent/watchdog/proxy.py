@@ -31,7 +31,7 @@ from probe_protocol.bodies import (
 )
 from probe_protocol.envelope import error_body
 from probe_protocol.peers import Peer, tcp_peer, unix_peer_uid
-from probe_protocol.routes import BACKTRACE, HEALTH, RANKS
+from probe_protocol.routes import BACKTRACE, HEALTH, NODE_FANOUT, RANKS
 
 from ..access import (
     LINGER_S,
@@ -52,6 +52,7 @@ from .httpwire import (
     read_response_head,
 )
 from .liveness import LoopCheck
+from .nodefan import NodeRelay
 from .rank import RankWatch
 from .reader import ReadError, StackReader, stop_note
 from .refusal_report import RefusalReporter
@@ -106,6 +107,10 @@ class Proxy:
         #: The agent's last /v1/ranks answer: served while it is frozen or dead, so that
         #: `probe -t this-rank ...` still reaches every other rank.
         self.ranks_cache: RanksBody | None = None
+        #: The same list as sent (signatures included), for the node route (nodefan.py).
+        self.ranks_raw: list[dict[str, Any]] | None = None
+        self.node = NodeRelay(os.path.dirname(self.inner), cfg.get("token"), self.host,
+                              self.rank_no)
 
     # -- connections ------------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -187,6 +192,15 @@ class Proxy:
             proof = self.policy.health_extra(req.query, reached)
             body = HealthBody(self.rank_no, proof=proof.get("proof"))
             writer.write(json_response(200, body.to_wire()))
+            return True
+        if NODE_FANOUT.matches(req.method, req.path):
+            # Served here, not by the agent: the node's other ranks answer even while this
+            # rank's Python is stuck or dead.
+            if self.ranks_raw is None and self.rank.alive:
+                self._remember(await self.fetch(RANKS.path))
+            status, body = await self.node.answer(req.body, req.header("authorization"),
+                                                  self.ranks_raw or [])
+            writer.write(json_response(status, body))
             return True
         is_backtrace = BACKTRACE.matches(req.method, req.path)
         if not self.rank.alive:
@@ -324,11 +338,14 @@ class Proxy:
 
     def _remember_ranks(self, data: bytes) -> None:
         try:
-            body = json.loads(data)
+            self._remember(json.loads(data))
         except ValueError:
             return
+
+    def _remember(self, body: Any) -> None:
         if isinstance(body, dict) and body.get("ok") and isinstance(body.get("ranks"), list):
             self.ranks_cache = RanksBody.from_wire(body)
+            self.ranks_raw = [e for e in body["ranks"] if isinstance(e, dict)]
 
     def _known_ranks(self) -> dict[str, Any]:
         """/v1/ranks while the agent does not answer: its last answer, else this rank alone
@@ -368,8 +385,7 @@ class Proxy:
         """The in-process backtrace (for snapshots), or None if the agent does not answer.
         Refreshes the /v1/ranks cache on the way."""
         ranks = await self.fetch(RANKS.path)
-        if ranks and ranks.get("ok"):
-            self.ranks_cache = RanksBody.from_wire(ranks)
+        self._remember(ranks)
         return await self.fetch(BACKTRACE.path + "?all=1")
 
     async def fetch(self, target: str) -> dict[str, Any] | None:

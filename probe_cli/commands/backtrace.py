@@ -16,6 +16,7 @@ from ..render.stacks import render_backtrace
 from ..render.text import format_csv
 from ..result import RankResult
 from ..transport.fanout import fan_out_target_first
+from ..transport.nodetree import NodeCall, fan_out_nodes
 from ..transport.session import Session
 from . import pass_session
 
@@ -44,10 +45,16 @@ def command(session: Session, show_locals: bool, show_secrets: bool, native: boo
     """
     # The target's own stack is asked for beside discovery, not after it: a rank whose event
     # loop is wedged answers /v1/ranks late, but its backtrace at once.
+    flags = {"locals": show_locals, "native": native, "all": show_all}
+    if show_secrets:
+        flags["secrets"] = True
+    # The other ranks: one request per node where a host runs several (nodetree.py).
+    node = NodeCall("backtrace", {k: int(v) for k, v in flags.items()})
     results = fan_out_target_first(
         session,
         lambda client, _: client.backtrace(locals=show_locals, native=native, all=show_all,
                                             secrets=show_secrets),
+        spread=lambda s, targets, call: fan_out_nodes(s, targets, call, node),
     )
 
     def render(ok: list[RankResult]) -> list[str]:

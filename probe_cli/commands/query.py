@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from probe_protocol.query import QueryRequest
+
 from ..errors import EXIT_FAILURE, ProbeCLIError, UsageProblemError
 from ..group import rank_label
 from ..output_files import output_file, refuse_existing
@@ -22,7 +24,8 @@ from ..render.text import (
 )
 from ..result import RankResult
 from ..transport.client import ProbeClient
-from ..transport.fanout import fan_out, resolve_ranks, run_on_ranks
+from ..transport.fanout import calling, fan_out, resolve_ranks
+from ..transport.nodetree import NodeCall, fan_out_nodes
 from ..transport.session import Session
 from ..transport.untrusted_text import escape_body
 from . import pass_session
@@ -81,7 +84,10 @@ def command(
     if gather_sql is not None or fmt in BINARY:
         out = _via_arrow(session, sql, fmt, out_path, gather_sql, max_rows, overwrite)
     else:
-        results = run_on_ranks(session, ProbeClient.query, sql, max_rows)
+        # One request per node where a host runs several ranks (nodetree.py).
+        node = NodeCall("query", QueryRequest(sql, max_rows).to_wire())
+        results = fan_out_nodes(session, resolve_ranks(session),
+                                calling(ProbeClient.query, sql, max_rows), node)
         out = finish(session, results, lambda ok: _render(session, ok, fmt), as_json=fmt == "json")
         out.stderr[:0] = query_notes([r for r in results if r.ok])
     if out_path and out.stdout and fmt not in BINARY:

@@ -131,6 +131,10 @@ class ProbeClient:
     def query(self, sql: str, max_rows: int | None = None) -> dict[str, Any]:
         return self._json(routes.QUERY, json=QueryRequest(sql, max_rows).to_wire())
 
+    def node_fanout(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One node's ranks at once, merged (probe_protocol/nodefan.py builds ``request``)."""
+        return self._json(routes.NODE_FANOUT, json=request)
+
     def query_arrow(self, sql: str, max_rows: int | None = None) -> dict[str, Any]:
         """The result as an Arrow IPC stream: ``{"ok", "rank", "truncated", "arrow": bytes}``
         (``wire.ArrowBody``)."""

@@ -271,13 +271,22 @@ def fan_out(session: Session, targets: list[RankTarget], call: Call) -> list[Ran
     return sorted(results, key=result_order)
 
 
-def fan_out_target_first(session: Session, call: Call) -> list[RankResult]:
+Spread = Callable[[Session, list[RankTarget], Call], list[RankResult]]
+
+
+def fan_out_target_first(session: Session, call: Call, spread: Spread | None = None
+                         ) -> list[RankResult]:
     """``fan_out`` over ``resolve_ranks``, except that with one target and nothing discovered
     yet, the target's own ``call`` runs concurrently with discovery and is used for its rank
-    whatever discovery does (the others are reached once discovery lists them)."""
+    whatever discovery does (the others are reached once discovery lists them).
+
+    Args:
+        spread: how the ranks are asked (``fan_out`` by default; nodetree.py's per-node tree).
+    """
+    spread = spread or fan_out
     if (len(session.endpoints) != 1 or session.rank_cache is not None
             or session.endpoints[0].postmortem is not None):
-        return fan_out(session, resolve_ranks(session), call)
+        return spread(session, resolve_ranks(session), call)
     ep = session.endpoints[0]
     pool = ThreadPoolExecutor(1, "probe-fanout-target")
     try:
@@ -285,7 +294,7 @@ def fan_out_target_first(session: Session, call: Call) -> list[RankResult]:
         targets = resolve_ranks(session)
         others = [t for t in targets if t.endpoint != ep]
         mine = next((t for t in targets if t.endpoint == ep), None)
-        results = fan_out(session, others, call) if others else []
+        results = spread(session, others, call) if others else []
         if mine is None and others:
             return results  # --rank left the target's own rank out
         own = early.result()
