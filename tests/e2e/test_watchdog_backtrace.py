@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from probe_protocol import nodefan
 from probe_protocol.bodies import BacktraceBody
 from tests.e2e.procs import require_pyspy
 from tests.support import wait_until
@@ -106,3 +107,29 @@ def test_without_ptrace_the_faulthandler_route_answers(gil_rank):
     assert "PROBE_WATCHDOG_READER=faulthandler" in body["reason"]
     funcs = [f["func"] for f in _main(body)["frames"]]
     assert funcs[:2] == ["spin_in_c", "hold_gil"], funcs
+
+
+def test_the_node_route_answers_from_the_watchdog_while_the_gil_is_held(gil_rank):
+    """`POST /v1/node/fanout` is the watchdog's: it reaches its node's ranks over their unix
+    sockets, this one included, and answers while the serving rank's own Python is stuck."""
+    require_pyspy()
+    info, go, _done = gil_rank(spin_s=4.0)
+    with httpx.Client(base_url=info["url"], timeout=10) as client:
+        rank = client.get("/v1/ranks").json()["rank"]
+        ask = nodefan.request("backtrace", {"timeout_s": 3}, [rank])
+        # GIVEN the rank is idle: its own in-process stack, through the node route
+        body = client.post("/v1/node/fanout", json=ask).json()
+        [(r, status, bt)] = nodefan.split(body)
+        assert (r, status, bt["source"]) == (rank, 200, "in-process"), body
+        assert _main(bt)["frames"][0]["func"] == "waiting_room"
+        # WHEN its main thread holds the GIL in a C call
+        go.touch()
+        wait_until(lambda: not go.exists(), 10, "the program did not take the go file")
+
+        # THEN the node route still answers, with the stack read from outside
+        def from_outside() -> dict | None:
+            [(_, _, b)] = nodefan.split(client.post("/v1/node/fanout", json=ask).json())
+            return b if b.get("source") == "out-of-process" else None
+
+        bt = wait_until(from_outside, 6, "the node route never answered from outside")
+        assert [f["func"] for f in _main(bt)["frames"][:2]] == ["spin_in_c", "hold_gil"]
