@@ -1,23 +1,25 @@
-"""Fan-out latency of the CLI against many agents on loopback (issue 4, "Scale").
+"""Fan-out latency of the CLI from one address: flat (one request per rank) against the per-node
+tree (one request per node, ``POST /v1/node/fanout``), 8 to 1,024 ranks.
 
-Starts N lightweight agents (one process each: ``probe_agent`` with tracing off, no torch, no
-unix socket), each listening on BASE + r and advertising every other one in ``/v1/ranks`` (the
-list a job's c10d store would give). Then, from one target address, as ``probe -t HOST:BASE``
-does, it times:
+Default mode, ``--sim``: simulated ranks (tests/simranks.py: the real HTTP parsing, access
+rule, wire bodies, signed rank list and the watchdog's node relay over real unix sockets; the
+training processes are fake, 8 ranks a node, nodes spread over ``--procs`` processes). From
+``127.0.0.1:BASE`` (rank 0), with a fresh session each time (new connections, as a new CLI
+invocation has), paired and interleaved (flat, tree, tree, flat, ...), it times:
 
-- ``backtrace``: discovery (``GET /v1/ranks`` on the target) + ``GET /v1/backtrace`` on every
-  rank, through probe_cli's own fan-out (``resolve_ranks`` + ``fan_out``);
-- ``query``: the same with ``POST /v1/query`` (``SELECT count(*) FROM python.backtrace``: each
-  agent materialises its stacks);
-- ``cli``: the whole ``python -m probe_cli -t HOST:BASE --json backtrace`` subprocess (start-up,
-  imports and printing included).
+- ``backtrace``: discovery (``GET /v1/ranks``) + every rank's ``GET /v1/backtrace``;
+- ``query``: the same with ``POST /v1/query`` (``SELECT count(*) FROM python.backtrace``,
+  run in DuckDB by each simulated rank);
+- ``cli``: the whole ``python -m probe_cli -t HOST:BASE --json backtrace`` subprocess (which
+  uses the tree), with its peak RSS (``wait4``'s ``ru_maxrss``).
 
-Each is measured ``--repeat`` times with a fresh session (new connections, as a new CLI
-invocation has) and reported as median and min.
+``--real`` is the earlier bench: N real agent processes (``probe_agent`` with tracing off, no
+torch, ~55 MiB each), flat fan-out only, up to ~256 on this VM.
 
 Usage::
 
-    python bench/bench_fanout.py --ranks 8,64,256 --repeat 5
+    python bench/bench_fanout.py --ranks 8,64,256,1024 --repeat 5
+    python bench/bench_fanout.py --real --ranks 8,64 --repeat 5
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,8 +41,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from probe_cli.transport.fanout import fan_out, resolve_ranks  # noqa: E402
+from probe_cli.transport.nodetree import NodeCall, fan_out_nodes  # noqa: E402
 from probe_cli.transport.session import Session  # noqa: E402
 from probe_cli.transport.targets import Endpoint  # noqa: E402
+from tests import simranks  # noqa: E402
+
+QUERY = "SELECT count(*) AS frames FROM python.backtrace"
 
 AGENT = r"""
 import os, sys, threading
@@ -114,11 +122,16 @@ def rss_mib(procs: list[subprocess.Popen[str]]) -> float:
     return total / 1024
 
 
-def timed_fanout(base: int, call: object, n: int) -> float:
+def timed_fanout(base: int, call: object, n: int, node: NodeCall | None = None) -> float:
+    """Seconds for discovery + one answer from every rank; ``node``: through the tree."""
     session = Session(endpoints=[Endpoint(f"http://127.0.0.1:{base}")], timeout=30.0)
     try:
         t0 = time.perf_counter()
-        results = fan_out(session, resolve_ranks(session), call)  # type: ignore[arg-type]
+        targets = resolve_ranks(session)
+        if node is None:
+            results = fan_out(session, targets, call)  # type: ignore[arg-type]
+        else:
+            results = fan_out_nodes(session, targets, call, node)  # type: ignore[arg-type]
         elapsed = time.perf_counter() - t0
     finally:
         session.close()
@@ -128,27 +141,28 @@ def timed_fanout(base: int, call: object, n: int) -> float:
     return elapsed
 
 
-def timed_cli(base: int) -> float:
+def timed_cli(base: int) -> tuple[float, float]:
+    """Seconds and peak RSS (MiB) of one ``probe --json backtrace`` subprocess."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE")}
     env["PYTHONPATH"] = str(ROOT)
     t0 = time.perf_counter()
-    out = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "probe_cli", "-t", f"127.0.0.1:{base}", "--timeout", "30",
          "--json", "backtrace"],
-        capture_output=True, text=True, env=env, timeout=120,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
     )
+    err = proc.stderr.read() if proc.stderr else b""
+    _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - t0
-    if out.returncode != 0:
-        raise RuntimeError(f"probe exited {out.returncode}: {out.stderr[-500:]}")
-    return elapsed
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.stderr:
+        proc.stderr.close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"probe exited {proc.returncode}: {err[-500:]!r}")
+    return elapsed, usage.ru_maxrss / 1024
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", default="8,64", help="comma-separated agent counts")
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=16, help="agents started at once")
-    args = ap.parse_args()
+def real_main(args: argparse.Namespace) -> None:
     rows = []
     for n in [int(x) for x in args.ranks.split(",")]:
         base = free_base(n)
@@ -166,7 +180,7 @@ def main() -> None:
                 times = [timed_fanout(base, call, n) for _ in range(args.repeat)]
                 rows.append((n, name, statistics.median(times), min(times)))
             if importlib.util.find_spec("probe_cli.main") is not None:
-                times = [timed_cli(base) for _ in range(max(1, args.repeat // 2))]
+                times = [timed_cli(base)[0] for _ in range(max(1, args.repeat // 2))]
                 rows.append((n, "cli backtrace (subprocess)", statistics.median(times),
                              min(times)))
             print(f"# {n} agents started in {started:.1f} s, {mem:.0f} MiB PSS in all",
@@ -176,6 +190,89 @@ def main() -> None:
     print(f"{'ranks':>6} {'what':<28} {'median ms':>10} {'min ms':>8}")
     for n, name, med, lo in rows:
         print(f"{n:>6} {name:<28} {med * 1e3:>10.1f} {lo * 1e3:>8.1f}")
+
+
+def cpu_s(procs: list[subprocess.Popen[str]]) -> float:
+    """CPU seconds (user + system) the processes have used so far."""
+    ticks = 0
+    for p in procs:
+        fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs) * 1e3:7.0f} [{min(xs) * 1e3:.0f}-{max(xs) * 1e3:.0f}]"
+
+
+def sim_main(args: argparse.Namespace) -> None:
+    """Flat against tree on simulated ranks, paired and interleaved."""
+    calls = {
+        "backtrace": (lambda c, t: c.backtrace(), NodeCall("backtrace", {})),
+        "query": (lambda c, t: c.query(QUERY), NodeCall("query", {"sql": QUERY})),
+    }
+    rows = []
+    cpu_rows: list[tuple[int, str, str, float, float]] = []
+    for n in [int(x) for x in args.ranks.split(",")]:
+        root = tempfile.mkdtemp(prefix="probe-simranks-")
+        os.chmod(root, 0o700)
+        nodes = -(-n // args.per_node)
+        t0 = time.perf_counter()
+        base, procs = simranks.start(root, n, args.per_node, min(args.procs, nodes))
+        started = time.perf_counter() - t0
+        try:
+            for name, (call, node) in calls.items():
+                timed_fanout(base, call, n)  # warm both paths once
+                timed_fanout(base, call, n, node)
+                flat: list[float] = []
+                tree: list[float] = []
+                cpu: dict[str, list[tuple[float, float]]] = {"flat": [], "tree": []}
+                for i in range(args.repeat):
+                    arms = [(flat, None, "flat"), (tree, node, "tree")]
+                    for times, how, arm in (arms if i % 2 == 0 else arms[::-1]):
+                        s0, c0 = cpu_s(procs), time.process_time()
+                        times.append(timed_fanout(base, call, n, how))
+                        cpu[arm].append((cpu_s(procs) - s0, time.process_time() - c0))
+                rows.append((n, name, flat, tree))
+                for arm, xs in cpu.items():
+                    cpu_rows.append((n, name, arm, statistics.median(x[0] for x in xs),
+                                     statistics.median(x[1] for x in xs)))
+            cli = [timed_cli(base) for _ in range(max(1, args.repeat // 2))]
+            rows.append((n, "cli --json backtrace", [c[0] for c in cli], [c[1] for c in cli]))
+            print(f"# {n} simulated ranks ({nodes} nodes) in {min(args.procs, nodes)} "
+                  f"processes, started in {started:.1f} s, {rss_mib(procs):.0f} MiB PSS",
+                  flush=True)
+        finally:
+            simranks.stop(procs)
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"{'ranks':>6} {'what':<22} {'flat ms median [min-max]':>26} "
+          f"{'tree ms median [min-max]':>26} {'tree/flat':>9}")
+    for n, name, flat, tree in rows:
+        if name.startswith("cli"):  # the second list holds the peak RSS (MiB) here
+            print(f"{n:>6} {name:<22} {spread(flat):>26} {'peak RSS':>12} "
+                  f"{statistics.median(tree):7.0f} MiB")
+            continue
+        ratio = statistics.median(tree) / statistics.median(flat)
+        print(f"{n:>6} {name:<22} {spread(flat):>26} {spread(tree):>26} {ratio:>9.2f}")
+    # Where the time goes: the simulated ranks share this machine's cores, so their CPU is a
+    # floor on the wall time here (it runs in parallel across nodes on a cluster); the
+    # client's CPU is what the CLI itself pays.
+    print(f"{'ranks':>6} {'what':<22} {'arm':<5} {'ranks CPU ms':>13} {'client CPU ms':>14}")
+    for n, name, arm, server, client in cpu_rows:
+        print(f"{n:>6} {name:<22} {arm:<5} {server * 1e3:>13.0f} {client * 1e3:>14.0f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", default="8,64", help="comma-separated rank counts")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--real", action="store_true",
+                    help="real agent processes, flat fan-out only (the earlier bench)")
+    ap.add_argument("--batch", type=int, default=16, help="--real: agents started at once")
+    ap.add_argument("--per-node", type=int, default=8, help="simulated ranks per node")
+    ap.add_argument("--procs", type=int, default=4, help="simulator processes")
+    args = ap.parse_args()
+    (real_main if args.real else sim_main)(args)
 
 
 if __name__ == "__main__":

@@ -168,18 +168,16 @@ class SimNode:
     def query(self, req: Any, rank: int) -> bytes:
         q = QueryRequest.from_wire(json.loads(req.body or b"{}"))
         t0 = time.perf_counter()
-        cur = self.db.cursor()
+        db = self.db  # one connection: the event loop runs one query at a time
         try:
-            cur.execute(f"SET VARIABLE sim_rank = {rank}")
-            cur.execute(q.sql)
+            db.execute(f"SET VARIABLE sim_rank = {rank}")
+            db.execute(q.sql)
             cap = q.max_rows or 1000
-            rows = cur.fetchmany(cap + 1)
-            cols = tuple(d[0] for d in cur.description or ())
-            types = tuple(str(d[1]) for d in cur.description or ())
+            rows = db.fetchmany(cap + 1)
+            cols = tuple(d[0] for d in db.description or ())
+            types = tuple(str(d[1]) for d in db.description or ())
         except Exception as e:  # noqa: BLE001 - the simulated agent's 400, as the real one's
             return json_response(400, error_body(rank, 400, str(e).splitlines()[0]))
-        finally:
-            cur.close()
         body = QueryBody(rank, cols, types, tuple(list(r) for r in rows[:cap]),
                          len(rows) > cap, round((time.perf_counter() - t0) * 1e3, 3))
         return json_response(200, body.to_wire())
