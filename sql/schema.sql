@@ -381,6 +381,11 @@ CREATE TABLE IF NOT EXISTS python.metrics (
 -- grad_scale: the AMP GradScaler's scale when that clip_grad_norm_ saw gradients the scaler had
 --   not unscaled yet (scaler.unscale_ not called first): grad_norm is then scale times the real
 --   norm, and the clip is wrong. NULL without a scaler, or once unscale_ ran.
+-- ckpt_wait: seconds inside checkpoint saves on the training thread since the previous step
+--   (torch.save, torch.distributed.checkpoint.save/async_save, safetensors save_file/save_model,
+--   looked up at call time; nested saves once). eval_wait: seconds from a module's eval() to its
+--   next train() between two optimizer steps, less the saves inside (a model still in eval mode
+--   at the optimizer step trains in eval mode: not counted). 0 when none.
 CREATE TABLE IF NOT EXISTS python.step_stats (
     timestamp     DOUBLE  NOT NULL,
     rank          INTEGER NOT NULL,
@@ -391,7 +396,9 @@ CREATE TABLE IF NOT EXISTS python.step_stats (
     grad_norm     DOUBLE,
     clip_max_norm DOUBLE,
     clip_calls    BIGINT,
-    grad_scale    DOUBLE
+    grad_scale    DOUBLE,
+    ckpt_wait     DOUBLE,
+    eval_wait     DOUBLE
 );
 
 -- python.schedule: the job's LR schedule in steps, one row per top-level LR scheduler each time

@@ -68,9 +68,7 @@ class ParallelWatcher:
             return
         self._next = max(10, 10 * step)
         try:
-            found = layout()
-            if found is not None:
-                self.rows.append((time.time(), self.rank, step, *found))
+            self.rows.append((time.time(), self.rank, step, *layout()))
         except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
             self.guard.failed(e)
 
@@ -82,12 +80,11 @@ class ParallelWatcher:
         self.sink.append(TABLE, pa.table(list(map(list, zip(*rows))), schema=self._schema))
 
 
-def layout() -> tuple[Any, ...] | None:
-    """``(source, mesh, tp, pp, world)``; None before the process group exists (no row: a
-    single process has no layout to tell)."""
+def layout() -> tuple[Any, ...]:
+    """``(source, mesh, tp, pp, world)``; a process without a process group is a world of 1."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
+        return None, None, 1, 1, 1
     world = dist.get_world_size()
     for read in (_device_mesh, _megatron, _deepspeed_pipe):
         got = read(dist)

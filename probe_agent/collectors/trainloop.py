@@ -20,6 +20,8 @@ What gets captured
   and every update shrinks. The scale is recorded with the norm (``grad_scale``), so doctor can
   say "clipping scaled gradients" and report the unscaled norm instead of blaming the LR.
 - **Learning rate**: the primary optimizer's first param group's ``lr`` after each step.
+- **Checkpoint and eval pauses**: seconds inside checkpoint saves and in ``model.eval()``
+  intervals between two optimizer steps, on the training thread (pauses.py).
 - **Gradient check on request**: ``request_grad_check()`` arms a one-shot check that runs right
   after the next optimizer step (gradients are complete and clipped then): one
   ``torch._foreach_norm`` over every gradient of every optimizer seen stepping. The norms are
@@ -46,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from . import Guard, Sink
+from .pauses import PauseMeter
 from .torch_import import imported
 
 if TYPE_CHECKING:
@@ -108,6 +111,7 @@ class LoopMonitor:
         self._clip_orig: Any = None
         self._unsubscribe: Any = None
         self._stopped = False
+        self.pauses = PauseMeter()
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Sink) -> None:
@@ -134,6 +138,7 @@ class LoopMonitor:
             if self._scaler_cls is not None:
                 self._scaler_cls.scale = self._scale_orig
                 self._scaler_cls = None
+            self.pauses.uninstall()
             pending, self._pending = self._pending, None
             if pending is not None:
                 pending.error = "the agent stopped"
@@ -143,6 +148,7 @@ class LoopMonitor:
         """Wrap what the program has imported so far; cheap once both are wrapped."""
         if self._stopped:
             return
+        self.pauses.install()
         if self._dl_cls is None and (dl := imported(_DL_MODULE)) is not None:
             cls = dl._BaseDataLoaderIter
             orig = cls.__dict__["__next__"]
@@ -218,8 +224,9 @@ class LoopMonitor:
     # -- training thread ---------------------------------------------------------------------
     def _on_step(self, step: int, optimizer: Any) -> None:
         groups = getattr(optimizer, "param_groups", None) or [{}]
+        ckpt, evals = self.pauses.take()
         row = (time.time(), step, self.data_wait, self.batches, groups[0].get("lr"),
-               self.clip_norm, self.clip_max, self.clip_calls, self.clip_scale)
+               self.clip_norm, self.clip_max, self.clip_calls, self.clip_scale, ckpt, evals)
         self.data_wait, self.batches = 0.0, 0
         self.clip_total += self.clip_calls
         self.clip_norm, self.clip_max, self.clip_calls, self.clip_scale = None, None, 0, None
@@ -283,7 +290,7 @@ class LoopMonitor:
         self.sink.append(TABLE, pa.table([
             cols[0], [self.rank] * n, cols[1], cols[2], cols[3], [_number(v) for v in cols[4]],
             [_number(v) for v in cols[5]], [_number(v) for v in cols[6]], cols[7],
-            [_number(v) for v in cols[8]],
+            [_number(v) for v in cols[8]], cols[9], cols[10],
         ], schema=self._schema))
 
 

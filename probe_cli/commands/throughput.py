@@ -35,10 +35,12 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
     its micro-batches, or probe_agent.log(tokens=N)), tokens/s, samples/s, FLOPs per token
     measured with FlopCounterMode over one whole step against 6N, achieved TFLOP/s, MFU (the
     peak and its source), the cost of the measured step, and where a traced step goes:
-    forward, backward, optimizer, input (DataLoader), collectives, host (the rest). The lever
-    is the largest non-compute share (at least 30%), or many small ops when compute runs under
-    2% of the peak. The job: summed tokens/s, samples/s and TFLOP/s, MFU of the sum, and GB_tok
-    = micro-batch x accumulation x data-parallel ranks x context.
+    forward, backward, optimizer, input (DataLoader), collectives, host (the rest); and the
+    pauses, as shares of the window's wall time: checkpoint saves (torch.save, DCP, safetensors
+    on the training thread) and eval (model.eval() to model.train() between steps). The lever
+    is the largest non-compute share (at least 30%; a pause at least 10%), or many small ops
+    when compute runs under 2% of the peak. The job: summed tokens/s, samples/s and TFLOP/s,
+    MFU of the sum, and GB_tok = micro-batch x accumulation x data-parallel ranks x context.
 
     The data-parallel world is the ranks reached unless tensor or pipeline groups are detected
     (a DeviceMesh with dims named tp/pp, Megatron's parallel_state, DeepSpeed's pipeline
@@ -47,7 +49,9 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
 
     --json: one object per rank: its "throughput" (the throughput query's columns; mfu,
     peak_flops and peak_source after --peak-tflops; "lever": null or {lever (input |
-    collective | host | small_ops), share, evidence, next}) and "job" (ranks, dp_world,
+    collective | host | small_ops | checkpoint | eval), share, evidence, next}; checkpoint_share
+    and eval_share: the pauses' share of the window's wall time, checkpoint_steps and
+    eval_steps: the steps that had one) and "job" (ranks, dp_world,
     tokens_per_s, samples_per_s, gb_tok, micro_batch, accumulation, context_len, flops_per_s,
     peak_flops, mfu, dp_world, dp_source, tp, pp, schedule), the same in every rank's object.
 

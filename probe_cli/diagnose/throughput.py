@@ -10,6 +10,13 @@ far below the peak (``compute_flops_per_s`` under ``HOST_EFFICIENCY`` of it: the
 spread over many tiny ops, each paying Python and dispatch overhead), the lever is host
 overhead inside the modules: fewer, larger ops (fusion, torch.compile, a larger micro-batch).
 A job whose compute dominates and runs near the peak has no lever: the hardware is busy.
+
+Checkpoint saves and eval intervals are pauses: shares of the wall time of every step in the
+window (not medians of traced steps: a save every 10 steps is 10% of the time and in no median).
+A pause of at least ``PAUSE_SHARE`` is a lever too (nothing trains during it, and the remedy,
+saving or evaluating less often or asynchronously, is cheap); the largest lever wins, a
+traced-step share counting for share x (1 - the pauses' share): ordinary steps fill only the
+wall time the pauses leave.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from .findings import INFO, Finding, RankDoc, Report, num
 
 #: A non-compute share of the step at least this large is the lever (and doctor's finding).
 LEVER_SHARE = 0.3
+#: A checkpoint or eval share of the wall time at least this large is a lever.
+PAUSE_SHARE = 0.1
+PAUSES = ("checkpoint", "eval")
 #: Compute (forward + backward) reaching less than this share of the peak is host-bound.
 HOST_EFFICIENCY = 0.02
 #: Traced steps the breakdown needs before it is trusted.
@@ -33,6 +43,12 @@ NEXT = {
     "host": "probe flame   (the Python outside modules; then torch.compile or CUDA graphs)",
     "small_ops": "probe slow   (the modules; fewer, larger ops: fusion, torch.compile, a larger "
                  "micro-batch)",
+    "checkpoint": "probe query \"SELECT step, round(ckpt_wait, 3) AS s FROM python.step_stats "
+                  "WHERE ckpt_wait > 0 ORDER BY step DESC LIMIT 10\"   (then save less often, or "
+                  "with torch.distributed.checkpoint.async_save)",
+    "eval": "probe query \"SELECT step, round(eval_wait, 3) AS s FROM python.step_stats WHERE "
+            "eval_wait > 0 ORDER BY step DESC LIMIT 10\"   (then evaluate less often or on fewer "
+            "batches)",
 }
 #: Levers another doctor check already reports as its own finding.
 SAME_AS = {"input": "dataloader", "collective": "collectives"}
@@ -41,6 +57,8 @@ WHAT = {
     "collective": "in collectives",
     "host": "in host code outside the modules",
     "small_ops": "in many small ops",
+    "checkpoint": "saving checkpoints",
+    "eval": "evaluating (model.eval() to model.train())",
 }
 
 
@@ -54,10 +72,12 @@ class RankThroughput:
     row: dict[str, Any]
     peak_override: float | None = None
     shares: dict[str, float] = field(default_factory=dict)
+    pauses: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         r = self.row
         self.shares = {k: v for k in SHARES if (v := _f(r.get(f"{k}_share"))) is not None}
+        self.pauses = {k: v for k in PAUSES if (v := _f(r.get(f"{k}_share"))) is not None}
 
     @property
     def peak(self) -> float | None:
@@ -76,11 +96,18 @@ class RankThroughput:
 
     def lever(self) -> tuple[str, float, str] | None:
         """(lever, share of the step, evidence) or None: see the module docstring."""
+        pause = max(((k, v) for k, v in self.pauses.items() if v >= PAUSE_SHARE),
+                    key=lambda kv: kv[1], default=None)
         if int(_f(self.row.get("traced_steps")) or 0) < MIN_TRACED or not self.shares:
-            return None
+            return self._pause(pause) if pause else None
         name, share = max(((k, self.shares.get(k, 0.0)) for k in ("input", "collective", "host")),
                           key=lambda kv: kv[1])
         compute = sum(self.shares.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
+        # The traced shares are medians of ordinary steps; those steps fill only the wall time
+        # the pauses leave, so a share weighs share x (1 - pauses) against a pause.
+        if pause and (share < LEVER_SHARE
+                      or pause[1] >= share * (1 - sum(self.pauses.values()))):
+            return self._pause(pause)
         if share >= LEVER_SHARE:
             return name, share, (f"{share:.0%} of the step {WHAT[name]}; compute "
                                  f"(forward+backward+optimizer) {compute:.0%}")
@@ -91,6 +118,12 @@ class RankThroughput:
                 f"{cfs / peak:.1%} of the peak ({peak / 1e12:.2f} TFLOP/s, "
                 f"{self.peak_source}): the time goes {WHAT['small_ops']}")
         return None
+
+    def _pause(self, pause: tuple[str, float]) -> tuple[str, float, str]:
+        name, share = pause
+        n = self.row.get("checkpoint_steps" if name == "checkpoint" else "eval_steps")
+        return name, share, (f"{share:.0%} of the wall time of the last {self.row.get('steps')} "
+                             f"steps {WHAT[name]} ({n} of them paused)")
 
     def to_json(self) -> dict[str, Any]:
         lv = self.lever()
@@ -197,10 +230,11 @@ def check_throughput(report: Report, docs: list[RankDoc]) -> None:
     evidence = [f"rank {r.rank}: {lv[2]}" + (f"; MFU {r.mfu:.1%}" if r.mfu is not None else "")
                 for r, lv in group]
     label = {"input": "input-bound", "collective": "communication-bound", "host": "host-bound",
-             "small_ops": "host-bound (small ops)"}[name]
+             "small_ops": "host-bound (small ops)", "checkpoint": "checkpoint pauses",
+             "eval": "eval pauses"}[name]
     # Info, not a warning: a slow job is not a broken one (like the slowest modules, this is
     # where the time goes), and the fault suite's healthy jobs sleep as their "work".
     report.findings.append(Finding(
         INFO, "throughput", f"LOW THROUGHPUT: {label}: {WHAT[name]} takes {top:.0%} "
-        f"of the step", evidence, NEXT[name], sorted(r.rank for r, _ in group), score=top,
+        f"of the {'wall time' if name in PAUSES else 'step'}", evidence, NEXT[name], sorted(r.rank for r, _ in group), score=top,
         detail={"lever": name, "share": top}))

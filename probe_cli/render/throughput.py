@@ -65,6 +65,11 @@ def render_throughput(ranks: list[RankThroughput], job: dict[str, Any]) -> list[
         else:
             lines.append("  step breakdown: no traced steps in the window (`probe trace every "
                          "10`)")
+        if t.pauses:
+            lines.append(f"  pauses (share of the {r.get('steps')} steps' wall time): "
+                         f"checkpoint {pct(t.pauses.get('checkpoint'))} "
+                         f"({r.get('checkpoint_steps')} steps), eval "
+                         f"{pct(t.pauses.get('eval'))} ({r.get('eval_steps')} steps)")
         lv = t.lever()
         if lv is None:
             lines.append("  lever: none stands out (compute dominates the step)")

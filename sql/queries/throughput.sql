@@ -1,5 +1,5 @@
 -- name: throughput
--- description: Throughput of each rank over its last $last steps (medians; the FLOP-measured step left out of rates): tokens and samples per optimizer step and per second, micro-batches (root calls per step) and context length, FLOPs per step measured (FlopCounterMode) and 6N·tokens, achieved FLOP/s, the peak it is judged against (and its source), MFU; the cost of the measured step against an ordinary one; and where a traced step goes, as shares of its time: forward, backward, optimizer (outermost module of each stage, python.torch_trace), DataLoader wait (python.step_stats), explicit collectives (python.collectives, Python-timed calls inside the step), and the rest (host code outside modules, waits not seen elsewhere).
+-- description: Throughput of each rank over its last $last steps (medians; the FLOP-measured step left out of rates): tokens and samples per optimizer step and per second, micro-batches (root calls per step) and context length, FLOPs per step measured (FlopCounterMode) and 6N·tokens, achieved FLOP/s, the peak it is judged against (and its source), MFU; the cost of the measured step against an ordinary one; and where a traced step goes, as shares of its time: forward, backward, optimizer (outermost module of each stage, python.torch_trace), DataLoader wait (python.step_stats), explicit collectives (python.collectives, Python-timed calls inside the step), checkpoint saves and eval intervals (python.step_stats), and the rest (host code outside modules, waits not seen elsewhere); and the pauses as shares of the wall time of all the window's steps (checkpoint and eval come every few steps, where medians would hide them), with the steps that had one.
 -- params: last
 WITH s AS (
     SELECT * FROM python.steps WHERE duration IS NOT NULL
@@ -32,7 +32,8 @@ parts AS (
            coalesce(max(g.d) FILTER (WHERE g.stage = 'backward'), 0) AS bwd,
            coalesce(max(g.d) FILTER (WHERE g.stage = 'step'), 0) AS opt,
            coalesce(any_value(ss.data_wait), 0) AS data,
-           coalesce(any_value(co.d), 0) AS coll
+           coalesce(any_value(co.d), 0) AS coll,
+           coalesce(any_value(ss.ckpt_wait), 0) + coalesce(any_value(ss.eval_wait), 0) AS pause
     FROM s st
     JOIN stage g ON g.step = st.step
     LEFT JOIN python.step_stats ss ON ss.step = st.step
@@ -45,9 +46,18 @@ shares AS (
            median(fwd / duration) AS fwd, median(bwd / duration) AS bwd,
            median(opt / duration) AS opt, median(least(data, duration) / duration) AS data,
            median(least(coll, duration) / duration) AS coll,
-           median(greatest(duration - fwd - bwd - opt - data - coll, 0) / duration) AS other,
+           median(greatest(duration - fwd - bwd - opt - data - coll - pause, 0) / duration)
+               AS other,
            median((fwd + bwd) * 1e3) AS compute_ms
     FROM parts WHERE duration > 0 GROUP BY rank
+),
+pauses AS (  -- every step of the window: a checkpoint every 10 steps is 10% of the wall time
+    SELECT p.rank, sum(coalesce(ss.ckpt_wait, 0)) / nullif(sum(p.duration), 0) AS ckpt,
+           sum(coalesce(ss.eval_wait, 0)) / nullif(sum(p.duration), 0) AS eval,
+           count(*) FILTER (WHERE ss.ckpt_wait > 0) AS ckpt_steps,
+           count(*) FILTER (WHERE ss.eval_wait > 0) AS eval_steps
+    FROM plain p LEFT JOIN python.step_stats ss ON ss.step = p.step
+    GROUP BY p.rank
 ),
 agg AS (
     SELECT rank, count(*) AS steps, max(step) AS last_step,
@@ -75,6 +85,9 @@ SELECT a.rank, a.steps, a.last_step, round(a.step_s * 1e3, 2) AS step_ms,
        sh.traced_steps, round(sh.fwd, 4) AS forward_share, round(sh.bwd, 4) AS backward_share,
        round(sh.opt, 4) AS optimizer_share, round(sh.data, 4) AS input_share,
        round(sh.coll, 4) AS collective_share, round(sh.other, 4) AS host_share,
-       a.flops / nullif(sh.compute_ms / 1e3, 0) AS compute_flops_per_s
+       a.flops / nullif(sh.compute_ms / 1e3, 0) AS compute_flops_per_s,
+       round(pz.ckpt, 4) AS checkpoint_share, round(pz.eval, 4) AS eval_share,
+       pz.ckpt_steps AS checkpoint_steps, pz.eval_steps
 FROM agg a LEFT JOIN measured m USING (rank) LEFT JOIN shares sh USING (rank)
+     LEFT JOIN pauses pz USING (rank)
 ORDER BY a.rank

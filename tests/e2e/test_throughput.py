@@ -126,3 +126,33 @@ def test_a_tensor_parallel_mesh_makes_the_data_parallel_world_one(tmp_path):
     assert job["gb_tok"] == per_rank, job
     assert "data-parallel world 1: DeviceMesh: dp=1, tp=2 (tensor-parallel 2" in text.stdout, \
         text.stdout
+
+
+@pytest.mark.timeout(240)
+def test_checkpoint_and_eval_pauses_are_their_own_share_and_the_lever(tmp_path):
+    # GIVEN one process that saves a 64 MiB checkpoint every 2 steps and evaluates every 5
+    args = ("--ckpt-every", "2", "--ckpt-mb", "64", "--eval-every", "5", "--ready-step", "30")
+    with training_job(tmp_path, "token_job.py", env={"PROBE_TRACE": "every:2"}, args=args,
+                      timeout=180) as (_, infos):
+        url = infos[0]["url"].removeprefix("http://")
+        out = probe("-t", url, "--json", "throughput", "--last", "20", timeout=120)
+        per_step = probe("-t", url, "--json", "query", "SELECT step, ckpt_wait, eval_wait FROM "
+                         "python.step_stats ORDER BY step", timeout=120)
+    assert out.returncode == 0 and per_step.returncode == 0, out.stderr + per_step.stderr
+    own = {int(a): (float(b), float(c)) for a, b, c in (
+        line.split() for line in (tmp_path / "ready" / "pauses0.txt").read_text().splitlines())}
+    [body] = json.loads(per_step.stdout)
+    seen = {r[0]: (r[1], r[2]) for r in body["rows"]}
+    # THEN each step's checkpoint and eval seconds are what the script timed around them
+    both = [s for s in own if s in seen]
+    assert len(both) >= 20, (own, seen)
+    for s in both:
+        (ck, ev), (ack, aev) = own[s], seen[s]
+        assert ack == pytest.approx(ck, rel=0.1, abs=0.002), (s, own[s], seen[s])
+        assert aev == pytest.approx(ev, rel=0.1, abs=0.002), (s, own[s], seen[s])
+        assert (ack > 0) == (ck > 0) and (aev > 0) == (ev > 0), (s, own[s], seen[s])
+    # AND probe throughput shows them as shares of the wall time, the checkpoint as the lever
+    [t] = [b["throughput"] for b in json.loads(out.stdout)]
+    assert t["checkpoint_steps"] == 10 and t["eval_steps"] == 4, t
+    assert t["checkpoint_share"] > 0.1 and 0 < t["eval_share"] < t["checkpoint_share"], t
+    assert t["lever"]["lever"] == "checkpoint", t

@@ -11,6 +11,12 @@ tensor parallel (ColwiseParallel, then RowwiseParallel): both ranks feed the sam
 ``--schedule cosine --warmup W --sched-total E``: a hand-written warmup+cosine LambdaLR (the
 usual recipe) stepped once per optimizer step, warming up for W steps and ending at step E.
 
+``--ckpt-every K --ckpt-mb M``: torch.save of the model and M MiB of padding every K steps;
+``--eval-every E``: ``model.eval()``, 3 forwards under no_grad, ``model.train()`` every E steps.
+Both right after an optimizer step; the script times them itself and appends
+``step ckpt_seconds eval_seconds`` to ``<ready_dir>/pauses{rank}.txt`` (step: the optimizer
+step whose interval they fall in, the next one).
+
 Each rank appends ``step seconds`` for every optimizer step to ``<ready_dir>/steps{rank}.txt``,
 timed here independently of the agent (from one ``opt.step()`` return to the next), announces
 after ``--ready-step`` steps (tests/programs/ready.py) with its batch, accumulation and context,
@@ -73,6 +79,26 @@ def warmup_cosine(warmup: int, total: int):  # noqa: ANN201 - a LambdaLR factor
     return lr_factor
 
 
+def pauses(args: argparse.Namespace, step: int, model: nn.Module, train: nn.Module, rank: int,
+           g: torch.Generator) -> None:
+    ck = ev = 0.0
+    if args.ckpt_every and step % args.ckpt_every == 0:
+        state = {"model": model.state_dict(), "pad": torch.zeros(args.ckpt_mb << 18)}
+        t0 = time.perf_counter()  # the save alone: what the agent times
+        torch.save(state, os.path.join(args.ready_dir, f"ck{rank}.pt"))
+        ck = time.perf_counter() - t0
+    if args.eval_every and step % args.eval_every == 0:
+        t0 = time.perf_counter()
+        train.eval()
+        with torch.no_grad():
+            for _ in range(3):
+                train(torch.randint(0, VOCAB, (args.batch, args.context), generator=g))
+        train.train()
+        ev = time.perf_counter() - t0
+    with open(os.path.join(args.ready_dir, f"pauses{rank}.txt"), "a") as f:
+        f.write(f"{step + 1} {ck} {ev}\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=sorted(MODELS), default="linear")
@@ -83,6 +109,9 @@ def main() -> None:
     p.add_argument("--stop-file", required=True)
     p.add_argument("--ready-step", type=int, default=30)
     p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--ckpt-every", type=int, default=0)
+    p.add_argument("--ckpt-mb", type=int, default=1)
+    p.add_argument("--eval-every", type=int, default=0)
     p.add_argument("--schedule", choices=("none", "cosine"), default="none")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--sched-total", type=int, default=40)
@@ -128,6 +157,8 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         if sched is not None:
             sched.step()
+        if args.ckpt_every or args.eval_every:
+            pauses(args, step, model, train, rank, g)
         if step == args.ready_step:
             announce(args.ready_dir, rank, batch=args.batch, accum=args.accum,
                      context=args.context, warmup=args.warmup, sched_total=args.sched_total, world=dist.get_world_size() if distributed else 1)

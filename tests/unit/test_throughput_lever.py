@@ -106,3 +106,23 @@ def test_tensor_and_pipeline_groups_count_a_replica_once_and_none_says_assumed()
     j = from_rows(rows, 8)[1].to_json()
     assert (j["dp_world"], j["gb_tok"]) == (8, 8 * 256)
     assert j["dp_source"].startswith("assumed = ranks reached")
+
+
+def test_a_checkpoint_pause_is_the_lever_against_the_steps_it_leaves():
+    # GIVEN a compute-bound job whose checkpoint saves take 15% of the wall time (5 steps of 50)
+    ranks, _ = from_rows({0: row(checkpoint_share=0.15, eval_share=0.0, checkpoint_steps=5,
+                                 eval_steps=0)}, 1)
+    name, share, evidence = ranks[0].lever()
+    assert (name, share) == ("checkpoint", 0.15)
+    assert evidence == "15% of the wall time of the last 50 steps saving checkpoints (5 of them " \
+                       "paused)"
+    # AND doctor names it as a pause of the wall time
+    report = Report()
+    check_throughput(report, docs(row(checkpoint_share=0.15, checkpoint_steps=5)))
+    assert report.findings[0].title.startswith("LOW THROUGHPUT: checkpoint pauses: saving "
+                                               "checkpoints takes 15% of the wall time")
+    # AND a host share of 60% of ordinary steps, which fill 40% of the time, loses to a 60% pause
+    lv = from_rows({0: row(host_share=0.6, checkpoint_share=0.6)}, 1)[0][0].lever()
+    assert lv[0] == "checkpoint"
+    # AND a pause under 10% is no lever
+    assert from_rows({0: row(eval_share=0.05)}, 1)[0][0].lever() is None
