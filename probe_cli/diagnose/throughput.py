@@ -60,6 +60,12 @@ WHAT = {
     "checkpoint": "saving checkpoints",
     "eval": "evaluating (model.eval() to model.train())",
 }
+#: On CUDA the stage times are GPU time (CUDA events around the outermost modules), so the
+#: remainder is the GPU's time outside the model's forward, backward and optimizer spans.
+WHAT_CUDA = {**WHAT, "host": "with the GPU outside the model's kernels (idle while the host "
+                             "launches or syncs, or running work outside modules)"}
+NEXT_CUDA = {**NEXT, "host": "probe profile --for 5   (the GPU timeline's gaps; then CUDA graphs, "
+                             "torch.compile, fewer host syncs such as .item())"}
 
 
 def _f(v: Any) -> float | None:
@@ -78,6 +84,16 @@ class RankThroughput:
         r = self.row
         self.shares = {k: v for k in SHARES if (v := _f(r.get(f"{k}_share"))) is not None}
         self.pauses = {k: v for k in PAUSES if (v := _f(r.get(f"{k}_share"))) is not None}
+
+    @property
+    def on_cuda(self) -> bool:
+        return bool(self.row.get("on_cuda"))
+
+    def what(self, name: str) -> str:
+        return (WHAT_CUDA if self.on_cuda else WHAT)[name]
+
+    def next(self, name: str) -> str:
+        return (NEXT_CUDA if self.on_cuda else NEXT)[name]
 
     @property
     def peak(self) -> float | None:
@@ -109,28 +125,28 @@ class RankThroughput:
                       or pause[1] >= share * (1 - sum(self.pauses.values()))):
             return self._pause(pause)
         if share >= LEVER_SHARE:
-            return name, share, (f"{share:.0%} of the step {WHAT[name]}; compute "
+            return name, share, (f"{share:.0%} of the step {self.what(name)}; compute "
                                  f"(forward+backward+optimizer) {compute:.0%}")
         cfs, peak = _f(self.row.get("compute_flops_per_s")), self.peak
         if cfs is not None and peak and cfs / peak < HOST_EFFICIENCY:
             return "small_ops", compute, (
                 f"compute is {compute:.0%} of the step but reaches {cfs / 1e9:.2f} GFLOP/s, "
                 f"{cfs / peak:.1%} of the peak ({peak / 1e12:.2f} TFLOP/s, "
-                f"{self.peak_source}): the time goes {WHAT['small_ops']}")
+                f"{self.peak_source}): the time goes {self.what('small_ops')}")
         return None
 
     def _pause(self, pause: tuple[str, float]) -> tuple[str, float, str]:
         name, share = pause
         n = self.row.get("checkpoint_steps" if name == "checkpoint" else "eval_steps")
         return name, share, (f"{share:.0%} of the wall time of the last {self.row.get('steps')} "
-                             f"steps {WHAT[name]} ({n} of them paused)")
+                             f"steps {self.what(name)} ({n} of them paused)")
 
     def to_json(self) -> dict[str, Any]:
         lv = self.lever()
         return {**self.row, "peak_flops": self.peak, "peak_source": self.peak_source,
                 "mfu": self.mfu,
                 "lever": None if lv is None else {"lever": lv[0], "share": lv[1],
-                                                  "evidence": lv[2], "next": NEXT[lv[0]]}}
+                                                  "evidence": lv[2], "next": self.next(lv[0])}}
 
 
 @dataclass(slots=True)
@@ -234,7 +250,8 @@ def check_throughput(report: Report, docs: list[RankDoc]) -> None:
              "eval": "eval pauses"}[name]
     # Info, not a warning: a slow job is not a broken one (like the slowest modules, this is
     # where the time goes), and the fault suite's healthy jobs sleep as their "work".
+    first = group[0][0]
     report.findings.append(Finding(
-        INFO, "throughput", f"LOW THROUGHPUT: {label}: {WHAT[name]} takes {top:.0%} "
-        f"of the {'wall time' if name in PAUSES else 'step'}", evidence, NEXT[name], sorted(r.rank for r, _ in group), score=top,
-        detail={"lever": name, "share": top}))
+        INFO, "throughput", f"LOW THROUGHPUT: {label}: {first.what(name)} takes {top:.0%} "
+        f"of the {'wall time' if name in PAUSES else 'step'}", evidence, first.next(name),
+        sorted(r.rank for r, _ in group), score=top, detail={"lever": name, "share": top}))

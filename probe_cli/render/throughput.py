@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..diagnose.throughput import NEXT, SHARES, RankThroughput
+from ..diagnose.throughput import SHARES, RankThroughput
 
 
 def _n(v: Any) -> float | None:
@@ -75,7 +75,7 @@ def render_throughput(ranks: list[RankThroughput], job: dict[str, Any]) -> list[
             lines.append("  lever: none stands out (compute dominates the step)")
         else:
             lines.append(f"  lever: {lv[0]} ({pct(lv[1])}): {lv[2]}")
-            lines.append(f"  next: {NEXT[lv[0]]}")
+            lines.append(f"  next: {t.next(lv[0])}")
     return lines
 
 

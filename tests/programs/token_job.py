@@ -11,6 +11,9 @@ tensor parallel (ColwiseParallel, then RowwiseParallel): both ranks feed the sam
 ``--schedule cosine --warmup W --sched-total E``: a hand-written warmup+cosine LambdaLR (the
 usual recipe) stepped once per optimizer step, warming up for W steps and ending at step E.
 
+``--device cuda``: model and inputs on the GPU; ``--host-ms H``: H ms of host-only work
+(a sleep, outside every module) after each optimizer step: the GPU sits idle through it.
+
 ``--ckpt-every K --ckpt-mb M``: torch.save of the model and M MiB of padding every K steps;
 ``--eval-every E``: ``model.eval()``, 3 forwards under no_grad, ``model.train()`` every E steps.
 Both right after an optimizer step; the script times them itself and appends
@@ -109,6 +112,8 @@ def main() -> None:
     p.add_argument("--stop-file", required=True)
     p.add_argument("--ready-step", type=int, default=30)
     p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--host-ms", type=float, default=0.0)
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--ckpt-mb", type=int, default=1)
     p.add_argument("--eval-every", type=int, default=0)
@@ -121,7 +126,7 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
     torch.manual_seed(0)
-    model = MODELS[args.model]()
+    model = MODELS[args.model]().to(args.device)
     if args.tp > 1:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
@@ -145,11 +150,13 @@ def main() -> None:
     last = time.perf_counter()
     while not os.path.exists(args.stop_file):
         for _ in range(args.accum):
-            idx = torch.randint(0, VOCAB, (args.batch, args.context), generator=g)
+            idx = torch.randint(0, VOCAB, (args.batch, args.context), generator=g).to(args.device)
             logits = train(idx)
             loss = F.cross_entropy(logits.flatten(0, 1), idx.flatten()) / args.accum
             loss.backward()
         opt.step()
+        if args.host_ms:
+            time.sleep(args.host_ms / 1e3)
         now = time.perf_counter()
         step += 1
         log.write(f"{step} {now - last}\n")

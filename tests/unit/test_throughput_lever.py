@@ -126,3 +126,12 @@ def test_a_checkpoint_pause_is_the_lever_against_the_steps_it_leaves():
     assert lv[0] == "checkpoint"
     # AND a pause under 10% is no lever
     assert from_rows({0: row(eval_share=0.05)}, 1)[0][0].lever() is None
+
+
+def test_on_cuda_the_host_lever_is_the_gpu_outside_the_model():
+    lv = from_rows({0: row(host_share=0.5, forward_share=0.2, backward_share=0.2,
+                           on_cuda=True)}, 1)[0][0].to_json()["lever"]
+    assert lv["lever"] == "host" and "GPU outside the model's kernels" in lv["evidence"]
+    assert lv["next"].startswith("probe profile")
+    lv = from_rows({0: row(host_share=0.5, forward_share=0.2, backward_share=0.2)}, 1)[0][0]
+    assert "host code outside the modules" in lv.lever()[2]
