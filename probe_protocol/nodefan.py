@@ -2,9 +2,9 @@
 one merged answer. Writer and reader together, stdlib only (the watchdog, the CLI and the bench's
 simulated ranks all import this).
 
-Request: ``{"route": "backtrace" | "query", "params": {...}, "ranks": [r, ...]}``. ``params`` are
-the backtrace's query parameters (``locals``, ``native``, ``all``, ``secrets``) or the query's
-body (``{"sql", "max_rows"}``). ``ranks`` are the ranks the caller wants from this node; the node
+Request: ``{"route": "backtrace" | "query" | "collectives", "params": {...}, "ranks": [r, ...]}``.
+``params`` are the backtrace's query parameters (``locals``, ``native``, ``all``, ``secrets``),
+the query's body (``{"sql", "max_rows"}``) or the collectives' (``limit``, ``state``). ``ranks`` are the ranks the caller wants from this node; the node
 agent asks only those its own job's rank list places on its host (see ``local_ranks``).
 
 Answer (``merge``): ``{"ok": true, "rank", "host", "route", "answers": [{"rank", "status",
@@ -16,7 +16,8 @@ Answer (``merge``): ``{"ok": true, "rank", "host", "route", "answers": [{"rank",
 - query: ``columns`` = ``["rank", ...the query's columns]``, ``types`` likewise and ``rows``,
   every rank's rows with its rank first; each answer's body keeps its keys, ``rows`` being its
   row count there.
-  A rank whose columns differ keeps its rows in its own body.
+  A rank whose columns differ keeps its rows in its own body;
+- collectives (what ``probe hang`` reads beside the stacks): each rank's body as sent.
 
 ``split`` undoes either exactly: the per-rank bodies, as each rank sent them. ``status`` 0 in
 an answer means the node agent could not get one (``body.error`` says why).
@@ -32,7 +33,7 @@ from .tokens import entry_signed
 
 #: What a node agent relays: read-only routes only, so the node route can never carry an eval
 #: or an action to a rank.
-NODE_ROUTES = ("backtrace", "query")
+NODE_ROUTES = ("backtrace", "query", "collectives")
 #: Ranks one node request may name (a node with more local ranks than this is split by the CLI).
 MAX_NODE_RANKS = 256
 
@@ -104,7 +105,7 @@ def merge(route: str, me: Mapping[str, Any], answers: list[tuple[int, int, dict[
                 body = {**body, "threads": slim}
             rows.append({"rank": rank, "status": status, "body": body})
         out["stacks"] = stacks
-    else:
+    elif route == "query":
         columns: list[Any] | None = None
         merged: list[list[Any]] = []
         for rank, status, body in answers:
@@ -119,6 +120,8 @@ def merge(route: str, me: Mapping[str, Any], answers: list[tuple[int, int, dict[
                     body = {**body, "rows": len(got)}  # in place: key order kept
             rows.append({"rank": rank, "status": status, "body": body})
         out["rows"] = merged
+    else:
+        rows = [{"rank": rank, "status": status, "body": body} for rank, status, body in answers]
     out["answers"] = rows
     return out
 

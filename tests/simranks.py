@@ -12,7 +12,8 @@ is simulated:
   ``host`` is ``sim-node<h>``). ``/v1/backtrace`` answers a canned stack (a main thread in
   ``all_reduce``; rank ``--odd-rank`` sits in the DataLoader instead) with per-rank thread ids;
   ``/v1/query`` runs the statement in DuckDB over one rank's worth of ``python.backtrace`` rows
-  (every rank the same rows, labelled with its rank).
+  (every rank the same rows, labelled with its rank); ``/v1/collectives`` says all_reduce #42
+  has waited 30 s on every rank but the odd one.
 
 Usage (one process hosts nodes ``--first`` .. ``--last``; it prints ``ready`` once listening)::
 
@@ -38,11 +39,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from probe_agent.access import Policy, header_map  # noqa: E402
 from probe_agent.watchdog.httpwire import BadRequest, json_response, read_request  # noqa: E402
 from probe_agent.watchdog.nodefan import NodeRelay  # noqa: E402
-from probe_protocol.bodies import BacktraceBody, HealthBody  # noqa: E402
+from probe_protocol.bodies import BacktraceBody, CollectivesBody, HealthBody  # noqa: E402
 from probe_protocol.envelope import error_body  # noqa: E402
 from probe_protocol.peers import Peer, tcp_peer, unix_peer_uid  # noqa: E402
 from probe_protocol.query import QueryBody, QueryRequest  # noqa: E402
-from probe_protocol.routes import BACKTRACE, HEALTH, NODE_FANOUT, QUERY, RANKS  # noqa: E402
+from probe_protocol.routes import (  # noqa: E402
+    BACKTRACE,
+    COLLECTIVES,
+    HEALTH,
+    NODE_FANOUT,
+    QUERY,
+    RANKS,
+)
 from probe_protocol.tokens import sign_entry  # noqa: E402
 
 PID_BASE = 3_000_000
@@ -149,6 +157,10 @@ class SimNode:
                 threads=self.threads(rank), elapsed_ms=0.1).to_wire())
         if QUERY.matches(req.method, req.path):
             return self.query(req, rank)
+        if COLLECTIVES.matches(req.method, req.path):
+            return json_response(200, CollectivesBody(
+                rank, recording=True, collectives=self.collectives(rank),
+                now=time.time()).to_wire())
         if NODE_FANOUT.matches(req.method, req.path):
             if self.stall:  # a node agent that accepted the request and never answers
                 await asyncio.sleep(3600)
@@ -164,6 +176,18 @@ class SimNode:
                 {"thread_id": 139_500_000 + rank * 4096, "thread_name": "pt_autograd_0",
                  "is_main": False, "is_agent": False,
                  "frames": frames([("_bootstrap", "threading.py", 1002)])})
+
+    def collectives(self, rank: int) -> tuple[dict[str, Any], ...]:
+        """all_reduce #41 done everywhere; #42 entered 30 s ago by all but the odd rank."""
+        def row(seq: int, state: str, ago: float) -> dict[str, Any]:
+            return {"rank": rank, "pg": "0", "pg_desc": "default_pg", "seq": seq,
+                    "op": "all_reduce", "state": state, "start_time": time.time() - ago,
+                    "is_p2p": False, "group_ranks": list(range(self.args.world)),
+                    "callsite": "train.py:61 train_step"}
+        done = row(41, "done", 30.5)
+        if rank == self.args.odd_rank:
+            return (done,)
+        return (done, row(42, "pending", 30.0))
 
     def query(self, req: Any, rank: int) -> bytes:
         q = QueryRequest.from_wire(json.loads(req.body or b"{}"))

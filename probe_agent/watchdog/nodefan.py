@@ -12,7 +12,8 @@ Whose authority (docs/design-decisions.md, "Fan-out at scale"):
   relay at a file of another user;
 - the caller's ``Authorization`` header goes with each relayed request, unchanged, and each rank
   checks it again (a wrong token is refused even though the relay is the rank's owner);
-- only read routes are relayed (backtrace, query): no eval and no action passes through here.
+- only read routes are relayed (backtrace, query, collectives): no eval and no action passes
+  through here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from urllib.parse import urlencode
 from probe_protocol import nodefan
 from probe_protocol.envelope import encode
 from probe_protocol.peers import unix_peer_uid
-from probe_protocol.routes import BACKTRACE, QUERY
+from probe_protocol.routes import BACKTRACE, COLLECTIVES, QUERY
 
 from .httpwire import read_response_head
 
@@ -123,6 +124,11 @@ def _request(route: str, params: dict[str, Any], auth: str | None) -> bytes:
         flags = {k: int(bool(params.get(k))) for k in ("locals", "native", "all", "secrets")
                  if k in params}
         target, data = BACKTRACE.path + ("?" + urlencode(flags) if flags else ""), b""
+        method = "GET"
+    elif route == "collectives":
+        args = {k: params[k] for k in ("limit", "state")
+                if isinstance(params.get(k), int | str) and not isinstance(params[k], bool)}
+        target, data = COLLECTIVES.path + ("?" + urlencode(args) if args else ""), b""
         method = "GET"
     else:
         query = {k: params[k] for k in ("sql", "max_rows") if k in params}

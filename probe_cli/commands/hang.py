@@ -1,6 +1,6 @@
 """`probe hang`: one verdict for a stuck job, from every rank's collectives and main stack.
 
-Data (fan-out: ``/v1/backtrace`` + ``/v1/collectives`` per rank) -> ``diagnose.hang.diagnose``
+Data (``/v1/backtrace`` + ``/v1/collectives`` of every rank, asked one node at a time) -> ``diagnose.hang.diagnose``
 (pure) -> ``render.verdicts`` lines -> printed by main.py.
 """
 
@@ -9,20 +9,20 @@ from __future__ import annotations
 import click
 
 from ..diagnose.ends import ends_lines, timeout_line
-from ..gather.evidence import hang_evidence
+from ..gather.evidence import hang_evidence_by_node
 from ..gather.postmortem import session_job
 from ..diagnose.hang import HangVerdict, diagnose, rank_state
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import hang_json, render_verdict
 from ..result import RankResult
-from ..transport.fanout import fan_out, resolve_ranks
+from ..transport.fanout import resolve_ranks
 from ..transport.session import Session
 from . import pass_session
 
 
 def gather_hang(session: Session,
                 min_wait: float | None) -> tuple[HangVerdict, list[RankResult]]:
-    results = fan_out(session, resolve_ranks(session), hang_evidence)
+    results = hang_evidence_by_node(session, resolve_ranks(session))
     return diagnose([rank_state(r) for r in results], min_wait_s=min_wait), results
 
 

@@ -7,6 +7,7 @@ verdicts themselves are computed by the pure modules of diagnose/.
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from typing import Any
 
 from probe_protocol.bodies import CollectivesBody
@@ -17,6 +18,8 @@ from ..errors import RankError
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import Call, RankTarget
+from ..transport.nodetree import NodeCall, fan_out_nodes
+from ..transport.session import Session
 from ..diagnose.memory_use import BREAKDOWN_STEPS, TOP_ACTIVATIONS
 from ..diagnose.number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
 from ..diagnose.straggler import StragglerVerdict, diagnose_stragglers
@@ -37,6 +40,36 @@ def hang_evidence(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
         # A rank whose GIL is held answers the backtrace from its watchdog (out of process)
         # but not the collectives: keep its stack, it is the verdict's evidence.
         out["collectives_error"] = e.reason
+    return out
+
+
+def hang_evidence_by_node(session: Session, targets: list[RankTarget]) -> list[RankResult]:
+    """``hang_evidence`` of every target, asked one node at a time (transport/nodetree.py): the
+    stacks in one round, then the collectives of the ranks that answered, merged per rank into
+    the same ``{"backtrace", "collectives"}`` body. Two rounds, not one per rank: a silent rank
+    costs one timeout, and a rank's stack and collectives are read a round apart (a hang holds
+    still; a job that moves on is no hang either way)."""
+    stacks = fan_out_nodes(session, targets, lambda c, _: c.backtrace(),
+                           NodeCall("backtrace", {}))
+    answered = {r.url for r in stacks if r.ok}
+    colls = fan_out_nodes(
+        session, [t for t in targets if t.endpoint.label in answered],
+        lambda c, _: c.collectives(limit=RECENT), NodeCall("collectives", {"limit": RECENT}))
+    by_url = {r.url: r for r in colls}
+    out = []
+    for r in stacks:
+        if not r.ok or r.data is None:
+            out.append(r)
+            continue
+        who = Envelope.from_wire(r.data)
+        body: dict[str, Any] = {"ok": True, "rank": who.rank, "pid": who.pid, "host": who.host,
+                                "backtrace": r.data, "collectives": None}
+        c = by_url.get(r.url)
+        if c is not None and c.ok:
+            body["collectives"] = c.data
+        else:  # as hang_evidence: keep the stack (the watchdog's, with the GIL held)
+            body["collectives_error"] = getattr(c and c.error, "reason", None) or "no answer"
+        out.append(replace(r, data=body))
     return out
 
 

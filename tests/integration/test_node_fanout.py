@@ -111,3 +111,15 @@ def test_the_node_route_needs_the_callers_own_token(job):
     got = {rank: status for rank, status, _ in nodefan.split(right[1])}
     # rank 4 lives on node 1: node 0's agent does not reach across to it
     assert got == {0: 200, 1: 200, 2: 200, 3: 200, 4: 0}
+
+
+def test_hang_verdict_from_evidence_gathered_node_by_node(job, capsys):
+    # GIVEN rank 3 in the DataLoader while the others wait in all_reduce #42 (node 1 silent
+    # on the node route)
+    code = main(["-t", f"127.0.0.1:{job['base']}", "--token", TOKEN, "--timeout", "1.0",
+                 "hang"])
+    out, err = capsys.readouterr()
+    # THEN the verdict covers every rank, node 1's asked one by one
+    assert code == 4, out + err
+    assert "rank 3 never reached all_reduce #42; it is in the DataLoader" in out, out
+    assert "11 ranks wait for it" in out, out
