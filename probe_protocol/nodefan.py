@@ -2,10 +2,11 @@
 one merged answer. Writer and reader together, stdlib only (the watchdog, the CLI and the bench's
 simulated ranks all import this).
 
-Request: ``{"route": "backtrace" | "query" | "collectives", "params": {...}, "ranks": [r, ...]}``.
+Request: ``{"route": "backtrace" | "query" | "collectives", "params": {...}, "ranks": [...]}``.
 ``params`` are the backtrace's query parameters (``locals``, ``native``, ``all``, ``secrets``),
-the query's body (``{"sql", "max_rows"}``) or the collectives' (``limit``, ``state``). ``ranks`` are the ranks the caller wants from this node; the node
-agent asks only those its own job's rank list places on its host (see ``local_ranks``).
+the query's body (``{"sql", "max_rows"}``) or the collectives' (``limit``, ``state``), and
+``timeout_s``, each rank's time. ``ranks`` are the ranks the caller wants from this node; the
+node agent asks only those its own job's rank list places on its host (see ``local_ranks``).
 
 Answer (``merge``): ``{"ok": true, "rank", "host", "route", "answers": [{"rank", "status",
 "body"}], ...}`` with one of:

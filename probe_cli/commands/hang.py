@@ -1,7 +1,7 @@
 """`probe hang`: one verdict for a stuck job, from every rank's collectives and main stack.
 
-Data (``/v1/backtrace`` + ``/v1/collectives`` of every rank, asked one node at a time) -> ``diagnose.hang.diagnose``
-(pure) -> ``render.verdicts`` lines -> printed by main.py.
+Data (``/v1/backtrace`` + ``/v1/collectives`` of every rank, asked one node at a time) ->
+``diagnose.hang.diagnose`` (pure) -> ``render.verdicts`` lines -> printed by main.py.
 """
 
 from __future__ import annotations
