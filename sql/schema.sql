@@ -438,8 +438,8 @@ CREATE TABLE IF NOT EXISTS python.schedule (
 );
 
 -- python.parallel: the job's tensor/pipeline-parallel layout as this rank read it
--- (probe_agent/collectors/parallel.py: at the first optimizer step seen in a process group,
--- then at steps 10, 100, 1000, ...). Not a step table: a handful of rows, never trimmed.
+-- (probe_agent/collectors/parallel.py: at the first optimizer step seen, then at steps 10 and
+-- 100; a process without a process group is world 1). Not a step table: 3 rows, never trimmed.
 -- source: 'DeviceMesh' | 'megatron parallel_state' | 'deepspeed PipelineEngine', or NULL when
 --   none was found (tp = pp = 1 then: the data-parallel world is assumed to be every rank).
 -- mesh: the dims as read ('dp=1, tp=2'). tp / pp: tensor- and pipeline-parallel sizes (a
