@@ -3,6 +3,8 @@ prometheus_client's parser accepts, with a step counter that advances as the job
 
 from __future__ import annotations
 
+import io
+
 import httpx
 import pytest
 
@@ -117,7 +119,7 @@ def test_docker_scrape_config_and_grafana_dashboard_match_what_the_agent_serves(
     # once a traced step has counted tokens and FLOPs (the throughput gauges' own test)
     later = {n for n in names if n.startswith("probe_cuda_")} | {
         "probe_samples_per_second", "probe_memory_kind_bytes", "probe_tokens_per_second",
-        "probe_flops_per_second", "probe_mfu", "probe_step_share"}
+        "probe_flops_per_second", "probe_mfu", "probe_step_share", "probe_pause_share"}
     assert names - later <= served, names - later - served
 
 
@@ -162,10 +164,13 @@ def test_throughput_gauges_are_probe_throughputs_numbers(agent, client):
     agent.collectors.tracer.set_mode("on")
     model = torch.nn.Sequential(torch.nn.Embedding(32, 16), torch.nn.Linear(16, 32))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(8):
+    agent.store.flush()  # the writer's tick installs the save and train() wrappers
+    for i in range(8):
         opt.zero_grad()
         model(torch.randint(0, 32, (8, 16))).logsumexp(-1).mean().backward()
         opt.step()
+        if i % 2:  # and a checkpoint every other step
+            torch.save(model.state_dict(), io.BytesIO())
     agent.store.flush()
     # WHEN Prometheus scrapes
     fams = _families(client)
@@ -178,3 +183,6 @@ def test_throughput_gauges_are_probe_throughputs_numbers(agent, client):
     parts = {s.labels["part"]: s.value for s in fams["probe_step_share"].samples}
     assert set(parts) == {"forward", "backward", "optimizer", "input", "collective", "host"}
     assert 0 < parts["forward"] < 1 and 0.5 < sum(parts.values()) < 1.5
+    # AND the pauses: the saves' share of the wall time, and no eval
+    pauses = {s.labels["part"]: s.value for s in fams["probe_pause_share"].samples}
+    assert 0 < pauses["checkpoint"] < 1 and pauses["eval"] == 0, pauses

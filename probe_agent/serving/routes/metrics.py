@@ -39,6 +39,9 @@ _META = {
     "probe_mfu": ("gauge", "Model FLOPs utilisation: achieved FLOP/s over the device's peak."),
     "probe_step_share": ("gauge", "Share of a traced step per part: forward, backward, "
                          "optimizer, input, collective, host (medians; probe throughput)."),
+    "probe_pause_share": ("gauge", "Share of the wall time of the last 20 steps spent in "
+                          "pauses per part: checkpoint (saves on the training thread), eval "
+                          "(model.eval() to model.train()); probe throughput."),
     "probe_memory_rss_bytes": ("gauge", "Process resident set size."),
     "probe_memory_agent_bytes": ("gauge", "The agent's own share of the RSS (its DuckDB)."),
     "probe_memory_job_bytes": ("gauge", "The job's own host memory: RSS minus the agent's share "
@@ -167,6 +170,8 @@ def _throughput(agent: AgentParts, put: Any) -> None:
     put("probe_mfu", row.get("mfu"))
     for part in _PARTS:
         put("probe_step_share", row.get(f"{part}_share"), {"part": part})
+    for part in ("checkpoint", "eval"):
+        put("probe_pause_share", row.get(f"{part}_share"), {"part": part})
 
 
 @router.get(routes.METRICS.path)
