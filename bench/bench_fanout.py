@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -49,16 +51,21 @@ from tests import simranks  # noqa: E402
 QUERY = "SELECT count(*) AS frames FROM python.backtrace"
 
 AGENT = r"""
-import os, sys, threading
+import json, os, sys, threading
 import probe_agent
 from probe_agent.config import AgentConfig
+from probe_protocol.bodies import RankEntry
+tree = os.environ.get("BENCH_TREE") == "1"
+extra = {"run_dir": os.environ["BENCH_RUN_DIR"], "watchdog_grace_s": 0.5} if tree else {}
 agent = probe_agent.start(AgentConfig(port=int(os.environ["PROBE_PORT"]) + int(os.environ["RANK"]),
-                                      trace="off", unix_socket=False, watchdog=False))
+                                      trace="off", unix_socket=tree, watchdog=tree, **extra))
 base, n = int(os.environ["PROBE_PORT"]), int(os.environ["WORLD_SIZE"])
-# What the c10d-store registry would have read back in a real job.
-agent.peers = {r: {"rank": r, "url": f"http://127.0.0.1:{base + r}", "host": "bench",
-                   "pid": 0} for r in range(n)}
 print("ready", flush=True)
+# What the c10d-store registry would have read back in a real job (the bench sends the pids).
+pids = json.loads(sys.stdin.readline())
+agent.peers = {r: RankEntry(r, f"http://127.0.0.1:{base + r}", agent.identity.host, pids[r])
+               for r in range(n)}
+print("peers", flush=True)
 threading.Event().wait()
 """
 
@@ -79,23 +86,36 @@ def free_base(n: int, start: int = 21000) -> int:
     raise RuntimeError(f"no {n} consecutive free ports")
 
 
-def start_agents(n: int, base: int, batch: int) -> list[subprocess.Popen[str]]:
+def start_agents(n: int, base: int, batch: int, run_dir: str | None = None
+                 ) -> list[subprocess.Popen[str]]:
+    """``n`` agents on BASE + r; with ``run_dir``, each with its unix socket and watchdog."""
     procs: list[subprocess.Popen[str]] = []
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE")}
     env.update(PYTHONPATH=str(ROOT), PROBE_PORT=str(base), WORLD_SIZE=str(n), OMP_NUM_THREADS="1")
+    if run_dir:
+        env.update(BENCH_TREE="1", BENCH_RUN_DIR=run_dir)
     for lo in range(0, n, batch):  # in batches: 2 cores cannot import 256 interpreters at once
         wave = []
         for r in range(lo, min(n, lo + batch)):
             wave.append(subprocess.Popen(
                 [sys.executable, "-c", AGENT], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                start_new_session=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True, start_new_session=True,
             ))
+        procs.extend(wave)
         for p in wave:
             line = p.stdout.readline() if p.stdout else ""
             if line.strip() != "ready":
+                stop_agents(procs)
                 raise RuntimeError(f"agent exited: rc={p.poll()}")
-        procs.extend(wave)
+    pids = json.dumps([p.pid for p in procs]) + "\n"
+    for p in procs:
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write(pids)
+        p.stdin.flush()
+        if p.stdout.readline().strip() != "peers":
+            stop_agents(procs)
+            raise RuntimeError(f"agent exited: rc={p.poll()}")
     return procs
 
 
@@ -205,12 +225,92 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs) * 1e3:7.0f} [{min(xs) * 1e3:.0f}-{max(xs) * 1e3:.0f}]"
 
 
+CALLS = {
+    "backtrace": (lambda c, t: c.backtrace(), NodeCall("backtrace", {})),
+    "query": (lambda c, t: c.query(QUERY), NodeCall("query", {"sql": QUERY})),
+}
+
+
+def paired(base: int, procs: list[Any], n: int, repeat: int, rows: list[Any],
+           cpu_rows: list[Any]) -> None:
+    """Flat and tree, interleaved (flat, tree, tree, flat, ...), with the CPU each run cost
+    the serving processes (``procs``) and this client."""
+    for name, (call, node) in CALLS.items():
+        timed_fanout(base, call, n)  # warm both paths once
+        timed_fanout(base, call, n, node)
+        flat: list[float] = []
+        tree: list[float] = []
+        cpu: dict[str, list[tuple[float, float]]] = {"flat": [], "tree": []}
+        for i in range(repeat):
+            arms = [(flat, None, "flat"), (tree, node, "tree")]
+            for times, how, arm in (arms if i % 2 == 0 else arms[::-1]):
+                s0, c0 = cpu_s(procs), time.process_time()
+                times.append(timed_fanout(base, call, n, how))
+                cpu[arm].append((cpu_s(procs) - s0, time.process_time() - c0))
+        rows.append((n, name, flat, tree))
+        for arm, xs in cpu.items():
+            cpu_rows.append((n, name, arm, statistics.median(x[0] for x in xs),
+                             statistics.median(x[1] for x in xs)))
+
+
+def children(procs: list[subprocess.Popen[str]]) -> list[Any]:
+    """The processes' direct children (the agents' watchdogs), as objects with a ``pid``."""
+    out = []
+    for p in procs:
+        try:
+            kids = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
+        except OSError:
+            continue
+        out += [type("Child", (), {"pid": int(k)})() for k in kids]
+    return out
+
+
+def report(rows: list[Any], cpu_rows: list[Any]) -> None:
+    print(f"{'ranks':>6} {'what':<22} {'flat ms median [min-max]':>26} "
+          f"{'tree ms median [min-max]':>26} {'tree/flat':>9}")
+    for n, name, flat, tree in rows:
+        if name.startswith("cli"):  # the second list holds the peak RSS (MiB) here
+            print(f"{n:>6} {name:<22} {spread(flat):>26} {'peak RSS':>12} "
+                  f"{statistics.median(tree):7.0f} MiB")
+            continue
+        ratio = statistics.median(tree) / statistics.median(flat)
+        print(f"{n:>6} {name:<22} {spread(flat):>26} {spread(tree):>26} {ratio:>9.2f}")
+    # Where the time goes: the serving processes share this machine's cores, so their CPU is a
+    # floor on the wall time here (it runs in parallel across nodes on a cluster); the
+    # client's CPU is what the CLI itself pays.
+    print(f"{'ranks':>6} {'what':<22} {'arm':<5} {'ranks CPU ms':>13} {'client CPU ms':>14}")
+    for n, name, arm, server, client in cpu_rows:
+        print(f"{n:>6} {name:<22} {arm:<5} {server * 1e3:>13.0f} {client * 1e3:>14.0f}")
+
+
+def real_tree_main(args: argparse.Namespace) -> None:
+    """Flat against tree on real agents, each with its watchdog and unix socket: one host,
+    so the tree is one node request that rank 0's watchdog relays to every rank."""
+    rows: list[Any] = []
+    cpu_rows: list[Any] = []
+    for n in [int(x) for x in args.ranks.split(",")]:
+        run_dir = tempfile.mkdtemp(prefix="probe-bench-run-")
+        os.chmod(run_dir, 0o700)
+        base = free_base(n)
+        procs = start_agents(n, base, args.batch, run_dir)
+        try:
+            dogs = children(procs)
+            paired(base, [*procs, *dogs], n, args.repeat, rows, cpu_rows)
+            print(f"# {n} agents and {len(dogs)} watchdogs, "
+                  f"{rss_mib([*procs, *dogs]):.0f} MiB PSS in all", flush=True)
+        finally:
+            stop_agents(procs)
+            for d in dogs:  # their own sessions: not in the agents' process groups
+                try:
+                    os.kill(d.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            shutil.rmtree(run_dir, ignore_errors=True)
+    report(rows, cpu_rows)
+
+
 def sim_main(args: argparse.Namespace) -> None:
     """Flat against tree on simulated ranks, paired and interleaved."""
-    calls = {
-        "backtrace": (lambda c, t: c.backtrace(), NodeCall("backtrace", {})),
-        "query": (lambda c, t: c.query(QUERY), NodeCall("query", {"sql": QUERY})),
-    }
     rows = []
     cpu_rows: list[tuple[int, str, str, float, float]] = []
     for n in [int(x) for x in args.ranks.split(",")]:
@@ -221,22 +321,7 @@ def sim_main(args: argparse.Namespace) -> None:
         base, procs = simranks.start(root, n, args.per_node, min(args.procs, nodes))
         started = time.perf_counter() - t0
         try:
-            for name, (call, node) in calls.items():
-                timed_fanout(base, call, n)  # warm both paths once
-                timed_fanout(base, call, n, node)
-                flat: list[float] = []
-                tree: list[float] = []
-                cpu: dict[str, list[tuple[float, float]]] = {"flat": [], "tree": []}
-                for i in range(args.repeat):
-                    arms = [(flat, None, "flat"), (tree, node, "tree")]
-                    for times, how, arm in (arms if i % 2 == 0 else arms[::-1]):
-                        s0, c0 = cpu_s(procs), time.process_time()
-                        times.append(timed_fanout(base, call, n, how))
-                        cpu[arm].append((cpu_s(procs) - s0, time.process_time() - c0))
-                rows.append((n, name, flat, tree))
-                for arm, xs in cpu.items():
-                    cpu_rows.append((n, name, arm, statistics.median(x[0] for x in xs),
-                                     statistics.median(x[1] for x in xs)))
+            paired(base, procs, n, args.repeat, rows, cpu_rows)
             cli = [timed_cli(base) for _ in range(max(1, args.repeat // 2))]
             rows.append((n, "cli --json backtrace", [c[0] for c in cli], [c[1] for c in cli]))
             print(f"# {n} simulated ranks ({nodes} nodes) in {min(args.procs, nodes)} "
@@ -245,21 +330,7 @@ def sim_main(args: argparse.Namespace) -> None:
         finally:
             simranks.stop(procs)
             shutil.rmtree(root, ignore_errors=True)
-    print(f"{'ranks':>6} {'what':<22} {'flat ms median [min-max]':>26} "
-          f"{'tree ms median [min-max]':>26} {'tree/flat':>9}")
-    for n, name, flat, tree in rows:
-        if name.startswith("cli"):  # the second list holds the peak RSS (MiB) here
-            print(f"{n:>6} {name:<22} {spread(flat):>26} {'peak RSS':>12} "
-                  f"{statistics.median(tree):7.0f} MiB")
-            continue
-        ratio = statistics.median(tree) / statistics.median(flat)
-        print(f"{n:>6} {name:<22} {spread(flat):>26} {spread(tree):>26} {ratio:>9.2f}")
-    # Where the time goes: the simulated ranks share this machine's cores, so their CPU is a
-    # floor on the wall time here (it runs in parallel across nodes on a cluster); the
-    # client's CPU is what the CLI itself pays.
-    print(f"{'ranks':>6} {'what':<22} {'arm':<5} {'ranks CPU ms':>13} {'client CPU ms':>14}")
-    for n, name, arm, server, client in cpu_rows:
-        print(f"{n:>6} {name:<22} {arm:<5} {server * 1e3:>13.0f} {client * 1e3:>14.0f}")
+    report(rows, cpu_rows)
 
 
 def main() -> None:
@@ -268,11 +339,16 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--real", action="store_true",
                     help="real agent processes, flat fan-out only (the earlier bench)")
+    ap.add_argument("--tree", action="store_true",
+                    help="with --real: agents with watchdogs, flat against the tree")
     ap.add_argument("--batch", type=int, default=16, help="--real: agents started at once")
     ap.add_argument("--per-node", type=int, default=8, help="simulated ranks per node")
     ap.add_argument("--procs", type=int, default=4, help="simulator processes")
     args = ap.parse_args()
-    (real_main if args.real else sim_main)(args)
+    if args.real:
+        (real_tree_main if args.tree else real_main)(args)
+    else:
+        sim_main(args)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ is simulated:
   ``host`` is ``sim-node<h>``). ``/v1/backtrace`` answers a canned stack (a main thread in
   ``all_reduce``; rank ``--odd-rank`` sits in the DataLoader instead) with per-rank thread ids;
   ``/v1/query`` runs the statement in DuckDB over one rank's worth of ``python.backtrace`` rows
-  (every rank the same rows, labelled with its rank); ``/v1/collectives`` says all_reduce #42
+  (every rank the same rows, labelled with its rank) and streams the answer chunked, as the
+  agent does; ``/v1/collectives`` says all_reduce #42
   has waited 30 s on every rank but the odd one.
 
 Usage (one process hosts nodes ``--first`` .. ``--last``; it prints ``ready`` once listening)::
@@ -202,9 +203,14 @@ class SimNode:
             types = tuple(str(d[1]) for d in db.description or ())
         except Exception as e:  # noqa: BLE001 - the simulated agent's 400, as the real one's
             return json_response(400, error_body(rank, 400, str(e).splitlines()[0]))
-        body = QueryBody(rank, cols, types, tuple(list(r) for r in rows[:cap]),
-                         len(rows) > cap, round((time.perf_counter() - t0) * 1e3, 3))
-        return json_response(200, body.to_wire())
+        body = QueryBody(rank, cols, types, (), len(rows) > cap,
+                         round((time.perf_counter() - t0) * 1e3, 3))
+        # Streamed as the agent streams it: chunked, no length (serving/routes' query).
+        parts = body.stream(",".join(json.dumps(list(r)) for r in rows[:cap]).encode()
+                            for _ in (0,))
+        head = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"transfer-encoding: chunked\r\n\r\n")
+        return head + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts if p) + b"0\r\n\r\n"
 
 
 def make_db() -> Any:

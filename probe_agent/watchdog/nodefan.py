@@ -30,7 +30,7 @@ from probe_protocol.envelope import encode
 from probe_protocol.peers import unix_peer_uid
 from probe_protocol.routes import BACKTRACE, COLLECTIVES, QUERY
 
-from .httpwire import read_response_head
+from .httpwire import ResponseHead, read_response_head
 
 #: Largest answer read from one rank (a backtrace with locals of a deep stack is ~1 MB).
 MAX_RANK_BYTES = 8 * 1024 * 1024
@@ -83,7 +83,8 @@ class NodeRelay:
             except asyncio.TimeoutError:
                 status, got = 0, {"ok": False, "rank": rank, "status": 0,
                                   "error": f"no answer within {timeout:g} s"}
-            except (OSError, ValueError, asyncio.IncompleteReadError, IndexError) as e:
+            except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                    IndexError) as e:
                 status, got = 0, {"ok": False, "rank": rank, "status": 0,
                                   "error": f"{type(e).__name__}: {e}"}
             return rank, status, got
@@ -102,14 +103,41 @@ class NodeRelay:
             w.write(_request(route, params, auth))
             await w.drain()
             head = await read_response_head(r)
-            if head.length is None or head.length > MAX_RANK_BYTES:
-                raise ValueError(f"answer without a length or over {MAX_RANK_BYTES} bytes")
-            body = json.loads(await r.readexactly(head.length))
+            body = json.loads(await _read_body(r, head))
         finally:
             w.close()
         if not isinstance(body, dict):
             raise ValueError("not a probe body")
         return head.status, body
+
+
+async def _read_body(r: asyncio.StreamReader, head: ResponseHead) -> bytes:
+    """The answer's body: by its length, chunked (the agent streams query rows), or until the
+    rank's watchdog closes; at most MAX_RANK_BYTES."""
+    if head.length is not None:
+        if head.length > MAX_RANK_BYTES:
+            raise ValueError(f"answer over {MAX_RANK_BYTES} bytes")
+        return await r.readexactly(head.length)
+    chunked = any(ln.lower().replace(" ", "") == "transfer-encoding:chunked"
+                  for ln in head.raw_lines[1:])
+    if not chunked:
+        data = await r.read(MAX_RANK_BYTES + 1)
+        while len(data) <= MAX_RANK_BYTES and (more := await r.read(CHUNK)):
+            data += more
+        if len(data) > MAX_RANK_BYTES:
+            raise ValueError(f"answer over {MAX_RANK_BYTES} bytes")
+        return data
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        n = int((await r.readuntil(b"\r\n")).split(b";", 1)[0].strip() or b"0", 16)
+        if n == 0:
+            return b"".join(parts)
+        size += n
+        if size > MAX_RANK_BYTES:
+            raise ValueError(f"answer over {MAX_RANK_BYTES} bytes")
+        parts.append(await r.readexactly(n))
+        await r.readexactly(2)  # the chunk's CRLF
 
 
 def _timeout(value: Any) -> float:

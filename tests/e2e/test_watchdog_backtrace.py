@@ -122,6 +122,10 @@ def test_the_node_route_answers_from_the_watchdog_while_the_gil_is_held(gil_rank
         [(r, status, bt)] = nodefan.split(body)
         assert (r, status, bt["source"]) == (rank, 200, "in-process"), body
         assert _main(bt)["frames"][0]["func"] == "waiting_room"
+        # AND a query, which the agent streams (chunked), comes back as its rows
+        rows = client.post("/v1/node/fanout", json=nodefan.request(
+            "query", {"sql": "SELECT 41 + 1 AS answer", "timeout_s": 3}, [rank])).json()
+        assert rows["rows"] == [[rank, 42]] and rows["answers"][0]["status"] == 200, rows
         # WHEN its main thread holds the GIL in a C call
         go.touch()
         wait_until(lambda: not go.exists(), 10, "the program did not take the go file")
