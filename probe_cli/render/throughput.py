@@ -91,7 +91,8 @@ def schedule_lines(blocks: list[dict[str, Any]]) -> list[str]:
     out = []
     for b in blocks:
         if b.get("scheduler") is None:
-            out.append(f"  schedule: {b.get('note') or 'no LR scheduler'}")
+            out.append(f"  schedule: {b.get('note') or 'no LR scheduler'} (a loop that sets "
+                       "the LR itself: probe query \"SELECT step, lr FROM python.step_stats\")")
             continue
         head = f"  schedule: {b['scheduler']} ({b.get('location')}), {b.get('kind')}, " \
                f"{b.get('method')}"
