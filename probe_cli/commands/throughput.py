@@ -11,6 +11,7 @@ from probe_protocol.query import QueryBody
 
 from ..diagnose.schedule import schedules
 from ..diagnose.throughput import RankThroughput, from_rows
+from ..errors import RankError
 from ..outcome import Outcome, finish
 from ..render.text import query_notes
 from ..render.throughput import render_throughput
@@ -103,13 +104,13 @@ def _gather(last: int) -> Any:
         body["_row"] = recs[0] if recs else None
         try:
             sched = QueryBody.from_wire(client.canned("schedule")).records()
-        except Exception:  # noqa: BLE001 - an agent without the table: the rest still stands
+        except RankError:  # an agent without the table: the rest still stands
             sched = []
         body["_schedule"] = [s for s in sched if s.get("scheduler") is not None or
                              s.get("kind") == "none"]
         try:
             lay = QueryBody.from_wire(client.canned("parallel")).records()
-        except Exception:  # noqa: BLE001 - as above
+        except RankError:  # as above
             lay = []
         body["_parallel"] = lay[0] if lay else None
         return body

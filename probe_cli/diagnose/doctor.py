@@ -11,6 +11,7 @@ from .findings import RankDoc, Report
 from .hang import HangVerdict, RankState
 from .memory_use import check_memory_use
 from .number_checks import check_lr_clip, check_memory, check_nonfinite
+from .schedule import check_schedule
 from .throughput import check_throughput
 from .time_checks import (
     check_collective_wait,
@@ -31,7 +32,8 @@ def rank_doc(state: RankState, answer: dict[str, Any] | None) -> RankDoc:
         rank=state.rank, state=data.get("state"), grads=data.get("grads"),
         loop=data.get("loop"), memory=data.get("memory"), metrics=data.get("metrics"),
         breakdown=data.get("breakdown"), activations=data.get("activations"),
-        slow=data.get("slow"), throughput=data.get("throughput"), frames=state.frames,
+        slow=data.get("slow"), throughput=data.get("throughput"),
+        schedule=data.get("schedule"), parallel=data.get("parallel"), frames=state.frames,
         collectives=tuple(data["collectives"]) if data.get("collectives") else state.collectives,
         errors=data.get("errors") or {})
 
@@ -54,6 +56,7 @@ def diagnose(verdict: HangVerdict, docs: list[RankDoc], min_wait: float) -> Repo
     else:
         check_data_wait(report, docs)
     check_lr_clip(report, docs)
+    check_schedule(report, docs)
     if not verdict.problem:
         check_throughput(report, docs)
     check_modules(report, docs)

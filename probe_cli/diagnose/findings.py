@@ -57,6 +57,8 @@ class RankDoc:
     metrics: list[dict[str, Any]] | None = None
     slow: list[dict[str, Any]] | None = None
     throughput: list[dict[str, Any]] | None = None  # the throughput query's row
+    schedule: list[dict[str, Any]] | None = None  # the schedule query's rows
+    parallel: list[dict[str, Any]] | None = None  # the parallel query's row
     frames: tuple[dict[str, Any], ...] = ()
     collectives: tuple[dict[str, Any], ...] = ()
     errors: dict[str, str] = field(default_factory=dict)

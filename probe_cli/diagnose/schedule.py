@@ -1,7 +1,8 @@
 """The LR schedule beside GB_tok: warmup and decay in tokens, where the schedule ends and the
 tokens seen by then, and the guide's trap (a schedule whose end is not the job's). Pure: the
 ``schedule`` canned query's rows of one rank, the job's GB_tok and its current step in,
-JSON-ready dicts out (`probe throughput` shows them).
+JSON-ready dicts out (`probe throughput` shows them); doctor's LR SCHEDULE finding from the same
+blocks.
 
 Steps are scheduler steps. They are optimizer steps only when the scheduler steps once per
 optimizer step: its own count, read at optimizer step N, is then about N - 1 (it steps after
@@ -12,6 +13,9 @@ block says why.
 from __future__ import annotations
 
 from typing import Any
+
+from .findings import INFO, Finding, RankDoc, Report
+from .throughput import from_rows
 
 #: How far the scheduler's own count may be from the optimizer's and still be "per step".
 STEP_SLACK = 2
@@ -81,3 +85,46 @@ def _check(end: int | None, total: int | None, now: int | None, source: Any, aft
 
 def _in_tokens(n: int, gb: int | None) -> str:
     return f" ({n * gb:,} tokens)" if gb else ""
+
+
+def job_schedules(docs: list[RankDoc]) -> list[dict[str, Any]]:
+    """The blocks from doctor's answers: the lowest rank's schedule rows, GB_tok and the latest
+    step as `probe throughput` computes them."""
+    rows = next((d.schedule for d in sorted(docs, key=lambda d: d.rank) if d.schedule), None)
+    if not rows:
+        return []
+    layout = next((d.parallel[0] for d in sorted(docs, key=lambda d: d.rank) if d.parallel),
+                  None)
+    tput = {d.rank: d.throughput[0] for d in docs if d.throughput}
+    job = from_rows(tput, len(docs), layout=layout)[1].to_json() if tput else {}
+    now = max((int(r["last_step"]) for r in tput.values() if r.get("last_step") is not None),
+              default=None)
+    return schedules(rows, job.get("gb_tok"), now)
+
+
+def check_schedule(report: Report, docs: list[RankDoc]) -> None:
+    """LR SCHEDULE (info): the schedule's end is not the job's (see ``_check``). Info, not a
+    warning: a cosine restarted on purpose past its end is a choice probe cannot tell from
+    the trap, so it says what it sees and leaves the judgement to the reader."""
+    blocks = job_schedules(docs)
+    if not blocks:
+        report.unchecked.append("LR schedule: not read yet (or not recorded by this agent)")
+        return
+    hits = [b for b in blocks if b.get("check")]
+    if not hits:
+        known = [b for b in blocks if b.get("scheduler")]
+        report.fine.append("LR schedule: " + ("; ".join(
+            f"{b['scheduler']} {b.get('kind')}" + (f", ends at step {b['end_step']}"
+                                                   if b.get("end_step") is not None else "")
+            for b in known) if known else "no LR scheduler"))
+        return
+    b = hits[0]
+    evidence = [f"{b['scheduler']} ({b.get('location')}), {b.get('method')}: warmup "
+                f"{b.get('warmup_steps')} steps, decay ends at step {b.get('end_step')}"
+                + (f" = {b['end_tokens']:,} tokens" if b.get("end_tokens") else "")
+                + (f"; job total {b['total_steps']} ({b.get('total_source')})"
+                   if b.get("total_steps") is not None else "")]
+    report.findings.append(Finding(
+        INFO, "schedule", f"LR SCHEDULE: {b['check']}", evidence,
+        "probe throughput   (the schedule beside GB_tok, in steps and tokens)",
+        sorted(d.rank for d in docs), score=0.0, detail={"schedule": b}))

@@ -86,6 +86,8 @@ def doctor_queries(last: int) -> tuple[tuple[str, str, dict[str, int]], ...]:
         ("metrics", "doctor_metrics", {}),
         ("slow", "slow_modules", {"last": last, "limit": TOP_MODULES}),
         ("throughput", "throughput", {"last": last}),
+        ("schedule", "schedule", {}),
+        ("parallel", "parallel", {}),
     )
 
 

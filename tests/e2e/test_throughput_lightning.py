@@ -1,7 +1,8 @@
 """Throughput under Lightning: tokens come from the integer ``input_ids`` a LightningModule
 feeds its net (keyword argument, dict batch, gradient accumulation 2), and the LR schedule's
 end (a warmup+cosine LambdaLR ending at step 40) is checked against ``Trainer.max_steps`` (100):
-the trap is named before the job gets there (tests/programs/fw_lightning_tokens.py)."""
+the trap is named before the job gets there, by `probe throughput` and by doctor
+(tests/programs/fw_lightning_tokens.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def test_lightning_tokens_from_input_ids_and_the_schedule_against_max_steps(tmp_
         info = infos[0]
         out = probe("-t", info["url"].removeprefix("http://"), "--json", "throughput",
                     "--last", "10", timeout=120)
+        doctor = probe("-t", info["url"].removeprefix("http://"), "--json", "doctor",
+                       timeout=120)
     assert out.returncode == 0, out.stderr + out.stdout
     [body] = json.loads(out.stdout)
     t, job = body["throughput"], body["job"]
@@ -39,3 +42,6 @@ def test_lightning_tokens_from_input_ids_and_the_schedule_against_max_steps(tmp_
     assert s["check"].startswith(
         f"the schedule ends at step {info['sched_total']} but the job runs to step "
         f"{info['max_steps']} (Trainer.max_steps): its last {n} steps ({n * per_step:,} tokens)"), s
+    # AND doctor says the same as an info finding
+    [f] = [f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "schedule"]
+    assert f["severity"] == "info" and f["title"] == "LR SCHEDULE: " + s["check"], f

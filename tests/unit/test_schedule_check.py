@@ -37,3 +37,28 @@ def test_a_per_epoch_scheduler_gets_no_tokens():
     [b] = schedules([row(step=1000, sched_steps=3)], 512, 1000)
     assert b["per_optimizer_step"] is False and b["end_tokens"] is None
     assert "not optimizer steps" in b["check"]
+
+
+def test_doctor_names_the_trap_as_info_with_the_schedule_in_tokens():
+    from probe_cli.diagnose.findings import RankDoc, Report
+    from probe_cli.diagnose.schedule import check_schedule
+
+    # GIVEN two ranks of 256 tokens a step (GB_tok 512) whose schedule ends at 40 of 100 steps
+    tput = {"tokens": 256, "last_step": 30, "steps": 20}
+    sched = [row(total_steps=100, total_source="Trainer.max_steps")]
+    docs = [RankDoc(r, throughput=[{**tput, "rank": r}], schedule=sched) for r in (0, 1)]
+    report = Report()
+    check_schedule(report, docs)
+    # THEN one info finding says it, with the end in tokens and the next command
+    [f] = report.findings
+    assert f.severity == "info" and f.check == "schedule"
+    assert f.title == ("LR SCHEDULE: the schedule ends at step 40 but the job runs to step 100 "
+                       "(Trainer.max_steps): its last 60 steps (30,720 tokens) run at the "
+                       "schedule's final LR")
+    assert "decay ends at step 40 = 20,480 tokens" in f.evidence[0]
+    assert f.next.startswith("probe throughput")
+    # AND a schedule that ends with the job is fine
+    report = Report()
+    check_schedule(report, [RankDoc(0, throughput=[tput], schedule=[row(
+        total_steps=40, total_source="Trainer.max_steps")])])
+    assert not report.findings and report.fine[0].startswith("LR schedule: LambdaLR")
