@@ -25,6 +25,7 @@ Cost (bench/bench_schedule_pauses.py): +1-7 µs per save; ``model.train()`` on 1
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -80,6 +81,9 @@ class PauseMeter:
             orig_train = cls.__dict__["train"]
             meter = self
 
+            # wraps: the same name and module as the original, so pickling by reference and
+            # inspect.signature still find what they expect
+            @functools.wraps(orig_train)
             def train(module: Any, mode: bool = True) -> Any:
                 if meter._train_depth or not meter._mine():
                     return orig_train(module, mode)
@@ -90,13 +94,13 @@ class PauseMeter:
                 finally:
                     meter._train_depth -= 1
 
-            train.__wrapped__ = orig_train  # type: ignore[attr-defined]
             self._module_cls, self._train_orig = cls, orig_train
             cls.train = train
 
     def _wrap_save(self, orig: Any) -> Any:
         meter = self
 
+        @functools.wraps(orig)
         def save(*args: Any, **kwargs: Any) -> Any:
             if meter._depth or not meter._mine():
                 return orig(*args, **kwargs)
@@ -111,7 +115,6 @@ class PauseMeter:
                 if meter._eval_t0 is not None:
                     meter._ckpt_in_eval += dt
 
-        save.__wrapped__ = orig  # type: ignore[attr-defined]
         save._probe_pause = True  # type: ignore[attr-defined]
         return save
 
