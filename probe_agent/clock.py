@@ -86,6 +86,10 @@ class StepClock:
         self.armed = False
         self.armed_at: float | None = None
         self.last_step_at: float | None = None
+        #: The last finished step boundary: when its subscribers started and when they were all
+        #: done. The agent's own work there (recorders, scheduled reads, actions) is not the
+        #: job's: the step recorder starts the next step when it ended, and reports it apart.
+        self.boundary: tuple[float, float] | None = None
         self.training_thread: int | None = None
         self.numbering = "counted"  # or "optimizer-state" when seeded from Adam's step
         self._primary: weakref.ref[Any] | None = None
@@ -259,6 +263,7 @@ class StepClock:
             log.warning("probe agent: step clock failed: %s", e)
             return
         step = self.current_step
+        at = self.last_step_at
         for fn, guard in self._subscribers:
             if not guard.enabled:
                 continue
@@ -266,6 +271,8 @@ class StepClock:
                 fn(step, optimizer)
             except Exception as e:  # the subscriber's own bug; counted, training continues
                 guard.failed(e)
+        if at is not None:
+            self.boundary = (at, time.time())
 
     def _remember(self, optimizer: Any) -> None:
         oid = id(optimizer)

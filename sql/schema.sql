@@ -203,7 +203,10 @@ CREATE TABLE IF NOT EXISTS python.torch_trace (
 --   what checkpointing the module would keep saved instead of everything its forward saves.
 
 -- python.steps: one row per optimizer step (traced or not). start_time is the end of the
--- previous step (so data loading counts), NULL for the first step the agent saw.
+-- previous step (so data loading counts), NULL for the first step the agent saw. What the
+-- agent itself ran on the training thread at that boundary (its recorders, a scheduled heap
+-- walk, the one-off CPU peak probe, an action such as a checkpoint) is agent_ms, left out of
+-- duration: it is not the job's step, and it must not make one look slow.
 -- samples: from probe_agent.log(samples=N), else the first dimension of the root model's first
 -- input in traced steps; NULL when unknown. duration in seconds.
 CREATE TABLE IF NOT EXISTS python.steps (
@@ -228,7 +231,8 @@ CREATE TABLE IF NOT EXISTS python.steps (
     compute_dtype VARCHAR,
     peak_flops    DOUBLE,
     peak_source   VARCHAR,
-    mfu           DOUBLE
+    mfu           DOUBLE,
+    agent_ms      DOUBLE               -- the agent's own work at the boundary before this step
 );
 -- Throughput (probe_agent/collectors/throughput.py; `probe throughput` reads these):
 --   tokens: tokens of this optimizer step on this rank: probe_agent.log(tokens=N) for the step

@@ -79,7 +79,7 @@ class ScheduleWatcher:
         from ..frameworks import discover, unwrap
 
         stepping = self.clock.optimizers()
-        d = discover(frame=frame, optimizers=stepping)
+        d = discover(frame=frame, optimizers=stepping, frame_locals=False)
         total, source = job_total(d.framework, d.trainer)
         ids = {id(unwrap.optimizer(o)) for o in stepping}
         mine = [s for s in d.schedulers

@@ -147,8 +147,14 @@ class StepRecorder:
         return int(fields[1]) * _PAGE * _MIB
 
     def _on_step(self, step: int, optimizer: Any) -> None:
-        now = time.time()
+        # The step ran from the end of the last boundary's agent work to this boundary; that
+        # work (a scheduled heap walk, the CPU peak probe, an action) is its own column.
+        now = self.clock.last_step_at or time.time()
         start, self._last_end = self._last_end, now
+        boundary = self.clock.boundary
+        agent_s = None
+        if start is not None and boundary is not None and boundary[0] == start:
+            start, agent_s = boundary[1], boundary[1] - boundary[0]
         tracer = self.tracer
         traced = False
         batch = None
@@ -168,7 +174,7 @@ class StepRecorder:
         # optimizer.step(), i.e. after this hook.
         with self._lock:
             self._finish_pending()
-            self._pending = [step, start, now, duration, samples, traced, work]
+            self._pending = [step, start, now, duration, samples, traced, work, agent_s]
         rss = self.rss_mib()
         kinds = self._kinds(torch, optimizer) if traced else _NO_KINDS
         if kinds[0] is not None:
@@ -221,13 +227,14 @@ class StepRecorder:
         p, self._pending = self._pending, None
         if p is None:
             return
-        step, start, end, duration, samples, traced, work = p
+        step, start, end, duration, samples, traced, work, agent_s = p
         logged = self.logged_samples.pop(step, None)
         samples = logged if logged is not None else samples
         rate = samples / duration if samples and duration else None
         tput = self.throughput.columns(work, self.logged_tokens.pop(step, None), duration)
         if len(self.steps) < BUFFER:
-            self.steps.append((step, start, end, duration, samples, rate, traced, *tput))
+            self.steps.append((step, start, end, duration, samples, rate, traced, *tput,
+                               agent_s * 1e3 if agent_s is not None else None))
 
     def log(self, step: int | None, scalars: dict[str, Any]) -> None:
         """``probe_agent.log``: called on the user's thread; never raises into it."""

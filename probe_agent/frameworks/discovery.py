@@ -90,7 +90,7 @@ def main_frame() -> FrameType | None:
 
 
 def discover(frame: FrameType | None = None, optimizers: list[Any] | None = None,
-             fresh: bool = False) -> Discovered:
+             fresh: bool = False, frame_locals: bool = True) -> Discovered:
     """The job's trainer, models, optimizers, schedulers and train loader.
 
     Args:
@@ -99,15 +99,19 @@ def discover(frame: FrameType | None = None, optimizers: list[Any] | None = None
         optimizers: those the step clock saw stepping (``StepClock.optimizers()``); none
             given: only what the script's names and the live objects show.
         fresh: rescan live objects now instead of reusing the last scan.
+        frame_locals: read the frames' locals. Off for reads the agent makes by itself: on
+            Python < 3.13 ``f_locals`` of a function frame is a snapshot the frame keeps, so
+            an object the script later ``del``s (a model, a big tensor) stays alive until
+            that frame returns or its locals are read again.
     """
     frame = frame if frame is not None else main_frame()
     stepping = list(optimizers or ())
     frames = []
-    f = frame
+    f = frame if frame_locals else None
     while f is not None:
         frames.append(f.f_locals)
         f = f.f_back
-    namespace = script_namespace(frame)
+    namespace = script_namespace(frame if frame_locals else None)
     live = _CACHE.get(_key(stepping, namespace), fresh)
     ctx = Context(namespace=namespace, frame_locals=frames, stepping=stepping,
                   live=lambda kind: live.get(kind, []))

@@ -34,9 +34,12 @@ from __future__ import annotations
 import contextlib
 import struct
 import sys
+import threading
 from collections.abc import Iterator
 from array import array
 from typing import Any
+
+from ... import optim_hooks
 
 #: (time, bytes, kind) records buffered between two writer resolves; beyond it they are dropped.
 SV_MAX = 600_000
@@ -57,6 +60,7 @@ class SavedBytes:
         self.total = 0  # bytes counted in this forward pass
         self.peak = 0  # the largest pass of this step (gradient accumulation: several passes)
         self.pushed = False
+        self._push_thread = 0  # the thread whose saved-tensors stack holds our hook
         self._pre_handle: Any = None  # the global forward pre-hook while pushed
         self.steps: list[int] = []  # traced steps counted, taken by the writer with ``buf``
         self.torch: Any = None
@@ -112,6 +116,7 @@ class SavedBytes:
             self._prev_pack = None
             autograd._push_saved_tensors_default_hooks(self._pack, _unpack)
         self.pushed = True
+        self._push_thread = threading.get_ident()
         self._wrap_disable(torch)
         if self._pre_handle is None:
             self._pre_handle = torch.nn.modules.module.register_module_forward_pre_hook(
@@ -164,6 +169,31 @@ class SavedBytes:
         h, self._pre_handle = self._pre_handle, None
         if h is not None:
             h.remove()
+
+    def release(self, torch: Any) -> None:
+        """Counting stops for good (the agent stops). The pack hook is on the pushing thread's
+        stack, and only that thread can pop it: now, when called there; else at that thread's
+        next optimizer step. Left pushed, it would cost a call per saved tensor for the rest of
+        the process, and torch.compile compiles no frame while a saved-tensors hook is on the
+        stack (a later compiled model ran eagerly, and a later agent then traced into it)."""
+        self.enabled = False
+        self.remove_input_hook()
+        if not self.pushed or torch is None:
+            return
+        if threading.get_ident() == self._push_thread:
+            self._pop(torch)
+            return
+        optim = sys.modules["torch.optim.optimizer"]
+        handle: list[Any] = []
+
+        def pop_on_training_thread(*_: Any) -> None:
+            if threading.get_ident() != self._push_thread:
+                return
+            if self.pushed:
+                self._pop(torch)
+            handle[0].remove()
+
+        handle.append(optim_hooks.register(optim, "post", pop_on_training_thread))
 
     def off(self, error: str) -> None:
         """Counting stops for good (the hook, if still pushed, only passes tensors through)."""

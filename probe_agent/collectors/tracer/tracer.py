@@ -185,8 +185,7 @@ class TorchTracer(CudaRecords, WriterSide):
             self._handles.clear()
             # the hooks are on the training thread's stack: only that thread can pop them;
             # until it does they pass tensors through
-            self.saved.enabled = False
-            self.saved.remove_input_hook()
+            self.saved.release(self._torch)
             trace_hot.unbind(self)
             self.armed = False
             self.flush()

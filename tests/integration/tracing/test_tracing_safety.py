@@ -3,6 +3,8 @@ torch.compile'd model, byte retention, CUDA events (skipped without a GPU)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -74,12 +76,13 @@ def test_a_raising_hook_is_counted_and_switches_tracing_off_not_training(make_ag
         assert agent.collectors.tracer.native.state()[2] is False  # no backward callback
 
 
-# Known defect, left open in the closing note: after another agent of the same process traced
-# a step (test_tracing_rows::test_repeated_and_shared_modules_carry_seq first), the saved-bytes
-# accounting registers its global input hook while the compiled model runs, torch warns, and
-# rows from inside the compiled graph are recorded. Alone, it passes.
-@pytest.mark.xfail(strict=False, reason="order-dependent: saved-bytes hook under torch.compile "
-                   "after an earlier agent in the process (see comment)")
+# Known defect, left open: after test_tracing_rows::test_repeated_and_shared_modules_carry_seq
+# in the same process, dynamo compiles no frame during the compiled model's first step (its
+# frame counters stay empty), so the tracer's compile check (saved_bytes.compiled_here) misses it
+# and pushes the saved-bytes hooks for step 2; torch warns about the global module hook. Alone it
+# passes. A stopped agent's hooks are no longer the cause (test below: they are popped).
+@pytest.mark.xfail(strict=False, reason="order-dependent: dynamo compiles nothing in step 1 "
+                   "after an earlier test (see comment)")
 def test_a_compiled_model_trains_the_same_and_records_its_calls(make_agent):
     # GIVEN the same model trained eagerly without tracing ...
     torch.manual_seed(0)
@@ -174,8 +177,46 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
 
     assert LOADER.module is None or LOADER.module.state()[2] is False  # no backward callback
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    # the saved-tensors pack hook pushed for the next traced step is popped: left there, it
+    # kept torch.compile from compiling any frame of this thread for the rest of the process
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
     wait_until(lambda: gc.collect() is not None and ref() is None, 10,
                "the stopped agent is still referenced")
+
+
+def test_an_agent_stopped_from_another_thread_pops_its_hook_at_the_next_step(make_agent):
+    import threading
+
+    import probe_agent
+
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:  # an earlier compiled test would keep saved-bytes counting off
+        dynamo.utils.counters.clear()
+    agent = make_agent(trace="on")
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        model(torch.randn(8, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(2):
+        step()
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is not None
+    # WHEN the agent is stopped from another thread (an eval, `probe inject` detaching)
+    stopper = threading.Thread(target=probe_agent.stop)
+    stopper.start()
+    stopper.join(30)
+    del agent
+    # THEN the hook is still on this thread's stack (only this thread can pop it) until its
+    # next optimizer step, which pops it and leaves no optimizer hook behind
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is not None
+    step()
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+    from torch.optim import optimizer
+
+    assert not optimizer._global_optimizer_post_hooks
 
 
 def test_user_grad_fn_hooks_work_beside_the_tracers(make_agent):
