@@ -232,8 +232,14 @@ CREATE TABLE IF NOT EXISTS python.steps (
     peak_flops    DOUBLE,
     peak_source   VARCHAR,
     mfu           DOUBLE,
-    agent_ms      DOUBLE               -- the agent's own work at the boundary before this step
+    agent_ms      DOUBLE,              -- the agent's own work at the boundary before this step
+    cpu_ms        DOUBLE,              -- the training thread on a CPU in this step
+    cpu_wait_ms   DOUBLE               -- runnable but waiting for a CPU (Linux run queue)
 );
+-- cpu_ms / cpu_wait_ms: /proc/thread-self/schedstat of the training thread, read at each
+--   boundary (collectors/schedstat.py); NULL off Linux and for the first step. Sleeping (a
+--   collective's wait, I/O) is neither. A large cpu_wait_ms is a busy host, not the job: the
+--   straggler verdict uses it to tell a slow rank from a scheduler that delays ranks in turn.
 -- Throughput (probe_agent/collectors/throughput.py; `probe throughput` reads these):
 --   tokens: tokens of this optimizer step on this rank: probe_agent.log(tokens=N) for the step
 --     (summed), else B x T of the root model's integer input (the first integer tensor of 2+

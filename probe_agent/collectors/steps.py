@@ -41,6 +41,7 @@ import pyarrow as pa
 from . import Guard, Sink
 from .heap import free_heap_mib
 from .memory_kinds import count_kinds
+from .schedstat import ThreadSchedstat
 from .throughput import ThroughputMeter
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ class StepRecorder:
         self.logged_tokens: dict[int, int] = {}
         self.throughput = ThroughputMeter(run_dir)
         self._last_end: float | None = None
+        self._sched = ThreadSchedstat()
+        self._last_sched: tuple[float, float] | None = None
         self._statm: int | None = None
         self._unsubscribe: Any = None
         self.sink: Sink | None = None
@@ -109,6 +112,7 @@ class StepRecorder:
                 self._unsubscribe()
             self.flush(final=True)
         finally:
+            self._sched.close()
             if self._statm is not None:
                 os.close(self._statm)
                 self._statm = None
@@ -155,6 +159,10 @@ class StepRecorder:
         agent_s = None
         if start is not None and boundary is not None and boundary[0] == start:
             start, agent_s = boundary[1], boundary[1] - boundary[0]
+        sched, prev = self._sched.read(), self._last_sched
+        self._last_sched = sched
+        cpu = (max(0.0, sched[0] - prev[0]), max(0.0, sched[1] - prev[1])) \
+            if sched is not None and prev is not None and start is not None else (None, None)
         tracer = self.tracer
         traced = False
         batch = None
@@ -174,7 +182,7 @@ class StepRecorder:
         # optimizer.step(), i.e. after this hook.
         with self._lock:
             self._finish_pending()
-            self._pending = [step, start, now, duration, samples, traced, work, agent_s]
+            self._pending = [step, start, now, duration, samples, traced, work, agent_s, cpu]
         rss = self.rss_mib()
         kinds = self._kinds(torch, optimizer) if traced else _NO_KINDS
         if kinds[0] is not None:
@@ -227,14 +235,15 @@ class StepRecorder:
         p, self._pending = self._pending, None
         if p is None:
             return
-        step, start, end, duration, samples, traced, work, agent_s = p
+        step, start, end, duration, samples, traced, work, agent_s, cpu = p
         logged = self.logged_samples.pop(step, None)
         samples = logged if logged is not None else samples
         rate = samples / duration if samples and duration else None
         tput = self.throughput.columns(work, self.logged_tokens.pop(step, None), duration)
         if len(self.steps) < BUFFER:
             self.steps.append((step, start, end, duration, samples, rate, traced, *tput,
-                               agent_s * 1e3 if agent_s is not None else None))
+                               agent_s * 1e3 if agent_s is not None else None,
+                               *(None if x is None else x * 1e3 for x in cpu)))
 
     def log(self, step: int | None, scalars: dict[str, Any]) -> None:
         """``probe_agent.log``: called on the user's thread; never raises into it."""

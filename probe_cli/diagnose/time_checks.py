@@ -89,10 +89,17 @@ def check_straggler(report: Report, docs: list[RankDoc]) -> None:
         return
     step_ms = [num(first_loop(d).get("step_ms")) for d in docs]
     known = [x for x in step_ms if x is not None and x > 0]
+    waits = {d.rank: num(first_loop(d).get("cpu_wait_share")) for d in docs}
     v = diagnose_stragglers(rows, last=len(next(iter(rows.values()))),
                             min_share=STRAGGLER_SHARE,
-                            step_s=statistics.median(known) / 1e3 if known else None)
-    if v.problem:
+                            step_s=statistics.median(known) / 1e3 if known else None,
+                            cpu_wait={r: w for r, w in waits.items() if w is not None})
+    if v.contention:  # time lost, but to the host: information, with where to look
+        report.findings.append(Finding(
+            INFO, "cpu_contention", f"CPU CONTENTION: {v.headline.removeprefix('no straggler: ')}",
+            list(v.details), "top -H (what else runs on the node; threads per rank: "
+            "OMP_NUM_THREADS, DataLoader workers)", [], score=0.0))
+    elif v.problem:
         share = max(e.caused_s for e in v.per_rank.values()) / v.window_s if v.window_s else 0
         report.findings.append(Finding(WARNING, "straggler", v.headline, list(v.details),
                                        "probe straggler", list(v.culprits), score=share))

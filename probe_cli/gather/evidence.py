@@ -157,5 +157,8 @@ def straggler_verdict(results: list[RankResult], last: int,
                for rec in QueryBody.from_wire(b).records()]
     known = [float(x) for x in step_ms if isinstance(x, (int, float)) and x > 0]
     step_s = statistics.median(known) / 1e3 if known else None
+    cpu_wait = {k: float(rec["cpu_wait_share"]) for k, b in steps.items()
+                for rec in QueryBody.from_wire(b).records()
+                if isinstance(rec.get("cpu_wait_share"), (int, float))}
     return diagnose_stragglers(rows, last=last, min_share=min_share, step_s=step_s,
-                               now_by_rank=now), steps
+                               now_by_rank=now, cpu_wait=cpu_wait), steps

@@ -1,5 +1,5 @@
 -- name: doctor_loop
--- description: This rank's training loop over its last $last steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window and how many steps changed it, how often clip_grad_norm_ ran with a finite norm and clipped, the median gradient norm before clipping, how often clip_grad_norm_ saw gradients an AMP GradScaler had not unscaled yet (and the median norm once unscaled), and non-finite gradient norms (first and last step). `probe doctor` reads it.
+-- description: This rank's training loop over its last $last steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window and how many steps changed it, how often clip_grad_norm_ ran with a finite norm and clipped, the median gradient norm before clipping, how often clip_grad_norm_ saw gradients an AMP GradScaler had not unscaled yet (and the median norm once unscaled), and non-finite gradient norms (first and last step), and the share of the steps' time (python.steps) the training thread waited for a CPU. `probe doctor` reads it.
 -- params: last
 WITH s AS (
     SELECT step, timestamp, data_wait, lr, grad_norm, clip_max_norm, clip_calls, grad_scale,
@@ -33,5 +33,9 @@ SELECT count(step_s)                                                   AS steps,
                                                                        AS nonfinite_grad_steps,
        min(step) FILTER (WHERE NOT isfinite(grad_norm) AND step_s IS NOT NULL)
                                                                        AS first_nonfinite_step,
-       max(step) FILTER (WHERE NOT isfinite(grad_norm))                AS last_nonfinite_step
+       max(step) FILTER (WHERE NOT isfinite(grad_norm))                AS last_nonfinite_step,
+       (SELECT round(sum(cpu_wait_ms) / nullif(sum(duration) FILTER (WHERE cpu_wait_ms IS NOT
+                     NULL) * 1e3, 0), 4)
+        FROM python.steps WHERE step > (SELECT max(step) FROM python.steps) - $last)
+                                                                       AS cpu_wait_share
 FROM s;

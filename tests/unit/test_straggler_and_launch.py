@@ -194,3 +194,31 @@ def test_ps_does_not_offer_launchers_and_probe_helpers_for_injection(argv, role)
     from probe_cli.commands.ps import _role
 
     assert _role(argv) == role
+
+
+def test_lateness_the_cpu_wait_of_every_rank_explains_names_no_straggler():
+    # GIVEN rank 2 last at every step by 5 ms of 60 (8% excess), and every rank's training
+    # thread waiting for a CPU about a third of its step time (an oversubscribed host)
+    rows = lockstep(4, slow=2, lag=0.005)
+    assert diagnose_stragglers(rows).problem  # without the CPU waits: named
+    v = diagnose_stragglers(rows, cpu_wait={0: 0.33, 1: 0.36, 2: 0.38, 3: 0.34})
+    # THEN no rank is blamed: the lateness is the scheduler's, and the verdict says so
+    assert not v.problem and v.contention and v.culprits == []
+    assert "wait for a CPU 33%-38%" in v.headline and "oversubscribed" in v.headline
+    assert v.to_json()["cpu_contention"] is True
+
+
+def test_a_rank_whose_own_cores_are_busy_is_named_with_that_cause():
+    rows = lockstep(4, slow=2, lag=0.005)
+    v = diagnose_stragglers(rows, cpu_wait={0: 0.01, 1: 0.02, 2: 0.30, 3: 0.01})
+    assert v.problem and v.culprits == [2] and not v.contention
+    assert "waited for a CPU 30% of its step time" in v.headline
+
+
+def test_lateness_beyond_any_cpu_wait_is_still_a_straggler():
+    # a 50 ms sleep a step (the fault suite's slow rank) on a busy host: the waits explain
+    # at most 20% of its step time, its excess is far more
+    rows = lockstep(4, slow=2, lag=0.05)
+    v = diagnose_stragglers(rows, cpu_wait={0: 0.2, 1: 0.2, 2: 0.2, 3: 0.2})
+    assert v.problem and v.culprits == [2]
+    assert any("more than that explains" in d for d in v.details)
