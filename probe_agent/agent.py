@@ -17,7 +17,6 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -39,6 +38,7 @@ from .evaluator import Evaluator
 from .frameworks.playbook import resolve
 from .profiling.sessions import Profiling
 from .ranks import Identity, RankRegistry, publish_rank
+from .serving.idle_pool import IdlePool
 from .step_cost import measure
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,9 @@ class Agent:
             playbook=self._playbook,
             step_cost=lambda since, until: measure(self.store.query, since, until))
         # Separate pools so a slow query can never starve eval or backtrace, and vice versa.
-        self.query_pool = ThreadPoolExecutor(4, thread_name_prefix="probe-agent.query")
-        self.eval_pool = ThreadPoolExecutor(2, thread_name_prefix="probe-agent.evalwait")
+        # Their threads end after IDLE_S without work (idle_pool.py): a quiet agent keeps none.
+        self.query_pool = IdlePool(4, "probe-agent.query")
+        self.eval_pool = IdlePool(2, "probe-agent.evalwait")
         self.collectors = Collectors()  # built and started by start()
         self.url: str | None = None
         self.unix_path: str | None = None

@@ -8,7 +8,7 @@ the list stays the whole contract between the agent and its HTTP side.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -36,8 +36,8 @@ class AgentParts(Protocol):
     gate: Gate
     refusals: RefusalLog
     #: Separate pools so a slow query never starves eval or backtrace, and vice versa.
-    query_pool: ThreadPoolExecutor
-    eval_pool: ThreadPoolExecutor
+    query_pool: Executor
+    eval_pool: Executor
     #: Set by create_app: the requests' CPU budget (budget.py).
     serve_budget: Any
     tcp_port: int | None

@@ -2,7 +2,7 @@
 
 A ``threading.Timer`` per query started (and tore down) an OS thread for every query: about a
 third of a millisecond of CPU each, in the training process, for a timer that almost never fires.
-Here one thread sleeps until the earliest deadline.
+Here one thread sleeps until the earliest deadline, and ends after IDLE_S with none armed.
 
 The interrupt is called with the lock held, and ``disarm`` takes the lock: once ``disarm``
 returns, that deadline can no longer fire, so a reused cursor's next query is never hit by the
@@ -17,10 +17,14 @@ import threading
 import time
 from collections.abc import Callable
 
+#: Seconds without an armed deadline after which the thread ends (a quiet agent keeps none).
+IDLE_S = 10.0
+
 
 class Deadlines:
-    def __init__(self, name: str = "probe-agent.deadlines") -> None:
+    def __init__(self, name: str = "probe-agent.deadlines", idle_s: float = IDLE_S) -> None:
         self._name = name
+        self._idle_s = idle_s
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._live: set[int] = set()
@@ -58,7 +62,10 @@ class Deadlines:
                 while self._heap and self._heap[0][1] not in self._live:
                     heapq.heappop(self._heap)  # disarmed: drop without waiting for it
                 if not self._heap:
-                    self._cond.wait()
+                    # Nothing armed for IDLE_S: end; the next arm() starts a thread again.
+                    if not self._cond.wait(self._idle_s) and not self._heap:
+                        self._thread = None
+                        return
                     continue
                 due, token, fn = self._heap[0]
                 now = time.monotonic()

@@ -49,7 +49,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .arrow_import import load_pyarrow
+
 try:
+    load_pyarrow()  # before any other `import pyarrow` of the agent's: arrow_import.py says why
     import duckdb
     import pyarrow as pa
 except ImportError as e:  # pragma: no cover - exercised only without the extra
@@ -105,6 +108,9 @@ class Store:
                 "autoinstall_known_extensions": False,
                 "python_enable_replacements": False,
                 "threads": config.db_threads,
+                # DuckDB 2 starts 8 threads for asynchronous file I/O by default; an in-memory
+                # database without external access never uses them.
+                "async_threads": 0,
                 "memory_limit": f"{config.db_memory_mb}MB",
             },
         )

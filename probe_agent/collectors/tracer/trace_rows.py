@@ -201,7 +201,7 @@ class RowResolver:
     def _con(self) -> duckdb.DuckDBPyConnection:
         if self._db is None:
             self._db = duckdb.connect(":memory:", config={
-                "threads": 1, "enable_external_access": False,
+                "threads": 1, "async_threads": 0, "enable_external_access": False,
                 "autoload_known_extensions": False, "python_enable_replacements": False})
             self._db.execute(_SETUP)
         return self._db
