@@ -18,6 +18,10 @@ from probe_protocol import runfiles
 from .errors import ConfigError
 
 DEFAULT_BASE_PORT = 9700
+#: DuckDB's room for queries above the tables' share when PROBE_DB_MEMORY_MB is unset: every
+#: canned query, and an ad-hoc group-by, sort and window over all of torch_trace, ran at full
+#: retention within it; slow_modules needed more than 128 (docs/design-decisions.md, Store).
+DB_QUERY_ROOM_MB = 256
 _TRACE_RE = re.compile(r"^(on|off|every:([1-9][0-9]*))$")
 
 
@@ -88,8 +92,10 @@ class AgentConfig:
     """PROBE_MAX_EVAL_BYTES: longest code an eval may send; longer is refused (HTTP 413)
     before it is compiled (CPython compiles holding the GIL)."""
 
-    db_memory_mb: int = 512
-    """PROBE_DB_MEMORY_MB: DuckDB's memory_limit; a query needing more fails, not the rank."""
+    db_memory_mb: int | None = None
+    """PROBE_DB_MEMORY_MB: DuckDB's memory_limit; a query needing more fails, not the rank.
+    Unset: twice PROBE_RETENTION_MB plus 256 (``db_memory_limit_mb``): the step tables, the
+    deleted rows retention has not freed yet and a checkpoint's copy, plus the queries' room."""
 
     db_threads: int = 1
     """PROBE_DB_THREADS: DuckDB worker threads. One keeps queries off the training cores."""
@@ -162,6 +168,13 @@ class AgentConfig:
     postmortem_mb: int = 32
     """PROBE_POSTMORTEM_MB: the copy's budget per rank; the oldest rows are dropped past it."""
 
+    @property
+    def db_memory_limit_mb(self) -> int:
+        """DuckDB's memory_limit in MB: PROBE_DB_MEMORY_MB, or derived from the retention."""
+        if self.db_memory_mb is not None:
+            return self.db_memory_mb
+        return 2 * self.retention_mb + DB_QUERY_ROOM_MB
+
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise_config("PROBE_PORT", self.port, "a port between 0 and 65535 (0 = any free)")
@@ -175,7 +188,7 @@ class AgentConfig:
             ("PROBE_MAX_RESULT_BYTES", self.max_result_bytes),
             ("PROBE_MAX_SQL_BYTES", self.max_sql_bytes),
             ("PROBE_MAX_EVAL_BYTES", self.max_eval_bytes),
-            ("PROBE_DB_MEMORY_MB", self.db_memory_mb),
+            ("PROBE_DB_MEMORY_MB", self.db_memory_limit_mb),
             ("PROBE_DB_THREADS", self.db_threads),
             ("PROBE_RETENTION_MB", self.retention_mb),
             ("PROBE_FLUSH_MS", self.flush_ms),

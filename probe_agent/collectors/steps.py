@@ -133,8 +133,10 @@ class StepRecorder:
                 if make is None:
                     return
                 self._agent_cursor = make()
+            # fetchall, not fetchone: a result left unfinished keeps this cursor's transaction
+            # open, and no deleted row older than it is ever freed (retention.py).
             row = self._agent_cursor.execute(
-                "SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
+                "SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()[0]
             # + the Arrow buffers the agent's collectors hold between flushes (pyarrow's pool)
             db = (float(row[0] or 0) + pa.total_allocated_bytes()) * _MIB if row else None
             threads = sum(1 for t in threading.enumerate() if t.name.startswith("probe"))

@@ -111,7 +111,7 @@ class Store:
                 # DuckDB 2 starts 8 threads for asynchronous file I/O by default; an in-memory
                 # database without external access never uses them.
                 "async_threads": 0,
-                "memory_limit": f"{config.db_memory_mb}MB",
+                "memory_limit": f"{config.db_memory_limit_mb}MB",
             },
         )
         self._root.execute(load_schema())
@@ -137,7 +137,8 @@ class Store:
         self._read_cursors: list[duckdb.DuckDBPyConnection] = []
         self._deadlines = Deadlines()
         self._writer = Writer(self._cursor, config.flush_ms, config.retention_mb * 1024 * 1024,
-                              self._step_tables, self._arrow_schemas)
+                              self._step_tables, self._arrow_schemas,
+                              config.db_memory_limit_mb * 1000 * 1000)  # DuckDB's MB: 10^6 bytes
 
     @property
     def rows_written(self) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from .retention import enforce_retention
+from .retention import enforce_retention, reclaim
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +49,19 @@ class Writer:
         retention_bytes: PROBE_RETENTION_MB in bytes, over all step tables together.
         step_tables: the tables retention trims, with their estimated bytes per row.
         arrow_schemas: every table's columns, for the fast insert path.
+        memory_limit: DuckDB's memory_limit in bytes: retention frees deleted rows' memory
+            only with room to spare under it (retention.py).
     """
 
     def __init__(self, cursor: Callable[[], duckdb.DuckDBPyConnection], flush_ms: int,
                  retention_bytes: int, step_tables: dict[str, int],
-                 arrow_schemas: dict[str, pa.Schema]) -> None:
+                 arrow_schemas: dict[str, pa.Schema], memory_limit: int) -> None:
         self._cursor = cursor
         self.flush_ms = flush_ms
         self.retention_bytes = retention_bytes
+        self.memory_limit = memory_limit
+        self._unreclaimed = 0  # estimated bytes deleted since the last checkpoint
+        self.reclaims = 0
         self._step_tables = step_tables
         self._arrow_schemas = arrow_schemas
         self._writer_lock = threading.Lock()  # the writer cursor's SQL vs a stopped writer's
@@ -238,10 +243,18 @@ class Writer:
             log.exception("probe agent: could not insert a batch into %s", table)
 
     def _enforce_retention(self, cur: duckdb.DuckDBPyConnection) -> None:
-        """Drop the oldest steps until the step-indexed tables fit PROBE_RETENTION_MB."""
+        """Drop the oldest steps until the step-indexed tables fit PROBE_RETENTION_MB; free
+        the dropped rows' memory once they add up to half the budget (retention.py)."""
         try:
-            self.rows_dropped += enforce_retention(
+            rows, nbytes = enforce_retention(
                 cur, self.retention_bytes, self._step_tables, self._rows_est)
+            self.rows_dropped += rows
+            self._unreclaimed += nbytes
+            live = sum(n * self._step_tables[t] for t, n in self._rows_est.items())
+            if (self._unreclaimed * 2 >= self.retention_bytes
+                    and reclaim(cur, self.memory_limit, live)):
+                self._unreclaimed = 0
+                self.reclaims += 1
         except Exception:  # retention must never kill the writer
             log.exception("probe agent: retention pass failed")
 

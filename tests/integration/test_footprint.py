@@ -1,8 +1,9 @@
-"""The native threads the agent's store brings into a training process: its writer and DuckDB's
-allocator thread, and nothing else (bench/bench_footprint.py measures the whole agent).
+"""What the agent's store costs a training process (bench/bench_footprint.py measures the whole
+agent): its threads (the writer, the query deadline and DuckDB's allocator thread, and no
+native pool), and memory that retention holds to its budget and DuckDB's limit follows.
 
-Counted in a fresh interpreter: thread pools and libarrow's jemalloc are per process, and this
-test process has loaded both already.
+Threads are counted in a fresh interpreter: thread pools and libarrow's jemalloc are per
+process, and this test process has loaded both already.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+
+import pytest
 
 _CHILD = r"""
 import json, os, sys
@@ -64,3 +67,70 @@ def test_a_jobs_own_jemalloc_options_are_left_alone() -> None:
     # THEN they are the job's: its background thread runs, and the variable stays
     assert "jemalloc_bg_thd" in got["store"], got
     assert got["conf_left"] == "background_thread:true"
+
+
+def test_retention_frees_what_it_deletes() -> None:
+    """An in-memory DuckDB frees deleted rows only at a checkpoint: before ``reclaim``, the step
+    tables held a flat row count in memory that grew by about a budget per budget of rows,
+    until inserts failed at the memory limit."""
+    import duckdb
+
+    from probe_agent.store.catalog import load_schema
+    from probe_agent.store.retention import (
+        STEP_TABLES,
+        enforce_retention,
+        reclaim,
+        step_table_widths,
+    )
+
+    # GIVEN the agent's schema in an in-memory DuckDB, and a 2 MiB budget for the step tables
+    con = duckdb.connect(":memory:", config={"threads": 1, "async_threads": 0})
+    con.execute(load_schema())
+
+    def columns(table: str) -> list[tuple[str, str]]:
+        return con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE "
+                           "schema_name || '.' || table_name = ? ORDER BY column_index",
+                           [table]).fetchall()
+
+    widths = step_table_widths({t: columns(t) for t in STEP_TABLES})
+    budget = 2 << 20
+    per_round = int(1.5 * budget / widths["python.torch_trace"])
+    select = ", ".join("range // 200 + ? AS step" if c == "step" else
+                     (f"'blocks.' || (range % 200) || '.mlp' AS {c}" if t == "VARCHAR" else
+                      f"CAST(range % 997 AS {t}) AS {c}" if t not in ("TIMESTAMP", "JSON")
+                      else f"NULL AS {c}") for c, t in columns("python.torch_trace"))
+    rows_est: dict[str, int] = {}
+
+    def table_mib() -> float:
+        return con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) / 2^20 FROM "
+                           "duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'").fetchall()[0][0]
+
+    # WHEN six budgets' worth of newer and newer steps arrive, each trimmed and reclaimed
+    seen = []
+    for r in range(6):
+        con.execute(f"INSERT INTO python.torch_trace SELECT {select} FROM range({per_round})",
+                    [r * 10_000])
+        rows_est["python.torch_trace"] = rows_est.get("python.torch_trace", 0) + per_round
+        dropped, _ = enforce_retention(con, budget, widths, rows_est)
+        assert dropped > 0 or r == 0
+        live = rows_est["python.torch_trace"] * widths["python.torch_trace"]
+        assert reclaim(con, 512 * 10**6, live) or r == 0
+        seen.append(round(table_mib(), 1))
+    # THEN the tables' memory stays within the budget instead of growing with every round
+    assert max(seen) <= 2.0, seen
+    # AND with no room under the memory limit, reclaim does not risk a fatal checkpoint
+    assert not reclaim(con, 10**6, live)
+
+
+def test_duckdb_memory_limit_follows_the_retention_unless_set() -> None:
+    from probe_agent.config import DB_QUERY_ROOM_MB, AgentConfig
+
+    # GIVEN no PROBE_DB_MEMORY_MB: the limit grows with the retention (a 1 GB budget under a
+    # fixed 512 MB limit would have failed its inserts)
+    assert AgentConfig.from_env({}).db_memory_limit_mb == 2 * 128 + DB_QUERY_ROOM_MB
+    assert AgentConfig.from_env({"PROBE_RETENTION_MB": "1024"}).db_memory_limit_mb == (
+        2 * 1024 + DB_QUERY_ROOM_MB)
+    # AND a set value wins, and is validated as before
+    assert AgentConfig.from_env({"PROBE_DB_MEMORY_MB": "300"}).db_memory_limit_mb == 300
+    with pytest.raises(Exception, match="PROBE_DB_MEMORY_MB"):
+        AgentConfig.from_env({"PROBE_DB_MEMORY_MB": "0"})

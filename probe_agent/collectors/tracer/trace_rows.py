@@ -180,9 +180,12 @@ class RowResolver:
     steps' forward rows, names, rows whose CUDA events are still running)."""
 
     def __init__(self, rank: int, schema: pa.Schema,
-                 optimizers: Callable[[], list[Any]] = list) -> None:
-        """``optimizers``: the step clock's (``StepClock.optimizers``), for module names."""
+                 optimizers: Callable[[], list[Any]] = list, memory_mb: int = 512) -> None:
+        """``optimizers``: the step clock's (``StepClock.optimizers``), for module names.
+        ``memory_mb``: this database's memory_limit (PROBE_DB_MEMORY_MB's; DuckDB's own
+        default is 80% of the machine's memory)."""
         self.rank = rank
+        self.memory_mb = memory_mb
         self.schema = schema  # python.torch_trace as the store has it (schema.sql)
         self.torch: Any = None
         # perf_counter_ns -> nanoseconds since the epoch
@@ -201,7 +204,8 @@ class RowResolver:
     def _con(self) -> duckdb.DuckDBPyConnection:
         if self._db is None:
             self._db = duckdb.connect(":memory:", config={
-                "threads": 1, "async_threads": 0, "enable_external_access": False,
+                "threads": 1, "async_threads": 0, "memory_limit": f"{self.memory_mb}MB",
+                "enable_external_access": False,
                 "autoload_known_extensions": False, "python_enable_replacements": False})
             self._db.execute(_SETUP)
         return self._db

@@ -156,6 +156,7 @@ class TorchTracer(CudaRecords, WriterSide):
         self._torch: Any = None
         self.queue_callback: Any = None
         self.native_mode = config.trace_native  # auto | off, read at each step boundary
+        self.db_memory_mb = config.db_memory_limit_mb  # the resolver's database's limit too
         self.native: Any = None  # the C++ hot path once bound to it (trace_native.py)
         self.on_native = False  # installed steps use it
 
@@ -163,7 +164,7 @@ class TorchTracer(CudaRecords, WriterSide):
     def start(self, sink: Sink) -> None:
         self.sink = sink
         self.resolver = RowResolver(self.rank, sink.arrow_schema(_TABLE),
-                                    self.stepclock.optimizers)
+                                    self.stepclock.optimizers, self.db_memory_mb)
         sink.add_flusher(self.tick)
         if torch_ready():
             self.arm()
