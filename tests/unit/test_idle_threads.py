@@ -67,9 +67,9 @@ def test_deadlines_thread_ends_when_nothing_is_armed_and_restarts() -> None:
     # GIVEN deadlines whose thread ends after 0.2 s with nothing armed
     d = Deadlines("test-idle.deadlines", idle_s=0.2)
     fired = threading.Event()
-    d.disarm(d.arm(5, fired.set))
+    d.disarm(d.arm(60, fired.set))  # a query's deadline, disarmed when the query ends
     assert _named("test-idle.deadlines")
-    # WHEN nothing more is armed, THEN the thread ends
+    # WHEN nothing more is armed, THEN the thread ends (not after the disarmed one's 60 s)
     wait_until(lambda: not _named("test-idle.deadlines"), 5, "deadlines thread did not end")
     # AND a new deadline starts it again, and fires
     t0 = time.monotonic()
