@@ -203,7 +203,11 @@ class WatchdogLink:
             "host_names": sorted(self.host_names),
         }
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        boot = (f"import sys; sys.path.insert(0, {root!r}); "
+        # Without TLS, OpenSSL is kept out: asyncio runs without ssl, and hashlib/hmac (token
+        # checks: sha256, compare_digest) fall back to Python's own sha256 without _hashlib.
+        # libssl and libcrypto were 5 MiB of the watchdog's 22.6 MiB RSS.
+        no_ssl = "" if cfg.tls_cert else "sys.modules['ssl'] = sys.modules['_hashlib'] = None; "
+        boot = (f"import sys; {no_ssl}sys.path.insert(0, {root!r}); "
                 "from probe_agent.watchdog.main import main; main()")
         fds = [s.fileno() for s in self.public]
         with open(self.files.log, "ab") as logf:

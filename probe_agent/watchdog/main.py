@@ -16,10 +16,9 @@ import json
 import os
 import signal
 import socket
-import ssl
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probe_protocol.runfiles import RunFiles
 
@@ -28,6 +27,9 @@ from .proxy import Proxy
 from .rank import RankWatch
 from .postmortem import record_death
 from .reader import StackReader
+
+if TYPE_CHECKING:
+    import ssl
 
 
 #: Seconds between checks, after the rank died, of whether its launcher is still there.
@@ -78,6 +80,8 @@ class Watchdog:
         """PROBE_TLS_CERT/KEY (the agent validated them before starting us)."""
         if not self.cfg.get("tls_cert"):
             return None
+        import ssl  # only with TLS: without it the watchdog is started with ssl blocked
+
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(self.cfg["tls_cert"], self.cfg["tls_key"])

@@ -134,3 +134,24 @@ def test_duckdb_memory_limit_follows_the_retention_unless_set() -> None:
     assert AgentConfig.from_env({"PROBE_DB_MEMORY_MB": "300"}).db_memory_limit_mb == 300
     with pytest.raises(Exception, match="PROBE_DB_MEMORY_MB"):
         AgentConfig.from_env({"PROBE_DB_MEMORY_MB": "0"})
+
+
+def test_watchdog_without_tls_loads_no_openssl(make_agent) -> None:
+    """libssl and libcrypto were 5 of the watchdog's 22.6 MiB RSS; without TLS it needs
+    neither (asyncio runs without ssl, token checks use Python's own sha256)."""
+    import time
+
+    from tests.support import wait_until
+
+    # GIVEN an agent with its watchdog and no TLS
+    agent = make_agent(watchdog=True)
+    pid = wait_until(lambda: (agent.info().watchdog or {}).get("pid"), 30, "no watchdog pid")
+    # WHEN it has started and answered a request through the watchdog
+    import httpx
+
+    assert httpx.get(agent.url + "/v1/health", timeout=30).status_code == 200
+    time.sleep(0.2)
+    # THEN no OpenSSL library is mapped into the watchdog process
+    with open(f"/proc/{pid}/maps") as f:
+        maps = f.read()
+    assert "libssl" not in maps and "libcrypto" not in maps
