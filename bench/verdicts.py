@@ -114,6 +114,8 @@ SCENARIOS = [
              ready_step=40, step_s=0.0, trace="every:5"),
     Scenario("tp_comm", NONE, ready_step=40, step_s=0.0, trace="every:5", lever="collective"),
     Scenario("tp_host", NONE, ready_step=40, step_s=0.0, trace="every:5", lever="small_ops"),
+    # checkpoint saves as the lever: a pause of the wall time, not a share of a traced step
+    Scenario("tp_ckpt", NONE, ready_step=40, step_s=0.0, trace="every:5", lever="checkpoint"),
     Scenario("tp_healthy", NONE, ready_step=40, step_s=0.0, trace="every:5", lever="none",
              healthy=True),
 ]

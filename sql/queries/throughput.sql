@@ -1,5 +1,5 @@
 -- name: throughput
--- description: Throughput of each rank over its last $last steps (medians; the FLOP-measured step left out of rates): tokens and samples per optimizer step and per second, micro-batches (root calls per step) and context length, FLOPs per step measured (FlopCounterMode) and 6N·tokens, achieved FLOP/s, the peak it is judged against (and its source), MFU; the cost of the measured step against an ordinary one; and where a traced step goes, as shares of its time: forward, backward, optimizer (outermost module of each stage, python.torch_trace), DataLoader wait (python.step_stats), explicit collectives (python.collectives, Python-timed calls inside the step), checkpoint saves and eval intervals (python.step_stats), and the rest (host code outside modules, waits not seen elsewhere; on CUDA, where the stage times are GPU time, the GPU's time outside the model's spans: idle between kernels while the host launches or syncs, or kernels outside modules; on_cuda says which); and the pauses as shares of the wall time of all the window's steps (checkpoint and eval come every few steps, where medians would hide them), with the steps that had one.
+-- description: Throughput of each rank over its last $last steps (medians; the FLOP-measured step left out of rates): tokens and samples per optimizer step and per second, micro-batches (root calls per step) and context length, FLOPs per step measured (FlopCounterMode) and 6N·tokens, achieved FLOP/s, the peak it is judged against (and its source), MFU; the cost of the measured step against an ordinary one; and where a traced step goes, as shares of its time: forward, backward, optimizer (outermost module of each stage, python.torch_trace), DataLoader wait (python.step_stats), explicit collectives (python.collectives, Python-timed calls inside the step), checkpoint saves and eval intervals (python.step_stats), and the rest (host code outside modules, waits not seen elsewhere; on CUDA, where the stage times are GPU time, the GPU's time outside the model's spans: idle between kernels while the host launches or syncs, or kernels outside modules; on_cuda says which); and the pauses as shares of the wall time of all the window's steps (checkpoint and eval come every few steps, where medians would hide them), with the steps that had one and their mean cost per step (ms).
 -- params: last
 WITH s AS (
     SELECT * FROM python.steps WHERE duration IS NOT NULL
@@ -54,6 +54,8 @@ shares AS (
 pauses AS (  -- every step of the window: a checkpoint every 10 steps is 10% of the wall time
     SELECT p.rank, sum(coalesce(ss.ckpt_wait, 0)) / nullif(sum(p.duration), 0) AS ckpt,
            sum(coalesce(ss.eval_wait, 0)) / nullif(sum(p.duration), 0) AS eval,
+           sum(coalesce(ss.ckpt_wait, 0)) / count(*) AS ckpt_per_step,
+           sum(coalesce(ss.eval_wait, 0)) / count(*) AS eval_per_step,
            count(*) FILTER (WHERE ss.ckpt_wait > 0) AS ckpt_steps,
            count(*) FILTER (WHERE ss.eval_wait > 0) AS eval_steps
     FROM plain p LEFT JOIN python.step_stats ss ON ss.step = p.step
@@ -88,6 +90,8 @@ SELECT a.rank, a.steps, a.last_step, round(a.step_s * 1e3, 2) AS step_ms,
        a.flops / nullif(sh.compute_ms / 1e3, 0) AS compute_flops_per_s,
        round(pz.ckpt, 4) AS checkpoint_share, round(pz.eval, 4) AS eval_share,
        pz.ckpt_steps AS checkpoint_steps, pz.eval_steps,
+       round(pz.ckpt_per_step * 1e3, 3) AS checkpoint_ms_per_step,
+       round(pz.eval_per_step * 1e3, 3) AS eval_ms_per_step,
        -- on CUDA the stage times are GPU time (CUDA events): host is the GPU outside them
        (SELECT count(*) > 0 FROM python.memory WHERE device LIKE 'cuda%') AS on_cuda
 FROM agg a LEFT JOIN measured m USING (rank) LEFT JOIN shares sh USING (rank)

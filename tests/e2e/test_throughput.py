@@ -146,10 +146,13 @@ def test_checkpoint_and_eval_pauses_are_their_own_share_and_the_lever(tmp_path):
     # THEN each step's checkpoint and eval seconds are what the script timed around them
     both = [s for s in own if s in seen]
     assert len(both) >= 20, (own, seen)
+    # (to within 10% and 6 ms: the script's clock also runs while another thread holds the
+    # GIL for up to one 5 ms switch interval inside eval() or train(), before the agent's
+    # wrapper reads its own)
     for s in both:
         (ck, ev), (ack, aev) = own[s], seen[s]
-        assert ack == pytest.approx(ck, rel=0.1, abs=0.002), (s, own[s], seen[s])
-        assert aev == pytest.approx(ev, rel=0.1, abs=0.002), (s, own[s], seen[s])
+        assert ack == pytest.approx(ck, rel=0.1, abs=0.006), (s, own[s], seen[s])
+        assert aev == pytest.approx(ev, rel=0.1, abs=0.006), (s, own[s], seen[s])
         assert (ack > 0) == (ck > 0) and (aev > 0) == (ev > 0), (s, own[s], seen[s])
     # AND probe throughput shows them as shares of the wall time, the checkpoint as the lever
     [t] = [b["throughput"] for b in json.loads(out.stdout)]

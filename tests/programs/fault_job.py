@@ -14,7 +14,8 @@ step), slow_input (a slow Dataset), lr_high (LR far too high: clipping on every 
 amp_scaled (AMP with a GradScaler, clip_grad_norm_ before scaler.unscale_: the clip sees the
 norm x65536), amp_unscaled (the same loop, unscale_ first: healthy), own_lr (the loop sets a
 cosine LR itself every step, nanoGPT's get_lr, and clips on every step: `probe lr` would be
-undone).
+undone), tp_ckpt (healthy, but every rank saves a 32 MiB checkpoint with torch.save every 4
+steps: the saves are most of the wall time).
 """
 
 from __future__ import annotations
@@ -245,6 +246,9 @@ def main() -> None:
                 dist.all_reduce(comm)
             if sc == "leak":
                 leaked.append(torch.randn(256, 256))  # 256 KiB kept every step
+            if sc == "tp_ckpt" and step % 4 == 3:
+                ck = {"model": model.state_dict(), "pad": torch.zeros(8 << 20)}  # 32 MiB
+                torch.save(ck, os.path.join(args.ready_dir, f"ck{rank}.pt"))
             probe_agent.log(loss=loss.detach())
             step += 1
             if step == args.ready_step:

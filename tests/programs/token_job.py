@@ -15,7 +15,8 @@ usual recipe) stepped once per optimizer step, warming up for W steps and ending
 (a sleep, outside every module) after each optimizer step: the GPU sits idle through it.
 
 ``--ckpt-every K --ckpt-mb M``: torch.save of the model and M MiB of padding every K steps;
-``--eval-every E``: ``model.eval()``, 3 forwards under no_grad, ``model.train()`` every E steps.
+``--eval-every E``: ``model.eval()``, 3 forwards under no_grad and 20 ms of host work,
+``model.train()`` every E steps.
 Both right after an optimizer step; the script times them itself and appends
 ``step ckpt_seconds eval_seconds`` to ``<ready_dir>/pauses{rank}.txt`` (step: the optimizer
 step whose interval they fall in, the next one).
@@ -96,6 +97,7 @@ def pauses(args: argparse.Namespace, step: int, model: nn.Module, train: nn.Modu
         with torch.no_grad():
             for _ in range(3):
                 train(torch.randint(0, VOCAB, (args.batch, args.context), generator=g))
+        time.sleep(0.02)  # the eval's own host work (metrics, logging)
         train.train()
         ev = time.perf_counter() - t0
     with open(os.path.join(args.ready_dir, f"pauses{rank}.txt"), "a") as f:

@@ -111,19 +111,23 @@ def test_tensor_and_pipeline_groups_count_a_replica_once_and_none_says_assumed()
 def test_a_checkpoint_pause_is_the_lever_against_the_steps_it_leaves():
     # GIVEN a compute-bound job whose checkpoint saves take 15% of the wall time (5 steps of 50)
     ranks, _ = from_rows({0: row(checkpoint_share=0.15, eval_share=0.0, checkpoint_steps=5,
-                                 eval_steps=0)}, 1)
+                                 eval_steps=0, checkpoint_ms_per_step=17.6)}, 1)
     name, share, evidence = ranks[0].lever()
     assert (name, share) == ("checkpoint", 0.15)
     assert evidence == "15% of the wall time of the last 50 steps saving checkpoints (5 of them " \
-                       "paused)"
+                       "paused, 17.6 ms a step on average)"
     # AND doctor names it as a pause of the wall time
     report = Report()
     check_throughput(report, docs(row(checkpoint_share=0.15, checkpoint_steps=5)))
     assert report.findings[0].title.startswith("LOW THROUGHPUT: checkpoint pauses: saving "
                                                "checkpoints takes 15% of the wall time")
-    # AND a host share of 60% of ordinary steps, which fill 40% of the time, loses to a 60% pause
-    lv = from_rows({0: row(host_share=0.6, checkpoint_share=0.6)}, 1)[0][0].lever()
-    assert lv[0] == "checkpoint"
+    # AND against a traced-step lever, seconds per step decide: host 47% of a 6.1 ms median
+    # step (2.9 ms) loses to checkpoints of 7.3 ms a step (the fault suite's tp_ckpt job) ...
+    tp_ckpt = row(host_share=0.47, step_ms=6.1, checkpoint_share=0.29, checkpoint_ms_per_step=7.3)
+    assert from_rows({0: tp_ckpt}, 1)[0][0].lever()[0] == "checkpoint"
+    # ... and wins against checkpoints of 2 ms a step
+    tp_ckpt["checkpoint_ms_per_step"] = 2.0
+    assert from_rows({0: tp_ckpt}, 1)[0][0].lever()[0] == "host"
     # AND a pause under 10% is no lever
     assert from_rows({0: row(eval_share=0.05)}, 1)[0][0].lever() is None
 
