@@ -2,9 +2,9 @@
 
 ``WatchdogLink.create(...)`` (agent.py passes what it uses) binds the private socket the
 agent then serves. ``start()`` (after the agent's server runs) registers the faulthandler
-dumps, starts the ``probe-agent.heartbeat`` thread, spawns the watchdog with the public listening sockets and
-grants it ptrace (Yama), and starts ``probe-agent.watchdog``, which waits on the watchdog
-process. If it dies while the rank lives, that thread starts a new one
+dumps, spawns the watchdog with the public listening sockets and grants it ptrace (Yama),
+and starts ``probe-agent.watchdog``, which waits on the watchdog process and writes the
+heartbeat meanwhile. If it dies while the rank lives, that thread starts a new one
 (``watchdog_restarts.py``), logging one line each time; ``describe()``
 (``probe info``) counts the restarts. A watchdog that keeps dying is given up on, and the agent
 serves the public sockets itself again.
@@ -138,7 +138,6 @@ class WatchdogLink:
         self._register_dumps()
         self._beat_fd = os.open(self.files.beat, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         beat.write(self._beat_fd, next(self._seq), self._step())
-        self._spawn_thread("probe-agent.heartbeat", self._beat_loop)
         # Exact last step for crash reports: one 32-byte pwrite per step (~2 us).
         self._unsubscribe = self.clock.subscribe(self._on_step, name="watchdog heartbeat")
         try:
@@ -149,9 +148,9 @@ class WatchdogLink:
                         self.rank, e)
             self._serve_in_process()
             return
-        # NOTE: this thread outlives interpreter exit when the watchdog stays to report the
-        # death (handover), so it must not hold the link (neither as its target nor in its
-        # frame): through serve_fallback it would keep the DuckDB connection alive at finalization,
+        # NOTE: this thread may still run at interpreter exit (the watchdog stays to report
+        # the death, and the thread ends only once stop() has run), so it must not hold the
+        # link across a wait (neither as its target nor in its frame): through serve_fallback it would keep the DuckDB connection alive at finalization,
         # and duckdb's nanobind then prints "leaked 28 instances" on every training exit.
         self._spawn_thread("probe-agent.watchdog", supervise,
                            (self.proc, weakref.ref(self), self._stop))
@@ -235,12 +234,16 @@ class WatchdogLink:
     def _step(self) -> int | None:
         return self.clock.current_step if self.clock.seen_step else None
 
-    def _beat_loop(self) -> None:
-        while not self._stop.wait(beat.INTERVAL_S):
-            try:
-                beat.write(self._beat_fd, next(self._seq), self._step())  # type: ignore[arg-type]
-            except (OSError, TypeError):
-                return
+    def heartbeat(self) -> None:
+        """One beat (``probe-agent.watchdog`` calls it every ``beat.INTERVAL_S`` while it waits
+        on the watchdog process); none once stopping, so none follows the exit record."""
+        fd = self._beat_fd
+        if fd is None or self._stop.is_set():
+            return
+        try:
+            beat.write(fd, next(self._seq), self._step())
+        except OSError:
+            pass
 
     def _on_step(self, step: int, _optimizer: Any) -> None:
         fd = self._beat_fd
@@ -331,9 +334,8 @@ class WatchdogLink:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        for th in self._threads:
-            if th.name == "probe-agent.heartbeat":
-                th.join(2.0)
+        for th in self._threads:  # its last heartbeat is written before the exit record
+            th.join(2.0)
         handover = exiting and self.proc is not None and self.proc.poll() is None
         if handover:
             self._write_exit_record()

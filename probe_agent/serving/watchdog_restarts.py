@@ -20,6 +20,8 @@ import time
 import weakref
 from typing import Any
 
+from ..watchdog import beat
+
 #: Restarts allowed within RESTART_WINDOW_S before the agent serves its sockets in-process.
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 300.0
@@ -76,16 +78,16 @@ class Restarts:
 
 def supervise(proc: subprocess.Popen[bytes] | None, link: weakref.ref[Any],
               stop: threading.Event) -> None:
-    """Wait on the watchdog ``proc``; when it dies, ask the link for a delay and a new one.
+    """Wait on the watchdog ``proc``, writing the rank's heartbeat meanwhile; when it dies, ask
+    the link for a delay and a new one. Ends when ``stop`` is set.
 
-    The link is held only between waits, never across ``proc.wait()``: this thread outlives
-    interpreter exit when the watchdog stays to report the death (see the NOTE in
-    ``WatchdogLink.start``).
+    The link is held only between waits, never across one: at interpreter exit it must not
+    keep the link alive (see the NOTE in ``WatchdogLink.start``).
     """
     why = None
     while True:
         if proc is not None:
-            why = death_cause(proc.wait())
+            why = _wait_beating(proc, link, stop)
         alive = link()
         if alive is None or why is None:
             return
@@ -100,3 +102,22 @@ def supervise(proc: subprocess.Popen[bytes] | None, link: weakref.ref[Any],
         del alive
         if proc is None and why is None:
             return
+
+
+def _wait_beating(proc: subprocess.Popen[bytes], link: weakref.ref[Any],
+                  stop: threading.Event) -> str | None:
+    """``proc``'s death cause once it ends; meanwhile the link's heartbeat every
+    ``beat.INTERVAL_S`` (one thread for both: the heartbeat had a thread of its own). None once
+    ``stop`` is set or the link is gone."""
+    while True:
+        try:
+            return death_cause(proc.wait(beat.INTERVAL_S))
+        except subprocess.TimeoutExpired:
+            pass
+        if stop.is_set():
+            return None
+        alive = link()
+        if alive is None:
+            return None
+        alive.heartbeat()
+        del alive
