@@ -62,6 +62,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 SIZES = {  # name -> (d_model, layers, batch, ctx, steps per block, rounds)
+    # ~5 ms CPU steps: ``mlp`` a small MLP (6 x Linear+ReLU, width d, batch b: 14 module calls,
+    # what a new user tries first); ``tiny`` the GPT's 102 module calls with little math in them
+    # (the worst case: ~20 module calls per ms)
+    "mlp": (256, 6, 128, 0, 10, 40),
+    "tiny": (32, 8, 2, 16, 10, 40),
     "small": (64, 8, 4, 64, 10, 40),
     "large": (128, 8, 8, 128, 10, 12),
 }
@@ -162,14 +167,27 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+class MLPNet(nn.Module):
+    def __init__(self, d: int, layers: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(d, d), nn.ReLU())])
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(self.net(x), target)
+
+
 class Loop:
     def __init__(self, size: str) -> None:
         d, layers, b, ctx, self.block, self.rounds = SIZES[size]
         torch.manual_seed(0)
-        self.model = GPT(512, d, layers, ctx)
+        if size == "mlp":
+            self.model: nn.Module = MLPNet(d, layers)
+            self.idx, self.tgt = torch.randn(b, d), torch.randn(b, d)
+        else:
+            self.model = GPT(512, d, layers, ctx)
+            self.idx = torch.randint(0, 512, (b, ctx))
+            self.tgt = torch.randint(0, 512, (b, ctx))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.idx = torch.randint(0, 512, (b, ctx))
-        self.tgt = torch.randint(0, 512, (b, ctx))
         self.calls = sum(1 for m in self.model.modules() if not isinstance(m, nn.ModuleList))
 
     def steps(self, n: int) -> tuple[float, ...]:
@@ -372,7 +390,8 @@ def _winsorized(d: list[float], k: float = 4.0) -> tuple[list[float], float]:
 
 
 def _effects(y: list[float], x: list[int], kinds: int, reps: int = 1000,
-             block: int = 25, robust: bool = False) -> list[dict[str, object]]:
+             block: int = 25, robust: bool = False,
+             skip: frozenset[int] = frozenset()) -> list[dict[str, object]]:
     """For each traced kind 1..kinds (0 = untraced): the cost of a step of that kind on itself
     (``direct``) and on the step after it (``carry``: work it leaves behind), by least squares
     over randomly assigned steps, with a 95% moving-block bootstrap interval of their sum.
@@ -383,6 +402,9 @@ def _effects(y: list[float], x: list[int], kinds: int, reps: int = 1000,
 
     d = _detrend(y)[1:]
     cur, prev = x[1:], x[:-1]
+    if skip:  # steps left out of the fit (the FLOP meter's measured step: not a traced step's cost)
+        keep = [i for i in range(len(d)) if i + 1 not in skip]
+        d, cur, prev = [d[i] for i in keep], [cur[i] for i in keep], [prev[i] for i in keep]
     clipped_high = [0] * (kinds + 1)
     if robust:
         raw = d
@@ -454,14 +476,25 @@ def run_paired(size: str, steps: int) -> dict[str, object]:
 
     labels: list[int] = []
     times: list[tuple[float, ...]] = []
+    # The FLOP meter (collectors/flops.py) runs one step under FlopCounterMode: with tracing off
+    # at the agent's start that was one of the warm-up steps above. Any step it measures in the
+    # run (new input shapes) is flagged and left out of every fit.
+    meter = agent.collectors.steps.throughput.meter
+    flop_before = meter.measurements
+    flop_steps: set[int] = set()
+    load0 = os.getloadavg()
     coin()
     loop.steps(1)  # the first coin's step starts
     cpu0 = thread_cpu_s("probe-agent")
-    for _ in range(steps):
+    for i in range(steps):
         coin()
         labels.append(0 if not tracer.recording
                       else paths.index("native" if tracer.on_native else "python") + 1)
+        m0 = meter.measurements
         times.append(loop.steps(1))
+        if meter.measurements != m0 or meter._mode is not None:
+            flop_steps.add(i)
+    load1 = os.getloadavg()
     tracer.set_mode("off")
     loop.steps(1)
     agent.store.flush()
@@ -478,17 +511,19 @@ def run_paired(size: str, steps: int) -> dict[str, object]:
         "SELECT count(*) FROM torch_trace").rows[0][0] / max(1, traced)
     stop_agent()
     base = statistics.median(t[0] for t, lab in zip(times, labels) if not lab)
+    base_wall = statistics.median(t[1] for t, lab in zip(times, labels) if not lab)
     kinds = len(paths)
-    cpu = _effects([t[0] for t in times], labels, kinds)
-    robust = _effects([t[0] for t in times], labels, kinds, robust=True)
-    wall = _effects([t[1] for t in times], labels, kinds, reps=0)
-    fwd = _effects([t[2] for t in times], labels, kinds, reps=0)
-    bwd = _effects([t[3] for t in times], labels, kinds, reps=0)
+    skip = frozenset(flop_steps)
+    cpu = _effects([t[0] for t in times], labels, kinds, skip=skip)
+    robust = _effects([t[0] for t in times], labels, kinds, robust=True, skip=skip)
+    wall = _effects([t[1] for t in times], labels, kinds, robust=True, skip=skip)
+    fwd = _effects([t[2] for t in times], labels, kinds, reps=0, skip=skip)
+    bwd = _effects([t[3] for t in times], labels, kinds, reps=0, skip=skip)
     writer = agent_cpu / traced
     hooks = run_hooks_cost()
     off_s = hooks["added_us_per_step"] * 1e-6 + idle_cpu_per_step
     # every:10 changes mode twice per 10 steps (measured as the cost of a switch)
-    toggle = max(_toggle([t[0] for t in times], labels), 0.0)
+    toggle = max(_toggle([t[0] for t in times], labels, skip), 0.0)
     toggles = 2 * toggle / 10
 
     def ratio(x: float) -> float:
@@ -496,6 +531,11 @@ def run_paired(size: str, steps: int) -> dict[str, object]:
 
     out: dict[str, object] = {
         "size": size, "steps": steps, "traced_steps": traced,
+        "load_average_1min": [round(load0[0], 2), round(load1[0], 2)],
+        "flop_meter": {"measured_step": meter.measured_step,
+                       "measured_in_warmup": flop_before, "measured_in_run_left_out":
+                       len(flop_steps)},
+        "untraced_step_wall_ms": round(base_wall * 1e3, 2),
         "module_calls_per_step": loop.calls, "rows_per_traced_step": round(rows_per_traced, 1),
         "untraced_step_cpu_ms": round(base * 1e3, 2),
         "agent_threads_ms_per_traced_step": round(writer * 1e3, 3),
@@ -525,6 +565,15 @@ def run_paired(size: str, steps: int) -> dict[str, object]:
                 "robust_ci95": [round(v * 1e3, 3) for v in robust[k]["ci95"]],
                 "clipped_high": robust[k]["clipped_high"]},
             "training_thread_wait_ms_per_traced_step": round(wait * 1e3, 3),
+            # The headline ratios, each over the untraced steps' median of the same clock,
+            # from the randomised fit (winsorized): the training thread's CPU; its wall time
+            # (GIL waits and preemption included); and the CPU ratio with every agent-thread
+            # microsecond per traced step added (an upper bound).
+            "ratio_thread_cpu": ratio(robust[k]["total"]),
+            "ratio_thread_cpu_ci95": [ratio(v) for v in robust[k]["ci95"]],
+            "ratio_wall": round(1 + wall[k]["total"] / base_wall, 4),
+            "ratio_wall_ci95": [round(1 + v / base_wall, 4) for v in wall[k]["ci95"]],
+            "ratio_cpu_with_agent_threads": ratio(robust[k]["total"] + writer),
             "us_per_module_call_forward": round(fwd[k]["total"] / loop.calls * 1e6, 2),
             "us_per_module_call_backward": round(bwd[k]["total"] / loop.calls * 1e6, 2),
             # measured: the training thread's own extra CPU plus its extra time off the CPU
@@ -543,14 +592,15 @@ def run_paired(size: str, steps: int) -> dict[str, object]:
     return out
 
 
-def _toggle(y: list[float], x: list[int]) -> float:
+def _toggle(y: list[float], x: list[int], skip: frozenset[int] = frozenset()) -> float:
     """The cost of a mode change (installing or removing the wrapper reassigns
     ``nn.Module.__call__``), from the cell means of traced/untraced pairs:
     (E[1,0] + E[0,1] - E[1,1] - E[0,0]) / 2, any path counting as traced."""
     d = _detrend(y)[1:]
     cells: dict[tuple[bool, bool], list[float]] = {}
-    for v, a, b in zip(d, x[1:], x[:-1]):
-        cells.setdefault((bool(a), bool(b)), []).append(v)
+    for i, (v, a, b) in enumerate(zip(d, x[1:], x[:-1])):
+        if i + 1 not in skip:
+            cells.setdefault((bool(a), bool(b)), []).append(v)
     if len(cells) < 4:
         return 0.0
     m = {k: statistics.fmean(v) for k, v in cells.items()}

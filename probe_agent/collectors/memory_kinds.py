@@ -27,10 +27,16 @@ def local_bytes(t: Any) -> tuple[int, int]:
     return ptr, t.numel() * t.element_size()
 
 
-def _sum(tensors: Iterable[Any], seen: set[tuple[int, int]]) -> int:
+def _sum(tensors: Iterable[Any], seen: set[tuple[int, int]], plain: tuple[type, ...]) -> int:
     total = 0
     for t in tensors:
-        key = local_bytes(t)
+        if type(t) in plain:  # no shard to look for: two C calls (this runs per tensor)
+            try:
+                key = (t.data_ptr(), t.nbytes)
+            except (RuntimeError, NotImplementedError, TypeError):
+                key = local_bytes(t)
+        else:
+            key = local_bytes(t)
         if key not in seen:
             seen.add(key)
             total += key[1]
@@ -57,11 +63,13 @@ def count_kinds(torch: Any, params: list[Any],
     ``sharded``: some parameter is a DTensor (FSDP2: optimizer state is sharded already)."""
     seen: set[tuple[int, int]] = set()
     tensor = torch.Tensor
-    p_bytes = _sum(params, seen)
+    plain = (tensor, torch.nn.Parameter)
+    p_bytes = _sum(params, seen, plain)
     fp32 = torch.float32
     p32 = sum(local_bytes(p)[1] for p in params if p.dtype == fp32)
-    sharded = any(getattr(p, "_local_tensor", None) is not None for p in params)
-    g_bytes = _sum((p.grad for p in params if isinstance(p.grad, tensor)), seen)
+    sharded = any(type(p) not in plain and getattr(p, "_local_tensor", None) is not None
+                  for p in params)
+    g_bytes = _sum((p.grad for p in params if isinstance(p.grad, tensor)), seen, plain)
     o_bytes = 0
     done: set[int] = set()
     for opt in optimizers:
@@ -70,5 +78,5 @@ def count_kinds(torch: Any, params: list[Any],
         done.add(id(opt))
         state = getattr(opt, "state", None) or {}
         o_bytes += _sum((v for s in state.values() if isinstance(s, dict)
-                         for v in s.values() if isinstance(v, tensor)), seen)
+                         for v in s.values() if isinstance(v, tensor)), seen, plain)
     return p_bytes, g_bytes, o_bytes, p32, sharded

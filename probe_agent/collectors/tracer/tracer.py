@@ -146,6 +146,7 @@ class TorchTracer(CudaRecords, WriterSide):
         self._prev_recording = False
         self._prev_cuda = False
         self._opt_t0: dict[int, tuple[int, Any, int]] = {}
+        self._params_memo: tuple[Any, list[Any]] | None = None  # trained_params at a boundary
         self._handles: list[Any] = []
         self._unsubscribe: Any = None
         self._watcher: TorchImportWatcher | None = None
@@ -385,8 +386,17 @@ class TorchTracer(CudaRecords, WriterSide):
 
     def trained_params(self, optimizer: Any = None) -> list[Any]:
         """The parameters of the last root model and of every optimizer seen (training
-        thread): what memory_kinds.py counts and the saved-tensor counter leaves out."""
-        return trained_params(self.root, [optimizer, *(self.optimizers or ())])
+        thread): what memory_kinds.py counts and the saved-tensor counter leaves out. Walked
+        once per step boundary (the step recorder and the saved-tensor counter both ask):
+        ~1 us a parameter, 0.1 ms for a 100-parameter model."""
+        opts = (optimizer, *(self.optimizers or ()))
+        key = (self.stepclock.current_step, id(self.root), *map(id, opts))
+        memo = self._params_memo
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        params = trained_params(self.root, opts)
+        self._params_memo = (key, params)
+        return params
 
     def pop_batch(self, step: int) -> StepBatch | None:
         """What the root calls of traced step ``step`` were fed (batch.py), once; older
