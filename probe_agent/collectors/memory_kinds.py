@@ -80,3 +80,11 @@ def count_kinds(torch: Any, params: list[Any],
         o_bytes += _sum((v for s in state.values() if isinstance(s, dict)
                          for v in s.values() if isinstance(v, tensor)), seen, plain)
     return p_bytes, g_bytes, o_bytes, p32, sharded
+
+
+def grad_bytes(torch: Any, params: list[Any]) -> int:
+    """The gradient bytes of ``params`` (as count_kinds counts them, apart: gradients are new
+    tensors every step, while parameters and optimizer state stay)."""
+    tensor = torch.Tensor
+    return _sum((p.grad for p in params if isinstance(p.grad, tensor)), set(),
+                (tensor, torch.nn.Parameter))

@@ -20,13 +20,14 @@ hook into its graphs), or after a failure. ``torch.func.grad``/``vjp``/``jacrev`
 under any saved-tensor hooks (they raise), so ``torch.autograd.graph.disable_saved_tensors_hooks``,
 which they enter, is wrapped once: ours are lifted for the duration and pushed back after.
 
-Inputs: what checkpointing a module would keep is its inputs, so a global forward pre-hook
-records the bytes of each call's tensor arguments (their storages, once per call) on the same
-timeline; the writer gives them to the call itself (``input_bytes``).
+Inputs: what checkpointing a module would keep is its inputs, so the tracer's wrapper records
+the bytes of each call's tensor arguments (their storages, once per call) on the same timeline,
+inside the call's span; the writer gives them to the call itself (``input_bytes``).
 
 Cost: one Python call per saved tensor on traced steps (~1.5 us: storage, a set lookup, a
-detach), and per module call the pre-hook plus torch's slower call path that any global hook
-selects (~5 us); bench/bench_memory_accounting.py measures it against tracing without it.
+detach), and one per module call for its inputs (~1 us; a global pre-hook cost ~5 us with
+torch's slower call path); bench/bench_memory_accounting.py measures it against tracing
+without it.
 """
 
 from __future__ import annotations
@@ -51,8 +52,13 @@ _pack_sv = struct.Struct("3q").pack
 class SavedBytes:
     """The pack hook and its per-pass bookkeeping; the tracer owns one (training thread)."""
 
-    def __init__(self, clock: Any, enabled: bool = True) -> None:
+    def __init__(self, clock: Any, enabled: bool = True, inputs: Any = None) -> None:
+        """``inputs``: puts a ``(module, args)`` recorder into the tracer's own wrapper of
+        ``nn.Module.__call__`` (``trace_hot.set_inputs``: ``inputs(fn)`` on, ``inputs(None,
+        fn)`` off); without it a global forward pre-hook records the inputs."""
         self.clock = clock
+        self._inputs = inputs
+        self._inputs_set = False
         self.enabled = enabled
         self.buf = array("q")  # (t, nbytes) records, taken by the writer
         self.seen: set[int] = set()  # storage addresses counted in this forward pass
@@ -118,7 +124,12 @@ class SavedBytes:
         self.pushed = True
         self._push_thread = threading.get_ident()
         self._wrap_disable(torch)
-        if self._pre_handle is None:
+        if self._inputs is not None:
+            # In the wrapper: any global hook sends every module call through torch's slow
+            # call path (~4 us a call), which was most of the accounting's cost at small steps.
+            self._inputs(self._on_input)
+            self._inputs_set = True
+        elif self._pre_handle is None:
             self._pre_handle = torch.nn.modules.module.register_module_forward_pre_hook(
                 self._on_input)
 
@@ -169,6 +180,9 @@ class SavedBytes:
         h, self._pre_handle = self._pre_handle, None
         if h is not None:
             h.remove()
+        if self._inputs_set:
+            self._inputs_set = False
+            self._inputs(None, self._on_input)
 
     def release(self, torch: Any) -> None:
         """Counting stops for good (the agent stops). The pack hook is on the pushing thread's

@@ -37,6 +37,7 @@ _own_register_hook: Any = None  # what Function's own __dict__ held (None: it in
 _clock: Any = None
 _native: Any = None  # the C++ hot path while bound to it (trace_native.py), else None
 _native_call_c: Any = None  # its ``call``
+_on_input: Any = None  # SavedBytes._on_input while saved bytes are counted (set_inputs), else None
 
 
 def bind(tracer: Any, torch: Any) -> None:
@@ -69,7 +70,20 @@ def bind_native(tracer: Any, native: Any) -> None:
     ``install(torch, native=True)`` then puts it in place."""
     global _native, _native_call_c
     native.bind(tracer, _orig_call, _direct, FW_MAX, BW_MAX)
+    native.inputs(_on_input)
     _native, _native_call_c = native, native.call
+
+
+def set_inputs(fn: Any, was: Any = None) -> None:
+    """``fn(module, args)`` is called inside every traced call's span, on both paths (the
+    saved-bytes accounting's input record); ``set_inputs(None, fn)`` removes ``fn`` unless
+    another tracer's has replaced it since."""
+    global _on_input
+    if fn is None and _on_input != was:
+        return
+    _on_input = fn
+    if _native is not None:
+        _native.inputs(fn)
 
 
 def install(torch: Any, native: bool = False) -> None:
@@ -125,6 +139,8 @@ def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     e0 = tr.record_event() if tr.cuda else None
     tr.depth = depth + 1
     t0 = _clock()
+    if _on_input is not None:  # inside the span: the inputs are this call's (never raises)
+        _on_input(self, args)
     try:
         # torch's __call__ is one more frame that only picks the compiled or the plain call
         if _direct and self._compiled_call_impl is None:
@@ -247,11 +263,12 @@ _REGISTER = staticmethod(_register_hook)
 def _after_fork_in_child() -> None:
     # NOTE: a forked child (DataLoader worker) has no writer thread: record nothing there, on
     # either path (the C++ one's backward callback would keep recording into its buffer).
-    global _tracer
-    _tracer = None
+    global _tracer, _on_input
+    _tracer = _on_input = None
     if _native is not None:
         _native.unbind()
         _native.backward(False)
+        _native.inputs(None)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

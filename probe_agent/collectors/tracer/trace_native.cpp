@@ -27,6 +27,7 @@ size_t g_fw_max = 0;
 std::vector<int64_t> g_fw;
 PyObject* g_objs = nullptr;  // list: the module of each forward record
 PyObject* g_roots = nullptr;  // list: the root call around it
+PyObject* g_on_input = nullptr;  // called (module, args) inside each traced call's span, or null
 int64_t g_dropped = 0;
 PyObject *s_on_root, *s_failed, *s_step, *s_recording, *s_root, *s_call_impl,
     *s_compiled_call_impl;
@@ -155,6 +156,14 @@ PyObject* hot_call(PyObject*, PyObject* const* a, Py_ssize_t n) {
   int64_t kind = g_in_backward.load(std::memory_order_relaxed);
   g_depth = depth + 1;
   int64_t t0 = now_ns();
+  if (g_on_input) {  // the saved-bytes accounting's input record (it never raises)
+    PyObject* r = PyObject_CallFunctionObjArgs(g_on_input, self, args, nullptr);
+    if (r) {
+      Py_DECREF(r);
+    } else {
+      report_failure();
+    }
+  }
   PyObject* out = call_module(self, args, kwargs);
   int64_t t1 = now_ns();
   g_depth = depth;
@@ -251,6 +260,17 @@ PyObject* bind(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// inputs(fn or None): call fn(module, args) inside each traced call's span from now on, or stop.
+PyObject* inputs(PyObject*, PyObject* fn) {
+  if (fn == Py_None) {
+    Py_CLEAR(g_on_input);
+  } else {
+    Py_INCREF(fn);
+    Py_XSETREF(g_on_input, fn);
+  }
+  Py_RETURN_NONE;
+}
+
 // unbind(): pass through from now on (the tracer stopped or failed; also a forked child).
 PyObject* unbind(PyObject*, PyObject*) {
   Py_CLEAR(g_tracer);
@@ -300,6 +320,7 @@ PyMethodDef methods[] = {
     {"take", take, METH_NOARGS, nullptr},
     {"bind", bind, METH_VARARGS, nullptr},
     {"unbind", unbind, METH_NOARGS, nullptr},
+    {"inputs", inputs, METH_O, nullptr},
     {"sync", sync, METH_VARARGS, nullptr},
     {"backward", backward, METH_O, nullptr},
     {"state", state, METH_NOARGS, nullptr},
