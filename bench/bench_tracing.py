@@ -42,6 +42,7 @@ microsecond charged to the training thread).
 
 Usage: python bench/bench_tracing.py [--sizes small,large] [--rounds N] [--threads 1]
        python bench/bench_tracing.py --paired 3000 --sizes small
+       python bench/bench_tracing.py --floor 3000 --sizes mlp,tiny
        python bench/bench_tracing.py --per-call
        python bench/bench_tracing.py --hot-path 60 [--sizes small,large]
        python bench/bench_tracing.py --rss [--rss-steps 10000]
@@ -607,6 +608,70 @@ def _toggle(y: list[float], x: list[int], skip: frozenset[int] = frozenset()) ->
     return (m[True, False] + m[False, True] - m[True, True] - m[False, False]) / 2
 
 
+def run_floor(size: str, steps: int) -> dict[str, object]:
+    """What torch and Python charge for the hooks the tracer needs, with empty hooks and no
+    tracer (the agent loaded, tracing off), by the same coin and fit as ``--paired``: a step
+    with an empty ``saved_tensors_hooks`` pair (pack returns ``t.detach()``, as the saved-bytes
+    counter must; unpack returns it), a step with ``nn.Module.__call__`` replaced by a Python
+    function that only calls ``_call_impl`` (the frame the native path's shim keeps for
+    dynamo), and a step with both. Per saved tensor, autograd then calls Python twice."""
+    import random
+
+    loop = Loop(size)
+    loop.steps(5)
+    start_agent("off")
+    time.sleep(0.5)
+    loop.steps(5)
+    orig = nn.Module.__call__
+
+    def shim(self: nn.Module, *args: object, **kwargs: object) -> object:
+        return self._call_impl(*args, **kwargs)
+
+    hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: t.detach(), lambda t: t)
+    kinds = ["saved_tensors_hooks", "python_call_shim", "both"]
+    rng = random.Random(2)
+    labels: list[int] = []
+    times: list[tuple[float, ...]] = []
+    saved = 0
+
+    def count(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+        loop.steps(1)
+    saved_per_step = saved
+    load0 = os.getloadavg()
+    for _ in range(steps):
+        k = rng.randrange(len(kinds) + 1)
+        labels.append(k)
+        if k in (2, 3):
+            nn.Module.__call__ = shim  # type: ignore[method-assign]
+        try:
+            if k in (1, 3):
+                with hooks:
+                    times.append(loop.steps(1))
+            else:
+                times.append(loop.steps(1))
+        finally:
+            nn.Module.__call__ = orig  # type: ignore[method-assign]
+    load1 = os.getloadavg()
+    stop_agent()
+    base = statistics.median(t[0] for t, lab in zip(times, labels) if not lab)
+    fit = _effects([t[0] for t in times], labels, len(kinds), robust=True)
+    out: dict[str, object] = {"size": size, "steps": steps, "module_calls_per_step": loop.calls,
+                              "saved_tensors_per_step": saved_per_step,
+                              "load_average_1min": [round(load0[0], 2), round(load1[0], 2)],
+                              "plain_step_cpu_ms": round(base * 1e3, 2)}
+    for k, name in enumerate(kinds):
+        f = fit[k]
+        out[name] = {"ms_per_step": round(f["total"] * 1e3, 3),
+                     "ratio": round(1 + f["total"] / base, 4),
+                     "ratio_ci95": [round(1 + v / base, 4) for v in f["ci95"]]}
+    return out
+
+
 def run_hooks_cost(n: int = 20000) -> dict[str, object]:
     """What a loaded agent with tracing off adds per step on the training thread: the global
     optimizer hooks and the step subscribers, timed by calling optimizer.step() on an empty
@@ -742,6 +807,8 @@ def main() -> None:
                    help="only the per-module-call cost (100 tiny Linear layers)")
     p.add_argument("--hot-path", type=int, default=0, metavar="REPS",
                    help="only the training thread's cost: off/on alternating, low quantiles")
+    p.add_argument("--floor", type=int, default=0, metavar="STEPS",
+                   help="torch's own cost of the hooks tracing needs, with empty hooks")
     p.add_argument("--native", choices=["auto", "off"], default="auto",
                    help="the tracer's hot path: auto = C++ (built first if needed), off = Python")
     p.add_argument("--paths", default="python,native",
@@ -763,6 +830,9 @@ def main() -> None:
     if args.hot_path:
         print(json.dumps([run_hot_path(s, args.hot_path) for s in args.sizes.split(",")],
                          indent=1))
+        return
+    if args.floor:
+        print(json.dumps([run_floor(s, args.floor) for s in args.sizes.split(",")], indent=1))
         return
     if args.paired:
         out = [run_paired(s, args.paired) for s in args.sizes.split(",")]
