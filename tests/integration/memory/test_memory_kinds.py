@@ -99,3 +99,48 @@ def test_input_bytes_are_the_calls_tensor_arguments(make_agent):
                            "stage = 'forward'"))
     assert got["attn"] == 16 * 128 * 32 * 4
     assert got["AttnHeavy"] == 2 * 16 * 128 * 8
+
+
+class _SkipsALayer(torch.nn.Module):
+    """Two layers, the second skipped on request; ``extra`` modules (a plain list: not this
+    module's parameters) run after them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+        self.extra: list[torch.nn.Module] = []
+
+    def forward(self, x: torch.Tensor, skip: bool) -> torch.Tensor:
+        y = self.a(x) if skip else self.b(self.a(x))
+        for m in self.extra:
+            y = m(y)
+        return y
+
+
+def test_counts_follow_gradients_and_new_parameter_groups_every_traced_step(make_agent):
+    """Parameter and optimizer-state bytes are counted again only when something they depend
+    on changes; gradients, which come and go, are counted every step."""
+    # GIVEN an agent tracing every step, and one root model whose second layer sits out step 4
+    agent = make_agent(trace="on")
+    torch.manual_seed(0)
+    model = _SkipsALayer()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 64)
+    nbytes = sum(p.numel() * p.element_size() for p in model.a.parameters())
+    for step in range(1, 7):
+        if step == 5:  # WHEN a third layer joins the optimizer
+            c = torch.nn.Linear(64, 64)
+            model.extra.append(c)
+            opt.add_param_group({"params": list(c.parameters())})
+        model(x, skip=step == 4).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    got = {r[0]: r[1:] for r in rows(agent, "SELECT step, params_mib, grads_mib "
+                                            "FROM memory ORDER BY step")}
+    # THEN step 4 has only the first layer's gradients, steps 3 both layers'
+    assert got[3][1] == pytest.approx(2 * nbytes * _MIB)
+    assert got[4][1] == pytest.approx(nbytes * _MIB)
+    # AND the new group's parameters count from the step it joined
+    assert got[4][0] == pytest.approx(2 * nbytes * _MIB)
+    assert got[5][0] == pytest.approx(3 * nbytes * _MIB)
+    assert got[6][1] == pytest.approx(3 * nbytes * _MIB)
