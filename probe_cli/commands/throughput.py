@@ -64,7 +64,10 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
     the optimizer step: per_optimizer_step), total_steps and total_source (the framework's
     max_steps), warmup_tokens, decay_tokens, end_tokens, total_tokens (steps x GB_tok), and
     check: null, or the trap in words (a schedule ending before or after the job's own total,
-    or a job already past the schedule's end).
+    or a job already past the schedule's end); observed: the LR as recorded (lr_first,
+    lr_first_step, lr_peak, lr_peak_step, lr_last, lr_last_step, and warmup_steps and
+    warmup_tokens when it rose from step 1 to a later peak, since_peak), null before any; for
+    a loop that sets the LR itself it is the only schedule there is.
     """
     results = fan_out(session, resolve_ranks(session), _gather(last))
     world = len(results)

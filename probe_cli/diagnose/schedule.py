@@ -46,6 +46,7 @@ def _block(r: dict[str, Any], gb: int | None, now: int | None) -> dict[str, Any]
         "scheduler", "location", "kind", "method", "warmup_steps", "end_step", "after_end",
         "sched_steps", "total_steps", "total_source", "framework", "note")}
     b["read_at_step"] = read_at
+    b["observed"] = _observed(r, gb)
     per_step = None if own is None or read_at is None else abs(own - (read_at - 1)) <= STEP_SLACK
     b["per_optimizer_step"] = per_step
     if per_step is False:
@@ -59,6 +60,23 @@ def _block(r: dict[str, Any], gb: int | None, now: int | None) -> dict[str, Any]
     b["total_tokens"] = _tok(t, gb)
     b["check"] = _check(e, t, now, r.get("total_source"), r.get("after_end"), gb)
     return b
+
+
+def _observed(r: dict[str, Any], gb: int | None) -> dict[str, Any] | None:
+    """The LR as recorded at each step: first, peak and last, with their steps, and the
+    warmup seen (the steps to the peak, in tokens) when the peak came after the first step.
+    What a loop that sets the LR itself has instead of a scheduler to read."""
+    first, peak, last = (_int(r.get(k)) for k in ("lr_first_step", "lr_peak_step",
+                                                   "lr_last_step"))
+    if first is None or r.get("lr_peak") is None:
+        return None
+    o = {k: r.get(k) for k in ("lr_first", "lr_first_step", "lr_peak", "lr_peak_step",
+                               "lr_last", "lr_last_step")}
+    o["warmup_steps"] = peak if peak is not None and first is not None and peak > first \
+        and first <= 1 else None
+    o["warmup_tokens"] = _tok(o["warmup_steps"], gb)
+    o["since_peak"] = None if peak is None or last is None else last - peak
+    return o
 
 
 def _check(end: int | None, total: int | None, now: int | None, source: Any, after: Any,

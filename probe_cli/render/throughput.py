@@ -91,8 +91,8 @@ def schedule_lines(blocks: list[dict[str, Any]]) -> list[str]:
     out = []
     for b in blocks:
         if b.get("scheduler") is None:
-            out.append(f"  schedule: {b.get('note') or 'no LR scheduler'} (a loop that sets "
-                       "the LR itself: probe query \"SELECT step, lr FROM python.step_stats\")")
+            out.append(f"  schedule: {b.get('note') or 'no LR scheduler'}"
+                       + _observed_line(b.get("observed")))
             continue
         head = f"  schedule: {b['scheduler']} ({b.get('location')}), {b.get('kind')}, " \
                f"{b.get('method')}"
@@ -112,3 +112,20 @@ def schedule_lines(blocks: list[dict[str, Any]]) -> list[str]:
         if b.get("check"):
             out.append(f"    CHECK: {b['check']}")
     return out
+
+
+def _observed_line(o: dict[str, Any] | None) -> str:
+    """What the loop that sets the LR itself did, as recorded (diagnose/schedule._observed)."""
+    if not o:
+        return " (no LR recorded yet)"
+    first, peak, last = o["lr_first"], o["lr_peak"], o["lr_last"]
+    text = f"; the loop sets the LR itself: {first:.3g} at step {o['lr_first_step']}"
+    if o.get("warmup_steps"):
+        seen = _steps_tokens(o["warmup_steps"], o.get("warmup_tokens"))
+        text += f", rose to {peak:.3g} by {seen} (the warmup seen)"
+    elif peak != first:
+        text += f", peak {peak:.3g} at step {o['lr_peak_step']}"
+    if last != peak or o["lr_last_step"] != o["lr_peak_step"]:
+        trend = "falling" if last < peak else "at its peak" if last == peak else "rising"
+        text += f", {last:.3g} at step {o['lr_last_step']} ({trend})"
+    return text + " (probe query \"SELECT step, lr FROM python.step_stats\")"

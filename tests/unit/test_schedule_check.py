@@ -62,3 +62,24 @@ def test_doctor_names_the_trap_as_info_with_the_schedule_in_tokens():
     check_schedule(report, [RankDoc(0, throughput=[tput], schedule=[row(
         total_steps=40, total_source="Trainer.max_steps")])])
     assert not report.findings and report.fine[0].startswith("LR schedule: LambdaLR")
+
+
+def test_a_loop_that_sets_the_lr_itself_shows_the_warmup_it_was_seen_to_do():
+    # GIVEN no scheduler (nanoGPT's get_lr writes param_groups itself), and the LR recorded
+    # from step 1: up to 6e-4 at step 10, down to 4.5e-4 at step 1079
+    from probe_cli.diagnose.schedule import schedules
+    from probe_cli.render.throughput import schedule_lines
+
+    row = {"step": 1, "scheduler": None, "kind": "none", "note": "no LR scheduler steps these "
+           "optimizers", "lr_first": 6e-5, "lr_first_step": 1, "lr_peak": 6e-4,
+           "lr_peak_step": 10, "lr_last": 4.47e-4, "lr_last_step": 1079}
+    [b] = schedules([row], 2048, 1079)
+    # THEN the warmup seen is 10 steps = 10 x GB_tok tokens, and the LR is falling since
+    assert b["observed"]["warmup_steps"] == 10 and b["observed"]["warmup_tokens"] == 20480
+    assert b["observed"]["since_peak"] == 1069
+    [line] = schedule_lines([b])
+    assert "rose to 0.0006 by step 10" in line and "(falling)" in line, line
+    # AND with the first steps gone (retention), no warmup is claimed
+    [b] = schedules([{**row, "lr_first_step": 400, "lr_first": 5.9e-4, "lr_peak": 5.9e-4,
+                      "lr_peak_step": 400}], 2048, 1079)
+    assert b["observed"]["warmup_steps"] is None
