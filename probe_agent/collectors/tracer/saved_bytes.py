@@ -202,6 +202,9 @@ class SavedBytes:
 
         def pop_on_training_thread(*_: Any) -> None:
             if threading.get_ident() != self._push_thread:
+                # a training thread that ended took its stack (and our hook) with it
+                if not any(t.ident == self._push_thread for t in threading.enumerate()):
+                    handle[0].remove()
                 return
             if self.pushed:
                 self._pop(torch)
