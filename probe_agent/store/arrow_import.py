@@ -8,7 +8,9 @@ that thread was one of the agent's for nothing. jemalloc reads its options once,
 removed after it, so nothing the job starts later inherits it.
 
 When the job imported pyarrow first, the library is loaded already and its jemalloc is the
-job's: it is left as it is.
+job's: it is left as it is. Setting a variable races only a native thread's ``getenv`` running at
+that instant (Python threads wait for the GIL held here); agents usually start with the
+interpreter, before the job's threads.
 """
 
 from __future__ import annotations
