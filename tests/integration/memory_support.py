@@ -94,14 +94,13 @@ class HarnessCounter:
     def _post(self, m: nn.Module, args: Any, out: Any) -> None:
         self.stack.pop()
 
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+    def _count(self, t: torch.Tensor) -> None:
         s = t.untyped_storage()
         ptr = s.data_ptr()
         if self.stack and ptr not in self.seen and ptr not in self.params:
             self.seen.add(ptr)
             mod = self.stack[-1]
             self.by_module[mod] = self.by_module.get(mod, 0) + s.nbytes()
-        return t.detach()
 
     def reset(self) -> None:
         self.seen.clear()
@@ -109,5 +108,17 @@ class HarnessCounter:
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[None]:
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda x: x):
+        """Count inside one step (enter after the optimizer step, leave before the next): the
+        agent pushes its own hooks at the boundary, and only the innermost hooks run, so these
+        count and then hand the tensor to the agent's (a context spanning the boundary would
+        keep the agent from counting at all)."""
+        top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        below = top if top is not None and top[0] is not None else None
+
+        def pack(t: torch.Tensor) -> Any:
+            self._count(t)
+            return below[0](t) if below is not None else t.detach()
+
+        with torch.autograd.graph.saved_tensors_hooks(
+                pack, below[1] if below is not None else (lambda x: x)):
             yield

@@ -11,9 +11,10 @@ whose forward span holds that time (trace_rows.py), which is the module's OWN sa
 
 Counting never keeps a tensor alive: the set holds storage addresses (ints), and the hook
 returns ``tensor.detach()`` as torch's docs ask (returning the tensor itself makes a saved
-output hold its own ``grad_fn``: a cycle). A user's hooks already pushed below ours still run:
-ours calls theirs. A user's hooks pushed above ours (offloading, non-reentrant checkpointing)
-win, and what they save is theirs, not counted.
+output hold its own ``grad_fn``: a cycle). A user's hooks still pushed at the boundary: ours
+are not pushed for that step (ours on top would be what their context pops on exit, leaving
+theirs on for good). A user's hooks pushed above ours during the step (offloading,
+non-reentrant checkpointing) win, and what they save is theirs, not counted.
 
 Not pushed: when torch.compile has compiled frames in this process (AOTAutograd would trace our
 hook into its graphs), or after a failure. ``torch.func.grad``/``vjp``/``jacrev`` refuse to run
@@ -70,7 +71,7 @@ class SavedBytes:
         self._pre_handle: Any = None  # the global forward pre-hook while pushed
         self.steps: list[int] = []  # traced steps counted, taken by the writer with ``buf``
         self.torch: Any = None
-        self._prev_pack: Any = None
+        self.foreign_skips = 0  # traced steps not counted: the job's own hooks were pushed
         self.failures = 0
         self.last_error: str | None = None
 
@@ -116,11 +117,12 @@ class SavedBytes:
         except RuntimeError:
             prev = None
         if prev is not None and prev[0] is not None:
-            self._prev_pack = prev[0]
-            autograd._push_saved_tensors_default_hooks(self._pack_chained, prev[1])
-        else:
-            self._prev_pack = None
-            autograd._push_saved_tensors_default_hooks(self._pack, _unpack)
+            # The job's own hooks (save_on_cpu, an offloading context) span this boundary. Ours
+            # on top of theirs would be what their context pops when it ends (torch pops the
+            # top), leaving theirs active for the rest of the process: no count this step.
+            self.foreign_skips += 1
+            return
+        autograd._push_saved_tensors_default_hooks(self._pack, _unpack)
         self.pushed = True
         self._push_thread = threading.get_ident()
         self._wrap_disable(torch)
@@ -170,7 +172,7 @@ class SavedBytes:
         top = autograd._top_saved_tensors_default_hooks(True)
         # Someone pushed above ours and has not popped: leave the stack to them (popping would
         # remove theirs); our hook keeps counting until their context ends.
-        if top is not None and top[0] in (self._pack, self._pack_chained):
+        if top is not None and top[0] == self._pack:
             autograd._pop_saved_tensors_default_hooks()
             self.pushed = False
         self.remove_input_hook()
@@ -267,10 +269,6 @@ class SavedBytes:
     def _pack(self, t: Any) -> Any:
         self._guarded_count(t)
         return t.detach()
-
-    def _pack_chained(self, t: Any) -> Any:
-        self._guarded_count(t)
-        return self._prev_pack(t)
 
 
 def _unpack(x: Any) -> Any:

@@ -39,13 +39,13 @@ def test_saved_bytes_per_module_match_an_independent_count(make_agent, hot_path,
     idx, tgt = tokens()
     counts = {}
     # WHEN four AdamW steps run (the agent counts from step 2, its first full traced step)
-    with harness.counting():
-        for step in range(1, 5):
-            harness.reset()
+    for step in range(1, 5):
+        harness.reset()
+        with harness.counting():
             model(idx, tgt).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            counts[step] = dict(harness.by_module)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        counts[step] = dict(harness.by_module)
     # THEN step 3's modules rank the same, the attention-like block first
     got = rows(agent, "SELECT module, sum(saved_bytes) FROM torch_trace WHERE step = 3 AND "
                       "stage = 'forward' AND NOT recompute GROUP BY module ORDER BY 2 DESC")

@@ -280,3 +280,29 @@ def test_untraced_steps_leave_module_call_and_hook_registration_as_torch_has_the
     # THEN traced steps had both patches and untraced steps neither
     assert {s[0] for s in seen} == {True, False}
     assert all(s[0] == s[1] == s[2] for s in seen), seen
+
+
+def test_the_jobs_own_saved_tensor_hooks_around_a_step_are_left_as_the_job_set_them(make_agent):
+    # GIVEN a traced job whose own saved-tensors context spans its optimizer steps
+    agent = make_agent(trace="on")
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+
+    def pack(t):
+        seen.append(t.shape)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for _ in range(3):
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+        inside = len(seen)
+    # THEN its hooks ran for every step, and when its context ends nothing is left pushed:
+    # the agent did not put its own on top (which the context's exit would have popped instead)
+    assert inside > 0
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+    assert agent.collectors.tracer.saved.foreign_skips >= 1
+    model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+    assert len(seen) == inside  # the job's hook is really gone
