@@ -86,6 +86,7 @@ class StepClock:
         self.armed = False
         self.armed_at: float | None = None
         self.last_step_at: float | None = None
+        self.last_step_ns: int | None = None
         #: The last finished step boundary: when its subscribers started and when they were all
         #: done. The agent's own work there (recorders, scheduled reads, actions) is not the
         #: job's: the step recorder starts the next step when it ended, and reports it apart.
@@ -258,6 +259,7 @@ class StepClock:
             else:
                 self.current_step += 1
             self.last_step_at = time.time()
+            self.last_step_ns = time.perf_counter_ns()  # the tracer's clock, same moment
             self.training_thread = threading.get_ident()
         except Exception as e:  # never into the training thread (see module docstring)
             log.warning("probe agent: step clock failed: %s", e)

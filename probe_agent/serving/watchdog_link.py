@@ -116,6 +116,7 @@ class WatchdogLink:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._fallback: Any = None
+        self._fallback_starting = False
         self._seq = itertools.count()
         self._unsubscribe: Any = None
         self.stopping = False
@@ -296,7 +297,13 @@ class WatchdogLink:
         tcp = [s for s in self.public if s.family != socket.AF_UNIX]
         plain = [s for s in self.public if s.family == socket.AF_UNIX] if tls else self.public
         # The watchdog held the TLS of the TCP port; in-process, uvicorn must take it over.
-        self._fallback = self.serve_fallback(list(plain), tcp if tls else [])
+        # Said before it starts: the fallback answers requests (its own /v1/info among them)
+        # before serve_fallback returns.
+        self._fallback_starting = True
+        try:
+            self._fallback = self.serve_fallback(list(plain), tcp if tls else [])
+        finally:
+            self._fallback_starting = False
 
     def describe(self) -> dict[str, Any]:
         alive = self.proc is not None and self.proc.poll() is None
@@ -304,7 +311,7 @@ class WatchdogLink:
             "pid": self.proc.pid if alive and self.proc else None,
             "reader": self.config.watchdog_reader, "pyspy": self.pyspy,
             "dump_signal": signal.Signals(self.dump_signal).name if self.dump_signal else None,
-            "in_process_fallback": self._fallback is not None,
+            "in_process_fallback": self._fallback is not None or self._fallback_starting,
             **self.restarts.describe(),
         }
 

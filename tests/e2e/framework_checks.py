@@ -152,7 +152,8 @@ def steps_agree(endpoint: str, log_dir: Path, ranks: int = 1) -> None:
         def last_steps() -> dict[int, int]:
             out = ok(probe("-t", endpoint, "--json", "steps"))
             trends = {r["rank"]: r["trend"] for r in json.loads(out.stdout)}
-            return {rank: t["rows"][0][t["columns"].index("last_step")]
+            # no row yet: the writer has not flushed this rank's first steps
+            return {rank: t["rows"][0][t["columns"].index("last_step")] if t["rows"] else -1
                     for rank, t in trends.items()}
 
         # the agent's writer flushes the steps table every few seconds; held, nothing moves

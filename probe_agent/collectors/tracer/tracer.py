@@ -359,6 +359,11 @@ class TorchTracer(CudaRecords, WriterSide):
                 return
             t0, e0, step = start
             t1 = self.clock()
+            # When the step clock's hook ran before this one, the optimizer ended there: the
+            # agent's boundary work after it is not the optimizer's (python.steps.agent_ms).
+            b = self.stepclock.last_step_ns
+            if b is not None and t0 <= b < t1:
+                t1 = b
             if len(self.fw) < FW_MAX:
                 self.objs.append(optimizer)
                 self.roots.append(None)
