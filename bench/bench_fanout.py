@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -70,20 +69,7 @@ threading.Event().wait()
 """
 
 
-def free_base(n: int, start: int = 21000) -> int:
-    """A base port with ``n`` consecutive free ports after it."""
-    base = start
-    while base + n < 65000:
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    base = p + 1
-                    break
-        else:
-            return base
-    raise RuntimeError(f"no {n} consecutive free ports")
+free_base = simranks.free_base  # one port scan for the simulator and the real agents
 
 
 def start_agents(n: int, base: int, batch: int, run_dir: str | None = None

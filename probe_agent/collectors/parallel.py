@@ -21,14 +21,9 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import pyarrow as pa
-
-from . import Guard, Sink
-
-if TYPE_CHECKING:
-    from ..clock import StepClock
+from .rare_reads import RareReader
 
 TABLE = "python.parallel"
 TP_NAMES = frozenset({"tp", "tensor", "tensor_parallel"})
@@ -38,51 +33,15 @@ PP_NAMES = frozenset({"pp", "pipe", "pipeline", "pipeline_parallel"})
 READS = 3
 
 
-class ParallelWatcher:
-    """Collector for python.parallel.
+class ParallelWatcher(RareReader):
+    """Collector for python.parallel: at the first step seen, then steps 10 and 100."""
 
-    Args:
-        clock: its steps drive the reads.
-        rank: written into every row.
-    """
+    table = TABLE
+    name = "parallel layout"
+    max_reads = READS
 
-    def __init__(self, clock: StepClock, rank: int) -> None:
-        self.clock = clock
-        self.rank = rank
-        self.guard = Guard("parallel layout")
-        self.rows: list[tuple[Any, ...]] = []
-        self.sink: Sink | None = None
-        self._schema: pa.Schema | None = None
-        self._next = 0
-        self._reads = 0
-        self._unsubscribe: Any = None
-
-    def start(self, sink: Sink) -> None:
-        self.sink, self._schema = sink, sink.arrow_schema(TABLE)
-        self._unsubscribe = self.clock.subscribe(self._on_step, "parallel layout")
-        sink.add_flusher(self.flush)
-
-    def stop(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-
-    def _on_step(self, step: int, optimizer: Any) -> None:
-        if step < self._next or not self.guard.enabled or self._reads >= READS:
-            return
-        self._next = max(10, 10 * step)
-        self._reads += 1
-        try:
-            self.rows.append((time.time(), self.rank, step, *layout()))
-        except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
-            self.guard.failed(e)
-
-    def flush(self) -> None:
-        n = len(self.rows)
-        if not n or self.sink is None:
-            return
-        rows, self.rows[:n] = self.rows[:n], []
-        self.sink.append(TABLE, pa.table(list(map(list, zip(*rows))), schema=self._schema))
+    def read(self, step: int, frame: Any) -> list[tuple[Any, ...]]:
+        return [(time.time(), self.rank, step, *layout())]
 
 
 def layout() -> tuple[Any, ...]:

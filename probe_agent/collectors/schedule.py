@@ -18,60 +18,21 @@ ends before or after the job's own total, or a job already past its schedule's e
 
 from __future__ import annotations
 
-import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import pyarrow as pa
-
-from . import Guard, Sink
+from .rare_reads import RareReader
 from .schedule_read import MAX_HORIZON, MIN_HORIZON, describe, job_total
 
-if TYPE_CHECKING:
-    from ..clock import StepClock
-
 TABLE = "python.schedule"
-#: Rows kept between flushes (a schedule is read a handful of times per run).
-BUFFER = 1000
 
 
-class ScheduleWatcher:
-    """Collector for python.schedule.
+class ScheduleWatcher(RareReader):
+    """Collector for python.schedule; the clock's optimizers are the ones whose schedulers
+    count."""
 
-    Args:
-        clock: its steps drive the reads; its optimizers are the ones whose schedulers count.
-        rank: written into every row.
-    """
-
-    def __init__(self, clock: StepClock, rank: int) -> None:
-        self.clock = clock
-        self.rank = rank
-        self.guard = Guard("schedule watcher")
-        self.rows: list[tuple[Any, ...]] = []
-        self.sink: Sink | None = None
-        self._schema: pa.Schema | None = None
-        self._next = 0  # the next step at which the schedule is read
-        self._unsubscribe: Any = None
-
-    def start(self, sink: Sink) -> None:
-        self.sink, self._schema = sink, sink.arrow_schema(TABLE)
-        self._unsubscribe = self.clock.subscribe(self._on_step, "schedule watcher")
-        sink.add_flusher(self.flush)
-
-    def stop(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-
-    # -- training thread ---------------------------------------------------------------------
-    def _on_step(self, step: int, optimizer: Any) -> None:
-        if step < self._next or not self.guard.enabled:
-            return
-        self._next = max(10, 10 * step)
-        try:
-            self.rows.extend(self.read(step, sys._getframe(1))[: BUFFER - len(self.rows)])
-        except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
-            self.guard.failed(e)
+    table = TABLE
+    name = "schedule watcher"
 
     def read(self, step: int, frame: Any) -> list[tuple[Any, ...]]:
         """One row per top-level scheduler of the stepping optimizers (none: one row saying so,
@@ -101,11 +62,3 @@ class ScheduleWatcher:
             rows.append((now, self.rank, step, None, None, "none", None, None, None, None, None,
                          total, source, d.framework, "no LR scheduler steps these optimizers"))
         return rows
-
-    # -- writer thread -----------------------------------------------------------------------
-    def flush(self) -> None:
-        n = len(self.rows)
-        if not n or self.sink is None:
-            return
-        rows, self.rows[:n] = self.rows[:n], []
-        self.sink.append(TABLE, pa.table(list(map(list, zip(*rows))), schema=self._schema))
