@@ -10,7 +10,8 @@ The training loop, the manual LR schedule, the autocast(bfloat16) forward, gradi
 and clipping are upstream's.
 
     python bench/real/nanogpt_cpu.py UPSTREAM/train_gpt2.py OUTDIR
-    cd OUTDIR && PROBE_TRACE=every:2 torchrun --nproc_per_node 2 train_gpt2_cpu.py
+    cd OUTDIR && PROBE=1 torchrun --nproc_per_node 2 train_gpt2_cpu.py   # then: probe throughput
+    bash bench/real/nanogpt_overhead.sh OUTDIR 4 [on]                       # the agent's cost
 """
 
 from __future__ import annotations
