@@ -237,6 +237,9 @@ def test_every_route_answers_exactly_its_bodys_wire_form(trained_agent):
     ask(routes.ACTIONS)
     ask(routes.RESUME, json=ResumeRequest("contract-test").to_wire())
     ask(routes.SUBMIT_ACTION, json={"kind": "profile", "profile": {"steps": 1}, "id": "p1"})
+    # the action becomes a profile window at the next step boundary: until then it is 404
+    wait_until(lambda: _ask(agent, {"profile_id": "p1"}, routes.PROFILE).status_code == 200,
+               30, "the profile action never opened its window")
     ask(routes.PROFILE, ids={"profile_id": "p1"}, params={"wait": 30})
     ask(routes.START_FLAME, json={"seconds": 0.2, "rate": 50, "sampler": "in-process",
                                   "id": "f1"})
