@@ -105,15 +105,7 @@ def start_agents(n: int, base: int, batch: int, run_dir: str | None = None
     return procs
 
 
-def stop_agents(procs: list[subprocess.Popen[str]]) -> None:
-    """Kill every agent process group (start_agents made each a session leader) and reap it."""
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        p.wait(10)
+stop_agents = simranks.stop  # kill each process group and reap it, as for the simulator
 
 
 def rss_mib(procs: list[subprocess.Popen[str]]) -> float:
