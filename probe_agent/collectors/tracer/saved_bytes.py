@@ -190,8 +190,7 @@ class SavedBytes:
         """Counting stops for good (the agent stops). The pack hook is on the pushing thread's
         stack, and only that thread can pop it: now, when called there; else at that thread's
         next optimizer step. Left pushed, it would cost a call per saved tensor for the rest of
-        the process, and torch.compile compiles no frame while a saved-tensors hook is on the
-        stack (a later compiled model ran eagerly, and a later agent then traced into it)."""
+        the process, and every later autograd graph (a compiled one too) would run under it."""
         self.enabled = False
         self.remove_input_hook()
         if not self.pushed or torch is None:
