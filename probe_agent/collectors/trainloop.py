@@ -111,6 +111,8 @@ class LoopMonitor:
         self._clip_orig: Any = None
         self._unsubscribe: Any = None
         self._stopped = False
+        self._install_lock = threading.Lock()  # writer tick and the first step both install
+        self._first_step_seen = False
         self.pauses = PauseMeter()
 
     # -- collector protocol ------------------------------------------------------------------
@@ -124,7 +126,8 @@ class LoopMonitor:
         # The store's last flush runs after the collectors stop, and flush() installs: without
         # this flag the wrappers came back, and their closures kept the stopped agent (and its
         # DuckDB) alive for as long as the process ran.
-        self._stopped = True
+        with self._install_lock:
+            self._stopped = True
         try:
             if self._unsubscribe is not None:
                 self._unsubscribe()
@@ -146,8 +149,11 @@ class LoopMonitor:
 
     def install(self) -> None:
         """Wrap what the program has imported so far; cheap once both are wrapped."""
-        if self._stopped:
-            return
+        with self._install_lock:
+            if not self._stopped:
+                self._install()
+
+    def _install(self) -> None:
         self.pauses.install()
         if self._dl_cls is None and (dl := imported(_DL_MODULE)) is not None:
             cls = dl._BaseDataLoaderIter
@@ -223,6 +229,12 @@ class LoopMonitor:
 
     # -- training thread ---------------------------------------------------------------------
     def _on_step(self, step: int, optimizer: Any) -> None:
+        if not self._first_step_seen:
+            # The writer's tick installs too, but on a loaded machine it can come after the
+            # second step: a checkpoint saved then went unseen (CI). By the first optimizer
+            # step torch is imported, so from here every save and eval() is timed.
+            self._first_step_seen = True
+            self.install()
         groups = getattr(optimizer, "param_groups", None) or [{}]
         ckpt, evals = self.pauses.take()
         row = (time.time(), step, self.data_wait, self.batches, groups[0].get("lr"),
