@@ -4,6 +4,7 @@ collector ``tracer``) writes the table ``torch_trace``, which ``PROBE_TRACE``, `
 and ``/v1/trace`` switch.
 
 - tracer.py: ``TorchTracer``, the collector: arming on torch's import, modes, buffers;
+- trace_steps.py: its step boundaries: the optimizer step's row, the next step's set-up;
 - trace_hot.py: the per-call Python hot path; trace_native.py with trace_native.cpp and
   trace_native_backward.cpp: the C++ one, built on first use (native_build.py: the builder
   process; native_ahead.py: `probe build-native`);

@@ -33,8 +33,9 @@ in-place ops. Two hot paths record the same rows (no sys.settrace/setprofile):
   wrapper, and ``grad_fn.register_prehook`` on each call's output for backward.
 
 Step numbers come from the agent's StepClock (one global optimizer post-hook): rows of the
-work leading up to optimizer step N carry step N. Jobs with no ``torch.optim`` optimizer: the
-first ``FALLBACK_AFTER`` calls of the root model are step 1, then each call counts as a step.
+work leading up to optimizer step N carry step N; what happens at a step boundary is
+``trace_steps.py``. Jobs with no ``torch.optim`` optimizer: the first ``FALLBACK_AFTER`` calls
+of the root model are step 1, then each call counts as a step.
 
 Cost
 ----
@@ -51,7 +52,6 @@ import re
 import sys
 import threading
 import time
-import weakref
 from array import array
 from typing import TYPE_CHECKING, Any
 
@@ -59,29 +59,21 @@ from ... import optim_hooks
 from .. import Guard, Sink
 from ..torch_import import TorchImportWatcher, torch_ready
 from . import trace_hot
-from .trace_columns import (
-    FORWARD,
-    FW_MAX,
-    OPT_STEP,
-    pack_fw,
-)
-from ..memory_kinds import trained_params
 from .batch import StepBatch
 from .saved_bytes import SavedBytes
+from .trace_columns import FORWARD
 from .trace_cuda import CudaRecords
 from .trace_flush import TABLE as _TABLE
 from .trace_flush import WriterSide
 from .trace_native import LOADER
 from .trace_rows import RowResolver
+from .trace_steps import StepBoundaries
 
 if TYPE_CHECKING:
     from ...clock import StepClock
     from ...config import AgentConfig
 
 log = logging.getLogger(__name__)
-
-#: How long trained_params may reuse its list while nothing it can see cheaply changed.
-PARAMS_MAX_AGE_S = 1.0
 
 #: Without an optimizer step, the first FALLBACK_AFTER calls of the root model are step 1 (so
 #: gradient accumulation in the first step is not split), then every call is one step (so an
@@ -99,7 +91,7 @@ def parse_mode(mode: str) -> tuple[str, int]:
     return m.group(1), 1
 
 
-class TorchTracer(CudaRecords, WriterSide):
+class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
     """Collector for ``python.torch_trace``; see the module docstring.
 
     Args:
@@ -328,94 +320,6 @@ class TorchTracer(CudaRecords, WriterSide):
         except Exception as e:  # noqa: BLE001 - training thread
             self.failed(e)
 
-    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        try:
-            # A second optimizer stepping right after the counted one (no root call between)
-            # belongs to the step that just finished, not to the next one.
-            # A step() given a closure (Lightning, LBFGS) runs the model itself: it is the
-            # step being computed even though no root call came before it.
-            # (args is what step() got, self first)
-            # The optimizer just counted stepping again is the next step, never the finished
-            # one: on untraced steps the root wrapper is off, so no root call resets
-            # _after_step (an HF Trainer's every-10th traced step got the next step's AdamW row).
-            closure = (kwargs or {}).get("closure") or (args[1] if len(args) > 1 else None)
-            if self._after_step and closure is None and id(optimizer) != self._counted_opt:
-                step, record = self.step - 1, self._prev_recording
-            else:
-                step, record = self.step, self.recording
-            if record:
-                ev = self.record_event() if self.cuda or self._prev_cuda else None
-                self._opt_t0[id(optimizer)] = (self.clock(), ev, step)
-        except Exception as e:  # noqa: BLE001 - inside optimizer.step()
-            self.failed(e)
-
-    def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        try:
-            if self.optimizers is None:
-                self.optimizers = weakref.WeakSet()
-            self.optimizers.add(optimizer)
-            start = self._opt_t0.pop(id(optimizer), None)
-            if start is None:
-                return
-            t0, e0, step = start
-            t1 = self.clock()
-            # When the step clock's hook ran before this one, the optimizer ended there: the
-            # agent's boundary work after it is not the optimizer's (python.steps.agent_ms).
-            b = self.stepclock.last_step_ns
-            if b is not None and t0 <= b < t1:
-                t1 = b
-            if len(self.fw) < FW_MAX:
-                self.objs.append(optimizer)
-                self.roots.append(None)
-                cuda = 0
-                if e0 is not None:
-                    self.fcuda.append((e0, self.record_event(), self.memory()))
-                    cuda = 1
-                self.fw.frombytes(pack_fw(t0, t1, step, OPT_STEP, 0, -1, cuda))
-        except Exception as e:  # noqa: BLE001 - inside optimizer.step()
-            self.failed(e)
-
-    def _on_step(self, step: int, optimizer: Any) -> None:
-        """StepClock subscriber (training thread): step ``step`` finished; set up the next."""
-        if self.fallback:
-            # Root calls before the first optimizer step were numbered by the fallback count
-            # (a validation pass before training reaches "step 5"): not those steps' batches.
-            self._batches.clear()
-        self.fallback = False
-        self.step = step + 1
-        self.in_backward = FORWARD
-        self._prev_recording, self._prev_cuda = self.recording, self.cuda
-        self._after_step = True
-        self._counted_opt = id(optimizer)
-        self._apply(self.mode, boundary=True)
-        self._pass_root = None
-        if self.recording or self.saved.pushed:
-            self.saved.switch(self._torch, self.recording and self.guard.enabled, self.step,
-                              self.trained_params(optimizer))
-
-    def trained_params(self, optimizer: Any = None) -> list[Any]:
-        """The parameters of the last root model and of every optimizer seen (training
-        thread): what memory_kinds.py counts and the saved-tensor counter leaves out. The walk
-        costs ~1 us a parameter (0.1 ms for a 100-parameter model, 2% of a 5 ms step), so the
-        list is kept while the root, the optimizers and their parameter counts stay the same,
-        for at most PARAMS_MAX_AGE_S (a parameter added to the model alone shows after that)."""
-        opts = (optimizer, *(self.optimizers or ()))
-        key = (id(self.root), *((id(o), _n_params(o)) for o in opts))
-        now = time.monotonic()
-        memo = self._params_memo
-        if memo is not None and memo[0] == key and now - memo[1] < PARAMS_MAX_AGE_S:
-            return memo[2]
-        params = trained_params(self.root, opts)
-        self._params_memo = (key, now, params)
-        return params
-
-    def pop_batch(self, step: int) -> StepBatch | None:
-        """What the root calls of traced step ``step`` were fed (batch.py), once; older
-        entries are dropped."""
-        b = self._batches.pop(step, None)
-        for old in [s for s in self._batches if s < step]:
-            del self._batches[old]
-        return b
 
     # -- failures ----------------------------------------------------------------------------
     def failed(self, exc: BaseException) -> None:
@@ -443,10 +347,3 @@ class TorchTracer(CudaRecords, WriterSide):
                             "failures": self.saved.failures,
                             "last_error": self.saved.last_error},
         }
-
-
-def _n_params(optimizer: Any) -> int:
-    """The optimizer's parameter count (its param groups'), -1 for None."""
-    if optimizer is None:
-        return -1
-    return sum(len(g.get("params", ())) for g in getattr(optimizer, "param_groups", ()) or ())
