@@ -95,8 +95,9 @@ def _program(args: list[str]) -> tuple[str, str, list[str]]:
     return "", "", []
 
 
-#: config.RANK_VARS and config.LOCAL_RANK_VARS, repeated so that a deferred process does not
-#: import config (ssl, dataclasses: 30 ms) at start-up; a unit test pins them equal.
+#: settings.RANK_VARS and settings.LOCAL_RANK_VARS, repeated so that a deferred process does
+#: not import settings (the package, errors, dataclasses: ~20 ms) at start-up; a unit test pins
+#: them equal.
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
 

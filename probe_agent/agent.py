@@ -32,13 +32,14 @@ from .audit import AuditLog
 from .clock import StepClock
 from .collectors.registry import Collectors, build_collectors
 from .collectors.stacks import BacktraceTables
-from .config import LOCAL_RANK_VARS, AgentConfig, first_set
+from .config import AgentConfig
 from .errors import EvalError
 from .evaluator import Evaluator
 from .frameworks.playbook import resolve
 from .profiling.sessions import Profiling
 from .ranks import Identity, RankRegistry, publish_rank
 from .serving.idle_pool import IdlePool
+from .settings import LOCAL_RANK_VARS, first_set
 from .step_cost import measure
 
 log = logging.getLogger(__name__)

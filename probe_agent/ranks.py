@@ -20,7 +20,7 @@ from typing import Any
 from probe_protocol.bodies import RankEntry
 from probe_protocol.tokens import sign_entry
 
-from .config import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, first_set
+from .settings import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, first_set
 
 log = logging.getLogger(__name__)
 

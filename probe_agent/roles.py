@@ -128,7 +128,7 @@ def group_environ(rank: int, world: int) -> dict[str, str]:
     """The environment of rank ``rank`` of ``world``, for an agent started after
     ``init_process_group``: its port is the base plus LOCAL_RANK, or plus ``rank`` when no
     launcher set LOCAL_RANK (``mp.spawn`` on one node)."""
-    from .config import LOCAL_RANK_VARS, first_set
+    from .settings import LOCAL_RANK_VARS, first_set
 
     environ = dict(os.environ)
     local_var = first_set(environ, LOCAL_RANK_VARS)

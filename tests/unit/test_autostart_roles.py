@@ -159,8 +159,8 @@ def test_interpreter_options_are_skipped(argv, expected):
     assert decide(argv, {}, 1) == expected
 
 
-def test_start_up_copies_of_the_rank_variables_match_config():
-    from probe_agent import _autostart, config
+def test_start_up_copies_of_the_rank_variables_match_settings():
+    from probe_agent import _autostart, settings
 
-    assert _autostart.RANK_VARS == config.RANK_VARS
-    assert _autostart.LOCAL_RANK_VARS == config.LOCAL_RANK_VARS
+    assert _autostart.RANK_VARS == settings.RANK_VARS
+    assert _autostart.LOCAL_RANK_VARS == settings.LOCAL_RANK_VARS

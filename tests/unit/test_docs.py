@@ -1,7 +1,7 @@
 """Everything a user can set, ask or type is documented, in the manner of datasette's
 tests/test_docs.py: every PROBE_* setting in README's settings table, every route in
 docs/http-api.md, every command in README's command table; and nothing is documented that does
-not exist. Each list comes from the one table the code itself uses: ``config.SETTINGS``,
+not exist. Each list comes from the one table the code itself uses: ``settings.SETTINGS``,
 ``probe_protocol.routes.ROUTES``, the click group's commands."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from probe_agent import config
+from probe_agent.settings import COMBINED, ELSEWHERE, SETTINGS
 from probe_cli.main import cli
 from probe_protocol import routes
 
@@ -55,15 +55,15 @@ def read_in_code() -> set[str]:
 
 
 def test_every_setting_is_in_readmes_settings_table_and_nothing_else_is():
-    settings = {s.var for s in config.SETTINGS} | set(config.COMBINED) | set(config.ELSEWHERE)
+    settings = {s.var for s in SETTINGS} | set(COMBINED) | set(ELSEWHERE)
     documented = documented_settings()
     assert settings - documented == set(), "settings missing from README's settings table"
     assert documented - settings == set(), "README documents settings nothing reads"
 
 
 def test_every_variable_the_agent_reads_is_a_setting():
-    """A PROBE_* read somewhere without a row in config's tables is a setting nobody sees."""
-    known = ({s.var for s in config.SETTINGS} | set(config.COMBINED) | set(config.ELSEWHERE)
+    """A PROBE_* read somewhere without a row in the settings tables is a setting nobody sees."""
+    known = ({s.var for s in SETTINGS} | set(COMBINED) | set(ELSEWHERE)
              | INTERNAL)
     read = read_in_code()
     assert {"PROBE_PYSPY", "PROBE_NATIVE_DIR", "PROBE_AGENT_PID"} <= read  # the scan sees reads
