@@ -30,10 +30,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import bench_tracing as bt  # noqa: E402
+import torch  # noqa: E402
+import tracing_workload as wl  # noqa: E402
+from tracing_stats import bootstrap_median_ci  # noqa: E402
 
 
-def _block(loop: bt.Loop, agent: object, arm: str, n: int) -> float:
+def _block(loop: wl.Loop, agent: object, arm: str, n: int) -> float:
     tracer = agent.collectors.tracer  # type: ignore[attr-defined]
     tracer.saved.enabled = arm == "accounted"
     tracer.set_mode("off" if arm == "untraced" else "on")
@@ -45,8 +47,8 @@ def _block(loop: bt.Loop, agent: object, arm: str, n: int) -> float:
 
 
 def run_size(size: str, rounds: int | None) -> dict[str, object]:
-    loop = bt.Loop(size)
-    agent = bt.start_agent("on")
+    loop = wl.Loop(size)
+    agent = wl.start_agent("on")
     try:
         loop.steps(5)
         arms = ("untraced", "traced", "accounted")
@@ -57,11 +59,11 @@ def run_size(size: str, rounds: int | None) -> dict[str, object]:
         tracer = agent.collectors.tracer  # type: ignore[attr-defined]
         failures = tracer.saved.failures
     finally:
-        bt.stop_agent()
+        wl.stop_agent()
 
     def paired(a: str, b: str) -> dict[str, object]:
         r = [x / y for x, y in zip(res[a], res[b])]
-        lo, hi = bt.bootstrap_median_ci(r)
+        lo, hi = bootstrap_median_ci(r)
         return {"ratio": round(statistics.median(r), 4), "ci95": [round(lo, 4), round(hi, 4)]}
 
     return {
@@ -80,9 +82,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--native", choices=["auto", "off"], default="auto")
     a = p.parse_args()
-    bt.NATIVE = a.native
-    bt.torch.set_num_threads(1)
-    path = bt.load_native()
+    wl.NATIVE = a.native
+    torch.set_num_threads(1)
+    path = wl.load_native()
     for size in a.sizes.split(","):
         out = run_size(size, a.rounds)
         out["hot_path"] = path

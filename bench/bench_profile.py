@@ -42,7 +42,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from bench_tracing import GPT, SIZES  # noqa: E402
+from tracing_workload import GPT, SIZES  # noqa: E402
 
 
 class Model:
