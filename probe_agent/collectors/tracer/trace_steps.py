@@ -115,7 +115,7 @@ class StepBoundaries:
         self._prev_recording, self._prev_cuda = self.recording, self.cuda
         self._after_step = True
         self._counted_opt = id(optimizer)
-        self._apply(self.mode, boundary=True)
+        self._apply(self.mode, True)  # boundary=True
         self._pass_root = None
         if self.recording or self.saved.pushed:
             self.saved.switch(self._torch, self.recording and self.guard.enabled, self.step,
