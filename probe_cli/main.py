@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import IO
+from typing import IO, Any
 
 import click
 from click.core import ParameterSource
@@ -132,6 +132,18 @@ def cli(
     ctx.obj = session
     ctx.call_on_close(session.close)
     ctx.call_on_close(lambda: _print_notes(session))
+
+
+@cli.result_callback()
+def _stream_stdout(rv: Any, **_: Any) -> Any:
+    """A command whose stdout is a generator (``probe query --json`` at scale) is still asking
+    ranks while it is printed: print it here, while the session (its connections) is open;
+    ``emit`` prints the rest after the session closed, as for every other command."""
+    if isinstance(rv, Outcome) and not isinstance(rv.stdout, list):
+        for line in rv.stdout:
+            click.echo(line, color=True)
+        rv.stdout = []
+    return rv
 
 
 register_commands(cli)

@@ -6,7 +6,7 @@ A command returns an ``Outcome``; main.py prints ``stdout`` and ``stderr`` and r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,9 +20,11 @@ from .transport.session import Session
 @dataclass(slots=True)
 class Outcome:
     """What a command produced. ``stdout`` holds results only; ``stderr`` progress-free notes,
-    warnings and the failure summary (lines without newlines)."""
+    warnings and the failure summary (lines without newlines). A streamed ``stdout`` (an
+    iterator: ``probe query --json``) is printed as it comes, and sets ``stderr`` and
+    ``exit_code`` once it ends (main.py)."""
 
-    stdout: list[str] = field(default_factory=list)
+    stdout: list[str] | Iterator[str] = field(default_factory=list)
     stderr: list[str] = field(default_factory=list)
     exit_code: int = EXIT_OK
 

@@ -3,29 +3,33 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
 
-from probe_protocol.query import QueryRequest
+from probe_protocol.query import QueryBody, QueryRequest
 
 from ..errors import EXIT_FAILURE, ProbeCLIError, UsageProblemError
 from ..group import rank_label
 from ..output_files import output_file, refuse_existing
 from ..outcome import Outcome, exit_code, failure_summary, finish
 from ..render.text import (
+    csv_lines,
     format_csv,
     format_table,
     json_default,
     query_notes,
-    render_query_csv,
     render_query_table,
+    truncation,
+    truncation_notes,
+    wire_body,
 )
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import calling, fan_out, resolve_ranks
-from ..transport.nodetree import NodeCall, fan_out_nodes
+from ..transport.nodetree import NodeCall, fan_out_nodes, stream_nodes
 from ..transport.session import Session
 from ..transport.untrusted_text import escape_body
 from . import pass_session
@@ -86,21 +90,56 @@ def command(
     else:
         # One request per node where a host runs several ranks (nodetree.py).
         node = NodeCall("query", QueryRequest(sql, max_rows).to_wire())
-        results = fan_out_nodes(session, resolve_ranks(session),
-                                calling(ProbeClient.query, sql, max_rows), node)
-        out = finish(session, results, lambda ok: _render(session, ok, fmt), as_json=fmt == "json")
-        out.stderr[:0] = query_notes([r for r in results if r.ok])
-    if out_path and out.stdout and fmt not in BINARY:
-        _write_text(out_path, out.stdout, overwrite)
-        out.stderr.insert(0, f"wrote {out_path}")
+        targets, call = resolve_ranks(session), calling(ProbeClient.query, sql, max_rows)
+        if fmt == "table":  # column widths need every row
+            results = fan_out_nodes(session, targets, call, node)
+            out = finish(session, results, lambda ok: render_query_table(ok, session.colour),
+                         as_json=False)
+            out.stderr[:0] = query_notes([r for r in results if r.ok])
+        else:
+            out = Outcome()
+            out.stdout = _streamed(session, stream_nodes(session, targets, call, node), fmt, out)
+    if out_path and fmt not in BINARY:
+        if _write_text(out_path, out.stdout, overwrite):
+            out.stderr.insert(0, f"wrote {out_path}")
         out.stdout = []
     return out
 
 
-def _render(session: Session, ok: list[RankResult], fmt: str) -> list[str]:
-    if fmt == "csv":
-        return render_query_csv(ok)
-    return render_query_table(ok, session.colour)
+def _streamed(session: Session, results: Iterator[RankResult], fmt: str,
+              out: Outcome) -> Iterator[str]:
+    """``--json``/``--csv`` lines rank by rank as the ranks answer (main.py prints them while
+    the fan-out goes on), so the CLI holds one rank's rows at a time, not the job's. The text
+    is what ``finish`` prints for the whole answer; ``out``'s stderr and exit code are set once
+    every rank is in.
+    """
+    seen: list[RankResult] = []  # every rank, a printed answer's rows dropped
+    cuts: list[tuple[int | None, str]] = []
+    held: str | None = None  # --json: the last body, held for its trailing comma
+    columns: list[str] | None = None  # --csv: the first answer's, as with_rank_column
+    for r in results:
+        if fmt == "json":
+            line = json.dumps(wire_body(r), ensure_ascii=False, default=json_default)
+            yield "[" if held is None else held + ","
+            held = line
+        elif r.ok:
+            q = QueryBody.from_wire(r.data)
+            if columns is None:
+                columns = list(q.columns)
+                yield from csv_lines([columns if "rank" in columns else ["rank", *columns]])
+            rows = q.rows if "rank" in columns else ([r.rank, *row] for row in q.rows)
+            yield from csv_lines(rows)
+        if r.ok:
+            cuts += [c for c in [truncation(r)] if c is not None]
+            r = replace(r, data=None)
+        seen.append(r)
+    if fmt == "json":
+        yield "[]" if held is None else held
+        if held is not None:
+            yield "]"
+    out.exit_code = exit_code(seen)
+    out.stderr[:0] = truncation_notes(cuts) + failure_summary(seen, session.timeout,
+                                                             session.target_note)
 
 
 def _via_arrow(
@@ -148,9 +187,17 @@ def _via_arrow(
     return out
 
 
-def _write_text(path: str, lines: list[str], overwrite: bool) -> None:
+def _write_text(path: str, lines: Iterable[str], overwrite: bool) -> bool:
+    """Write the lines as they come; False (and no file) when there are none."""
+    it = iter(lines)
+    first = next(it, None)
+    if first is None:
+        return False
     try:
         with output_file(path, overwrite=overwrite) as f:
-            f.write("\n".join(lines) + "\n")
+            f.write(first + "\n")
+            for line in it:
+                f.write(line + "\n")
     except OSError as e:
         raise ProbeCLIError(f"cannot write {path}: {e.strerror or e}") from e
+    return True

@@ -11,7 +11,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -147,9 +147,13 @@ def render_query_table(results: Sequence[RankResult], colour: bool = False) -> l
 
 def format_csv(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     """CSV lines (RFC 4180 quoting); NULL is an empty field, nested values are JSON."""
+    return csv_lines([columns]) + csv_lines(rows)
+
+
+def csv_lines(rows: Iterable[Sequence[Any]]) -> list[str]:
+    """``format_csv`` without the header: the lines of these rows alone (a streamed table)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(columns)
     for row in rows:
         w.writerow([_csv_value(v) for v in row])
     return buf.getvalue().splitlines()
@@ -180,13 +184,21 @@ def _csv_value(v: Any) -> Any:
     return v
 
 
-def query_notes(results: Sequence[RankResult]) -> list[str]:
+def query_notes(results: Iterable[RankResult]) -> list[str]:
     """stderr notes: ranks whose result was cut at one of the agent's caps, by cap."""
+    return truncation_notes(c for r in results if (c := truncation(r)) is not None)
+
+
+def truncation(r: RankResult) -> tuple[int | None, str] | None:
+    """``(rank, cap)`` when this rank's query result was cut at one of the agent's caps."""
+    body = QueryBody.from_wire(r.data)
+    return (r.rank, body.truncated_by or "the agent's row cap") if body.truncated else None
+
+
+def truncation_notes(cuts: Iterable[tuple[int | None, str]]) -> list[str]:
     by_cap: dict[str, list[int | None]] = {}
-    for r in results:
-        body = QueryBody.from_wire(r.data)
-        if body.truncated:
-            by_cap.setdefault(body.truncated_by or "the agent's row cap", []).append(r.rank)
+    for rank, cap in cuts:
+        by_cap.setdefault(cap, []).append(rank)
     return [
         f"note: {rank_label(ranks)}: result truncated at {cap}; add a LIMIT or aggregate, or "
         f"raise {cap.split()[0] if cap.startswith('PROBE_') else 'PROBE_MAX_ROWS'} on the "

@@ -249,7 +249,7 @@ def fan_out(session: Session, targets: list[RankTarget], call: Call) -> list[Ran
         call: sends one request and returns the wire body; ``ProbeCLIError`` it raises
             becomes that rank's failure. Any other exception is a bug and propagates.
     """
-    results = [_failed(t, t.error) for t in targets if t.error is not None]
+    results = [failed_result(t, t.error) for t in targets if t.error is not None]
     todo = [t for t in targets if t.error is None]
     total = len(targets)
     session.progress(len(results), total)
@@ -257,7 +257,7 @@ def fan_out(session: Session, targets: list[RankTarget], call: Call) -> list[Ran
         pool = ThreadPoolExecutor(min(FANOUT_CONCURRENCY, len(todo)), "probe-fanout")
         try:
             futures: list[Future[RankResult]] = [
-                pool.submit(_call_one, session, t, call) for t in todo
+                pool.submit(call_one, session, t, call) for t in todo
             ]
             for fut in as_completed(futures):
                 results.append(fut.result())
@@ -290,7 +290,7 @@ def fan_out_target_first(session: Session, call: Call, spread: Spread | None = N
     ep = session.endpoints[0]
     pool = ThreadPoolExecutor(1, "probe-fanout-target")
     try:
-        early = pool.submit(_call_one, session, RankTarget(None, ep), call)
+        early = pool.submit(call_one, session, RankTarget(None, ep), call)
         targets = resolve_ranks(session)
         others = [t for t in targets if t.endpoint != ep]
         mine = next((t for t in targets if t.endpoint == ep), None)
@@ -330,11 +330,12 @@ def run_on_ranks(
     return fan_out(session, resolve_ranks(session), calling(method, *args, **kwargs))
 
 
-def _call_one(session: Session, target: RankTarget, call: Call) -> RankResult:
+def call_one(session: Session, target: RankTarget, call: Call) -> RankResult:
+    """One rank's ``call`` as a ``RankResult``; a ``ProbeCLIError`` becomes its failure."""
     try:
         data = call(session.client(target.endpoint), target)
     except ProbeCLIError as e:
-        return _failed(target, e)
+        return failed_result(target, e)
     env = Envelope.from_wire(data)
     rank = target.rank if target.rank is not None else env.rank
     host = target.host or env.host
@@ -348,7 +349,7 @@ def _call_one(session: Session, target: RankTarget, call: Call) -> RankResult:
     return RankResult(rank, target.endpoint.label, True, data, None, host, pid)
 
 
-def _failed(target: RankTarget, error: ProbeCLIError | None) -> RankResult:
+def failed_result(target: RankTarget, error: ProbeCLIError | None) -> RankResult:
     data = error.body if isinstance(error, AgentHTTPError) else None
     rank = target.rank if target.rank is not None else Envelope.from_wire(data).rank
     return RankResult(rank, target.endpoint.label, False, data, error, target.host, target.pid)

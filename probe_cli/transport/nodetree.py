@@ -14,10 +14,16 @@ Fallbacks, so the tree never answers less than the flat fan-out:
 
 A rank's answer through its node is the same body it sends directly (``nodefan.split``), so
 renderers and ``--json`` cannot tell the two paths apart.
+
+``stream_nodes`` hands the answers out in rank order as soon as every lower rank has answered,
+so a command that prints rank by rank (``probe query --json``/``--csv``) holds only the answers
+that arrived ahead of a slower lower rank, not the whole job's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +32,15 @@ from probe_protocol.envelope import Envelope
 
 from ..errors import ProbeCLIError, ProtocolError, http_error_class
 from ..result import RankResult, result_order
-from .fanout import Call, RankTarget, fan_out, parallel_map
+from .fanout import (
+    FANOUT_CONCURRENCY,
+    Call,
+    RankTarget,
+    call_one,
+    failed_result,
+    fan_out,
+    parallel_map,
+)
 from .session import Session
 
 #: The node agent gets this share of the CLI's timeout for each rank, so that it answers (with
@@ -51,6 +65,20 @@ def fan_out_nodes(session: Session, targets: list[RankTarget], call: Call,
         call: the per-rank request, used for every rank the tree does not cover.
         node: the same request, as the node route carries it.
     """
+    groups, flat = _plan(targets)
+    results: list[RankResult] = []
+    for done, retry in parallel_map(session, groups, lambda g: _ask_node(session, g, node)):
+        results.extend(done)
+        flat.extend(retry)
+    if flat:
+        results.extend(fan_out(session, flat, call))
+    session.progress(len(results), len(results))
+    return sorted(results, key=result_order)
+
+
+def _plan(targets: list[RankTarget]) -> tuple[list[list[RankTarget]], list[RankTarget]]:
+    """The node groups (two ranks or more on one host, at most ``MAX_NODE_RANKS`` each) and
+    the ranks asked directly."""
     by_host: dict[str, list[RankTarget]] = {}
     flat: list[RankTarget] = []
     for t in targets:
@@ -66,14 +94,61 @@ def fan_out_nodes(session: Session, targets: list[RankTarget], call: Call,
             continue
         for lo in range(0, len(ranks), nodefan.MAX_NODE_RANKS):
             groups.append(ranks[lo:lo + nodefan.MAX_NODE_RANKS])
-    results: list[RankResult] = []
-    for done, retry in parallel_map(session, groups, lambda g: _ask_node(session, g, node)):
-        results.extend(done)
-        flat.extend(retry)
-    if flat:
-        results.extend(fan_out(session, flat, call))
-    session.progress(len(results), len(results))
-    return sorted(results, key=result_order)
+    return groups, flat
+
+
+def stream_nodes(session: Session, targets: list[RankTarget], call: Call,
+                 node: NodeCall) -> Iterator[RankResult]:
+    """``fan_out_nodes``'s answers one by one, in the same (rank) order, each as soon as every
+    lower rank's has come: a retried node's ranks are asked the moment its node fails.
+
+    Targets whose rank discovery could not tell (or a rank listed twice) leave no order to keep
+    while waiting: then the whole answer is gathered first, as ``fan_out_nodes`` does.
+    """
+    order = sorted(t.rank for t in targets if t.rank is not None)
+    if len(order) != len(targets) or len(set(order)) != len(order):
+        yield from fan_out_nodes(session, targets, call, node)
+        return
+    groups, flat = _plan(targets)
+    arrived: dict[int, RankResult] = {}
+    nxt = 0  # index into order of the next rank to hand out
+    pool = ThreadPoolExecutor(FANOUT_CONCURRENCY, "probe-fanout")
+    pending: dict[Future[Any], bool] = {}  # -> is a node request
+
+    def ask(t: RankTarget) -> None:
+        if t.error is not None:
+            arrived[t.rank] = failed_result(t, t.error)  # type: ignore[index]
+        else:
+            pending[pool.submit(call_one, session, t, call)] = False
+
+    try:
+        for g in groups:
+            pending[pool.submit(_ask_node, session, g, node)] = True
+        for t in flat:
+            ask(t)
+        while True:
+            while nxt < len(order) and order[nxt] in arrived:
+                yield arrived.pop(order[nxt])
+                nxt += 1
+                session.progress(nxt, len(order))
+            if not pending:
+                break
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                if pending.pop(fut):
+                    answered, retry = fut.result()
+                    arrived.update((r.rank, r) for r in answered)
+                    for t in retry:
+                        ask(t)
+                else:
+                    r = fut.result()
+                    arrived[r.rank] = r  # type: ignore[index]
+        # (none are left unless an answer came back under another rank than asked: never
+        # dropped, handed out last)
+        yield from sorted(arrived.values(), key=result_order)
+    finally:
+        # Ctrl-C, or a reader that stops early, must not wait for queued ranks
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _ask_node(session: Session, group: list[RankTarget], node: NodeCall

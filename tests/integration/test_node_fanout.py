@@ -13,7 +13,8 @@ import pytest
 
 from probe_cli.main import main
 from probe_cli.transport.fanout import resolve_ranks
-from probe_cli.transport.nodetree import NodeCall, fan_out_nodes
+from probe_cli.render.text import render_json, render_query_csv
+from probe_cli.transport.nodetree import NodeCall, fan_out_nodes, stream_nodes
 from probe_cli.transport.session import Session
 from probe_cli.transport.targets import Endpoint
 from probe_protocol import nodefan
@@ -123,3 +124,63 @@ def test_hang_verdict_from_evidence_gathered_node_by_node(job, capsys):
     assert code == 4, out + err
     assert "rank 3 never reached all_reduce #42; it is in the DataLoader" in out, out
     assert "11 ranks wait for it" in out, out
+
+
+def test_query_answers_stream_in_rank_order_before_a_silent_node_is_retried(job):
+    # GIVEN node 1's agent silent on the node route: its ranks 4-7 are asked one by one once
+    # the node request times out (1 s)
+    sql = "SELECT rank, count(*) AS frames FROM python.backtrace GROUP BY rank"
+    node = NodeCall("query", {"sql": sql})
+    events: list[tuple[str, int]] = []
+
+    def call(client: Any, target: Any) -> dict[str, Any]:
+        events.append(("asked", target.rank))
+        return client.query(sql)
+
+    session = Session(endpoints=[Endpoint(f"http://127.0.0.1:{job['base']}")], token=TOKEN,
+                      timeout=1.0)
+    try:
+        # WHEN the answers are streamed
+        streamed = []
+        for r in stream_nodes(session, resolve_ranks(session), call, node):
+            events.append(("out", r.rank))
+            streamed.append(r)
+        gathered = fan_out_nodes(session, resolve_ranks(session), call, node)
+    finally:
+        session.close()
+    # THEN they are the gathered answers (but the query's own time), in the same order ...
+    assert [(r.rank, r.ok, _untimed(r.data)) for r in streamed] == \
+        [(r.rank, r.ok, _untimed(r.data)) for r in gathered]
+    assert [r.rank for r in streamed] == list(range(WORLD))
+    # ... and node 0's were handed out before node 1's ranks were even asked
+    first_retry = events.index(("asked", 4))
+    assert {("out", r) for r in range(4)} <= set(events[:first_retry]), events
+
+
+@pytest.mark.parametrize("fmt", ["--json", "--csv"])
+def test_cli_streamed_query_prints_what_the_gathered_answer_prints(job, capsys, fmt):
+    sql = "SELECT rank, count(*) AS frames FROM python.backtrace GROUP BY rank"
+    code = main(["-t", f"127.0.0.1:{job['base']}", "--token", TOKEN, "--timeout", "1.0", fmt,
+                 "query", sql])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    session = Session(endpoints=[Endpoint(f"http://127.0.0.1:{job['base']}")], token=TOKEN,
+                      timeout=1.0)
+    try:
+        results = fan_out_nodes(session, resolve_ranks(session),
+                                lambda client, _t: client.query(sql), NodeCall("query",
+                                                                              {"sql": sql}))
+    finally:
+        session.close()
+    # (the same text but each query's own time: one line per rank, "[" and "]" alone)
+    if fmt == "--json":
+        want = render_json(results)
+        assert [_untimed(b) for b in json.loads(out)] == [_untimed(b) for b in json.loads(want)]
+        assert [line[:20] for line in out.splitlines()] == [line[:20] for line in
+                                                            want.splitlines()]
+    else:
+        assert out == "\n".join(render_query_csv(results)) + "\n"
+
+
+def _untimed(body: dict[str, Any] | None) -> dict[str, Any] | None:
+    return {k: v for k, v in body.items() if k != "elapsed_ms"} if body else body
