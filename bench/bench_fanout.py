@@ -20,6 +20,8 @@ Usage::
 
     python bench/bench_fanout.py --ranks 8,64,256,1024 --repeat 5
     python bench/bench_fanout.py --real --ranks 8,64 --repeat 5
+    python bench/bench_fanout.py --query-rows 1000 --ranks 64,256,1024 --repeat 3 \\
+        --baseline-root /path/to/older/checkout
 """
 
 from __future__ import annotations
@@ -139,15 +141,18 @@ def timed_fanout(base: int, call: object, n: int, node: NodeCall | None = None) 
     return elapsed
 
 
-def timed_cli(base: int) -> tuple[float, float]:
-    """Seconds and peak RSS (MiB) of one ``probe --json backtrace`` subprocess."""
+def timed_cli(base: int, command: tuple[str, ...] = ("backtrace",),
+              root: Path = ROOT) -> tuple[float, float]:
+    """Seconds and peak RSS (MiB) of one ``probe --json COMMAND`` subprocess, run from the
+    checkout at ``root``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(root)
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "probe_cli", "-t", f"127.0.0.1:{base}", "--timeout", "30",
-         "--json", "backtrace"],
+         "--json", *command],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+        cwd=root,  # `-m` puts the working directory first on sys.path, before PYTHONPATH
     )
     err = proc.stderr.read() if proc.stderr else b""
     _, status, usage = os.wait4(proc.pid, 0)
@@ -311,6 +316,36 @@ def sim_main(args: argparse.Namespace) -> None:
     report(rows, cpu_rows)
 
 
+def query_rss_main(args: argparse.Namespace) -> None:
+    """``probe --json query`` returning ``--query-rows`` rows of ~100 bytes from every rank:
+    the CLI's peak RSS and time, this checkout against ``--baseline-root`` (an older checkout,
+    e.g. before the output was streamed), interleaved on the same simulated job."""
+    sql = (f"SELECT i, getvariable('sim_rank') AS r, repeat('x', 96) AS pad "
+           f"FROM range({args.query_rows}) t(i)")
+    arms = [("this", ROOT)] + ([("baseline", Path(args.baseline_root))]
+                               if args.baseline_root else [])
+    print("| ranks | rows/rank | arm | seconds, median [min-max] | peak RSS MiB, median "
+          "[min-max] |\n| --- | --- | --- | --- | --- |")
+    for n in [int(x) for x in args.ranks.split(",")]:
+        root = tempfile.mkdtemp(prefix="probe-simranks-")
+        os.chmod(root, 0o700)
+        base, procs = simranks.start(root, n, args.per_node, min(args.procs, -(-n // 8)))
+        try:
+            got: dict[str, list[tuple[float, float]]] = {a: [] for a, _ in arms}
+            for i in range(args.repeat):
+                for name, checkout in (arms if i % 2 == 0 else arms[::-1]):
+                    got[name].append(timed_cli(base, ("query", "--max-rows",
+                                                      str(args.query_rows), sql), checkout))
+            for name, runs in got.items():
+                secs, rss = sorted(r[0] for r in runs), sorted(r[1] for r in runs)
+                print(f"| {n} | {args.query_rows} | {name} | {statistics.median(secs):.2f} "
+                      f"[{secs[0]:.2f}-{secs[-1]:.2f}] | {statistics.median(rss):.0f} "
+                      f"[{rss[0]:.0f}-{rss[-1]:.0f}] |", flush=True)
+        finally:
+            simranks.stop(procs)
+            shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="8,64", help="comma-separated rank counts")
@@ -322,8 +357,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="--real: agents started at once")
     ap.add_argument("--per-node", type=int, default=8, help="simulated ranks per node")
     ap.add_argument("--procs", type=int, default=4, help="simulator processes")
+    ap.add_argument("--query-rows", type=int, default=0,
+                    help="measure `probe --json query` returning this many rows a rank")
+    ap.add_argument("--baseline-root", default=None,
+                    help="with --query-rows: an older checkout to run side by side")
     args = ap.parse_args()
-    if args.real:
+    if args.query_rows:
+        query_rss_main(args)
+    elif args.real:
         (real_tree_main if args.tree else real_main)(args)
     else:
         sim_main(args)

@@ -22,6 +22,7 @@ that arrived ahead of a slower lower rank, not the whole job's.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -46,6 +47,11 @@ from .session import Session
 #: The node agent gets this share of the CLI's timeout for each rank, so that it answers (with
 #: the slow ranks marked) before the CLI gives up on the whole node.
 NODE_SHARE = 0.8
+
+#: Rows the streamed fan-out holds at most (about 25-60 MiB of decoded rows), and the requests
+#: it sends before the first answer tells it how many rows a rank returns (stream_nodes).
+ROW_BUDGET = 100_000
+FIRST_WAVE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,50 +108,79 @@ def stream_nodes(session: Session, targets: list[RankTarget], call: Call,
     """``fan_out_nodes``'s answers one by one, in the same (rank) order, each as soon as every
     lower rank's has come: a retried node's ranks are asked the moment its node fails.
 
-    Targets whose rank discovery could not tell (or a rank listed twice) leave no order to keep
-    while waiting: then the whole answer is gathered first, as ``fan_out_nodes`` does.
+    Nodes are asked lowest ranks first, and only while the rows held (answered but not yet
+    handed out, plus what the requests in flight are expected to bring at the rows per rank
+    seen so far) stay under ``ROW_BUDGET``; until a first answer says how big they are, only
+    ``FIRST_WAVE`` requests go out. So a reader slower than the ranks (printing a million
+    rows) holds a bounded share of the job's answer, and a small query still goes out
+    ``FANOUT_CONCURRENCY`` requests at a time. Targets whose rank discovery could not tell (or
+    a rank listed twice) leave no order to keep: then the whole answer is gathered first.
     """
     order = sorted(t.rank for t in targets if t.rank is not None)
     if len(order) != len(targets) or len(set(order)) != len(order):
         yield from fan_out_nodes(session, targets, call, node)
         return
     groups, flat = _plan(targets)
-    arrived: dict[int, RankResult] = {}
-    nxt = 0  # index into order of the next rank to hand out
+    todo = deque(sorted([(min(t.rank for t in g), g) for g in groups]  # type: ignore[type-var]
+                        + [(t.rank, [t]) for t in flat], key=lambda u: u[0]))
+    arrived: dict[int, tuple[RankResult, int]] = {}  # rank -> (answer, its rows)
+    pending: dict[Future[Any], int] = {}  # -> ranks it covers (0: a rank retried directly)
+    nxt, held, seen_rows, seen_ranks = 0, 0, 0, 0
     pool = ThreadPoolExecutor(FANOUT_CONCURRENCY, "probe-fanout")
-    pending: dict[Future[Any], bool] = {}  # -> is a node request
 
-    def ask(t: RankTarget) -> None:
+    def take(r: RankResult) -> None:
+        nonlocal held, seen_rows, seen_ranks
+        n = len(r.data["rows"]) if r.ok and isinstance((r.data or {}).get("rows"), list) else 1
+        arrived[r.rank] = (r, n)  # type: ignore[index]
+        held, seen_rows, seen_ranks = held + n, seen_rows + n, seen_ranks + 1
+
+    def ask(t: RankTarget) -> None:  # a retried rank: now, whatever the budget (it is next)
         if t.error is not None:
-            arrived[t.rank] = failed_result(t, t.error)  # type: ignore[index]
+            take(failed_result(t, t.error))
         else:
-            pending[pool.submit(call_one, session, t, call)] = False
+            pending[pool.submit(call_one, session, t, call)] = 0
+
+    def room() -> bool:
+        if not pending:
+            return True  # always one request out, or nothing would move
+        if not seen_ranks:
+            return len(pending) < FIRST_WAVE
+        expected = sum(pending.values()) * seen_rows / seen_ranks
+        return len(pending) < FANOUT_CONCURRENCY and held + expected < ROW_BUDGET
 
     try:
-        for g in groups:
-            pending[pool.submit(_ask_node, session, g, node)] = True
-        for t in flat:
-            ask(t)
         while True:
+            while todo and room():
+                _, unit = todo.popleft()
+                if len(unit) > 1:
+                    pending[pool.submit(_ask_node, session, unit, node)] = len(unit)
+                elif unit[0].error is not None:
+                    take(failed_result(unit[0], unit[0].error))
+                else:
+                    pending[pool.submit(call_one, session, unit[0], call)] = 1
             while nxt < len(order) and order[nxt] in arrived:
-                yield arrived.pop(order[nxt])
+                r, n = arrived.pop(order[nxt])
+                held -= n
                 nxt += 1
                 session.progress(nxt, len(order))
-            if not pending:
+                yield r
+            if not pending and not todo:
                 break
+            if not pending:
+                continue
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
-                if pending.pop(fut):
+                if pending.pop(fut) > 1:
                     answered, retry = fut.result()
-                    arrived.update((r.rank, r) for r in answered)
+                    for r in answered:
+                        take(r)
                     for t in retry:
                         ask(t)
                 else:
-                    r = fut.result()
-                    arrived[r.rank] = r  # type: ignore[index]
+                    take(fut.result())
         # (none are left unless an answer came back under another rank than asked: never
         # dropped, handed out last)
-        yield from sorted(arrived.values(), key=result_order)
+        yield from sorted((r for r, _ in arrived.values()), key=result_order)
     finally:
         # Ctrl-C, or a reader that stops early, must not wait for queued ranks
         pool.shutdown(wait=False, cancel_futures=True)
