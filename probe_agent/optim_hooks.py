@@ -48,3 +48,25 @@ def register(module: Any, kind: str, hook: Any) -> GlobalHook:
         new[key] = hook
         setattr(module, name, new)
     return GlobalHook(module, name, key)
+
+
+def on_thread(module: Any, thread: int | None, fn: Any) -> None:
+    """Run ``fn()`` on the thread ``thread`` (a ``threading.get_ident()``): now when called
+    there, else once, right after that thread's next optimizer step (global post hook on
+    ``module``, ``torch.optim.optimizer``). For state only that thread can undo (its saved-tensor
+    hook stack, its dispatch mode stack) when the agent stops from another thread. A thread
+    that has ended took that state with it: the hook then drops itself without calling ``fn``."""
+    if thread is None or threading.get_ident() == thread:
+        fn()
+        return
+    handle: list[GlobalHook] = []
+
+    def once(*_: Any) -> None:
+        if threading.get_ident() != thread:
+            if not any(t.ident == thread for t in threading.enumerate()):
+                handle[0].remove()
+            return
+        handle[0].remove()
+        fn()
+
+    handle.append(register(module, "post", once))

@@ -26,13 +26,32 @@ Never
 - With torch.compile in the process (compiled frames): under a dispatch mode they recompile or
   run eagerly, so the step measured would not be the job's. FLOPs stay NULL, 6N remains.
 - After a failure (a Guard counts it; repeated failures switch the meter off).
+
+torch.compile first called inside the measured step
+---------------------------------------------------
+Dynamo does not compile a frame while a dispatch mode is on the stack, and it remembers that:
+the frame then runs eagerly for the rest of the process (seen: a function compiled after a
+first eager step never compiled, with the agent's tracing off). So the meter's mode says
+``ignore_compile_internals``: dynamo compiles as if it were not there, and switches it off
+while it compiles. A step in which the first compiled frame appeared is not a measurement
+(inductor's kernels are not ops the counter sees): it is dropped, and the meter stops, as for
+a job compiled from the start.
+
+The agent stopping while a step is measured
+-------------------------------------------
+The mode is on the training thread's own dispatch stack: ``release`` leaves it there and then,
+or at that thread's next optimizer step (optim_hooks.on_thread). Left on, every later compiled
+frame of the process would run eagerly.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from typing import Any
 
+from .. import optim_hooks
 from . import Guard
 from .tracer.saved_bytes import compiled_here
 
@@ -57,6 +76,8 @@ class FlopMeter:
         self._step: int | None = None  # the step the active mode measures
         self._shapes: Any = None  # token input shapes of the measured step
         self._want = True
+        self._thread: int | None = None  # the thread whose dispatch stack holds the mode
+        self._stopped = False
 
     def boundary(self, torch: Any, step: int, shapes: Any, next_traced: bool,
                  tracing: bool) -> float | None:
@@ -68,7 +89,7 @@ class FlopMeter:
             next_traced: the tracer will trace step ``step + 1`` (its tokens will be known).
             tracing: the tracer traces some steps at all (else measure without waiting).
         """
-        if not self.guard.enabled:
+        if not self.guard.enabled or self._stopped:
             return None
         out = None
         try:
@@ -86,7 +107,7 @@ class FlopMeter:
 
     def _begin(self, torch: Any, step: int) -> None:
         from torch.utils._python_dispatch import _get_current_dispatch_mode
-        from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
+        from torch.utils.flop_counter import FlopCounterMode
 
         if _get_current_dispatch_mode() is not None:
             return  # someone else's mode is on the stack: try again at the next boundary
@@ -100,9 +121,10 @@ class FlopMeter:
         # them, and every module call takes the slow path). Without it every count lands in
         # the counter's "Global" total, which is all we read.
         counter = FlopCounterMode(display=False)
-        mode = _FlopCounterMode(counter)
+        mode = _compile_safe_mode()(counter)
         mode.__enter__()
         self._mode, self._counter, self._step, self._want = mode, counter, step, False
+        self._thread = threading.get_ident()
 
     def _finish(self, torch: Any, step: int, shapes: Any) -> float | None:
         from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -112,6 +134,11 @@ class FlopMeter:
             # The job left a mode of its own on top: popping now would pop the job's.
             raise RuntimeError("another dispatch mode is on top of the FLOP counter")
         mode.__exit__(None, None, None)
+        if compiled_here():
+            # torch.compile compiled its first frames in this very step: not a measurement
+            self.skipped = "torch.compile in the process"
+            self._stopped = True
+            return None
         if step != self._step:
             return None  # a step the clock counted differently (skipped by a scaler, ...)
         self.flops = float(self._counter.get_total_flops())
@@ -121,11 +148,46 @@ class FlopMeter:
             self._shapes = shapes
         return self.flops
 
+    def release(self) -> None:
+        """The agent stops: no more measurements, and a mode still entered leaves the training
+        thread's dispatch stack (now, or at that thread's next optimizer step)."""
+        self._stopped = True
+        mode = self._mode
+        if mode is None:
+            return
+
+        def leave() -> None:
+            from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+            if self._mode is mode and _get_current_dispatch_mode() is mode:
+                self._mode = None
+                mode.__exit__(None, None, None)
+
+        optim_hooks.on_thread(sys.modules["torch.optim.optimizer"], self._thread, leave)
+
     def state(self) -> dict[str, Any]:
         return {"flops": self.flops, "measured_step": self.measured_step,
                 "measurements": self.measurements, "measuring": self._mode is not None,
                 "skipped": self.skipped,
                 "failures": self.guard.failures, "disabled": not self.guard.enabled}
+
+
+_SAFE_MODE: Any = None
+
+
+def _compile_safe_mode() -> Any:
+    """torch's ``_FlopCounterMode`` that dynamo compiles under (see the module docstring)."""
+    global _SAFE_MODE
+    if _SAFE_MODE is None:
+        from torch.utils.flop_counter import _FlopCounterMode
+
+        class CompileSafeFlopCounterMode(_FlopCounterMode):  # type: ignore[misc]
+            @classmethod
+            def ignore_compile_internals(cls) -> bool:
+                return True
+
+        _SAFE_MODE = CompileSafeFlopCounterMode
+    return _SAFE_MODE
 
 
 def trainable_params(params: list[Any]) -> int:

@@ -113,6 +113,7 @@ class StepRecorder:
                 self._unsubscribe()
             self.flush(final=True)
         finally:
+            self.throughput.meter.release()  # its dispatch mode must not outlive the agent
             self._sched.close()
             if self._statm is not None:
                 os.close(self._statm)

@@ -12,6 +12,14 @@ writes the copy at once and, when the signal's action was the default one and th
 has still not run its handler, restores the default disposition (libc ``signal``) and sends
 the signal again, so the rank dies of it as it would have without the agent.
 
+Stopped from another thread (an eval, ``probe inject`` detaching), the hooks cannot be undone:
+only the main thread may set signal handlers and the wakeup fd. Closing the pipe then would
+leave the wakeup fd naming a closed descriptor, so that the next file or socket to get that
+number received a byte per signal (and the next agent's start failed on it). So the pipe, its
+reader and the handlers stay, inert (``active`` is False: they record nothing and hand every
+signal on as before), and the next agent installed from the main thread takes them over
+(``_ORPHAN``).
+
 Not seen here: SIGKILL (the watchdog records the death; the copy is at most one refresh old)
 and fatal signals such as the process group's SIGABRT on a collective timeout (faulthandler
 writes the stacks to ``<pid>.crash``, the watchdog puts them in ``death.json``).
@@ -32,6 +40,10 @@ from typing import Any
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: The longest an end waits for its copy before the event goes on.
 FINAL_WAIT_S = 5.0
+
+#: The hooks of an agent stopped off the main thread, left in place until a main-thread
+#: install takes them over (see the module docstring).
+_ORPHAN: EndHooks | None = None
 
 
 def exception_record(exc: BaseException) -> dict[str, Any]:
@@ -117,8 +129,11 @@ class EndHooks:
         sys.excepthook = self._excepthook
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
+        orphan = _ORPHAN
         for sig in SIGNALS:
             prev = signal.getsignal(sig)
+            if orphan is not None and prev == orphan._on_signal:
+                prev = orphan._prev.get(sig, signal.SIG_DFL)  # what it handed on to
             if prev in (signal.SIG_IGN, None):
                 continue  # ignored, or a C handler we cannot chain to
             self._prev[sig] = prev
@@ -133,6 +148,10 @@ class EndHooks:
             old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         except ValueError:
             old = None
+        orphan = _ORPHAN
+        if orphan is not None and orphan._pipe is not None and old == orphan._pipe[1]:
+            old = -1  # a stopped agent's, left for us: ours now
+            orphan._retire()
         if old != -1:  # someone (an asyncio loop) uses it: theirs stays
             if old is not None:
                 signal.set_wakeup_fd(old)
@@ -145,23 +164,37 @@ class EndHooks:
         self._thread.start()
 
     def uninstall(self) -> None:
+        global _ORPHAN
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._prev_hook
-        if threading.current_thread() is threading.main_thread():
-            for sig, prev in self._prev.items():
-                if signal.getsignal(sig) == self._on_signal:
-                    signal.signal(sig, prev)
-            if self._pipe is not None:
-                old = signal.set_wakeup_fd(-1)
-                if old != self._pipe[1]:
-                    signal.set_wakeup_fd(old)  # someone else's since: theirs stays
+        self.active = False
+        if threading.current_thread() is not threading.main_thread():
+            if self._prev or self._pipe is not None:
+                _ORPHAN = self  # inert, in place, until a main-thread install takes over
+                if self._thread is not None:
+                    self._thread.name = "probe-ends-orphan"  # not the agent's any more
+            return
+        for sig, prev in self._prev.items():
+            if signal.getsignal(sig) == self._on_signal:
+                signal.signal(sig, prev)
         if self._pipe is not None:
-            os.close(self._pipe[1])  # the reader sees the end of the pipe and returns
+            old = signal.set_wakeup_fd(-1)
+            if old != self._pipe[1]:
+                signal.set_wakeup_fd(old)  # someone else's since: theirs stays
+        self._retire()
+        self._prev.clear()
+
+    def _retire(self) -> None:
+        """Close the pipe (its reader sees the end and returns); the wakeup fd is not ours."""
+        global _ORPHAN
+        if self._pipe is not None:
+            os.close(self._pipe[1])
             if self._thread is not None:
                 self._thread.join(1.0)
             os.close(self._pipe[0])
             self._pipe = None
-        self._prev.clear()
+        if _ORPHAN is self:
+            _ORPHAN = None
 
     # -- the ends ---------------------------------------------------------------------------
     def _excepthook(self, tp: type[BaseException], exc: BaseException, tb: Any) -> None:

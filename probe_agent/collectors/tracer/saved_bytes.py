@@ -195,23 +195,12 @@ class SavedBytes:
         self.remove_input_hook()
         if not self.pushed or torch is None:
             return
-        if threading.get_ident() == self._push_thread:
-            self._pop(torch)
-            return
-        optim = sys.modules["torch.optim.optimizer"]
-        handle: list[Any] = []
 
-        def pop_on_training_thread(*_: Any) -> None:
-            if threading.get_ident() != self._push_thread:
-                # a training thread that ended took its stack (and our hook) with it
-                if not any(t.ident == self._push_thread for t in threading.enumerate()):
-                    handle[0].remove()
-                return
+        def pop() -> None:
             if self.pushed:
                 self._pop(torch)
-            handle[0].remove()
 
-        handle.append(optim_hooks.register(optim, "post", pop_on_training_thread))
+        optim_hooks.on_thread(sys.modules["torch.optim.optimizer"], self._push_thread, pop)
 
     def off(self, error: str) -> None:
         """Counting stops for good (the hook, if still pushed, only passes tensors through)."""
