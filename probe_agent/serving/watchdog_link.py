@@ -12,11 +12,11 @@ serves the public sockets itself again.
 ``stop()`` has two cases. An explicit ``probe_agent.stop()`` ends the watchdog and removes its
 files. At interpreter exit (the main thread has already finished) it writes ``<pid>.exit.json``
 (with the uncaught exception, if any) and leaves the watchdog running, to report the death.
+The faulthandler dumps and the exit record themselves are ``watchdog_forensics.py``'s.
 """
 
 from __future__ import annotations
 
-import faulthandler
 import itertools
 import json
 import logging
@@ -27,11 +27,9 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-import traceback
 import weakref
 from collections.abc import Callable
-from typing import IO, Any
+from typing import Any
 
 from probe_protocol.runfiles import RunFiles
 
@@ -42,23 +40,13 @@ from ..profiling.pyspy import find_pyspy
 from ..ranks import Identity
 from ..watchdog import beat
 from .server import bind_unix, close_sockets
+from .watchdog_forensics import Forensics
 from .watchdog_restarts import DELIBERATE, RESTART_WINDOW_S, Restarts, supervise
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 10.0
 PR_SET_PTRACER = 0x59616D61
-
-
-def _free_signal(candidates: list[int]) -> int | None:
-    """The first signal nobody handles (Python's view; None = a C handler we must not clobber)."""
-    for sig in candidates:
-        try:
-            if signal.getsignal(sig) == signal.SIG_DFL:
-                return sig
-        except (ValueError, OSError):
-            continue
-    return None
 
 
 def grant_ptrace(pid: int) -> None:
@@ -108,10 +96,7 @@ class WatchdogLink:
             config.run_dir, identity.pid, identity.rank, name=self.files.inner_name)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pyspy = find_pyspy()
-        self.dump_signal: int | None = None
-        self._files: list[IO[bytes]] = []
-        self._registered: list[int] = []
-        self._fatal_enabled = False
+        self.forensics = Forensics(self.files)
         self._beat_fd: int | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -136,7 +121,7 @@ class WatchdogLink:
 
     # -- start ------------------------------------------------------------------------------
     def start(self) -> None:
-        self._register_dumps()
+        self.forensics.register()
         self._beat_fd = os.open(self.files.beat, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         beat.write(self._beat_fd, next(self._seq), self._step())
         # Exact last step for crash reports: one 32-byte pwrite per step (~2 us).
@@ -161,28 +146,6 @@ class WatchdogLink:
         th.start()
         self._threads.append(th)
 
-    def _register_dumps(self) -> None:
-        self.dump_signal = _free_signal([signal.SIGUSR2, signal.SIGRTMIN + 5])
-        dump = self._open(self.files.dump)
-        if self.dump_signal is not None:
-            faulthandler.register(self.dump_signal, file=dump, all_threads=True, chain=False)
-            self._registered.append(self.dump_signal)
-        if not faulthandler.is_enabled():
-            faulthandler.enable(file=self._open(self.files.crash), all_threads=True)
-            self._fatal_enabled = True
-        if _free_signal([signal.SIGTERM]) is not None or callable(
-                signal.getsignal(signal.SIGTERM)):
-            # chain=True: after the dump the previous action runs: the default one (SIGTERM
-            # still kills), or a Python handler (the post-mortem end hooks, which chain on).
-            faulthandler.register(signal.SIGTERM, file=self._open(self.files.term),
-                                  all_threads=True, chain=True)
-            self._registered.append(signal.SIGTERM)
-
-    def _open(self, path: str) -> IO[bytes]:
-        f = open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb", buffering=0)
-        self._files.append(f)
-        return f
-
     def _spawn(self) -> None:
         cfg = self.config
         tcp = next((s for s in self.public if s.family != socket.AF_UNIX), None)
@@ -194,7 +157,7 @@ class WatchdogLink:
             "tcp_fd": tcp.fileno() if tcp else None, "uds_fd": uds.fileno() if uds else None,
             "host": tcp.getsockname()[0] if tcp else None,
             "port": tcp.getsockname()[1] if tcp else None,
-            "pyspy": self.pyspy, "reader": cfg.watchdog_reader, "dump_signal": self.dump_signal,
+            "pyspy": self.pyspy, "reader": cfg.watchdog_reader, "dump_signal": self.forensics.dump_signal,
             "deadline_ms": cfg.backtrace_deadline_ms, "grace_s": cfg.watchdog_grace_s,
             "snapshot_s": cfg.watchdog_snapshot_s,
             "postmortem_keep": cfg.postmortem == "always",
@@ -310,7 +273,8 @@ class WatchdogLink:
         return {
             "pid": self.proc.pid if alive and self.proc else None,
             "reader": self.config.watchdog_reader, "pyspy": self.pyspy,
-            "dump_signal": signal.Signals(self.dump_signal).name if self.dump_signal else None,
+            "dump_signal": (signal.Signals(self.forensics.dump_signal).name
+                            if self.forensics.dump_signal else None),
             "in_process_fallback": self._fallback is not None or self._fallback_starting,
             **self.restarts.describe(),
         }
@@ -320,13 +284,7 @@ class WatchdogLink:
         the child's SIGTERM into the rank's forensics. The agent's fork handler calls this."""
         self._stop.set()
         close_sockets(self.public)
-        for sig in self._registered:
-            try:
-                faulthandler.unregister(sig)
-            except (ValueError, RuntimeError):
-                pass
-        if self._fatal_enabled:
-            faulthandler.disable()
+        self.forensics.release_in_child()
         self.proc = None
 
     # -- stop -------------------------------------------------------------------------------
@@ -345,7 +303,7 @@ class WatchdogLink:
             th.join(2.0)
         handover = exiting and self.proc is not None and self.proc.poll() is None
         if handover:
-            self._write_exit_record()
+            self.forensics.write_exit_record(self._step())
         elif self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -360,7 +318,7 @@ class WatchdogLink:
         close_sockets(self.public)  # the inner socket is the agent server's to close
         if handover:
             return True  # leave the dump registrations: a SIGTERM now is still worth a stack
-        self._unregister_dumps()
+        self.forensics.unregister()
         if self._beat_fd is not None:
             os.close(self._beat_fd)
             self._beat_fd = None
@@ -372,36 +330,6 @@ class WatchdogLink:
             except OSError:
                 pass
         return False
-
-    def _unregister_dumps(self) -> None:
-        for sig in self._registered:
-            # Only ours to remove while Python still sees the default: a handler the program
-            # installed after us must survive.
-            if signal.getsignal(sig) == signal.SIG_DFL:
-                faulthandler.unregister(sig)
-        self._registered.clear()
-        if self._fatal_enabled:
-            faulthandler.disable()
-            self._fatal_enabled = False
-        for f in self._files:
-            f.close()
-        self._files.clear()
-
-    def _write_exit_record(self) -> None:
-        exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-        rec: dict[str, Any] = {"at": time.time(), "step": self._step(), "exception": None}
-        if isinstance(exc, BaseException) and not isinstance(exc, SystemExit):
-            rec["exception"] = f"{type(exc).__name__}: {exc}"[:500]
-            frames = traceback.extract_tb(exc.__traceback__)[::-1]
-            rec["traceback"] = [
-                {"depth": i, "func": f.name, "file": f.filename, "lineno": f.lineno or 0,
-                 "frame_type": "Python", "locals": None} for i, f in enumerate(frames)]
-        try:
-            with open(os.open(self.files.exit_record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                              0o600), "w") as f:
-                json.dump(rec, f)
-        except OSError:
-            pass
 
 
 def _nonempty(path: str) -> bool:

@@ -28,11 +28,15 @@ The model::
 - When the rank exits, the watchdog keeps serving for PROBE_WATCHDOG_GRACE_S with the exit
   status, the last backtrace and the last step (``rank.py``), then exits.
 
-Modules of the watchdog process: ``main.py`` (process entry), ``proxy.py`` (HTTP),
-``httpwire.py`` (HTTP/1.1 framing), ``reader.py`` (py-spy, faulthandler and /proc stacks),
-``rank.py`` (liveness, exit status, forensics), ``beat.py`` (the heartbeat both sides share).
-The run-dir files, the routes and the bodies are probe_protocol's. Nothing here runs inside the rank: its side (spawning, the heartbeat, faulthandler,
-the exit record, restarting a dead watchdog) is ``serving/watchdog_link.py`` and
-``serving/watchdog_restarts.py``. Everything here is stdlib-only and imports from probe_agent
-only ``access``, ``peers`` (the access rule both sides apply) and ``collectors.stacks``.
+Modules of the watchdog process: ``main.py`` (process entry), ``proxy.py`` (HTTP: when to
+wait for the agent and when to stop), ``standin.py`` (what is answered in the agent's place),
+``upstream.py`` (the agent's private socket), ``httpwire.py`` (HTTP/1.1 framing), ``reader.py``
+(py-spy, faulthandler and /proc stacks), ``rank.py`` (liveness, exit status, forensics),
+``beat.py`` (the heartbeat both sides share). The run-dir files, the routes and the bodies are
+probe_protocol's. Nothing here runs inside the rank: its side (spawning, the heartbeat, the
+restarting of a dead watchdog) is ``serving/watchdog_link.py`` and
+``serving/watchdog_restarts.py``, and the faulthandler dumps and the exit record it leaves are
+``serving/watchdog_forensics.py``'s. Everything here is stdlib-only and imports from
+probe_agent only ``access`` (the access rule both sides apply), ``redact`` and
+``collectors.stacks``.
 """

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from probe_protocol.envelope import encode
+from probe_protocol.envelope import encode, error_body
 from probe_protocol.routes import CLIENT_HEADER
 
 
@@ -128,6 +128,13 @@ def json_response(status: int, body: dict[str, Any], *, close: bool = False,
     if close:
         lines.append("connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data
+
+
+def error_response(rank: int, status: int, message: str, *, close: bool = False,
+                   headers: tuple[tuple[str, str], ...] = (), **extra: Any) -> bytes:
+    """A probe error body (``envelope.error_body``) as a whole response."""
+    return json_response(status, error_body(rank, status, message, **extra), close=close,
+                         headers=headers)
 
 
 @dataclass(slots=True)

@@ -11,25 +11,20 @@ so a stuck request never delays the next one):
   rank's Python is not running, and the client gets a 504 that says so at once; a fresh
   heartbeat with an event loop that does not answer a health check (liveness.py) gets a 504
   within 1.5 deadlines too.
+
+This module decides when to wait for the agent and when to stop; what is said in the agent's
+place is standin.py's, and the agent's private socket is upstream.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import time
-from dataclasses import replace
 from typing import Any
 
-from probe_protocol.bodies import (
-    BacktraceBody,
-    HealthBody,
-    RankEntry,
-    RanksBody,
-)
-from probe_protocol.envelope import error_body
+from probe_protocol.bodies import HealthBody
 from probe_protocol.peers import Peer, tcp_peer, unix_peer_uid
 from probe_protocol.routes import BACKTRACE, HEALTH, NODE_FANOUT, RANKS
 
@@ -42,25 +37,18 @@ from ..access import (
     overload_message,
     reserve_refusal,
 )
-from ..redact import redact_locals
-from .httpwire import (
-    BadRequest,
-    Request,
-    forward_head,
-    json_response,
-    read_request,
-    read_response_head,
-)
+from .httpwire import BadRequest, Request, error_response, json_response, read_request
 from .liveness import LoopCheck
 from .nodefan import NodeRelay
 from .rank import RankWatch
-from .reader import ReadError, StackReader, stop_note
+from .reader import StackReader, stop_note
 from .refusal_report import RefusalReporter
+from .standin import StandIn
+from .upstream import CHUNK, RELAY_IDLE_S, Upstream
 
 #: How long the owner's keep-alive connection may sit idle between requests; anyone else's gets
 #: REQUEST_TIMEOUT_S (access.py), so idle sockets cannot pile up against the connection limits.
 IDLE_S = 60.0
-#: Refusals kept for the next report to the agent (the rest are only counted).
 #: Longest a forwarded request may wait for the agent while the agent is alive and its heartbeat
 #: fresh (the agent's own timeouts, PROBE_QUERY_TIMEOUT_MS and PROBE_EVAL_TIMEOUT_S, end
 #: requests well before this).
@@ -68,7 +56,6 @@ MAX_WAIT_S = 600.0
 #: A /v1/ranks answer up to this size is read whole to refresh the watchdog's copy;
 #: 512 ranks take about 50 KB.
 RANKS_MAX_BYTES = 4 * 1024 * 1024
-CHUNK = 64 * 1024
 
 
 async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -100,15 +87,12 @@ class Proxy:
         self.port = cfg.get("port")
         self.deadline_s = cfg["deadline_ms"] / 1000.0
         self.rank = rank
+        self.upstream = Upstream(self.inner, self.deadline_s)
         #: Refused requests, reported to the agent exactly once (refusal_report.py).
-        self.refusals = RefusalReporter(lambda req: self._ask_agent(req, "watchdog"),
+        self.refusals = RefusalReporter(lambda req: self.upstream.ask(req, "watchdog"),
                                       lambda: rank.alive, self.deadline_s)
-        self.reader = reader
-        #: The agent's last /v1/ranks answer: served while it is frozen or dead, so that
-        #: `probe -t this-rank ...` still reaches every other rank.
-        self.ranks_cache: RanksBody | None = None
-        #: The same list as sent (signatures included), for the node route (nodefan.py).
-        self.ranks_raw: list[dict[str, Any]] | None = None
+        #: What is answered while the agent cannot answer, the last /v1/ranks included.
+        self.stand_in = StandIn(self.rank_no, self.pid, self.host, rank, reader)
         self.node = NodeRelay(os.path.dirname(self.inner), cfg.get("token"), self.host,
                               self.rank_no)
 
@@ -171,8 +155,8 @@ class Proxy:
 
     def _error(self, status: int, message: str, *, close: bool = False,
                headers: tuple[tuple[str, str], ...] = (), **extra: Any) -> bytes:
-        return json_response(status, error_body(self.rank_no, status, message, **extra),
-                             close=close, headers=headers)
+        return error_response(self.rank_no, status, message, close=close, headers=headers,
+                              **extra)
 
     async def dispatch(self, req: Request, writer: asyncio.StreamWriter, peer: Peer) -> bool:
         """Answer one request; False when the connection must close afterwards."""
@@ -196,55 +180,24 @@ class Proxy:
         if NODE_FANOUT.matches(req.method, req.path):
             # Served here, not by the agent: the node's other ranks answer even while this
             # rank's Python is stuck or dead.
-            if self.ranks_raw is None and self.rank.alive:
-                self._remember(await self.fetch(RANKS.path))
+            if self.stand_in.ranks_raw is None and self.rank.alive:
+                self.stand_in.remember(await self.upstream.fetch(RANKS.path))
             status, body = await self.node.answer(req.body, req.header("authorization"),
-                                                  self.ranks_raw or [])
+                                                  self.stand_in.ranks_raw or [])
             writer.write(json_response(status, body))
             return True
         is_backtrace = BACKTRACE.matches(req.method, req.path)
         if not self.rank.alive:
-            if RANKS.matches(req.method, req.path) and self.ranks_cache:
-                writer.write(json_response(200, self._known_ranks()))
+            if RANKS.matches(req.method, req.path) and self.stand_in.ranks_cache:
+                writer.write(json_response(200, self.stand_in.known_ranks()))
             else:
-                writer.write(self._dead(req, is_backtrace))
+                writer.write(self.stand_in.dead(req, is_backtrace))
             return True
         if is_backtrace:
             return await self.backtrace(req, writer, client)
         return await self.forward(req, writer, client)
 
     # -- forwarding -------------------------------------------------------------------------
-    async def _ask_agent(self, req: Request, client: str) -> tuple[Any, Any, Any]:
-        r, w = await asyncio.open_unix_connection(self.inner, limit=CHUNK)
-        try:
-            w.write(forward_head(req, client) + req.body)
-            await w.drain()
-            head = await read_response_head(r)
-        except BaseException:
-            w.close()
-            raise
-        return head, r, w
-
-    async def _relay(self, writer: asyncio.StreamWriter, head: Any, r: Any, w: Any) -> bool:
-        close = head.length is None
-        try:
-            writer.write(head.relay_head(close))
-            left = head.length
-            while left is None or left > 0:
-                want = CHUNK if left is None else min(CHUNK, left)
-                data = await asyncio.wait_for(r.read(want), IDLE_S)
-                if not data:
-                    if left:
-                        return False  # the agent went away mid-body; the client sees it short
-                    break
-                writer.write(data)
-                await writer.drain()
-                if left is not None:
-                    left -= len(data)
-        finally:
-            w.close()
-        return not close
-
     def _stale(self) -> float | None:
         """Seconds since the agent's Python last ran, when that is past the deadline."""
         hb = self.rank.heartbeat()
@@ -253,7 +206,7 @@ class Proxy:
         return None
 
     async def forward(self, req: Request, writer: asyncio.StreamWriter, client: str) -> bool:
-        task = asyncio.ensure_future(self._ask_agent(req, client))
+        task = asyncio.ensure_future(self.upstream.ask(req, client))
         started = time.monotonic()
         # Already stale on arrival: the agent's Python has not run for a whole deadline, so do
         # not make the client wait another one.
@@ -262,7 +215,7 @@ class Proxy:
         # backtrace's deadline, not MAX_WAIT_S, even while the heartbeat is fresh (a wedged
         # event loop beside a live training thread).
         is_ranks = RANKS.matches(req.method, req.path)
-        loop_check = LoopCheck(self.fetch, self.deadline_s)
+        loop_check = LoopCheck(self.upstream.fetch, self.deadline_s)
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=0.05 if patience else 0.01)
@@ -293,11 +246,11 @@ class Proxy:
             return False
         task.cancel()
         if not self.rank.alive:
-            writer.write(self._dead(req, False))
+            writer.write(self.stand_in.dead(req, False))
             return True
         if is_ranks:
             # Discovery must still fan out to the other ranks while this one is stuck.
-            writer.write(json_response(200, self._known_ranks()))
+            writer.write(json_response(200, self.stand_in.known_ranks()))
             return True
         stopped = stop_note(self.pid)
         what = (f"is not running: {stopped}" if stopped else
@@ -316,7 +269,7 @@ class Proxy:
             head, r, w = task.result()
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
             if not self.rank.alive:
-                writer.write(self._dead(req, False))
+                writer.write(self.stand_in.dead(req, False))
                 return True
             writer.write(self._error(502, f"rank {self.rank_no}'s agent did not answer "
                                      f"({type(e).__name__}: {e}); is it stopping?"))
@@ -326,35 +279,15 @@ class Proxy:
             # Every discovery refreshes the copy served while the agent cannot answer, not
             # only the periodic snapshot: the newest ranks a client saw are the ones kept.
             try:
-                data = await asyncio.wait_for(r.readexactly(head.length), IDLE_S)
+                data = await asyncio.wait_for(r.readexactly(head.length), RELAY_IDLE_S)
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
                 return False  # the agent went away mid-body: the client sees the close
             finally:
                 w.close()
-            self._remember_ranks(data)
+            self.stand_in.remember_ranks(data)
             writer.write(head.relay_head(False) + data)
             return True
-        return await self._relay(writer, head, r, w)
-
-    def _remember_ranks(self, data: bytes) -> None:
-        try:
-            self._remember(json.loads(data))
-        except ValueError:
-            return
-
-    def _remember(self, body: Any) -> None:
-        if isinstance(body, dict) and body.get("ok") and isinstance(body.get("ranks"), list):
-            self.ranks_cache = RanksBody.from_wire(body)
-            self.ranks_raw = [e for e in body["ranks"] if isinstance(e, dict)]
-
-    def _known_ranks(self) -> dict[str, Any]:
-        """/v1/ranks while the agent does not answer: its last answer, else this rank alone
-        (the CLI keeps the address it used for the answering rank, so no URL is needed)."""
-        if self.ranks_cache:
-            return replace(self.ranks_cache, cached=True).to_wire()
-        me = RankEntry(self.rank_no, None, self.host, self.pid)
-        return RanksBody(self.rank_no, (me,), cached=True, discovery={
-            "state": "unknown", "error": "the agent did not answer in time"}).to_wire()
+        return await self.upstream.relay(writer, head, r, w)
 
     async def backtrace(self, req: Request, writer: asyncio.StreamWriter, client: str) -> bool:
         started = time.monotonic()
@@ -366,11 +299,11 @@ class Proxy:
             reason = (f"the agent's Python has not run for {stale:.1f} s (heartbeat): its GIL "
                       "is held, probably by a C call")
         else:
-            task = asyncio.ensure_future(self._ask_agent(req, client))
+            task = asyncio.ensure_future(self.upstream.ask(req, client))
             done, _ = await asyncio.wait({task}, timeout=self.deadline_s)
             if done and task.exception() is None:
                 head, r, w = task.result()
-                return await self._relay(writer, head, r, w)
+                return await self.upstream.relay(writer, head, r, w)
             if done:
                 e = task.exception()
                 reason = f"the agent did not answer ({type(e).__name__}: {e})"
@@ -378,85 +311,12 @@ class Proxy:
                 task.cancel()
                 reason = (f"the agent did not answer within {self.deadline_s * 1000:.0f} ms "
                           "(PROBE_BACKTRACE_DEADLINE_MS)")
-        writer.write(await self.out_of_process(req, reason, started))
+        writer.write(await self.stand_in.out_of_process(req, reason, started))
         return True
 
     async def fetch_in_process(self) -> dict[str, Any] | None:
         """The in-process backtrace (for snapshots), or None if the agent does not answer.
         Refreshes the /v1/ranks cache on the way."""
-        ranks = await self.fetch(RANKS.path)
-        self._remember(ranks)
-        return await self.fetch(BACKTRACE.path + "?all=1")
-
-    async def fetch(self, target: str) -> dict[str, Any] | None:
-        req = Request("GET", target, "HTTP/1.1", [])
-        try:
-            head, r, w = await asyncio.wait_for(self._ask_agent(req, "watchdog"),
-                                                self.deadline_s)
-            try:
-                if head.status != 200 or head.length is None:
-                    return None
-                data = await asyncio.wait_for(r.readexactly(head.length), self.deadline_s)
-            finally:
-                w.close()
-            body = json.loads(data)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
-            return None
-        return body if isinstance(body, dict) else None
-
-    # -- answering for the agent ------------------------------------------------------------
-    async def out_of_process(self, req: Request, reason: str, started: float) -> bytes:
-        native, want_locals, show_all = req.flag("native"), req.flag("locals"), req.flag("all")
-        try:
-            res = await self.reader.read(locals=want_locals, native=native)
-        except ReadError as e:
-            return self._error(503, f"rank {self.rank_no}: {reason}, and its stacks could not "
-                               f"be read from outside: {e}", source="out-of-process")
-        threads = [t for t in res["threads"] if show_all or not t.get("is_agent")]
-        show_secrets = req.flag("secrets")
-        for t in threads:  # py-spy's locals get the agent's redaction too
-            for f in t.get("frames") or ():
-                f["locals"] = redact_locals(f.get("locals"), show_secrets)
-        threads.sort(key=lambda t: (not t.get("is_main"), bool(t.get("is_agent")),
-                                    str(t.get("thread_name"))))
-        for t in threads:
-            if isinstance(t.get("thread_id"), int) and t.get("thread_name"):
-                self.reader.names.setdefault(t["thread_id"], t["thread_name"])
-        holder = next((t for t in threads if t.get("thread_id") == res.get("gil_holder")), None)
-        if res.get("gil_holder") is not None and "GIL" not in reason:
-            name = f" ({holder['thread_name']})" if holder else ""
-            reason = f"{reason}; the GIL is held by thread {res['gil_holder']}{name}"
-        if res.get("note"):
-            reason = f"{reason}; route {res['route']} because {res['note']}"
-        if res.get("stopped") and res["stopped"] not in reason:
-            reason = f"{res['stopped']}; {reason}"
-        hb = self.rank.heartbeat()
-        return json_response(200, BacktraceBody(
-            self.rank_no, pid=self.pid, host=self.host,
-            source="out-of-process", route=res["route"], reason=reason,
-            native=native and res["route"] == "py-spy" and not res.get("stopped"),
-            state="stopped" if res.get("stopped") else "alive", stopped=res.get("stopped"),
-            gil_holder=res.get("gil_holder"),
-            gil_held=res.get("gil_holder") is not None if res["route"] == "py-spy" else None,
-            heartbeat_age_s=round(hb[0], 3) if hb else None,
-            step=self.rank.last_step, threads=tuple(threads),
-            elapsed_ms=round((time.monotonic() - started) * 1e3, 3),
-        ).to_wire())
-
-    def _dead(self, req: Request, is_backtrace: bool) -> bytes:
-        e = self.rank.exit or {}
-        ago = time.time() - (self.rank.died_at or time.time())
-        step = self.rank.last_step
-        last = self.rank.last_backtrace
-        facts = {"state": "dead", "pid": self.pid, "host": self.host, "exit": e,
-                 "last_step": step, "died_at": self.rank.died_at, "last_backtrace": last}
-        at = f" at step {step}" if step is not None else ""
-        message = (f"rank {self.rank_no} (pid {self.pid}) is dead: {e.get('description')}{at}, "
-                   f"{ago:.0f} s ago")
-        if is_backtrace:
-            threads = [t for t in (last or {}).get("threads") or []
-                       if req.flag("all") or not t.get("is_agent")]
-            return json_response(200, BacktraceBody(
-                self.rank_no, source="watchdog", route=(last or {}).get("route"),
-                reason=message, **facts, threads=tuple(threads)).to_wire())
-        return self._error(410, message + "; `probe backtrace` shows its last stack", **facts)
+        ranks = await self.upstream.fetch(RANKS.path)
+        self.stand_in.remember(ranks)
+        return await self.upstream.fetch(BACKTRACE.path + "?all=1")

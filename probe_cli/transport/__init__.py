@@ -3,6 +3,7 @@ render/.
 
 - ``wire``: the agent's bodies as types (``from_wire``); stdlib only
 - ``client``: ``ProbeClient``, one agent, one method per route of docs/http-api.md
+- ``failures``: why a request failed, as the ``RankError`` that says what to do
 - ``fanout``: targets -> ranks (``/v1/ranks``) -> one concurrent call per rank -> RankResults
 - ``session``: the invocation's options and its cached clients
 - ``targets``: what -t, a PID, --hostfile and --rank mean; where local agents' sockets are

@@ -2,12 +2,11 @@
 
 Every method returns the decoded wire body (a dict with ``ok`` and ``rank``) or raises a
 ``RankError`` subclass whose message names the agent's URL and whose help says what to do.
-httpx exceptions never escape this module.
+httpx exceptions never escape this module; failures.py says what each one means.
 """
 
 from __future__ import annotations
 
-import json
 import socket
 import ssl
 from typing import Any
@@ -20,18 +19,12 @@ from probe_protocol.bodies import EvalRequest, TraceRequest
 from probe_protocol.query import ArrowBody, CannedRequest, QueryRequest
 from probe_protocol.routes import Route
 
-from ..errors import (
-    AgentTimeoutError,
-    AgentUnreachableError,
-    ProtocolError,
-    RankError,
-    UsageProblemError,
-    http_error_class,
-)
+from ..errors import AgentUnreachableError, ProtocolError, UsageProblemError
+from .failures import decode_body, http_error, protocol_error, transport_error
 from .guard import Dialled, install
 from .targets import Endpoint
 from .trust import check_agent
-from .untrusted_text import escape_body, escape_controls
+from .untrusted_text import escape_body
 
 ARROW_STREAM = routes.ARROW_STREAM
 
@@ -141,7 +134,7 @@ class ProbeClient:
         resp = self._send(routes.QUERY, json=QueryRequest(sql, max_rows).to_wire(),
                           headers={"Accept": ARROW_STREAM})
         if not resp.headers.get("content-type", "").startswith(ARROW_STREAM):
-            raise self._protocol_error(resp, "an Arrow stream")
+            raise protocol_error(resp, self.endpoint.label, "an Arrow stream")
         return ArrowBody.from_headers(resp.headers, resp.content).to_wire()
 
     def canned(self, name: str, **params: Any) -> dict[str, Any]:
@@ -194,7 +187,7 @@ class ProbeClient:
         resp = self._send(routes.MEMORY_SNAPSHOT, params={"steps": steps, "wait": wait},
                           timeout=timeout)
         if not resp.headers.get("content-type", "").startswith("application/octet-stream"):
-            raise self._protocol_error(resp, "a snapshot pickle")
+            raise protocol_error(resp, self.endpoint.label, "a snapshot pickle")
         with open(dest, "wb") as f:
             f.write(resp.content)
         rank = ArrowBody.from_headers(resp.headers, b"").rank
@@ -278,11 +271,11 @@ class ProbeClient:
         resp = self._send(route, json=json, params=params, **path_params)
         body = self._decode(resp)
         if body is None:
-            raise self._protocol_error(resp, "a JSON body")
+            raise protocol_error(resp, self.endpoint.label, "a JSON body")
         return body
 
     def _decode(self, resp: httpx.Response) -> dict[str, Any] | None:
-        body = _decode(resp)
+        body = decode_body(resp)
         return body if self.raw or body is None else escape_body(body)
 
     def _ensure_trusted(self) -> None:
@@ -303,7 +296,6 @@ class ProbeClient:
               json: Any = None, params: dict[str, Any] | None = None,
               headers: dict[str, str] | None = None, timeout: Any = None,
               **path_params: Any) -> httpx.Response:
-        url = self.endpoint.label
         method, path = route.method, route.url(**path_params)
         kw: dict[str, Any] = {"json": json, "params": params, "headers": headers}
         if timeout is not None:
@@ -317,101 +309,11 @@ class ProbeClient:
                 resp = self._http.send(self._http.build_request(method, path, **kw), stream=True)
             else:
                 resp = self._http.request(method, path, **kw)
-        except httpx.TimeoutException as e:
-            raise AgentTimeoutError(
-                f"agent at {url} did not answer within {self.timeout:g} s",
-                url=url,
-                reason=f"timeout {self.timeout:g} s",
-            ) from e
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
-            why = _connect_reason(e)
-            raise AgentUnreachableError(
-                f"cannot reach agent at {url}: {why}.", url=url, reason=why,
-                help_text=_tls_advice(e, self.endpoint),
-            ) from e
         except httpx.TransportError as e:
-            raise AgentUnreachableError(
-                f"cannot reach agent at {url}: {e}", url=url, reason=type(e).__name__
-            ) from e
+            raise transport_error(e, self.endpoint, self.timeout) from e
         if resp.status_code >= 400:
             if stream:
                 resp.read()
                 resp.close()
-            raise self._http_error(resp)
+            raise http_error(resp, self.endpoint.label, self._decode(resp))
         return resp
-
-    def _http_error(self, resp: httpx.Response) -> RankError:
-        url = self.endpoint.label
-        body = self._decode(resp)
-        if body is None:
-            return self._protocol_error(resp, "a probe error body")
-        status = resp.status_code
-        error = str(body.get("error") or escape_controls(resp.reason_phrase))
-        cls = http_error_class(status)
-        return cls(
-            f"agent at {url} answered HTTP {status}: {error}",
-            url=url,
-            reason=f"HTTP {status}: {error}",
-            status=status,
-            body=body,
-        )
-
-    def _protocol_error(self, resp: httpx.Response, wanted: str) -> ProtocolError:
-        url = self.endpoint.label
-        kind = escape_controls(resp.headers.get("content-type", "no content type"))
-        return ProtocolError(
-            f"{url} answered HTTP {resp.status_code} ({kind}) instead of {wanted}",
-            url=url,
-            reason=f"not a probe answer (HTTP {resp.status_code}, {kind})",
-        )
-
-
-def _decode(resp: httpx.Response) -> dict[str, Any] | None:
-    """The body as a probe wire dict, or None when it is not one."""
-    try:
-        body = resp.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return body if isinstance(body, dict) and "ok" in body else None
-
-
-def _tls_advice(e: Exception, endpoint: Endpoint) -> str | None:
-    """What to do when the failure looks like a TLS mismatch; None when it does not."""
-    cause: BaseException | None = e
-    while cause is not None:
-        if isinstance(cause, ssl.SSLCertVerificationError):
-            return ("the agent's certificate is not trusted: pass --cacert CA.pem (the CA that "
-                    "signed its PROBE_TLS_CERT), or fix the certificate's host names")
-        if isinstance(cause, ssl.SSLError):
-            return ("TLS failed: if the agent has no PROBE_TLS_CERT it speaks plain HTTP; "
-                    "use http://HOST:PORT and drop --cacert")
-        cause = cause.__cause__ or cause.__context__
-    if endpoint.base_url.startswith("http://") and not endpoint.uds and isinstance(
-        e, httpx.RemoteProtocolError | httpx.ReadError
-    ):
-        return ("an agent started with PROBE_TLS_CERT speaks HTTPS: use https://HOST:PORT, or "
-                "--cacert CA.pem (HOST:PORT targets then use https)")
-    return None
-
-
-def _connect_reason(e: Exception) -> str:
-    """A few words for why a connection failed, from the OS error underneath httpx."""
-    cause: BaseException | None = e
-    while cause is not None:
-        if isinstance(cause, ssl.SSLCertVerificationError):
-            return f"TLS certificate not trusted ({cause.verify_message})"
-        if isinstance(cause, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(cause, FileNotFoundError):
-            return "no such socket"
-        if isinstance(cause, socket.gaierror):
-            return "unknown host"
-        if isinstance(cause, OSError) and cause.strerror:
-            return cause.strerror.lower()
-        cause = cause.__cause__ or cause.__context__
-    text = str(e) or type(e).__name__
-    if "refused" in text.lower():
-        return "connection refused"
-    if isinstance(e, httpx.RemoteProtocolError | httpx.ReadError):
-        return f"connection closed without an answer ({text})"
-    return text
