@@ -30,6 +30,7 @@ from types import FrameType
 from typing import Any
 
 from .operator_code import FILENAME
+from .thread_frames import current_frames
 
 _C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
 
@@ -126,6 +127,6 @@ class EvalTrace:
     def cancel(self, why: str, thread_id: int | None) -> None:
         """Make every further line of the eval thread raise ``EvalCancelled(why)``."""
         self.cancelled = why
-        frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+        frame = current_frames().get(thread_id) if thread_id is not None else None
         if self.active and frame is not None:
             self._trace_lines(frame)

@@ -19,7 +19,6 @@ job has had since it started against the steps before it (``step_cost``).
 from __future__ import annotations
 
 import itertools
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from . import eval_guard
 from .eval_trace import EvalCancelled, EvalTrace
 from .jobs import Job, JobState, JobTable
 from .operator_code import CodeRun, compile_code, script_namespace, user_traceback
+from .thread_frames import current_frames
 
 #: Finished evals kept for `GET /v1/evals` (running ones are always kept).
 KEEP_FINISHED = 50
@@ -120,7 +120,7 @@ class Evaluator:
             trace.install()
             try:
                 run.execute(compiled, session=self.session, extra=extra,
-                            namespace=script_namespace(sys._current_frames().get(main_thread)),
+                            namespace=script_namespace(current_frames().get(main_thread)),
                             playbook=self.playbook)
                 job.result, state = run.result, JobState.OK
             except EvalCancelled as e:

@@ -25,12 +25,12 @@ waits, which is what a flame graph of a slow step should show.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from types import CodeType
 
 from .stacks import AGENT_THREAD_PREFIXES
+from ..thread_frames import current_frames
 
 #: Threads whose names start with these are the agent's own and are never sampled: its named
 #: threads, and the AnyIO worker threads its HTTP server runs blocking route code on.
@@ -73,7 +73,7 @@ class StackSampler:
 
     def sample_once(self, me: int) -> None:
         names, hidden, counts = self._names, self._hidden, self.counts
-        for tid, frame in sys._current_frames().items():
+        for tid, frame in current_frames().items():
             if tid == me:
                 continue
             name = names.get(tid)

@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import os
 import reprlib
-import sys
 import threading
 from dataclasses import asdict, dataclass, field
 from types import FrameType
 from typing import Any
 
 from ..redact import redact_locals
+from ..thread_frames import current_frames
 
 AGENT_THREAD_PREFIX = "probe-agent"
 #: Every name the agent gives its own threads. The C++ hot path's builder is not "probe-agent.*"
@@ -129,7 +129,7 @@ def snapshot(*, with_locals: bool = False, include_agent: bool = False,
     main_id = threading.main_thread().ident
     me = threading.get_ident()
     stacks = []
-    for tid, frame in sys._current_frames().items():
+    for tid, frame in current_frames().items():
         name = names.get(tid, f"Thread-{tid}")
         is_agent = is_agent_thread(name) or tid == me
         if is_agent and not include_agent:

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from ..heapscan import live_objects
+from ..thread_frames import current_frames
 
 #: Containers looked into for holders, per global or local (a list of 10k tensors is named by
 #: its first entries).
@@ -150,7 +151,7 @@ def _holders(torch: Any, training_thread: int | None) -> dict[int, str]:
     if main is not None:
         scopes.append(("", dict(vars(main))))
         seen_globals.add(id(vars(main)))
-    frame = sys._current_frames().get(training_thread or threading.main_thread().ident or 0)
+    frame = current_frames().get(training_thread or threading.main_thread().ident or 0)
     while frame is not None:
         code = frame.f_code
         if not code.co_filename.startswith(skip) and "/probe_agent/" not in code.co_filename:

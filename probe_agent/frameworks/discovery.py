@@ -26,6 +26,7 @@ from ..operator_code import script_namespace
 from ..heapscan import live_objects
 from . import accelerate, deepspeed, hf_trainer, lightning, plain, unwrap
 from .base import Context, Discovered, loaded_class
+from ..thread_frames import current_frames
 
 ADAPTERS = (hf_trainer, lightning, deepspeed, accelerate)
 #: Seconds a gc scan is reused for. Objects created later (a second Trainer) appear after this
@@ -86,7 +87,7 @@ def _kinds() -> dict[str, tuple[type, ...]]:
 
 
 def main_frame() -> FrameType | None:
-    return sys._current_frames().get(threading.main_thread().ident or -1)
+    return current_frames().get(threading.main_thread().ident or -1)
 
 
 def discover(frame: FrameType | None = None, optimizers: list[Any] | None = None,

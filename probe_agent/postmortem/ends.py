@@ -36,6 +36,7 @@ import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+from ..thread_frames import current_frames
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: The longest an end waits for its copy before the event goes on.
@@ -239,7 +240,7 @@ class EndHooks:
         """The signal arrived; write the copy now, whatever the main thread is doing. If its
         action is the default one and the main thread has not handled it by then (blocked in
         C), carry out the default action from here."""
-        main = sys._current_frames().get(threading.main_thread().ident or 0)
+        main = current_frames().get(threading.main_thread().ident or 0)
         self.end(self._signal_record(sig, main))
         if self._handled[sig].wait(0.5) or self._prev.get(sig) != signal.SIG_DFL:
             return
