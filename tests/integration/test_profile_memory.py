@@ -48,8 +48,14 @@ def loop() -> Iterator[Loop]:
 def run_window(agent: Any, loop: Loop, **options: object) -> dict:
     wait_until(lambda: loop.steps > 3, 30, "the loop did not step")
     with httpx.Client(base_url=agent.url, timeout=30) as c:
-        r = c.post("/v1/actions", json={"kind": "profile", "profile": {
-            "record_shapes": True, "with_stack": True, "max_seconds": 300, **options}})
+        def post() -> httpx.Response | None:
+            r = c.post("/v1/actions", json={"kind": "profile", "profile": {
+                "record_shapes": True, "with_stack": True, "max_seconds": 300, **options}})
+            # the loop ran before the agent started: until the agent's own step hook has seen
+            # a step, the action is refused with "retry then" (409 no-step-hook), as it says
+            return None if r.status_code == 409 and "no-step-hook" in r.text else r
+
+        r = wait_until(post, 30, "the agent never saw an optimizer step")
         assert r.status_code == 200, r.text
         pid = r.json()["action"]["id"]
 
