@@ -28,6 +28,15 @@ import time
 import warnings
 
 import torch
+
+# Known open defect, not hidden: in 2 of about 6 clean-clone CI runs both ZeRO-3 ranks died in
+# deepspeed.initialize -> AdamW -> (lazy) `import torch._dynamo` with "cannot import name
+# 'IndentedBuffer' from partially initialized module 'torch._inductor.utils'": another thread
+# was importing torch._inductor at that moment (Python 3.11's import deadlock detection hands
+# one of them the partial module). 15 instrumented runs never reproduced it nor showed an agent
+# thread importing torch. Importing dynamo here, before DeepSpeed starts, keeps this suite
+# about what it tests; the root cause is recorded in docs/design-decisions.md (Frameworks).
+import torch._dynamo  # noqa: F401,E402
 import torch.nn as nn
 from fw_common import StepLog, add_common_args, announce, make_slow, verify_consolidated
 
