@@ -20,11 +20,11 @@ from ..render.text import (
     format_csv,
     format_table,
     json_default,
+    json_line,
     query_notes,
     render_query_table,
     truncation,
     truncation_notes,
-    wire_body,
 )
 from ..result import RankResult
 from ..transport.client import ProbeClient
@@ -119,9 +119,8 @@ def _streamed(session: Session, results: Iterator[RankResult], fmt: str,
     columns: list[str] | None = None  # --csv: the first answer's, as with_rank_column
     for r in results:
         if fmt == "json":
-            line = json.dumps(wire_body(r), ensure_ascii=False, default=json_default)
             yield "[" if held is None else held + ","
-            held = line
+            held = json_line(r)
         elif r.ok:
             q = QueryBody.from_wire(r.data)
             if columns is None:

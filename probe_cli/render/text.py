@@ -110,8 +110,13 @@ def render_json(results: Sequence[RankResult]) -> str:
     contributes ``{"ok": false, "rank": R, "status": null, "error": "..."}``. One line per rank
     keeps big results greppable while the whole stays one JSON document.
     """
-    bodies = [json.dumps(wire_body(r), ensure_ascii=False, default=json_default) for r in results]
+    bodies = [json_line(r) for r in results]
     return "[\n" + ",\n".join(bodies) + "\n]" if bodies else "[]"
+
+
+def json_line(r: RankResult) -> str:
+    """One rank's line of ``render_json`` (``probe query --json`` streams them one by one)."""
+    return json.dumps(wire_body(r), ensure_ascii=False, default=json_default)
 
 
 def wire_body(r: RankResult) -> dict[str, Any]:
