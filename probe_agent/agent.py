@@ -1,6 +1,6 @@
 """Agent: wires the store, the collectors, the evaluator and the HTTP server of one rank.
 
-This is the top of the agent's layers (docs/design-decisions.md, "Agent"): it builds every part
+This is the top of the agent's layers (docs/decisions/agent.md): it builds every part
 and hands each what it uses; no part imports this module. Only process.py does: it keeps the
 process's one agent, and the entry points go through it.
 

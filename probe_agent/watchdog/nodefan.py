@@ -3,7 +3,7 @@
 ``POST /v1/node/fanout`` (probe_protocol/nodefan.py) lets the CLI ask one address per node
 instead of one per rank. Every watchdog serves it; the CLI picks one per node.
 
-Whose authority (docs/design-decisions.md, "Fan-out at scale"):
+Whose authority (docs/decisions/cli-and-transport.md, "Fan-out at scale"):
 
 - the caller has already passed this watchdog's own access check (owner or token) for the route;
 - only ranks that this job's rank list places on this host are asked (with a token, only

@@ -1,5 +1,5 @@
-"""The two windows of steps a command can mean, one flag each (docs/design-decisions.md,
-glossary): look-back ``--last N`` (the last N steps already recorded) and look-ahead ``--for N``
+"""The two windows of steps a command can mean, one flag each (docs/decisions/glossary.md):
+look-back ``--last N`` (the last N steps already recorded) and look-ahead ``--for N``
 (the next N steps, from the next step boundary). ``--steps`` meant the first on `steps`,
 `memory`, `slow` and `trace` and the second on `profile`; it stays as a hidden alias of each
 that prints one deprecation line on stderr, so scripts keep working and learn the new name.

@@ -93,7 +93,7 @@ def rank_header(r: RankResult, colour: bool = False, extra: str = "") -> str:
 def json_default(value: Any) -> Any:
     """JSON for values the wire never sends but a local DuckDB (``--gather``) returns:
     integral decimals (``sum()`` of BIGINT is HUGEINT) as ints, times as ISO text, bytes as hex
-    (the agent's conventions, docs/design-decisions.md)."""
+    (the agent's conventions, docs/decisions/)."""
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, bytes):

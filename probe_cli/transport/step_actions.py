@@ -1,7 +1,7 @@
 """Step-boundary actions from the operator's side: pick the step, queue, wait, cancel.
 
 ``run_step_action`` is the whole protocol, shared by `eval --at-step/--next-step`, `lr`,
-`checkpoint` and `pause` (docs/design-decisions.md, "Step-boundary actions"):
+`checkpoint` and `pause` (docs/decisions/actions-and-jobs.md):
 
 1. **Target.** ``--at-step N`` is taken as given. ``--next-step`` means *the smallest step that
    no rank has passed yet*: every rank's ``GET /v1/step`` is read and the target is
