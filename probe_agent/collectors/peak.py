@@ -141,10 +141,16 @@ class PeakFlops:
 
 
 def measure_cpu(torch: Any, dtype: str, n: int = 1024, seconds: float = 0.3) -> float:
-    """Best FLOP/s of n x n matmuls over about ``seconds``."""
+    """Best FLOP/s of n x n matmuls over about ``seconds``.
+
+    The operands come from a private generator: drawing them from torch's global one would
+    move a seeded job's random numbers (its next batch, its dropout masks) the moment the
+    agent first measured, so the same seed would give a different run under probe.
+    """
     dt = getattr(torch, dtype, torch.float32) if dtype != "tf32" else torch.float32
-    a = torch.randn(n, n, dtype=dt)
-    b = torch.randn(n, n, dtype=dt)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, dtype=dt, generator=gen)
+    b = torch.randn(n, n, dtype=dt, generator=gen)
     torch.mm(a, b)  # warm: the first call picks kernels
     best = 0.0
     end = time.perf_counter() + seconds
