@@ -26,6 +26,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "tests" / "programs" / "toy_train.py"
+BACKTRACE_SQL = "SELECT func, file, lineno, depth FROM python.backtrace ORDER BY depth LIMIT 10"
 
 
 def start(ready: Path, probe: bool) -> subprocess.Popen[bytes]:
@@ -34,7 +35,8 @@ def start(ready: Path, probe: bool) -> subprocess.Popen[bytes]:
     if probe:
         env.update(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(ready / "run"))
     return subprocess.Popen(
-        [sys.executable, str(PROGRAM), "--ready-dir", str(ready), "--stop-file", str(ready / "stop")],
+        [sys.executable, str(PROGRAM), "--ready-dir", str(ready),
+         "--stop-file", str(ready / "stop")],
         env=env, start_new_session=True,
     )
 
@@ -85,10 +87,11 @@ def main() -> None:
             results = {
                 "backtrace": timed(lambda: c.get("/v1/backtrace"), args.calls),
                 "query": timed(
-                    lambda: c.post("/v1/query", json={"sql": "SELECT func, file, lineno, depth FROM python.backtrace ORDER BY depth LIMIT 10"}),
+                    lambda: c.post("/v1/query", json={"sql": BACKTRACE_SQL}),
                     args.calls,
                 ),
-                "eval": timed(lambda: c.post("/v1/eval", json={"code": "trainer.current_step"}), args.calls),
+                "eval": timed(lambda: c.post("/v1/eval", json={"code": "trainer.current_step"}),
+                              args.calls),
             }
             with_s, without_s = proc_status(procs[0].pid), proc_status(procs[1].pid)
         finally:
@@ -99,11 +102,13 @@ def main() -> None:
                     p.wait(20)
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, 9)
-    print(f"{'endpoint':<10} {'median ms':>10} {'p90 ms':>8}  (n={args.calls}, keep-alive, TCP_NODELAY)")
+    print(f"{'endpoint':<10} {'median ms':>10} {'p90 ms':>8}  "
+          f"(n={args.calls}, keep-alive, TCP_NODELAY)")
     for name, s in results.items():
         s.sort()
         print(f"{name:<10} {statistics.median(s):>10.2f} {s[int(len(s) * 0.9)]:>8.2f}")
-    print(f"RSS with agent {with_s['VmRSS'] / 1024:.1f} MiB, without {without_s['VmRSS'] / 1024:.1f} MiB, "
+    print(f"RSS with agent {with_s['VmRSS'] / 1024:.1f} MiB, "
+          f"without {without_s['VmRSS'] / 1024:.1f} MiB, "
           f"agent adds {(with_s['VmRSS'] - without_s['VmRSS']) / 1024:.1f} MiB")
     print(f"threads with agent {with_s['Threads']}, without {without_s['Threads']}, "
           f"agent adds {with_s['Threads'] - without_s['Threads']}")

@@ -117,16 +117,16 @@ def stage(name: str, retention_mb: int) -> dict[str, object]:
     out: dict[str, object] = {}
     if name != "bare":
         # the store first: it loads pyarrow the agent's way (store/arrow_import.py)
-        import probe_agent.store.store
         import duckdb  # noqa: F401
         import fastapi  # noqa: F401
         import pyarrow  # noqa: F401
         import uvicorn  # noqa: F401
 
         import probe_agent
-        import probe_agent.process  # noqa: F401
         import probe_agent.collectors.registry  # noqa: F401
+        import probe_agent.process  # noqa: F401
         import probe_agent.serving.server  # noqa: F401
+        import probe_agent.store.store
         from probe_agent.config import AgentConfig
         run_dir = os.path.join(os.environ["BENCH_FOOTPRINT_DIR"], "run")
         config = AgentConfig(port=0, watchdog=name == "watchdog", retention_mb=retention_mb,

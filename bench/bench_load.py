@@ -39,16 +39,20 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "docker" / "demo_train.py"
 REQUESTS = [
-    ("query", 0.4, ("POST", "/v1/query", {"sql": "SELECT func, count(*) FROM python.backtrace GROUP BY ALL"})),
+    ("query", 0.4,
+     ("POST", "/v1/query", {"sql": "SELECT func, count(*) FROM python.backtrace GROUP BY ALL"})),
     ("backtrace", 0.4, ("GET", "/v1/backtrace", None)),
     ("eval", 0.2, ("POST", "/v1/eval", {"code": "trainer.current_step"})),
 ]
 
 
-async def client_loop(c: httpx.AsyncClient, until: float, think: float, lat: dict, counts: dict) -> None:
+async def client_loop(
+    c: httpx.AsyncClient, until: float, think: float, lat: dict, counts: dict
+) -> None:
     rng = random.Random()
     while time.monotonic() < until:
-        name, _, (method, path, body) = rng.choices(REQUESTS, weights=[w for _, w, _ in REQUESTS])[0]
+        weights = [w for _, w, _ in REQUESTS]
+        name, _, (method, path, body) = rng.choices(REQUESTS, weights=weights)[0]
         counts["sent"] += 1
         t0 = time.perf_counter()
         try:
@@ -56,7 +60,8 @@ async def client_loop(c: httpx.AsyncClient, until: float, think: float, lat: dic
             counts["answered"] += 1
             if r.status_code != 200:
                 counts["errors"] += 1
-                counts.setdefault("error_kinds", []).append(f"{name} {r.status_code} {r.text[:120]}")
+                counts.setdefault("error_kinds", []).append(
+                    f"{name} {r.status_code} {r.text[:120]}")
         except httpx.HTTPError as e:
             counts["lost"] += 1
             counts.setdefault("lost_kinds", []).append(type(e).__name__)
@@ -148,12 +153,13 @@ def main() -> None:
                 for k, v in lt.items():
                     lat.setdefault(k, []).extend(v)
                 for k, v in ct.items():
-                    counts[k] = counts.get(k, 0) + v if not isinstance(v, list) else [*counts.get(k, []), *v]
+                    counts[k] = (counts.get(k, 0) + v if not isinstance(v, list)
+                                 else [*counts.get(k, []), *v])
                 n1, n2 = max(1, s1 - s0), max(1, s2 - s1)
                 rounds.append(((t1 - t0) / n1, (c1 - c0) / n1, (t2 - t1) / n2, (c2 - c1) / n2))
-                print("round: quiet %.1f ms (cpu %.1f), loaded %.1f ms (cpu %.1f), %.0f s"
-                      % (rounds[-1][0] * 1e3, rounds[-1][1] * 1e3, rounds[-1][2] * 1e3,
-                         rounds[-1][3] * 1e3, t2 - t1), file=sys.stderr)
+                qw, qc, lw, lc = (x * 1e3 for x in rounds[-1])
+                print(f"round: quiet {qw:.1f} ms (cpu {qc:.1f}), loaded {lw:.1f} ms "
+                      f"(cpu {lc:.1f}), {t2 - t1:.0f} s", file=sys.stderr)
         finally:
             (tmp / "stop").touch()
             try:
@@ -176,9 +182,12 @@ def main() -> None:
     for name, xs in lat.items():
         xs.sort()
         if xs:
-            print(f"{name:<10} n={len(xs):>5} p50 {statistics.median(xs):7.1f} ms  p99 {xs[int(len(xs) * 0.99) - 1]:7.1f} ms")
+            p99 = xs[int(len(xs) * 0.99) - 1]
+            print(f"{name:<10} n={len(xs):>5} p50 {statistics.median(xs):7.1f} ms  "
+                  f"p99 {p99:7.1f} ms")
     print(f"requests sent {counts['sent']}, answered {counts['answered']} "
-          f"(non-200: {counts['errors']}), lost {counts['lost']} {sorted(set(counts.get('lost_kinds', [])))}")
+          f"(non-200: {counts['errors']}), lost {counts['lost']} "
+          f"{sorted(set(counts.get('lost_kinds', [])))}")
     for kind in sorted(set(counts.get("error_kinds", [])))[:5]:
         print("  non-200:", kind)
 

@@ -32,9 +32,10 @@ def main() -> None:
     run = tempfile.mkdtemp(prefix="probe-bench-pm-")
     os.environ.update(PROBE_RUN_DIR=run, PROBE_PORT="0", PROBE_POSTMORTEM="always",
                       PROBE_POSTMORTEM_EVERY_S=str(args.every_s), PROBE_TRACE_NATIVE="off")
-    import probe_agent
     import torch
     import torch.nn as nn
+
+    import probe_agent
 
     torch.set_num_threads(1)  # one training core: the copy's threads compete for the other
     agent = probe_agent.start()

@@ -57,16 +57,20 @@ def main() -> None:
         opt.step()
         if step % args.every == 0:
             agent.store.flush()
-            db = agent.store.query("SELECT sum(memory_usage_bytes) / 1048576.0 FROM duckdb_memory()")
+            db = agent.store.query(
+                "SELECT sum(memory_usage_bytes) / 1048576.0 FROM duckdb_memory()")
             rows = agent.store.query("SELECT count(*) FROM python.torch_trace")
             samples.append((step, rss_mib(), float(db.rows[0][0] or 0), int(rows.rows[0][0])))
-            print(f"step {step:>7}  rss {samples[-1][1]:7.1f} MiB  duckdb {samples[-1][2]:6.1f} MiB  "
-                  f"torch_trace rows {samples[-1][3]:>8}  {time.perf_counter() - t0:6.1f} s", flush=True)
+            _, rss, duck, nrows = samples[-1]
+            print(f"step {step:>7}  rss {rss:7.1f} MiB  duckdb {duck:6.1f} MiB  "
+                  f"torch_trace rows {nrows:>8}  {time.perf_counter() - t0:6.1f} s", flush=True)
     probe_agent.stop()
     half = samples[len(samples) // 2:]
     xs = [s[0] / 10_000 for s in half]
-    print(f"\n{args.steps} steps in {time.perf_counter() - t0:.0f} s; second-half slopes per 10k steps: "
-          f"RSS {slope(xs, [s[1] for s in half]):+.2f} MiB, DuckDB {slope(xs, [s[2] for s in half]):+.2f} MiB, "
+    print(f"\n{args.steps} steps in {time.perf_counter() - t0:.0f} s; "
+          "second-half slopes per 10k steps: "
+          f"RSS {slope(xs, [s[1] for s in half]):+.2f} MiB, "
+          f"DuckDB {slope(xs, [s[2] for s in half]):+.2f} MiB, "
           f"rows {slope(xs, [float(s[3]) for s in half]):+.0f}")
 
 

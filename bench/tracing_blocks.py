@@ -16,6 +16,7 @@ import tracing_workload as workload
 from tracing_stats import bootstrap_median_ci, rss_mib
 from tracing_workload import Loop, start_agent, stop_agent
 
+
 def run_size(size: str, rounds: int | None, block: int | None = None) -> dict[str, object]:
     loop = Loop(size)
     n = block or loop.block

@@ -17,6 +17,7 @@ import tracing_workload as workload
 from tracing_stats import fit_effects, thread_cpu_s, toggle_cost
 from tracing_workload import Loop, start_agent, stop_agent
 
+
 def run_paired(size: str, steps: int) -> dict[str, object]:
     """Randomised steps in one agent: before each step a coin picks how the *next* step runs:
     untraced, traced on the Python hot path, or traced on the C++ one (when it loaded), so

@@ -12,6 +12,7 @@ import os
 import statistics
 import time
 
+
 def bootstrap_median_ci(xs: list[float], n: int = 2000) -> tuple[float, float]:
     """95% bootstrap interval of the median (seeded: the report is reproducible)."""
     import random

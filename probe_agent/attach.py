@@ -17,8 +17,8 @@ def attach(overrides: dict[str, str]) -> dict[str, Any]:
     """Start the agent; the returned dict becomes the status `probe inject` prints."""
     # Imported here: this module is loaded into the target by the injector before it calls
     # attach(), and must stay cheap until then.
-    from .process import start_once
     from .config import AgentConfig
+    from .process import start_once
 
     base = {"pid": os.getpid(), "python": sys.version.split()[0]}
     environ = {**os.environ, **overrides}

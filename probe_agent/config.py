@@ -19,6 +19,7 @@ from probe_protocol import runfiles
 
 from .errors import ConfigError
 from .settings import DEFAULT_BASE_PORT, environ_values, raise_config
+
 #: DuckDB's room for queries above the tables' share when PROBE_DB_MEMORY_MB is unset: every
 #: canned query, and an ad-hoc group-by, sort and window over all of torch_trace, ran at full
 #: retention within it; slow_modules needed more than 128 (docs/decisions/store.md).

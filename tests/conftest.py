@@ -11,6 +11,10 @@ import pytest
 
 from tests.support import agent_threads, cuda_available, wait_until
 
+# Fixture modules shared across test folders: registered here, so tests name their fixtures as
+# parameters (importing a fixture into a test module shadows it and hides real mistakes).
+pytest_plugins = ["tests.fullfs"]
+
 
 @pytest.fixture
 def run_dir() -> Iterator[str]:

@@ -56,7 +56,8 @@ from probe_protocol.tokens import sign_entry  # noqa: E402
 
 PID_BASE = 3_000_000
 TRAIN = [("train", "train.py", 88), ("train_step", "train.py", 61),
-         ("backward", "torch/_tensor.py", 581), ("_engine_run_backward", "torch/autograd/graph.py", 825)]
+         ("backward", "torch/_tensor.py", 581),
+         ("_engine_run_backward", "torch/autograd/graph.py", 825)]
 WAIT = [("all_reduce", "torch/distributed/distributed_c10d.py", 2806),
         ("wrapper", "torch/distributed/c10d_logger.py", 81)]
 LOADER = [("__next__", "torch/utils/data/dataloader.py", 733),

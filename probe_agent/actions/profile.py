@@ -9,8 +9,9 @@ Ceilings (safe by default): a window longer than ``max_steps`` (default ``MAX_ST
 unless the request raises ``max_steps``, which is itself bounded by ``HARD_MAX_STEPS``; and the
 profiler stops after ``max_seconds`` (default ``MAX_SECONDS``) of wall time whatever the steps
 do, or at the first step boundary where the process has grown more than ``max_mb`` (default
-``MAX_MB``) since the window began (profiling/memory.py). The same for flame graphs: ``seconds`` up to ``max_seconds`` (default ``FLAME_MAX_SECONDS``),
-at most ``FLAME_HARD_MAX_SECONDS``. Refusals are 400s that name the option to raise, and they
+``MAX_MB``) since the window began (profiling/memory.py). The same for flame graphs:
+``seconds`` up to ``max_seconds`` (default ``FLAME_MAX_SECONDS``), at most
+``FLAME_HARD_MAX_SECONDS``. Refusals are 400s that name the option to raise, and they
 are audited like every refused action.
 """
 

@@ -2,8 +2,8 @@
 
 What gets measured
 ------------------
-``torch.utils.flop_counter.FlopCounterMode``'s dispatch mode is entered at a step boundary (right after
-optimizer step N, on the training thread) and left at the next one, so it sees every op of
+``torch.utils.flop_counter.FlopCounterMode``'s dispatch mode is entered at a step boundary (right
+after optimizer step N, on the training thread) and left at the next one, so it sees every op of
 step N+1: the forward and backward of every micro-batch. It counts the ops torch has formulas
 for (matmuls, convolutions, attention), which is what "model FLOPs" means for MFU; the
 optimizer's elementwise updates are not counted. Counted per rank: under DDP each rank's own

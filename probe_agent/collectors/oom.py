@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+
 from probe_protocol.runfiles import RunFiles
 
 from . import Guard, Sink

@@ -82,10 +82,10 @@ def build_collectors(clock: StepClock, rank: int, config: AgentConfig,
     # Here, at agent start, not at the top: the tracer and the step recorder import pyarrow
     # and duckdb, which must stay off `import probe_agent`.
     from .collectives import CollectiveRecorder
-    from .stacks import BacktraceTables
     from .oom import OomRecorder
     from .parallel import ParallelWatcher
     from .schedule import ScheduleWatcher
+    from .stacks import BacktraceTables
     from .steps import StepRecorder
     from .tracer.tracer import TorchTracer
     from .trainloop import LoopMonitor

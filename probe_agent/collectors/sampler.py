@@ -29,8 +29,8 @@ import threading
 import time
 from types import CodeType
 
-from .stacks import AGENT_THREAD_PREFIXES
 from ..thread_frames import current_frames
+from .stacks import AGENT_THREAD_PREFIXES
 
 #: Threads whose names start with these are the agent's own and are never sampled: its named
 #: threads, and the AnyIO worker threads its HTTP server runs blocking route code on.

@@ -25,8 +25,9 @@ HF ones and hand-written warmup+cosine lambdas are pure arithmetic; a lambda wit
 would see them, a risk taken for the common case): warmup ends at the first maximum, the decay
 at the first minimum after it, and past it the LR stays or rises (a cosine past its end climbs
 again). A function that raises, or takes longer than ``PROBE_BUDGET_S``, leaves the schedule
-"opaque"; so does MultiplicativeLR (its factors compound on the live LR). Steps are scheduler steps; the caller records
-the scheduler's own count beside the optimizer's, so a per-epoch scheduler shows.
+"opaque"; so does MultiplicativeLR (its factors compound on the live LR). Steps are scheduler
+steps; the caller records the scheduler's own count beside the optimizer's, so a per-epoch
+scheduler shows.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ first.
 
 from __future__ import annotations
 
-from . import unwrap
 from .base import Context, Discovered
 
 name = "accelerate"

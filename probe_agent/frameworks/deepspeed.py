@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import unwrap
 from .base import Context, Discovered
 
 name = "deepspeed"

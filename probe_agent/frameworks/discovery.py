@@ -22,11 +22,11 @@ import weakref
 from types import FrameType
 from typing import Any
 
-from ..operator_code import script_namespace
 from ..heapscan import live_objects
+from ..operator_code import script_namespace
+from ..thread_frames import current_frames
 from . import accelerate, deepspeed, hf_trainer, lightning, plain, unwrap
 from .base import Context, Discovered, loaded_class
-from ..thread_frames import current_frames
 
 ADAPTERS = (hf_trainer, lightning, deepspeed, accelerate)
 #: Seconds a gc scan is reused for. Objects created later (a second Trainer) appear after this

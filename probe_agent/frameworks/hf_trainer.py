@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import unwrap
-from .deepspeed import engine_of
 from .base import Context, Discovered
+from .deepspeed import engine_of
 
 name = "hf_trainer"
 trainer_classes = ("transformers.trainer.Trainer",)

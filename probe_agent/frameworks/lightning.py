@@ -8,9 +8,8 @@ is), ``trainer.train_dataloader`` the loader ``fit`` iterates.
 
 from __future__ import annotations
 
-from . import unwrap
-from .deepspeed import engine_of
 from .base import Context, Discovered
+from .deepspeed import engine_of
 
 name = "lightning"
 trainer_classes = ("lightning.pytorch.trainer.trainer.Trainer",

@@ -36,6 +36,7 @@ import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+
 from ..thread_frames import current_frames
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -2,8 +2,8 @@
 
 Routes live in ``probe_agent/serving/routes/<feature>.py``, each an ``APIRouter`` listed in
 ``ROUTERS`` (imported by name: a route module missing from a build is an ImportError at start,
-not a silent 404); they reach the agent through ``request.app.state.agent``. Routes translate HTTP to
-and from the store, the evaluator and the collectors, and nothing more.
+not a silent 404); they reach the agent through ``request.app.state.agent``. Routes translate HTTP
+to and from the store, the evaluator and the collectors, and nothing more.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from probe_protocol import routes
 from probe_protocol.envelope import error_body
 
+from .._version import __version__
 from ..access import SCOPE_KEYS, header_map, reserve_refusal
 from ..errors import ProbeAgentError
-from .._version import __version__
 from .routes import (
     access,
     actions,
@@ -36,8 +36,8 @@ from .routes import (
 )
 
 if TYPE_CHECKING:
-    from .parts import AgentParts
     from .budget import ServeBudget
+    from .parts import AgentParts
 
 log = logging.getLogger(__name__)
 

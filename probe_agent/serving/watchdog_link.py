@@ -136,8 +136,9 @@ class WatchdogLink:
             return
         # NOTE: this thread may still run at interpreter exit (the watchdog stays to report
         # the death, and the thread ends only once stop() has run), so it must not hold the
-        # link across a wait (neither as its target nor in its frame): through serve_fallback it would keep the DuckDB connection alive at finalization,
-        # and duckdb's nanobind then prints "leaked 28 instances" on every training exit.
+        # link across a wait (neither as its target nor in its frame): through serve_fallback
+        # it would keep the DuckDB connection alive at finalization, and duckdb's nanobind then
+        # prints "leaked 28 instances" on every training exit.
         self._spawn_thread("probe-agent.watchdog", supervise,
                            (self.proc, weakref.ref(self), self._stop))
 
@@ -157,7 +158,8 @@ class WatchdogLink:
             "tcp_fd": tcp.fileno() if tcp else None, "uds_fd": uds.fileno() if uds else None,
             "host": tcp.getsockname()[0] if tcp else None,
             "port": tcp.getsockname()[1] if tcp else None,
-            "pyspy": self.pyspy, "reader": cfg.watchdog_reader, "dump_signal": self.forensics.dump_signal,
+            "pyspy": self.pyspy, "reader": cfg.watchdog_reader,
+            "dump_signal": self.forensics.dump_signal,
             "deadline_ms": cfg.backtrace_deadline_ms, "grace_s": cfg.watchdog_grace_s,
             "snapshot_s": cfg.watchdog_snapshot_s,
             "postmortem_keep": cfg.postmortem == "always",

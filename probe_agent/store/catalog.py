@@ -32,7 +32,8 @@ def sql_dir() -> Path:
     if source.is_dir():
         return source
     raise FileNotFoundError(
-        "probe_agent cannot find its sql/ directory; reinstall with: pip install 'probe-torch[agent]'"
+        "probe_agent cannot find its sql/ directory; "
+        "reinstall with: pip install 'probe-torch[agent]'"
     )
 
 

@@ -213,7 +213,8 @@ class Store:
     def _load_columns(self) -> dict[str, list[tuple[str, str]]]:
         rows = self._root.execute(
             "SELECT schema_name || '.' || table_name, column_name, data_type "
-            "FROM duckdb_columns() c WHERE NOT internal AND EXISTS (SELECT 1 FROM duckdb_tables() t "
+            "FROM duckdb_columns() c WHERE NOT internal "
+            "AND EXISTS (SELECT 1 FROM duckdb_tables() t "
             "WHERE t.schema_name = c.schema_name AND t.table_name = c.table_name) "
             "ORDER BY column_index"
         ).fetchall()

@@ -16,7 +16,6 @@ from urllib.parse import parse_qs, urlsplit
 from probe_protocol.envelope import encode, error_body
 from probe_protocol.routes import CLIENT_HEADER
 
-
 MAX_HEAD = 64 * 1024
 #: The largest request body relayed: the agent's biggest legitimate body (a query or an eval at
 #: its 64 KiB cap, JSON-escaped: 6 x 64 KiB + 4 KiB) with room to spare. A 64 MB body used to be

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 from probe_protocol.runfiles import RunFiles
 
 from .httpwire import MAX_HEAD
+from .postmortem import record_death
 from .proxy import Proxy
 from .rank import RankWatch
-from .postmortem import record_death
 from .reader import StackReader
 
 if TYPE_CHECKING:

@@ -8,9 +8,9 @@ import click
 
 from probe_protocol.bodies import BacktraceBody
 
-from ..group import rank_label
 from ..diagnose.ends import ends_lines
 from ..gather.postmortem import session_job
+from ..group import rank_label
 from ..outcome import Outcome, finish
 from ..render.stacks import render_backtrace
 from ..render.text import format_csv

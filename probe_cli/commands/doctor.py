@@ -14,11 +14,10 @@ from __future__ import annotations
 import click
 
 from ..diagnose.doctor import diagnose, rank_doc, steps_seen
-from ..gather.evidence import doctor_evidence
-from ..diagnose.hang import rank_state
-from ..errors import EXIT_FAILURE
 from ..diagnose.ends import ends_lines, went_wrong
-from ..errors import EXIT_FINDING
+from ..diagnose.hang import rank_state
+from ..errors import EXIT_FAILURE, EXIT_FINDING
+from ..gather.evidence import doctor_evidence
 from ..gather.postmortem import last_steps_lines, session_job
 from ..outcome import Outcome, failure_summary, verdict_outcome
 from ..render.doctor import doctor_header, render, render_json

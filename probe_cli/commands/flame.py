@@ -26,9 +26,9 @@ from typing import Any
 import click
 
 from ..errors import EXIT_USAGE, ProbeCLIError, RankError
-from ..outcome import Outcome, finish
 from ..export.flame import flame_tables, folded_lines, merge_folded, to_speedscope
 from ..export.flame_svg import to_html, to_svg
+from ..outcome import Outcome, finish
 from ..output_files import output_file, refuse_existing
 from ..render.flame import render_flame
 from ..result import RankResult

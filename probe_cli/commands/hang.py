@@ -9,9 +9,9 @@ from __future__ import annotations
 import click
 
 from ..diagnose.ends import ends_lines, timeout_line
+from ..diagnose.hang import HangVerdict, diagnose, rank_state
 from ..gather.evidence import hang_evidence_by_node
 from ..gather.postmortem import session_job
-from ..diagnose.hang import HangVerdict, diagnose, rank_state
 from ..outcome import Outcome, verdict_outcome
 from ..render.verdicts import hang_json, render_verdict
 from ..result import RankResult

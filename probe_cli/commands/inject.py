@@ -94,8 +94,8 @@ def command(session: Session, pid: int, port: int | None, host: str | None,
                           help_text=f"use it: probe {pid} backtrace")
     if status.get("state") != "started":
         raise InjectError(f"the agent did not start in PID {pid}: {status.get('error')}",
-                          help_text="pip install 'probe-torch[agent]' into the target's environment "
-                          "if a module is missing")
+                          help_text="pip install 'probe-torch[agent]' into the target's "
+                          "environment if a module is missing")
     out = Outcome()
     if session.output == "json":
         out.stdout.append(json.dumps(body))

@@ -21,8 +21,9 @@ from typing import Any
 import click
 
 from ..errors import EXIT_USAGE, ProbeCLIError
-from ..output_files import private_dir, refuse_existing
+from ..export.trace_merge import RankTrace, merge_traces
 from ..outcome import Outcome
+from ..output_files import private_dir, refuse_existing
 from ..render.profile import (
     cost_lines,
     render_step_spans,
@@ -31,7 +32,6 @@ from ..render.profile import (
     trace_line,
     window_of,
 )
-from ..export.trace_merge import RankTrace, merge_traces
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, parallel_map, resolve_ranks

@@ -13,8 +13,8 @@ from probe_protocol.query import QueryBody, QueryRequest
 
 from ..errors import EXIT_FAILURE, ProbeCLIError, UsageProblemError
 from ..group import rank_label
-from ..output_files import output_file, refuse_existing
 from ..outcome import Outcome, exit_code, failure_summary, finish
+from ..output_files import output_file, refuse_existing
 from ..render.text import (
     csv_lines,
     format_csv,

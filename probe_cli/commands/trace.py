@@ -11,8 +11,8 @@ from probe_protocol.bodies import TraceBody
 from probe_protocol.query import QueryBody
 
 from ..errors import ProbeCLIError, UsageProblemError
-from ..outcome import Outcome, finish
 from ..export.perfetto import build_trace
+from ..outcome import Outcome, finish
 from ..output_files import output_file, refuse_existing
 from ..render.text import format_csv, format_table, query_notes
 from ..result import RankResult

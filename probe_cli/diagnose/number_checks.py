@@ -293,8 +293,8 @@ def _scaled_clip_finding(report: Report, scaled: dict[int, dict[str, Any]]) -> N
         f" gradients scaled by x{num(x.get('grad_scale')) or 0:.0f}: norm as the clip saw it "
         f"{_g(num(x.get('grad_norm_median')))}, unscaled {_g(num(x.get('unscaled_norm_median')))}"
         f" (max_norm {x.get('clip_max_norm')})" for r, x in sorted(scaled.items())]
-    evidence.append("the clip compares a norm x{:.0f} too large with max_norm, so each update is "
-                    "cut down far more than meant; the LR is not the problem".format(scale))
+    evidence.append(f"the clip compares a norm x{scale:.0f} too large with max_norm, so each "
+                    "update is cut down far more than meant; the LR is not the problem")
     report.findings.append(Finding(
         WARNING, "amp_clip", f"CLIPPING SCALED GRADIENTS: {rank_label(ranks)} "
         f"{_verb(ranks, 'calls', 'call')} clip_grad_norm_ before scaler.unscale_: the norm is "

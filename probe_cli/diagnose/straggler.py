@@ -25,7 +25,8 @@ before: rank 0 last at 80 of 157 collectives vs 62, p = 0.07, named anyway.)
 JSON (``StragglerVerdict.to_json``, stable): ``problem``, ``headline``, ``details``,
 ``culprits``, then ``window_s``, ``collectives``, ``p_value`` (of the named or most-often-last
 rank, null without a test), ``cpu_contention`` (true: a rank would have been named, but every
-rank waits for a CPU alike, see ``cpu_contention()``), ``ranks``: [{rank, arrived_last, others_waited_s, median_lag_ms}].
+rank waits for a CPU alike, see ``cpu_contention()``), ``ranks``: [{rank, arrived_last,
+others_waited_s, median_lag_ms}].
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Per-operator totals of one rank's profile, computed from its Chrome trace while it is merged. Stdlib only.
+"""Per-operator totals of one rank's profile, computed from its Chrome trace while it is merged.
+Stdlib only.
 
 Why here and not in the agent: torch's own totals (``key_averages()``) first parse every event
 into Python objects, which held the rank's GIL for 3 s after a 5-step window of a small GPT and

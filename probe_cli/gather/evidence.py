@@ -14,16 +14,16 @@ from probe_protocol.bodies import CollectivesBody
 from probe_protocol.envelope import Envelope
 from probe_protocol.query import QueryBody
 
+from ..diagnose.memory_use import BREAKDOWN_STEPS, TOP_ACTIVATIONS
+from ..diagnose.number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
+from ..diagnose.straggler import StragglerVerdict, diagnose_stragglers
+from ..diagnose.time_checks import TOP_MODULES
 from ..errors import RankError
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import Call, RankTarget
 from ..transport.nodetree import NodeCall, fan_out_nodes
 from ..transport.session import Session
-from ..diagnose.memory_use import BREAKDOWN_STEPS, TOP_ACTIVATIONS
-from ..diagnose.number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
-from ..diagnose.straggler import StragglerVerdict, diagnose_stragglers
-from ..diagnose.time_checks import TOP_MODULES
 
 #: Recent collectives asked of each rank: enough to see the last done and every pending one.
 RECENT = 64

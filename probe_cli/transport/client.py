@@ -37,7 +37,8 @@ _ssl_contexts: dict[str | None, ssl.SSLContext] = {}
 
 def ssl_context(cacert: str | None = None) -> ssl.SSLContext:
     """One verifying SSL context per CA file for every client. Building one loads the CA bundle
-    (≈24 ms here); a fresh one per rank made a 64-rank fan-out take 2 s instead of ~0.2 s. ``cacert`` (a PEM bundle) replaces the system's trust store."""
+    (≈24 ms here); a fresh one per rank made a 64-rank fan-out take 2 s instead of ~0.2 s.
+    ``cacert`` (a PEM bundle) replaces the system's trust store."""
     ctx = _ssl_contexts.get(cacert)
     if ctx is None:
         if cacert is None:

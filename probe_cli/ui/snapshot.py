@@ -21,17 +21,17 @@ from probe_protocol.query import QueryBody
 
 from ..diagnose.doctor import diagnose as diagnose_doctor
 from ..diagnose.doctor import rank_doc
+from ..diagnose.hang import diagnose as diagnose_hang
+from ..diagnose.hang import rank_state
+from ..diagnose.rhythm import FALLBACK_WAIT_S
+from ..diagnose.throughput import from_rows
+from ..errors import ProbeCLIError, RankError
 from ..gather.evidence import (
     doctor_evidence,
     hang_evidence,
     straggler_evidence,
     straggler_verdict,
 )
-from ..diagnose.hang import diagnose as diagnose_hang
-from ..diagnose.hang import rank_state
-from ..diagnose.rhythm import FALLBACK_WAIT_S
-from ..diagnose.throughput import from_rows
-from ..errors import ProbeCLIError, RankError
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks

@@ -18,7 +18,7 @@ import pytest
 
 from tests.e2e.test_actions import PROGRAM, cli, last_step, targets
 from tests.e2e.training import probe, training_job
-from tests.fullfs import fill, full_disk  # noqa: F401 (a fixture)
+from tests.fullfs import fill
 from tests.support import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 def test_refusals_destroy_nothing_and_training_continues(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-    full_disk: Path,  # noqa: F811
+    full_disk: Path,
 ) -> None:
     log_dir = tmp_path / "log"
     mine = tmp_path / "notes.txt"

@@ -200,7 +200,8 @@ def test_hang_verdict_names_a_sigkilled_rank(tmp_path):
     assert lines[0] in (gone, gone + "; a collective failed on rank 0"), out.stdout
     assert lines[1] == "  rank 1 did not answer (connection refused): the process is gone"
     if lines[0].endswith("failed on rank 0"):
-        assert re.fullmatch(r"  rank 0: all_reduce #\d+ failed: RuntimeError: .*(Connection|peer).*; "
+        assert re.fullmatch(r"  rank 0: all_reduce #\d+ failed: RuntimeError: "
+                            r".*(Connection|peer).*; "
                             r"it is now in wait_for_restart \(rank_killed.py:\d+\)", lines[2]), \
             out.stdout
 

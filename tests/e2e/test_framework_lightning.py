@@ -36,7 +36,8 @@ JOB_START_S = 120
 def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lightning")
     args = ("--log-dir", str(tmp / "log"), "--step-sleep", "0.05")
-    with training_job(tmp, PROGRAM, args=args, env=fc.FRAMEWORK_ENV, timeout=JOB_START_S) as (_, infos):
+    with training_job(tmp, PROGRAM, args=args, env=fc.FRAMEWORK_ENV,
+                      timeout=JOB_START_S) as (_, infos):
         yield infos[0]["url"].removeprefix("http://"), tmp
 
 

@@ -14,7 +14,8 @@ from tests.e2e.training import probe, training_job
 
 pytestmark = pytest.mark.e2e
 
-THREADS_EVAL = "import threading\nfor t in threading.enumerate():\n    print(f'{t.name}: alive={t.is_alive()}')"
+THREADS_EVAL = ("import threading\nfor t in threading.enumerate():\n"
+                "    print(f'{t.name}: alive={t.is_alive()}')")
 LR_EVAL = "for pg in optimizer.param_groups:\n    pg['lr'] *= 0.1"
 
 
@@ -35,7 +36,8 @@ def test_seed_playbook_verbatim(job):
         assert "train" in bt.stdout and "toy_train.py" in bt.stdout
         # query
         q = probe(endpoint, "query",
-                  "SELECT func, file, lineno, depth FROM python.backtrace ORDER BY depth LIMIT 10", env=env)
+                  "SELECT func, file, lineno, depth FROM python.backtrace ORDER BY depth LIMIT 10",
+                  env=env)
         assert q.returncode == 0, q.stderr
         assert "func" in q.stdout and "depth" in q.stdout
         # eval with real newlines
@@ -63,7 +65,8 @@ def test_seed_playbook_lr_and_checkpoint(job):
 
     ckpt = tmp / "ckpt.pt"
     save = probe(endpoint, "eval",
-                 f"torch.save({{'model': model.state_dict(), 'optimizer': optimizer.state_dict()}}, {str(ckpt)!r})")
+                 "torch.save({'model': model.state_dict(), "
+                 f"'optimizer': optimizer.state_dict()}}, {str(ckpt)!r})")
     assert save.returncode == 0, save.stderr
     import torch
 

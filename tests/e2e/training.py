@@ -83,7 +83,9 @@ def training_job(
                 proc.stdout.close()  # else a ResourceWarning fails a later test (issue 6)
 
 
-def probe(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def probe(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess."""
     return subprocess.run(
         [sys.executable, "-m", "probe_cli", *args],

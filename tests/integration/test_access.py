@@ -15,9 +15,9 @@ import time
 import httpx
 import pytest
 
-from probe_agent.redact import REDACTED
 from probe_agent.config import AgentConfig
 from probe_agent.errors import ConfigError
+from probe_agent.redact import REDACTED
 from probe_protocol.tokens import proof
 from tests.foreign import FOREIGN_UID, check_burst, http_request, need_root, run_as, sweep
 from tests.support import wait_until

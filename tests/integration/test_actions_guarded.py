@@ -11,22 +11,24 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.fullfs import fill, full_disk  # noqa: F401 (a fixture)
-from tests.integration.test_actions_agent import Trainer, post, trainer  # noqa: F401
-from tests.unit.test_checkpoint_target import device  # noqa: F401 (a fixture)
+from tests.fullfs import fill
+from tests.integration.test_actions_agent import Trainer, post, trainer_running
 
 torch = pytest.importorskip("torch")
 
 
 @pytest.fixture
-def stepping(trainer: Trainer) -> Trainer:
-    trainer.step()
-    return trainer
+def stepping() -> Iterator[Trainer]:
+    """A Trainer (tests/integration/test_actions_agent.py) that has taken its first step."""
+    with trainer_running(free=False) as trainer:
+        trainer.step()
+        yield trainer
 
 
 def run_action(client: httpx.Client, trainer: Trainer, **body: object) -> dict:
@@ -92,14 +94,14 @@ def test_dev_null_is_refused_and_stays_a_device(
 
 
 def test_a_device_made_after_submit_is_not_replaced(
-    client: httpx.Client, stepping: Trainer, tmp_path: Path, device: Path
+    client: httpx.Client, stepping: Trainer, tmp_path: Path, char_device: Path
 ) -> None:
     """The check before the rename: a device that appears at PATH after the submit-time check
     (here: moved there) survives, with --overwrite too."""
     path = tmp_path / "ck.pt"
     r = post(client, kind="checkpoint", path=str(path), overwrite=True, id="dev")
     assert r.status_code == 200, r.text
-    os.rename(device, path)
+    os.rename(char_device, path)
     stepping.step()
     a = client.get("/v1/actions/dev", params={"wait": 10}).json()["action"]
     assert a["state"] == "error" and "is a character device" in a["error"], a
@@ -210,7 +212,7 @@ def test_lr_refusals_over_the_api(client: httpx.Client, stepping: Trainer, body:
 @pytest.mark.parametrize("raw", ["NaN", "Infinity", "-Infinity", "1e400"])
 def test_lr_non_finite_json_is_refused(client: httpx.Client, stepping: Trainer,
                                        raw: str) -> None:
-    r = client.post("/v1/actions", content='{"kind": "lr", "set": %s}' % raw,
+    r = client.post("/v1/actions", content=f'{{"kind": "lr", "set": {raw}}}',
                     headers={"content-type": "application/json"})
     assert r.status_code == 422, r.text
     assert "finite number" in r.json()["error"]

@@ -113,13 +113,15 @@ def test_a_read_inserts_what_it_reads_and_no_other_table(make_agent):
     agent = make_agent(flush_ms=60_000)
     with httpx.Client(base_url=agent.url) as c:
         def count_evals() -> int:
-            return c.post("/v1/query", json={"sql": "SELECT count(*) FROM audit"}).json()["rows"][0][0]
+            r = c.post("/v1/query", json={"sql": "SELECT count(*) FROM audit"})
+            return r.json()["rows"][0][0]
 
         start = count_evals()
         written = agent.store.rows_written
         agent.audit("test", "x = 1", "ok", None, 1.0, kind="lr")
         # WHEN a client reads another table: the row stays queued (no INSERT for it)
-        assert c.post("/v1/query", json={"sql": "SELECT count(*) FROM python.backtrace"}).json()["ok"]
+        r = c.post("/v1/query", json={"sql": "SELECT count(*) FROM python.backtrace"})
+        assert r.json()["ok"]
         assert agent.store.rows_written == written
         # THEN a read of audit (qualified or not) sees it at once
         assert count_evals() == start + 1 and agent.store.rows_written == written + 1

@@ -31,7 +31,8 @@ def test_health_and_info_carry_rank_and_versions(client):
 
 def test_openapi_spec_is_served(client):
     spec = client.get("/openapi.json").json()
-    assert {"/v1/query", "/v1/eval", "/v1/backtrace", "/v1/info", "/v1/health"} <= set(spec["paths"])
+    routes = {"/v1/query", "/v1/eval", "/v1/backtrace", "/v1/info", "/v1/health"}
+    assert routes <= set(spec["paths"])
 
 
 def test_a_crowd_of_requests_queues_within_the_serving_budget_and_none_is_lost(make_agent):
@@ -94,7 +95,8 @@ def test_eval_does_not_capture_other_threads_prints(client, capsys):
     th.start()
     try:
         body = client.post(
-            "/v1/eval", json={"code": "import time\nfor i in range(20):\n  print('e', i)\n  time.sleep(0.002)"}
+            "/v1/eval",
+            json={"code": "import time\nfor i in range(20):\n  print('e', i)\n  time.sleep(0.002)"},
         ).json()
     finally:
         stop.set()
@@ -156,7 +158,8 @@ def test_backtrace_marks_main_hides_agent_and_survives_bad_repr(client):
     assert body["threads"][0]["is_main"] and names[0] == "MainThread"
     assert not any(n.startswith("probe-agent") for n in names)
     frames = body["threads"][0]["frames"]
-    mine = next(f for f in frames if f["func"] == "test_backtrace_marks_main_hides_agent_and_survives_bad_repr")
+    mine = next(f for f in frames
+                if f["func"] == "test_backtrace_marks_main_hides_agent_and_survives_bad_repr")
     assert "Broken" in mine["locals"]["broken"]  # reprlib names the type instead of failing
     with_agent = client.get("/v1/backtrace", params={"all": 1}).json()
     assert any(t["thread_name"] == "probe-agent.http" for t in with_agent["threads"])
@@ -268,7 +271,8 @@ def test_other_uid_cannot_use_unix_socket(agent, run_dir):
         s = socket.socket(socket.AF_UNIX)
         s.connect(agent.unix_path)
         try:
-            s.sendall(b"POST /v1/eval HTTP/1.1\r\nhost: x\r\ncontent-length: 12\r\n\r\n{\"code\":\"1\"}")
+            s.sendall(b"POST /v1/eval HTTP/1.1\r\nhost: x\r\ncontent-length: 12\r\n\r\n"
+                      b"{\"code\":\"1\"}")
         except BrokenPipeError:
             pass  # the agent refuses on connect and may have closed before we sent
         return s.recv(4096)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from probe_cli.main import main
 from probe_cli.export.trace_merge import RankTrace, merge_traces
+from probe_cli.main import main
 from tests.foreign import FOREIGN_UID, need_root, run_as
 from tests.unit.test_trace_merge import kineto_trace
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import threading
 import uuid
 from collections.abc import Iterator

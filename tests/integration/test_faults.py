@@ -21,7 +21,8 @@ def rss_mib() -> float:
 
 def test_ten_million_rows_are_truncated_without_memory_blowup(client):
     before = rss_mib()
-    body = client.post("/v1/query", json={"sql": "SELECT range AS i, 'x' || range AS s FROM range(10000000)"}).json()
+    sql = "SELECT range AS i, 'x' || range AS s FROM range(10000000)"
+    body = client.post("/v1/query", json={"sql": sql}).json()
     assert body["ok"] and body["truncated"] is True and len(body["rows"]) == 10_000
     assert rss_mib() - before < 300, "fetching a capped result must not materialise 10M rows"
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from probe_cli.main import main
-from probe_cli.transport.fanout import resolve_ranks
 from probe_cli.render.text import render_json, render_query_csv
+from probe_cli.transport.fanout import resolve_ranks
 from probe_cli.transport.nodetree import NodeCall, fan_out_nodes, stream_nodes
 from probe_cli.transport.session import Session
 from probe_cli.transport.targets import Endpoint

@@ -52,7 +52,8 @@ def test_wheel_does_not_require_torch(wheel):
 
 def test_pth_hook_imports_nothing_without_probe():
     # GIVEN PROBE unset, WHEN an interpreter starts with the .pth installed
-    code = "import sys; print(sorted(m for m in sys.modules if m.startswith(('probe', 'duckdb', 'fastapi', 'torch'))))"
+    code = ("import sys; print(sorted(m for m in sys.modules "
+            "if m.startswith(('probe', 'duckdb', 'fastapi', 'torch'))))")
     out = subprocess.run(
         [sys.executable, "-c", code], env=python_env(), capture_output=True, text=True, timeout=60
     )
@@ -66,8 +67,10 @@ def test_pth_hook_starts_agent_with_probe_set(tmp_path):
         "import sys, probe_agent.process as a; ag = a.current(); "
         "print(ag is not None and ag.url is not None)"
     )
-    env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(tmp_path / "r"), PROBE_WATCHDOG="0")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(tmp_path / "r"),
+                     PROBE_WATCHDOG="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True", out.stderr
 
@@ -75,7 +78,8 @@ def test_pth_hook_starts_agent_with_probe_set(tmp_path):
 def test_pth_hook_bad_config_warns_and_program_still_runs(tmp_path):
     env = python_env(PROBE="1", PROBE_PORT="notaport", PROBE_RUN_DIR=str(tmp_path / "r"))
     out = subprocess.run(
-        [sys.executable, "-c", "print('trained')"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", "print('trained')"], env=env, capture_output=True, text=True,
+        timeout=60,
     )
     assert out.returncode == 0 and out.stdout.strip() == "trained"
     assert "probe: agent not started: PROBE_PORT=notaport is invalid" in out.stderr
@@ -91,7 +95,8 @@ def test_pth_hook_bad_config_warns_and_program_still_runs(tmp_path):
         (["python", "-m", "torch._inductor.compile_worker", "--pool"], False),
         (["python", "/home/me/deepspeed_runs/train.py"], True),
     ],
-    ids=["script", "torchrun-module", "torchrun-script", "mp-spawn", "compile-worker", "path-mentions-deepspeed"],
+    ids=["script", "torchrun-module", "torchrun-script", "mp-spawn", "compile-worker",
+         "path-mentions-deepspeed"],
 )
 def test_autostart_skips_launchers(argv, expected):
     from probe_agent._autostart import should_start

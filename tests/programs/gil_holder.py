@@ -4,8 +4,9 @@ It waits in ``waiting_room`` (time.sleep, with a recognisable local) until ``--g
 exists, then calls ``hold_gil`` -> ``spin_in_c`` -> the C ``spin(seconds)`` loaded with
 ``ctypes.PyDLL`` (PyDLL keeps the GIL during the call), then waits again. Each return from the
 C call appends a line to ``--done-file``. With ``--train``, the waiting room takes an SGD step
-(lr 0.1) of a tiny model every 20 ms, so step-boundary actions have steps to ride on. The agent is started with ``probe_agent.start()``
-(configured from PROBE_* variables); readiness is ``--ready-file`` ({pid, url, unix_socket}).
+(lr 0.1) of a tiny model every 20 ms, so step-boundary actions have steps to ride on. The agent is
+started with ``probe_agent.start()`` (configured from PROBE_* variables); readiness is
+``--ready-file`` ({pid, url, unix_socket}).
 """
 
 from __future__ import annotations

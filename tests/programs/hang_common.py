@@ -54,7 +54,9 @@ def announce(ready_dir: str, **extra: object) -> None:
     ready.announce(ready_dir, dist.get_rank(), **extra)
 
 
-def start_healthy(args: argparse.Namespace) -> tuple[int, nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+def start_healthy(
+    args: argparse.Namespace,
+) -> tuple[int, nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
     """Set up the job, run ``--healthy-steps`` good steps, then announce readiness."""
     rank, _, model, optimizer = setup(args)
     x, y = torch.randn(8, 16), torch.randn(8, 1)

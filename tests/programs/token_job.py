@@ -131,8 +131,11 @@ def main() -> None:
     model = MODELS[args.model]().to(args.device)
     if args.tp > 1:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                       parallelize_module)
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
 
         world = dist.get_world_size()
         mesh = init_device_mesh("cpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
@@ -170,7 +173,8 @@ def main() -> None:
             pauses(args, step, model, train, rank, g)
         if step == args.ready_step:
             announce(args.ready_dir, rank, batch=args.batch, accum=args.accum,
-                     context=args.context, warmup=args.warmup, sched_total=args.sched_total, world=dist.get_world_size() if distributed else 1)
+                     context=args.context, warmup=args.warmup, sched_total=args.sched_total,
+                     world=dist.get_world_size() if distributed else 1)
 
 
 if __name__ == "__main__":

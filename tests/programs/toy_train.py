@@ -32,7 +32,8 @@ class Trainer:
 
 def build(workers: int) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     data = TensorDataset(torch.randn(512, 32), torch.randn(512, 1))
     loader = DataLoader(data, batch_size=32, shuffle=True, num_workers=workers)

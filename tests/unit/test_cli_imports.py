@@ -98,7 +98,7 @@ def test_the_protocol_package_imports_only_the_standard_library():
 
 def test_the_protocol_check_sees_a_module_outside_the_standard_library():
     # probe_cli's click is not stdlib: importing it alongside must show up
-    got = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r)\n" % str(ROOT)
+    got = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
                           + PROTOCOL_SCRIPT, "click"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert got.returncode == 0, got.stderr

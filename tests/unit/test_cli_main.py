@@ -275,7 +275,8 @@ def test_cli_surface_is_pinned():
             for name in ("backtrace", "query", "ps")}
     assert {"--locals", "--native", "--all"} <= opts["backtrace"]
     assert {"--format", "-o", "--gather"} <= opts["query"]
-    assert opts["ps"] == {"--clean", "--all"}  # issue 20 item 5: stale files hidden, swept on demand
+    # issue 20 item 5: stale files hidden, swept on demand
+    assert opts["ps"] == {"--clean", "--all"}
     # One word per window: --last looks back, --for looks ahead (--steps: a hidden alias)
     shown = {name: {o for p in cli.commands[name].params if not getattr(p, "hidden", False)
                     for o in p.opts}

@@ -118,7 +118,8 @@ def test_launch_off_loopback_makes_a_job_token_file_and_passes_its_path(tmp_path
     assert r.returncode == 0, r.stderr
     path, token_env = r.stdout.split()
     assert path.startswith(str(tmp_path / "run")) and token_env == "none"
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and len(Path(path).read_text().strip()) >= 32
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert len(Path(path).read_text().strip()) >= 32
     assert f"made the job token in {path}" in r.stderr
     # a shared file given to a second node is used as it is, never replaced
     r2 = subprocess.run([sys.executable, "-m", "probe_cli", "launch", "--token-file", path,

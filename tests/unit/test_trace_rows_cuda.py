@@ -1,8 +1,8 @@
 """The resolver's CUDA-row bookkeeping, without a GPU.
 
-CI has no GPU, so the real CUDA path (``tests/integration/tracing/test_tracing_safety.py``) skips there.
-The resolver's handling of records that carry CUDA events is plain Python and SQL, though: rows
-wait until their end event completes, take their duration from the event pair and their memory
+CI has no GPU, so the real CUDA path (``tests/integration/tracing/test_tracing_safety.py``) skips
+there. The resolver's handling of records that carry CUDA events is plain Python and SQL, though:
+rows wait until their end event completes, take their duration from the event pair and their memory
 columns from the allocator snapshot, and the first such row of a flush must not lose either
 (it did once). ``Event`` stands in for ``torch.cuda.Event``: ``query()`` and ``elapsed_time()``
 are the only calls the resolver makes on it.

@@ -5,8 +5,8 @@ Tokens are B x T of the root call's integer input: the first integer tensor of t
 dimensions among the positional arguments, else ``input_ids`` (the HF convention: the Trainer
 and most Lightning modules call ``model(**batch)``), else the first such keyword argument.
 Only root calls made with grad enabled count (the tracer checks): a validation pass under
-``no_grad`` inside a step feeds no training tokens. Padding counts as tokens (what the model computes on, which is what FLOPs and MFU need).
-A 1-D integer input (class labels) has no tokens.
+``no_grad`` inside a step feeds no training tokens. Padding counts as tokens (what the model
+computes on, which is what FLOPs and MFU need). A 1-D integer input (class labels) has no tokens.
 
 The compute dtype is read inside the root call, where the job's autocast is active: the
 autocast dtype when autocast is on for the input's device, else the dtype of the root's first

@@ -37,8 +37,8 @@ import contextlib
 import struct
 import sys
 import threading
-from collections.abc import Iterator
 from array import array
+from collections.abc import Iterator
 from typing import Any
 
 from ... import optim_hooks

@@ -33,6 +33,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .saved_bytes import INPUT, SAVED, SV_N
 from .trace_columns import (
     BACKWARD,
     BW_CUDA,
@@ -47,7 +48,6 @@ from .trace_columns import (
     RECOMPUTE,
     records,
 )
-from .saved_bytes import INPUT, SAVED, SV_N
 from .trace_names import ModuleNames
 
 _MAX_PENDING = 50_000

@@ -13,7 +13,6 @@ pytest.importorskip("duckdb")
 from tests.integration.memory_support import AttnHeavy, run, steps  # noqa: E402
 from tests.integration.tracing_support import rows  # noqa: E402
 
-
 leaked: list = []  # a module global: the census finds it through the training thread's frames
 
 

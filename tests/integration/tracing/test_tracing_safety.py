@@ -152,7 +152,8 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(torch.randn(32, 4), batch_size=8)
-    wait_until(lambda: agent.collectors.trainloop.state()["dataloader_wrapped"], 10,
+    # (the agent is bound as a default, not a closure: the name is deleted below to see it freed)
+    wait_until(lambda a=agent: a.collectors.trainloop.state()["dataloader_wrapped"], 10,
                "the DataLoader was never wrapped")
     for x in loader:
         model(x).sum().backward()
