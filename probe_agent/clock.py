@@ -108,6 +108,11 @@ class StepClock:
         self._engine_depth = 0  # engine.step() calls in progress on the training thread
         self._engine_thread: int | None = None
         self._deferred: Any = None  # the optimizer that stepped inside engine.step()
+        #: id(optimizer) -> its param groups' LRs as its last step() used them. A scheduler
+        #: steps after the optimizer (the HF Trainer: ``optimizer.step()``, then
+        #: ``lr_scheduler.step()``), so a live read at step N may hold step N's or step N+1's
+        #: LR; two ranks at the same step then "disagree". Doctor reports these instead.
+        self.step_lrs: dict[int, list[Any]] = {}
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Sink) -> None:
@@ -242,6 +247,8 @@ class StepClock:
                 self._wrap_engine_step()  # the next steps end where the engine's do
             if id(optimizer) not in self._seen_ids:
                 self._remember(optimizer)
+            self.step_lrs[id(optimizer)] = [_plain_lr(g.get("lr"))
+                                            for g in getattr(optimizer, "param_groups", ())]
             primary = self._primary() if self._primary is not None else None
             if primary is None:
                 self._primary = weakref.ref(optimizer)
@@ -281,10 +288,17 @@ class StepClock:
 
         def forget(_: Any, oid: int = oid) -> None:
             self._seen_ids.discard(oid)
+            self.step_lrs.pop(oid, None)
             self._optimizers = [r for r in self._optimizers if r() is not None]
 
         self._optimizers.append(weakref.ref(optimizer, forget))
         self._seen_ids.add(oid)
+
+
+def _plain_lr(value: Any) -> float | None:
+    """A plain number LR, or None for a tensor LR (reading it could sync a device: the live
+    value is reported for it instead)."""
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _engine_step_wrapper(clock: StepClock, original: Any) -> Any:

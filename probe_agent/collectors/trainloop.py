@@ -315,12 +315,19 @@ def _number(value: Any) -> float | None:
         return math.nan
 
 
-def optimizer_state(optimizers: list[Any]) -> list[dict[str, Any]]:
-    """Every optimizer's class and its param groups' scalar settings (lr, momentum, ...)."""
+def optimizer_state(optimizers: list[Any],
+                    step_lrs: dict[int, list[Any]] | None = None) -> list[dict[str, Any]]:
+    """Every optimizer's class and its param groups' scalar settings (lr, momentum, ...).
+
+    ``step_lrs`` (the step clock's): each optimizer's LRs as its last step() used them. Where
+    given, ``lr`` is that value, so ranks at the same step report the same LR whether or not
+    their scheduler has stepped since (``lr_live`` keeps the value read now when it differs).
+    """
     out = []
     for i, opt in enumerate(optimizers):
         groups = []
-        for g in getattr(opt, "param_groups", ()):
+        used = (step_lrs or {}).get(id(opt)) or []
+        for j, g in enumerate(getattr(opt, "param_groups", ())):
             settings: dict[str, Any] = {"params": len(g.get("params", ()))}
             for k, v in g.items():
                 if k == "params":
@@ -331,6 +338,11 @@ def optimizer_state(optimizers: list[Any]) -> list[dict[str, Any]]:
                     settings[k] = v
                 elif isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v):
                     settings[k] = list(v)
+            at_step = used[j] if j < len(used) else None
+            if at_step is not None and "lr" in settings:
+                if settings["lr"] != at_step:
+                    settings["lr_live"] = settings["lr"]
+                settings["lr"] = at_step
             groups.append(settings)
         out.append({"index": i, "class": type(opt).__name__, "groups": groups})
     return out

@@ -14,6 +14,7 @@ from .number_checks import check_lr_clip, check_memory, check_nonfinite
 from .schedule import check_schedule
 from .throughput import check_throughput
 from .time_checks import (
+    busy_not_stuck,
     check_collective_wait,
     check_data_wait,
     check_hang,
@@ -40,6 +41,7 @@ def rank_doc(state: RankState, answer: dict[str, Any] | None) -> RankDoc:
 
 def diagnose(verdict: HangVerdict, docs: list[RankDoc], min_wait: float) -> Report:
     report = Report()
+    verdict = busy_not_stuck(verdict, docs, min_wait)
     check_hang(report, verdict)
     if not verdict.problem:
         check_stalls(report, docs, min_wait)

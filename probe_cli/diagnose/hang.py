@@ -84,6 +84,9 @@ class HangVerdict(Verdict):
     basis: str = ""
     #: seconds in a collective that counted as stuck (the job's own rhythm, or --min-wait).
     threshold_s: float | None = None
+    #: ranks the verdict blames only because their collectives read timed out (the GIL is
+    #: held, or the node is busy): doctor checks them against their steps (time_checks.py).
+    gil_suspects: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {**Verdict.to_json(self), "waiting": self.waiting, "confidence": self.confidence,
@@ -267,7 +270,8 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
         return HangVerdict(True, headline, details, odd,
                            {"pg": pg, "seq": seq, "op": op, "ranks": waiting,
                             "age_s": round(age, 3)},
-                           confidence=conf, basis=basis, threshold_s=round(rule.wait_s, 3))
+                           confidence=conf, basis=basis, threshold_s=round(rule.wait_s, 3),
+                           gil_suspects=tuple(s.rank for s in stuck if s.rank in odd))
 
     if stuck and not (failed or silent):
         # No rank is seen waiting (the others' collectives are unknown or young), but a rank's
@@ -281,7 +285,8 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
         return HangVerdict(True, f"STUCK: {_ranks_word([s.rank for s in stuck])} "
                            f"{'does' if len(stuck) == 1 else 'do'} not run Python; "
                            f"{details[0].split(';')[0]}", details, [s.rank for s in stuck],
-                           confidence="low", basis=basis, threshold_s=round(rule.wait_s, 3))
+                           confidence="low", basis=basis, threshold_s=round(rule.wait_s, 3),
+                           gil_suspects=tuple(s.rank for s in stuck))
 
     if failed or silent:
         # Failed collectives are usually the survivors' view of a silent peer: blame the peer.

@@ -30,6 +30,35 @@ STRAGGLER_SHARE = 0.2
 TOP_MODULES = 5
 
 
+def busy_not_stuck(verdict: HangVerdict, docs: list[RankDoc], min_wait: float) -> HangVerdict:
+    """The hang verdict, unless it blames only ranks whose collectives read timed out (a held
+    GIL, or a busy node) and every one of them then answered doctor's own round with a step
+    finished recently: a rank whose Python does not run can do neither. On a busy node
+    "STUCK: ranks 0,1 do not run Python" was printed while the steps kept advancing."""
+    suspects = set(verdict.gil_suspects)
+    if not verdict.problem or not suspects or not suspects >= set(verdict.culprits):
+        return verdict
+    by_rank = {d.rank: d for d in docs}
+    lines = []
+    for r in sorted(suspects):
+        d = by_rank.get(r)
+        state = (d.state if d is not None else None) or {}
+        clock, now = state.get("clock") or {}, num(state.get("now"))
+        last = num(clock.get("last_step_at"))
+        step_ms = num(first_loop(d).get("step_ms")) or 0.0 if d is not None else 0.0
+        if now is None or last is None or now - last >= max(min_wait, STALL_STEPS * step_ms / 1e3):
+            return verdict
+        lines.append(f"rank {r}: at step {clock.get('step')}, its last step finished "
+                     f"{now - last:.1f} s before it answered")
+    ranks = rank_label(sorted(suspects))
+    return HangVerdict(
+        False, f"no hang: {ranks} answered the collectives read too late, then kept stepping "
+        "(a busy node, not a held GIL)",
+        [*lines, f"the first read said: {verdict.headline}"], confidence="medium",
+        basis="the ranks blamed for not running Python finished optimizer steps since",
+        threshold_s=verdict.threshold_s)
+
+
 def check_hang(report: Report, verdict: HangVerdict) -> None:
     if verdict.problem:
         report.findings.append(Finding(

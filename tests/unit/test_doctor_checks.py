@@ -304,3 +304,34 @@ def test_deepspeed_fp16_scaler_skipping_most_steps_is_a_warning():
     assert any("rank 0: fp16 loss scale 65536; the scaler skipped 3 of 40" in e
                for e in lr.evidence)
     assert any("rank 1: DeepSpeed gradient_clipping is off" in e for e in lr.evidence)
+
+
+def _stuck_verdict() -> HangVerdict:
+    from probe_cli.diagnose.hang import RankState
+    from probe_cli.diagnose.hang import diagnose as hang_diagnose
+
+    spin = {"func": "forward", "file": "/job/train.py", "lineno": 7}
+    main = {"func": "<module>", "file": "/job/train.py", "lineno": 90}
+    return hang_diagnose([RankState(r, frames=(spin, main), coll_error="HTTP 504",
+                                    route="py-spy") for r in (0, 1)])
+
+
+def test_ranks_blamed_for_a_held_gil_that_keep_stepping_are_busy_not_stuck():
+    # GIVEN a busy node: both ranks' collectives read timed out (the watchdog answered)
+    verdict = _stuck_verdict()
+    assert verdict.headline.startswith("STUCK: ranks 0,1 do not run Python")
+    # WHEN both then answer doctor's round with a step finished 0.3 s earlier
+    report = diagnose(verdict, [doc(0, last_step_at=NOW - 0.3), doc(1, last_step_at=NOW - 0.3)],
+                      5.0)
+    # THEN no hang is reported, and the note says why
+    assert "hang" not in checks(report), report.findings
+    note = next(x for x in report.fine if x.startswith("hang: "))
+    assert "kept stepping" in note and "busy node" in note
+
+
+def test_ranks_blamed_for_a_held_gil_that_stopped_stepping_stay_stuck():
+    # GIVEN the same reads, but rank 1's last step is 60 s old (its GIL really is held)
+    report = diagnose(_stuck_verdict(), [doc(0, last_step_at=NOW - 0.3),
+                                         doc(1, last_step_at=NOW - 60)], 5.0)
+    hang = next(f for f in report.findings if f.check == "hang")
+    assert hang.severity == "critical" and hang.title.startswith("STUCK")

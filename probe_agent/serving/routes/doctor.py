@@ -50,7 +50,7 @@ def _state(agent: AgentParts) -> dict[str, Any]:
         now=time.time(),
         clock=clock.state(),
         loop=monitor.state() if monitor is not None else None,
-        optimizers=tuple(optimizer_state(clock.optimizers())),
+        optimizers=tuple(optimizer_state(clock.optimizers(), clock.step_lrs)),
         schedulers=_schedulers(clock.optimizers()),
         cuda_total_mib=_cuda_totals(),
         deepspeed=_deepspeed(clock.optimizers()),
