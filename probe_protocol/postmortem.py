@@ -3,6 +3,7 @@
 Layout (written by the agent and its watchdog, read by `probe postmortem` and `probe -t DIR`)::
 
     <root>/<job>/rank-<r>/          0700, every file 0600
+    <root>/<job>/.probe-postmortem.json   the marker: this uid's agent made the job's directory
         meta.json                   who wrote it, when it was last refreshed, budget and drops
         <table>.<seq>.parquet       rows of python.<table>; a table is one file or several parts
         end.json                    the rank's own account of its end (exit, signal, exception)
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
 from collections.abc import Mapping
 from typing import Any
@@ -33,7 +33,29 @@ END = "end.json"
 DEATH = "death.json"
 RANK_PREFIX = "rank-"
 PARQUET = ".parquet"
+#: The job directory's proof of origin (owned_tree.py): only a directory holding it is swept.
+MARKER = ".probe-postmortem.json"
+MARKER_KIND = "postmortem-copy"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+#: Every name the copy writes in a rank's directory: the records, the table parts, and the
+#: temporary files they are written as before the rename (``tmp_name``).
+_LAYOUT = re.compile(r"(meta|end|death)\.json|[A-Za-z0-9_]+\.[0-9]+\.parquet")
+_TMP = re.compile(r"\.((meta|end|death)\.json|[A-Za-z0-9_]+\.[0-9]+\.parquet)"
+                  r"\.[0-9]+-[0-9a-f]{8}\.tmp")
+
+
+def tmp_name(final: str) -> str:
+    """The temporary name a file is written as before it is renamed to ``final`` (a name)."""
+    return f".{final}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
+
+
+def is_layout_file(name: str) -> bool:
+    """A name the copy writes in a rank's directory (the sweep removes only these)."""
+    return bool(_LAYOUT.fullmatch(name) or _TMP.fullmatch(name))
+
+
+def is_tmp(name: str) -> bool:
+    return bool(_TMP.fullmatch(name))
 
 
 def root(environ: Mapping[str, str] | None = None) -> str:
@@ -76,38 +98,82 @@ def rank_of(name: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-def make_private(path: str) -> None:
-    """``path`` and the missing directories above it, 0700; an existing one must be ours and
-    a real directory (another uid may have made it first on a shared filesystem)."""
-    parent = os.path.dirname(path)
-    if parent and parent != path and not os.path.isdir(parent):
-        make_private(parent)  # each level 0700: makedirs' mode is cut by the umask
+def write_atomic(path: str, write: Any) -> int:
+    """``write(binary file)`` into a fresh 0600 temporary beside ``path``, fsync, rename over
+    ``path``, fsync the directory: a reader (or a kill, a full disk) sees the old file or the
+    new one, whole, never a part. The temporary is gone when this raises. Returns the size."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, tmp_name(name))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise PermissionError(f"{path} is not a directory of uid {os.getuid()}")
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path, 0o700)
+        with open(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    sync_dir(folder)
+    return size
+
+
+def sync_dir(folder: str) -> None:
+    try:
+        dfd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass  # some filesystems refuse a directory fsync; the rename stands
+    finally:
+        os.close(dfd)
 
 
 def write_json(path: str, record: Mapping[str, Any]) -> None:
-    """Atomically, 0600."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(record, f, default=str)
-    os.replace(tmp, path)
+    """Atomically (``write_atomic``), 0600."""
+    write_atomic(path, lambda f: f.write(json.dumps(record, default=str).encode()))
 
 
-def read_json(path: str) -> dict[str, Any]:
+#: The largest record read (a copy's JSON files are a few KiB).
+MAX_JSON_BYTES = 1 << 20
+
+
+def read_json(path: str, problems: list[str] | None = None) -> dict[str, Any]:
+    """The JSON object in ``path``, else {} (missing, or not a regular file, over
+    MAX_JSON_BYTES, not JSON, nested too deep: a crafted copy must not hang or crash a reader;
+    why goes to ``problems`` when given, one line, unless the file is simply missing)."""
     try:
-        with open(path) as f:
-            rec = json.load(f)
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         return {}
-    return rec if isinstance(rec, dict) else {}
+    except OSError as e:
+        why = f"{path}: {e.strerror or e}"
+        rec = None
+    else:
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_JSON_BYTES:
+                why = (f"{path} is not a regular file" if not stat.S_ISREG(st.st_mode) else
+                       f"{path} is {st.st_size} bytes, over {MAX_JSON_BYTES}")
+                rec = None
+            else:
+                try:
+                    rec = json.loads(f.read(MAX_JSON_BYTES + 1))
+                    why = f"{path} does not hold a JSON object"
+                except (ValueError, RecursionError) as e:
+                    rec = None
+                    why = f"{path} is not valid JSON ({type(e).__name__})"
+    if isinstance(rec, dict):
+        return rec
+    if problems is not None:
+        problems.append(why)
+    return {}
 
 
 def table_files(rank_path: str) -> dict[str, list[str]]:
@@ -124,23 +190,3 @@ def table_files(rank_path: str) -> dict[str, list[str]]:
         if table and seq.isdigit():
             out.setdefault(table, []).append((int(seq), os.path.join(rank_path, name)))
     return {t: [p for _, p in sorted(v)] for t, v in out.items()}
-
-
-def dir_bytes(path: str) -> int:
-    total = 0
-    for base, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(base, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    parent = os.path.dirname(path)
-    try:
-        os.rmdir(parent)  # the job's directory, once its last rank is gone
-    except OSError:
-        pass

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from probe_protocol import owned_tree
 from probe_protocol import postmortem as layout
 from probe_protocol.runfiles import RunFiles
 
@@ -45,14 +46,14 @@ class Postmortem:
             if removed:
                 log.info("probe agent: removed %d old post-mortem directories from %s",
                          len(removed), self.root)
-            layout.make_private(self.path)
-        except OSError as e:
+            owned_tree.make_copy_dir(self.path)
+        except OSError as e:  # a root someone else could change, among others: one line
             log.warning("probe agent: no post-mortem copy (%s)", e)
             return
         if self.pointer is not None:
             try:
-                with open(os.open(self.pointer, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-                          "w") as f:
+                with open(os.open(self.pointer, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                                  | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), "w") as f:
                     f.write(self.path)
             except OSError:
                 pass
@@ -76,7 +77,7 @@ class Postmortem:
         clean = (self.hooks.ended or {"kind": "exit"}).get("kind") == "exit"
         if not (exiting and watchdog_stays):
             if clean and not self.keep:
-                layout.remove_tree(self.path)
+                owned_tree.remove_rank_copy(self.path)
             if self.pointer is not None:
                 try:
                     os.unlink(self.pointer)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from probe_protocol import owned_tree
 from probe_protocol import postmortem as layout
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class PostmortemCopy:
 
     def _refresh(self) -> None:
         if not self._made:
-            layout.make_private(self.path)
+            owned_tree.make_copy_dir(self.path)
             self._made = True
         rows: dict[str, int] = {}
         for table in self.store.tables():

@@ -1,13 +1,17 @@
-"""Old post-mortem directories go: by age, then by size, oldest job first (at agent start)."""
+"""Old post-mortem copies go: by age, then by size, oldest job first (at agent start).
+
+Only job directories proven to be this uid's copies (probe_protocol/owned_tree.py: our marker,
+our layout, nothing else, no link) are considered, under a root reached without following
+anyone else's link; their size is what they take on disk. Anything else under the root, the
+owner's own files included, is never touched.
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
-import stat
 import time
 
-from probe_protocol import postmortem as layout
+from probe_protocol import owned_tree
 
 #: A job's copy older than this (its newest file) is removed.
 MAX_AGE_S = 7 * 24 * 3600.0
@@ -15,42 +19,31 @@ MAX_AGE_S = 7 * 24 * 3600.0
 MAX_TOTAL_BYTES = 4 * 1024**3
 
 
-def _newest(path: str) -> float:
-    newest = 0.0
-    for base, _, files in os.walk(path):
-        for name in files:
-            try:
-                newest = max(newest, os.lstat(os.path.join(base, name)).st_mtime)
-            except OSError:
-                pass
-    return newest
-
-
 def sweep(root: str, keep: str, now: float | None = None, max_age_s: float = MAX_AGE_S,
           max_total: int = MAX_TOTAL_BYTES) -> list[str]:
-    """Remove job directories under ``root`` past ``max_age_s``, then the oldest until all fit
-    ``max_total`` bytes; never ``keep`` (this job) nor another uid's. Returns what went."""
+    """Remove proven copies under ``root`` past ``max_age_s``, then the oldest until all fit
+    ``max_total`` bytes (allocated); never ``keep`` (this job). Returns what went. Raises
+    ``owned_tree.UntrustedPathError`` for a root someone else could change."""
     now = time.time() if now is None else now
     try:
-        names = os.listdir(root)
-    except OSError:
+        root_fd = owned_tree.open_root(root)
+    except FileNotFoundError:
         return []
-    jobs = []
-    for name in names:
-        path = os.path.join(root, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if name == keep or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            continue
-        jobs.append((_newest(path) or st.st_mtime, layout.dir_bytes(path), path))
-    jobs.sort()
-    removed = []
-    total = sum(size for _, size, _ in jobs)
-    for newest, size, path in jobs:
-        if now - newest > max_age_s or total > max_total:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-            total -= size
-    return removed
+    try:
+        proofs = []
+        for name in os.listdir(root_fd)[:owned_tree.MAX_NAMES]:
+            if name != keep:
+                proof = owned_tree.prove_job(root_fd, name)
+                if proof is not None:
+                    proofs.append(proof)
+        proofs.sort(key=lambda p: p.newest)
+        removed = []
+        total = sum(p.allocated for p in proofs)
+        for proof in proofs:
+            if now - proof.newest > max_age_s or total > max_total:
+                if owned_tree.remove_job(root_fd, proof):
+                    removed.append(os.path.join(root, proof.name))
+                    total -= proof.allocated
+        return removed
+    finally:
+        os.close(root_fd)

@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any
 
+from probe_protocol import owned_tree
 from probe_protocol import postmortem as layout
 from probe_protocol.runfiles import RunFiles
 
@@ -28,17 +29,18 @@ def _clean(exit_: dict[str, Any], end: dict[str, Any]) -> bool:
 def record_death(files: RunFiles, rank: Any, keep: bool) -> None:
     """``rank``: the watchdog's RankWatch (exit, died_at, last_step, last_backtrace)."""
     try:
-        with open(files.postmortem) as f:
-            path = f.read().strip()
+        with open(os.open(files.postmortem, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                          | os.O_CLOEXEC)) as f:
+            path = f.read(4096).strip()
     except OSError:
         return
-    if not path or not os.path.isdir(path):
-        return
+    if not path or not owned_tree.is_rank_copy(path):
+        return  # only a copy proven ours (the pointer is a file in the run dir)
     exit_ = dict(rank.exit or {})
     end = layout.read_json(os.path.join(path, layout.END))
     try:
         if _clean(exit_, end) and not keep:
-            layout.remove_tree(path)
+            owned_tree.remove_rank_copy(path)
         else:
             bt = rank.last_backtrace or {}
             layout.write_json(os.path.join(path, layout.DEATH), {
