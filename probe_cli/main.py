@@ -136,13 +136,13 @@ def cli(
 
 @cli.result_callback()
 def _stream_stdout(rv: Any, **_: Any) -> Any:
-    """A command whose stdout is a generator (``probe query --json`` at scale) is still asking
-    ranks while it is printed: print it here, while the session (its connections) is open;
-    ``emit`` prints the rest after the session closed, as for every other command."""
-    if isinstance(rv, Outcome) and not isinstance(rv.stdout, list):
-        for line in rv.stdout:
+    """A command with a ``stream`` (``probe query --json`` at scale) is still asking ranks
+    while it is printed: print it here, while the session (its connections) is open; ``emit``
+    prints the rest after the session closed, as for every other command."""
+    if isinstance(rv, Outcome) and rv.stream is not None:
+        for line in rv.stream:
             click.echo(line, color=True)
-        rv.stdout = []
+        rv.stream = None
     return rv
 
 
@@ -257,6 +257,8 @@ def hoist_global_options(args: list[str], group: click.Group) -> list[str]:
 
 def emit(outcome: Outcome) -> None:
     """Print a command's Outcome: results on stdout, everything else on stderr."""
+    for line in outcome.stream or ():
+        click.echo(line, color=True)
     for line in outcome.stdout:
         click.echo(line, color=True)
     for line in outcome.stderr:

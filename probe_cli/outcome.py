@@ -20,13 +20,14 @@ from .transport.session import Session
 @dataclass(slots=True)
 class Outcome:
     """What a command produced. ``stdout`` holds results only; ``stderr`` progress-free notes,
-    warnings and the failure summary (lines without newlines). A streamed ``stdout`` (an
-    iterator: ``probe query --json``) is printed as it comes, and sets ``stderr`` and
-    ``exit_code`` once it ends (main.py)."""
+    warnings and the failure summary (lines without newlines). ``stream``, when set, is results
+    still being fetched (``probe query --json``): main.py prints it as it comes, before
+    ``stdout``, while the session is open; consuming it sets ``stderr`` and ``exit_code``."""
 
-    stdout: list[str] | Iterator[str] = field(default_factory=list)
+    stdout: list[str] = field(default_factory=list)
     stderr: list[str] = field(default_factory=list)
     exit_code: int = EXIT_OK
+    stream: Iterator[str] | None = None
 
 
 def exit_code(results: list[RankResult]) -> int:

@@ -133,7 +133,8 @@ def split(body: Mapping[str, Any]) -> list[tuple[int, int, dict[str, Any]]]:
     answers = body.get("answers")
     if not isinstance(answers, list):
         return []
-    stacks = body.get("stacks") if isinstance(body.get("stacks"), list) else []
+    got = body.get("stacks")
+    stacks: list[Any] = got if isinstance(got, list) else []
     by_rank: dict[int, list[list[Any]]] = {}
     if isinstance(body.get("rows"), list):
         for row in body["rows"]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
 
 import click
@@ -46,7 +47,7 @@ def command(session: Session, code: str | None, at_step: int | None, next_step: 
     if code is None:
         raise click.UsageError("give the CODE to run (or --cancel ID)")
     if code == "-":
-        code = click.get_text_stream("stdin").read()
+        code = sys.stdin.read()  # click 8.5 deprecated get_text_stream (gone in 9)
     check_exclusive(at_step, next_step)
     if at_step is not None or next_step:  # a step-boundary action (step_actions.py)
         from ._step_eval import step_eval

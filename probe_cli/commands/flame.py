@@ -72,8 +72,9 @@ def command(session: Session, seconds: float, rate: float, max_seconds: float, s
                             f"{max_seconds:g} s; pass --max-seconds {seconds:g} to raise it",
                             exit_code=EXIT_USAGE)
     flame_id = uuid.uuid4().hex[:12]
-    for suffix in SUFFIXES if out_base else ():  # before sampling, not after it
-        refuse_existing(out_base + suffix, overwrite)
+    if out_base:  # before sampling, not after it
+        for suffix in SUFFIXES:
+            refuse_existing(out_base + suffix, overwrite)
     body = {"id": flame_id, "seconds": seconds, "rate": rate, "max_seconds": max_seconds,
             "sampler": sampler, "requested_by": requested_by()}
     targets = resolve_ranks(session)

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from probe_protocol.envelope import Envelope
 from probe_protocol.query import QueryBody
 
 from ..diagnose.memory_use import BREAKDOWN_STEPS, TOP_ACTIVATIONS, Breakdown, breakdown
@@ -136,8 +137,10 @@ def _gather(growth: dict[str, Any]) -> Any:
                                                      top=TOP_ACTIVATIONS)).records()
         except RankError:  # an agent without these queries: growth only
             rows, acts = [], []
-        rank = body.get("rank", target.rank)
-        body["_breakdown"] = breakdown(rank, rows[0], acts) if rows else None
+        rank = Envelope.from_wire(body).rank  # every body carries its rank
+        rank = target.rank if rank is None else rank
+        body["_breakdown"] = (breakdown(rank, rows[0], acts)
+                              if rows and rank is not None else None)
         return body
 
     return call

@@ -98,11 +98,12 @@ def command(
             out.stderr[:0] = query_notes([r for r in results if r.ok])
         else:
             out = Outcome()
-            out.stdout = _streamed(session, stream_nodes(session, targets, call, node), fmt, out)
+            out.stream = _streamed(session, stream_nodes(session, targets, call, node), fmt, out)
     if out_path and fmt not in BINARY:
-        if _write_text(out_path, out.stdout, overwrite):
+        if _write_text(out_path, out.stream if out.stream is not None else out.stdout,
+                       overwrite):
             out.stderr.insert(0, f"wrote {out_path}")
-        out.stdout = []
+        out.stdout, out.stream = [], None
     return out
 
 

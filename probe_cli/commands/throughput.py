@@ -78,8 +78,9 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
     by_rank = {t.rank: t for t in ranks}
     job_json = job.to_json()
     # The schedule is the job's: the lowest rank that has read one speaks for it.
-    sched = next((r.data["_schedule"] for r in sorted(results, key=lambda r: str(r.rank))
-                  if r.ok and r.data and r.data.get("_schedule")), [])
+    by_rank_order = sorted(results, key=lambda r: str(r.rank))
+    sched: list[Any] = next((r.data["_schedule"] for r in by_rank_order
+                             if r.ok and r.data and r.data.get("_schedule")), [])
     now = max((int(t.row["last_step"]) for t in ranks if t.row.get("last_step") is not None),
               default=None)
     job_json["schedule"] = schedules(sched, job_json.get("gb_tok"), now)

@@ -59,7 +59,7 @@ def command(session: Session, port: int, bind: str, refresh: float,
                                 help_text="pick another --port (0 picks a free one)") from None
     server.serve_in_thread()
     click.echo(f"probe ui: dashboard at {server.url}  (Ctrl-C stops it)", err=False)
-    click.get_text_stream("stdout").flush()
+    sys.stdout.flush()
     if open_browser:
         import webbrowser
 

@@ -33,8 +33,9 @@ class Finding:
     detail: dict[str, Any] = field(default_factory=dict)  # a check's own numbers, for scripts
 
     def to_json(self) -> dict[str, Any]:
-        body = {"severity": self.severity, "check": self.check, "title": self.title,
-                "evidence": self.evidence, "next": self.next, "ranks": self.ranks}
+        body: dict[str, Any] = {"severity": self.severity, "check": self.check, "title": self.title,
+                                "evidence": self.evidence, "next": self.next,
+                                "ranks": self.ranks}
         if self.detail:
             body["detail"] = self.detail
         return body

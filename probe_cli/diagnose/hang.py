@@ -166,7 +166,7 @@ def _confidence(rule: WaitRule, age: float, located: bool) -> str:
 
 
 def _explain(r: int, s: RankState | None, w: dict[str, Any] | None, key: tuple[str, Any],
-             op: str, label: str, failed: dict[int, dict[str, Any]]) -> tuple[str, list[str],
+             op: str | None, label: str, failed: dict[int, dict[str, Any]]) -> tuple[str, list[str],
                                                                               bool]:
     """Why rank ``r`` is not waiting at ``key``: (headline phrase, detail lines, located)."""
     if s is None:

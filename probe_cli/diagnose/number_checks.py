@@ -86,7 +86,10 @@ def check_memory(report: Report, docs: list[RankDoc]) -> None:
                                 f"memory: no steps past the first {MEMORY_WARMUP_STEPS} yet "
                                 "(warm-up is left out)")
         return
-    grows, fine, ooms, young = [], [], [], []
+    grows: list[tuple[int, float, str]] = []  # (rank, slope MiB/step, evidence line)
+    fine: list[tuple[int, float, str]] = []
+    ooms: list[str] = []
+    young: list[int] = []
     for d in have:
         for row in d.memory or []:
             dev = row.get("device") or "?"
@@ -360,7 +363,7 @@ def _settings_disagree(docs: list[RankDoc], loop_sets_lr: bool = False) -> set[i
             for o in opts)
         lrs[d.rank] = tuple(num(g.get("lr")) or 0.0 for o in opts for g in o.get("groups") or [])
         steps[d.rank] = ((d.state or {}).get("clock") or {}).get("step")
-    out = set()
+    out: set[int] = set()
     if len(set(shape.values())) > 1:
         out.update(shape)
     for a in lrs:

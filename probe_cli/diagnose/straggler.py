@@ -252,14 +252,15 @@ def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: 
                      f"{ALPHA:g}, "
                      f"with {MIN_SAMPLES}+ collectives); its excess wait "
                      f"{excess:.1%} of the window (named from {min_share:.0%})")
-    contention = cpu_contention(worst.rank, excess, cpu_wait or {})
+    waits = cpu_wait or {}
+    contention = cpu_contention(worst.rank, excess, waits)
     if contention is not None:
         v.details.append(contention[1])
     if evidence and excess >= min_share and worst.lags and contention is not None \
             and contention[0] == "scheduler":
         v.contention = True
         v.headline = (f"no straggler: the ranks wait for a CPU "
-                      f"{min(cpu_wait.values()):.0%}-{max(cpu_wait.values()):.0%} of their step "
+                      f"{min(waits.values()):.0%}-{max(waits.values()):.0%} of their step "
                       f"time, and the rank that arrives last follows the scheduler (rank "
                       f"{worst.rank} now): the host is oversubscribed")
     elif evidence and excess >= min_share and worst.lags:
@@ -270,7 +271,7 @@ def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: 
                       f"rank each time it is last; the others waited for it {share:.0%} of the "
                       f"last {span:.1f} s ({len(window)} collectives)")
         if contention is not None and contention[0] == "own":
-            v.headline += (f"; it waited for a CPU {cpu_wait[worst.rank]:.0%} of its step time: "
+            v.headline += (f"; it waited for a CPU {waits[worst.rank]:.0%} of its step time: "
                            "another process or too many threads on its cores")
     else:
         why = (f"no rank is last more often than chance (p = {p:.2g})" if not evidence else

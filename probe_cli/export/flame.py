@@ -57,7 +57,7 @@ def widest_frames(per_rank: Mapping[int, Folded], top: int = 15) -> list[dict[st
     """The frames with the largest median share across ranks, with each rank's share."""
     shares = {r: frame_shares(f) for r, f in per_rank.items()}
     labels = {label for incl, _, _ in shares.values() for label in incl}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label in labels:
         incl = {r: s[0].get(label, 0.0) for r, s in shares.items()}
         self_ = {r: s[1].get(label, 0.0) for r, s in shares.items()}
@@ -71,7 +71,7 @@ def hottest_frames(per_rank: Mapping[int, Folded], top: int = 10) -> list[dict[s
     """The frames with the most self time (median share across ranks)."""
     shares = {r: frame_shares(f)[1] for r, f in per_rank.items()}
     labels = {label for s in shares.values() for label in s}
-    rows = [{"frame": label, "self_pct": statistics.median(s.get(label, 0.0)
+    rows: list[dict[str, Any]] = [{"frame": label, "self_pct": statistics.median(s.get(label, 0.0)
                                                            for s in shares.values()),
              "ranks": {r: s.get(label, 0.0) for r, s in shares.items()}} for label in labels]
     rows.sort(key=lambda r: (-r["self_pct"], r["frame"]))
@@ -85,7 +85,7 @@ def rank_differences(per_rank: Mapping[int, Folded]) -> list[dict[str, Any]]:
         return []
     shares = {r: frame_shares(f)[0] for r, f in per_rank.items()}
     labels = {label for s in shares.values() for label in s}
-    found = []
+    found: list[dict[str, Any]] = []
     for label in labels:
         values = {r: s.get(label, 0.0) for r, s in shares.items()}
         med = statistics.median(values.values())

@@ -80,8 +80,9 @@ class OpStats:
         for i in range(len(self.ts)):
             if not self.device[i]:
                 self_us[self.name[i]] += max(0.0, self.dur[i] - child[i])
-        rows = [{"name": names[k], "calls": calls[k], "self_us": round(self_us[k], 3),
-                 "total_us": round(total_us[k], 3), "self_device_us": round(dev_us[k], 3)}
-                for k in range(len(names))]
+        rows: list[dict[str, Any]] = [
+            {"name": names[k], "calls": calls[k], "self_us": round(self_us[k], 3),
+             "total_us": round(total_us[k], 3), "self_device_us": round(dev_us[k], 3)}
+            for k in range(len(names))]
         rows.sort(key=lambda r: (-(r["self_us"] + r["self_device_us"]), r["name"]))
         return rows[:n]

@@ -248,7 +248,9 @@ def _rank_events(t: RankTrace, origin_s: float, report: MergeReport) -> Iterator
 
 def _place(ev: dict[str, Any], t: RankTrace, shift_us: float) -> dict[str, Any] | None:
     pid = ev.get("pid")
-    on_cpu = t.pid is None or pid == t.pid or not isinstance(pid, int)
+    # an event of another process id is the profiler's device lane (kineto: pid = device index)
+    device = pid if isinstance(pid, int) and t.pid is not None and pid != t.pid else None
+    on_cpu = device is None
     if ev.get("ph") == "M":
         if ev.get("name") in _KINETO_PROCESS_META:
             return None  # replaced by the rank's own process metadata
@@ -256,7 +258,7 @@ def _place(ev: dict[str, Any], t: RankTrace, shift_us: float) -> dict[str, Any] 
             ev["args"] = {"name": f"GPU {pid} {ev.get('args', {}).get('name', '')}".strip()}
     if not on_cpu:
         tid = ev.get("tid")
-        ev["tid"] = _DEVICE_TID + int(pid) * 1000 + (tid if isinstance(tid, int) else 0)
+        ev["tid"] = _DEVICE_TID + (device or 0) * 1000 + (tid if isinstance(tid, int) else 0)
     ev["pid"] = t.rank
     ts = ev.get("ts")
     if isinstance(ts, (int, float)):

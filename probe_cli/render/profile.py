@@ -32,16 +32,16 @@ def render_top_ops(ops: Mapping[int, list[dict[str, Any]]], top: int = TOP,
     ranks = sorted(ops.items())
     if not ranks:
         return []
-    device = any(op.get("self_device_us") for _, ops in ranks for op in ops)
+    device = any(op.get("self_device_us") for _, mine in ranks for op in mine)
     headers: list[str] = []
     for rank, _ in ranks:
         headers += [f"rank {rank} operator", "self_ms"] + (["dev_ms"] if device else []) + [
             "calls"]
     rows = []
-    for i in range(min(top, max(len(ops) for _, ops in ranks))):
+    for i in range(min(top, max(len(mine) for _, mine in ranks))):
         row: list[Any] = []
-        for _, ops in ranks:
-            op = ops[i] if i < len(ops) else {}
+        for _, mine in ranks:
+            op = mine[i] if i < len(mine) else {}
             row += [op.get("name", ""), _ms(op.get("self_us"))]
             if device:
                 row.append(_ms(op.get("self_device_us")))

@@ -31,7 +31,7 @@ from typing import Any
 from probe_protocol import nodefan
 from probe_protocol.envelope import Envelope
 
-from ..errors import ProbeCLIError, ProtocolError, http_error_class
+from ..errors import ProbeCLIError, ProtocolError, RankError, http_error_class
 from ..result import RankResult, result_order
 from .fanout import (
     FANOUT_CONCURRENCY,
@@ -121,17 +121,23 @@ def stream_nodes(session: Session, targets: list[RankTarget], call: Call,
         yield from fan_out_nodes(session, targets, call, node)
         return
     groups, flat = _plan(targets)
-    todo = deque(sorted([(min(t.rank for t in g), g) for g in groups]  # type: ignore[type-var]
-                        + [(t.rank, [t]) for t in flat], key=lambda u: u[0]))
-    arrived: dict[int, tuple[RankResult, int]] = {}  # rank -> (answer, its rows)
+
+    def rank(t: RankTarget) -> int:
+        return t.rank if t.rank is not None else -1  # (never -1: every target has one, above)
+
+    todo = deque(sorted([(min(rank(t) for t in g), g) for g in groups]
+                        + [(rank(t), [t]) for t in flat], key=lambda u: u[0]))
+    # rank -> (answer, its rows); None: an answer that came back under no rank (handed out last)
+    arrived: dict[int | None, tuple[RankResult, int]] = {}
     pending: dict[Future[Any], int] = {}  # -> ranks it covers (0: a rank retried directly)
     nxt, held, seen_rows, seen_ranks = 0, 0, 0, 0
     pool = ThreadPoolExecutor(FANOUT_CONCURRENCY, "probe-fanout")
 
     def take(r: RankResult) -> None:
         nonlocal held, seen_rows, seen_ranks
-        n = len(r.data["rows"]) if r.ok and isinstance((r.data or {}).get("rows"), list) else 1
-        arrived[r.rank] = (r, n)  # type: ignore[index]
+        rows = (r.data or {}).get("rows") if r.ok else None
+        n = len(rows) if isinstance(rows, list) else 1
+        arrived[r.rank] = (r, n)
         held, seen_rows, seen_ranks = held + n, seen_rows + n, seen_ranks + 1
 
     def ask(t: RankTarget) -> None:  # a retried rank: now, whatever the budget (it is next)
@@ -212,6 +218,7 @@ def _result(t: RankTarget, via: RankTarget, status: int, data: dict[str, Any]) -
     url = t.endpoint.label
     env = Envelope.from_wire(data)
     host, pid = t.host or env.host, t.pid or env.pid
+    err: RankError
     if status >= 400:
         error = str(data.get("error") or f"HTTP {status}")
         err = http_error_class(status)(

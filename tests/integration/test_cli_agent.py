@@ -8,6 +8,7 @@ tests/unit/test_cli_*.py.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -43,6 +44,16 @@ def test_info_backtrace_eval_over_tcp(agent, capsys):
     assert code == 0, err
     [body] = json.loads(out)
     assert body["result"] == "42" and body["stdout"] == "hi\n"
+
+
+def test_eval_dash_reads_the_code_from_stdin(agent, capsys, monkeypatch):
+    # GIVEN code on stdin (click 8.5's get_text_stream, used here before, warns: deprecated)
+    monkeypatch.setattr("sys.stdin", io.StringIO("x = 6\nx * 7\n"))
+    # WHEN `probe eval -` runs it
+    code, out, err = run(capsys, address(agent), "eval", "-")
+    # THEN the agent ran what stdin held
+    assert code == 0, err
+    assert out == "42\n"
 
 
 def test_pid_endpoint_over_the_unix_socket(agent, run_dir, capsys):
