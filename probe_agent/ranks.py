@@ -65,6 +65,11 @@ def publish_rank(identity: Identity) -> None:
 
 #: Keys live under this prefix in the job's c10d store: ``probe_agent/rank{N}`` -> JSON.
 STORE_PREFIX = "probe_agent"
+#: Bumped by every publish (``add``); a reader re-reads the entries only when it moved.
+GENERATION_KEY = "generation"
+#: Largest entry kept: ours are ~300 bytes. The c10d store has no size query, so a value is read
+#: whole; a bigger one was written by someone else and is deleted after that one read.
+MAX_ENTRY_BYTES = 16 * 1024
 #: How often the registry looks for the process group, and retries while ranks are missing.
 _TICK_S = 0.5
 
@@ -76,10 +81,22 @@ class RankRegistry:
     0.5 s, on a thread of its own, it checks, without importing torch, whether
     ``torch.distributed`` is imported and initialised. Once it is, it clones the default store's
     TCPStore (a connection of its own, so a training thread blocked in a store call never holds
-    ours), writes ``probe_agent/rank{N}`` = ``{rank, url, host, pid}``, and from then on reads
-    the published entries with ``list_keys`` + ``multi_get`` — never a blocking ``get`` on a key
-    that may not exist. Entries go to ``on_peers`` (the agent's ``peers``, which
+    ours), writes ``probe_agent/rank{N}`` = ``{rank, url, host, pid}`` and bumps
+    ``probe_agent/generation``. Entries go to ``on_peers`` (the agent's ``peers``, which
     ``/v1/ranks`` serves).
+
+    Anyone who reaches the store can write it (docs/decisions/security.md, "The job's c10d
+    store"), so the reads are bounded whatever is in it:
+
+    - only the keys ``rank0`` .. ``rank{world_size-1}`` are read, each with ``check`` then
+      ``get`` (both release the GIL while they wait on the network), never ``list_keys``: with
+      200,000 keys under the prefix that one call held the GIL for 21 s, and ``multi_get`` of
+      large values holds it in long slices too;
+    - a value over MAX_ENTRY_BYTES, or one that is not the entry of the rank its key names, is
+      dropped (an oversized one is deleted, so it is read once);
+    - the entries are re-read only when the generation moved, and otherwise only this rank's
+      own, every ``refresh_s``: if someone rewrote or deleted it, it is published again, so a
+      forged entry for a live rank lasts one refresh at most.
 
     If the store cannot be reached, the failure is logged once and retried with back-off; the
     agent keeps serving itself, and ``/v1/ranks`` says why ranks are missing (``discovery``).
@@ -95,8 +112,8 @@ class RankRegistry:
         on_peers: receives every rank's entry, by rank, after each read.
         token: the job's token (PROBE_TOKEN); this rank's entry is signed with it, since the
             store itself has no authentication.
-        refresh_s: once every rank has published, how often the list is re-read (ranks of an
-            elastic job can come back at new addresses).
+        refresh_s: once every rank has published, how often this rank checks its own entry and
+            the generation (ranks of an elastic job can come back at new addresses).
     """
 
     def __init__(self, me: Callable[[], RankEntry],
@@ -114,6 +131,13 @@ class RankRegistry:
         self.published = False
         self.failures = 0
         self.last_error: str | None = None
+        #: Entries dropped because someone else wrote them (oversized, wrong rank, malformed),
+        #: and times our own entry had to be published again.
+        self.dropped = 0
+        self.republished = 0
+        self._mine: bytes | None = None  # what we published, as published
+        self._generation: int | None = None  # the generation of the last full read
+        self._entries: dict[int, RankEntry] = {}
         self._next = 0.0
         self._stop = threading.Event()
 
@@ -137,7 +161,8 @@ class RankRegistry:
             state = "failing"
         else:
             state = "ok"
-        return {"state": state, "failures": self.failures, "error": self.last_error}
+        return {"state": state, "failures": self.failures, "error": self.last_error,
+                "dropped": self.dropped, "republished": self.republished}
 
     def entry(self) -> dict[str, Any]:
         me = self.me()
@@ -164,9 +189,7 @@ class RankRegistry:
                     return
                 self._arm(dist)
             if not self.published:
-                entry = self.entry()
-                self.store.set(f"rank{entry['rank']}", json.dumps(entry))
-                self.published = True
+                self._publish()
             self._read()
             self.failures, self.last_error = 0, None  # the store answers (again)
             complete = self.peers >= self.world_size
@@ -209,19 +232,59 @@ class RankRegistry:
         self.world_size = dist.get_world_size()
         self.store = dist.PrefixStore(STORE_PREFIX, base)
 
+    def _publish(self) -> None:
+        entry = self.entry()
+        self._mine = json.dumps(entry).encode()
+        self.store.set(f"rank{entry['rank']}", self._mine)
+        self.store.add(GENERATION_KEY, 1)
+        self.published = True
+
+    def _get(self, key: str) -> bytes | None:
+        """The value of ``key``, or None when absent or oversized (then deleted: whoever wrote
+        it, it is not an entry of ours, and it would otherwise be read again)."""
+        if not self.store.check([key]):  # a get on a missing key would wait for it
+            return None
+        raw = bytes(self.store.get(key))
+        if len(raw) > MAX_ENTRY_BYTES:
+            self.dropped += 1
+            log.warning("probe agent: deleted %s from the job's c10d store (%d bytes; an entry "
+                        "is under %d): someone else wrote it", key, len(raw), MAX_ENTRY_BYTES)
+            self.store.delete_key(key)
+            return None
+        return raw
+
     def _read(self) -> None:
-        keys = sorted(k for k in self.store.list_keys() if k.startswith("rank"))
-        if not keys:
-            return
-        peers: dict[int, RankEntry] = {}
-        for key, raw in zip(keys, self.store.multi_get(keys)):
-            try:
-                entry = RankEntry.from_wire(json.loads(bytes(raw).decode()))
-            except (ValueError, AttributeError):
-                entry = None
-            if entry is None:
-                log.debug("probe agent: ignoring malformed store entry %s", key)
+        me = self.me().rank
+        # Our own entry first: rewritten, inflated or deleted by someone else -> publish again.
+        if self._get(f"rank{me}") != self._mine:
+            self.republished += 1
+            log.warning("probe agent on rank %d: its entry in the job's c10d store was changed "
+                        "by someone else; published again", me)
+            self._publish()
+        generation = int(self.store.add(GENERATION_KEY, 0))
+        if generation == self._generation and len(self._entries) >= self.world_size:
+            return  # nobody published since the last read: the entries we hold still stand
+        entries: dict[int, RankEntry] = {}
+        for rank in range(self.world_size):
+            if rank == me:
+                entry = RankEntry.from_wire(json.loads(self._mine or b"{}"))
             else:
-                peers[entry.rank] = entry
-        self.peers = len(peers)
-        self.on_peers(peers)
+                entry = self._parse(rank, self._get(f"rank{rank}"))
+            if entry is not None:
+                entries[rank] = entry
+        self._generation, self._entries = generation, entries
+        self.peers = len(entries)
+        self.on_peers(dict(entries))
+
+    def _parse(self, rank: int, raw: bytes | None) -> RankEntry | None:
+        if raw is None:
+            return None
+        try:
+            entry = RankEntry.from_wire(json.loads(raw.decode()))
+        except (ValueError, AttributeError, TypeError):
+            entry = None
+        if entry is None or entry.rank != rank:
+            self.dropped += 1
+            log.debug("probe agent: ignoring a malformed store entry for rank %d", rank)
+            return None
+        return entry

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 #: What the squatter and the fake socket answer: a plausible agent body, so a CLI that sent its
 #: request would print the forged result ('pwned').
@@ -104,3 +105,29 @@ def relay(listen: tuple[str, int], to: tuple[str, int], stop: threading.Event) -
     srv.close()
     for s in pairs:
         s.close()
+
+
+def store_write(host: str, port: int, items: list[list[str]], big: list[Any] | None = None
+                ) -> int:
+    """Connect to a job's c10d TCPStore as a client and write ``items`` (``[key, value]``,
+    keys as the store holds them, e.g. ``probe_agent/rank1``), then ``big``
+    (``[prefix, count, bytes]``: that many values of that size, keys ``<prefix><i>``): a store
+    rewritten or flooded by another user. The store has no authentication: reaching its port is
+    enough. Uses the parent's torch.distributed, already imported (the child cannot import it);
+    the number of keys written."""
+    import sys
+    from datetime import timedelta
+
+    dist = sys.modules["torch.distributed"]
+    st = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=20),
+                       wait_for_workers=False)
+    for key, value in items:
+        st.set(key, value)
+    n = len(items)
+    if big:
+        prefix, count, size = big
+        value = b"\0" * size
+        for i in range(count):
+            st.set(f"{prefix}{i}", value)
+        n += count
+    return n

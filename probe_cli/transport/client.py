@@ -84,7 +84,7 @@ class ProbeClient:
             transport = httpx.HTTPTransport(socket_options=_TCP_OPTIONS, verify=verify)
         # Every connection is owner-checked before its first byte (guard.py).
         self._dialled = Dialled()
-        install(transport, endpoint.label, self._dialled)
+        install(transport, endpoint.label, self._dialled, endpoint.this_machine_only)
         self.token = token
         self.cacert = cacert
         # Sent per request, and only once trust.check_agent has vouched for the agent.

@@ -130,14 +130,18 @@ def _expand(session: Session, ep: Endpoint) -> list[RankTarget]:
             out.append(RankTarget(rank, ep, entry.host, entry.pid))
         elif problem is not None:
             label = entry.url or f"rank {rank}"
-            err = UntrustedAgentError(
+            fix = ("someone may have rewritten the job's rank list; reach that rank with -t "
+                   "HOST:PORT, or check who can reach the c10d store's port")
+            if session.token is None:
+                fix += "; a job with ranks on other machines needs a token (PROBE_TOKEN)"
+            err: RankError = UntrustedAgentError(
                 f"rank {rank} dropped: {problem}; nothing was sent to {label}", url=label,
-                reason=f"dropped: {problem}",
-                help_text="someone may have rewritten the job's rank list; reach that rank "
-                          "with -t HOST:PORT, or check who can reach the c10d store's port")
+                reason=f"dropped: {problem}", help_text=fix)
             out.append(RankTarget(rank, Endpoint(label), entry.host, entry.pid, error=err))
         elif entry.url:
-            out.append(RankTarget(rank, Endpoint(entry.url.rstrip("/")), entry.host, entry.pid))
+            # Without a token, the socket reached must be on this machine too (guard.py).
+            where = Endpoint(entry.url.rstrip("/"), this_machine_only=session.token is None)
+            out.append(RankTarget(rank, where, entry.host, entry.pid))
         else:
             why = f"rank {rank} advertised no URL in {ep.label}/v1/ranks"
             err = ProtocolError(why, url=f"rank {rank}", reason="no URL advertised")

@@ -10,6 +10,8 @@ end (probe_protocol.peers), so every spelling of an address is judged by where i
   as the job's owner, and a squatter could relay a token proof from a real agent.
 - TCP to another machine: recorded (``Dialled.local`` False) for trust.check_agent, which then
   wants TLS with ``--cacert`` or the token proof bound to the address dialled.
+- TCP to another machine for a rank learnt from the rank list of a job without a token
+  (``Endpoint.this_machine_only``): refused; such a job has no rank there worth trusting.
 - a unix socket: the server's uid (SO_PEERCRED, asked from the client side) must be ours or
   root's. Checking the socket file before connecting is not enough: a symlink flipped between
   the check and the connect sends the request elsewhere.
@@ -60,9 +62,10 @@ class GuardedBackend(httpcore.SyncBackend):
         dialled: updated on every TCP connect; trust.check_agent reads it.
     """
 
-    def __init__(self, label: str, dialled: Dialled) -> None:
+    def __init__(self, label: str, dialled: Dialled, this_machine_only: bool = False) -> None:
         self.label = label
         self.dialled = dialled
+        self.this_machine_only = this_machine_only
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                     local_address: str | None = None,
@@ -90,6 +93,14 @@ class GuardedBackend(httpcore.SyncBackend):
                 reason=f"not the job's agent: port served by uid {uid}",
                 help_text=f"run probe as the job's owner (sudo -u '#{uid}' probe ...) only if "
                           "that uid runs the job; otherwise use the rank's PID (`probe ps`)")
+        if self.this_machine_only and not on_this_machine:
+            # The URL looked local but led elsewhere (a name resolving off the machine).
+            stream.close()
+            raise refusal(self.label, "it is off this machine, and this rank was learnt from "
+                          "the rank list of a job without a token",
+                          reason="dropped: off this machine, no token",
+                          help_text="give the job a token (PROBE_TOKEN) to reach ranks on "
+                                    "other machines")
         self.dialled.ip, self.dialled.local = peer_ip, on_this_machine
         return stream
 
@@ -112,7 +123,8 @@ def refusal(label: str, why: str, *, reason: str,
         url=label, reason=reason, help_text=help_text)
 
 
-def install(transport: Any, label: str, dialled: Dialled) -> None:
+def install(transport: Any, label: str, dialled: Dialled,
+            this_machine_only: bool = False) -> None:
     """Put the guarded backend under an ``httpx.HTTPTransport``'s connection pool. httpx has no
     public hook for it; a pool without the attribute would silently skip the check, so fail
     loudly instead."""
@@ -120,4 +132,4 @@ def install(transport: Any, label: str, dialled: Dialled) -> None:
     if not hasattr(pool, "_network_backend"):
         raise RuntimeError("this httpcore has no ConnectionPool._network_backend: probe cannot "
                            "check who serves an address; install httpcore 1.x")
-    pool._network_backend = GuardedBackend(label, dialled)
+    pool._network_backend = GuardedBackend(label, dialled, this_machine_only)

@@ -37,6 +37,9 @@ class Endpoint:
     pid: int | None = None
     postmortem: str | None = None
     """A post-mortem copy's directory (a job's, or one rank's): answered from its files."""
+    this_machine_only: bool = False
+    """Refuse the connection unless its server end is on this machine (guard.py): a rank learnt
+    from a tokenless job's rank list, which cannot have a rank elsewhere worth trusting."""
 
     @property
     def label(self) -> str:

@@ -13,13 +13,17 @@ wait for an operator's token and code. Two checks, in this order:
   a token there is nothing secret to send.
 
 Ranks learnt from ``/v1/ranks`` (and so from the job's c10d store, which anyone who reaches it
-can write) are checked by ``rank_entry_problem`` before they are dialled at all.
+can write) are checked by ``rank_entry_problem`` before they are dialled at all: signed with the
+token, or, without a token, on loopback (dialled then only if the socket reached is on this
+machine).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import secrets
+import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -67,11 +71,38 @@ def check_agent(endpoint: Endpoint, *, token: str | None, cacert: str | None,
                       "mapping TLS is the only way")
 
 
+def on_loopback(url: str) -> bool:
+    """Is ``url``'s host a loopback address, in any spelling the resolver takes (``127.1``,
+    ``2130706433``, ``[::ffff:127.0.0.1]``, ``localhost``)? Judged on the text, no lookup."""
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        try:  # the forms inet_aton takes: 127.1, 2130706433, 0x7f000001
+            addr = ipaddress.ip_address(socket.inet_aton(host))
+        except OSError:
+            return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
 def rank_entry_problem(entry: Mapping[str, Any], token: str | None) -> str | None:
     """Why a discovered rank's entry must not be used, or None. With a token, the entry must be
-    signed with it (probe_protocol.tokens); without one every entry is used, and guard.py
-    refuses any whose listener is not ours when it is dialled."""
+    signed with it (probe_protocol.tokens). Without one, it must stay on this machine: a job
+    without a token serves TCP on loopback only, so an entry anywhere else was written by
+    someone else (the c10d store has no authentication); one on loopback is dialled, and
+    guard.py refuses it unless its listener is ours (and, ``this_machine_only``, local)."""
     if token is None:
+        url = entry.get("url")
+        if isinstance(url, str) and url and not on_loopback(url):
+            return ("its address is off this machine, and a job without a token has no rank "
+                    "there (its agents serve TCP on loopback only)")
         return None
     if "sig" not in entry:
         return "its entry in the job's rank list is not signed with the job's token"

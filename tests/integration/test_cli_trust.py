@@ -8,7 +8,6 @@ listens dual-stack on every address, so that every spelling of this machine reac
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -181,16 +180,17 @@ def test_a_poisoned_store_entry_is_dropped_and_the_cli_says_why(make_agent, squa
     ``probe_agent/rank1``. With a token, the CLI dials only entries the token signed."""
     dist = pytest.importorskip("torch.distributed")
     port, seen = squatter
-    # GIVEN a real agent with a token, a real TCPStore, and in it an entry for rank 1 that
-    # points at the squatter (written before the agent's first read of the store)
+    # GIVEN a real agent with a token over a real TCPStore, and in its rank list an entry for
+    # rank 1 that points at the squatter, unsigned, as a forged store entry would put it there
+    # (tests/integration/test_store_forgery.py forges one in the store as another uid)
     agent = make_agent(token=TOKEN)
     store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, wait_for_workers=False)
-    evil = {"rank": 1, "url": f"http://[::ffff:127.0.0.1]:{port}", "host": "h", "pid": 1}
-    dist.PrefixStore("probe_agent", store).set("rank1", json.dumps(evil))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        wait_until(lambda: {0, 1} <= set(agent.peers), 20, "the agent never read the store")
+        wait_until(lambda: 0 in agent.peers, 20, "the agent never read the store")
         assert agent.peers[0].sig  # the agent signs what it publishes
+        agent.peers = {**agent.peers, 1: RankEntry.from_wire(
+            {"rank": 1, "url": f"http://[::ffff:127.0.0.1]:{port}", "host": "h", "pid": 1})}
         # WHEN the operator fans out with the job's token
         code = main([agent.url.removeprefix("http://"), "--token", TOKEN, "eval", "6*7"])
         out, err = capsys.readouterr()
