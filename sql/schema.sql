@@ -202,6 +202,73 @@ CREATE TABLE IF NOT EXISTS python.torch_trace (
 -- input_bytes (same rows): bytes of the tensor arguments of this call (their storages, once),
 --   what checkpointing the module would keep saved instead of everything its forward saves.
 
+-- python.module_calls(last): every module call of the last `last` traced steps of each rank,
+-- with its self time: the call's duration minus the calls nested in that same call (never
+-- negative, never more than the call). Columns: rank, step, module, part ('forward' |
+-- 'backward' | 'recompute' | 'step'), duration, self (seconds). A recompute (a forward
+-- call made during backward by activation checkpointing) is its own part, nested in the
+-- backward call that needed it; a forward or backward run inside the optimizer step (a
+-- closure) is nested in the step. The one self-time computation: queries/slow_modules.sql
+-- (`probe slow`, `probe doctor`) and queries/module_self_steps.sql (`probe compare`) read it.
+CREATE OR REPLACE MACRO python.module_calls(last) AS TABLE
+WITH recent AS (
+    SELECT rank, step FROM (SELECT DISTINCT rank, step FROM python.torch_trace)
+    QUALIFY row_number() OVER (PARTITION BY rank ORDER BY step DESC) <= last
+),
+-- part: calls that nest only among themselves (a recompute runs inside a backward span)
+t AS (
+    SELECT row_number() OVER () AS id, tt.rank, tt.step, tt.module, tt.depth, tt.duration,
+           tt.timestamp AS t0, tt.timestamp + tt.cpu_duration AS t1,
+           CASE WHEN coalesce(tt.recompute, false) AND tt.stage = 'forward' THEN 'recompute'
+                ELSE tt.stage END AS part,
+           tt.depth - 1 AS up
+    FROM python.torch_trace tt SEMI JOIN recent USING (rank, step)
+),
+-- a call's parent: the latest call of its part one level up that started no later and
+-- contains it, or a call of its own level that strictly contains it (the inner pass of a
+-- reentrant checkpoint runs inside the checkpointed layer's backward); the later of the two
+up1 AS (
+    SELECT c.id, p.id AS pid, p.t0 AS pt0 FROM t c ASOF JOIN t p
+      ON p.rank = c.rank AND p.step = c.step AND p.part = c.part AND p.depth = c.up
+     AND p.t0 <= c.t0
+    WHERE c.t1 <= p.t1 + 1e-6
+),
+up0 AS (
+    SELECT c.id, p.id AS pid, p.t0 AS pt0 FROM t c ASOF JOIN t p
+      ON p.rank = c.rank AND p.step = c.step AND p.part = c.part AND p.depth = c.depth
+     AND p.t0 < c.t0
+    WHERE c.t1 <= p.t1 + 1e-6
+),
+nested AS (
+    SELECT id, arg_max(pid, pt0) AS pid FROM (SELECT * FROM up1 UNION ALL SELECT * FROM up0)
+    GROUP BY id
+),
+-- a call with no parent in its part, nested in the innermost call of another part whose span
+-- holds it: a recompute in the backward call whose node needed the activations, a forward or
+-- backward in the optimizer step whose closure ran it (Lightning, LBFGS)
+hosted AS (
+    SELECT c.id, arg_max(p.id, p.depth * 1e12 + p.t0) AS pid
+    FROM t c JOIN t p
+      ON p.rank = c.rank AND p.step = c.step
+     AND p.part = CASE c.part WHEN 'recompute' THEN 'backward' ELSE 'step' END
+     AND p.t0 <= c.t0 AND c.t1 <= p.t1 + 1e-6
+    WHERE c.part <> 'step' AND c.id NOT IN (SELECT id FROM nested)
+    GROUP BY c.id
+),
+children AS (
+    SELECT pid, sum(t.duration) AS inner_s
+    FROM (SELECT * FROM nested UNION ALL SELECT * FROM hosted) k JOIN t USING (id)
+    GROUP BY pid
+),
+-- per call: never negative, never more than the call (children that overlap, as parallel
+-- backward branches can, are capped)
+calls AS (
+    SELECT t.rank, t.step, t.module, t.part, t.duration,
+           greatest(t.duration - coalesce(c.inner_s, 0), 0) AS self
+    FROM t LEFT JOIN children c ON c.pid = t.id
+)
+SELECT * FROM calls;
+
 -- python.steps: one row per optimizer step (traced or not). start_time is the end of the
 -- previous step (so data loading counts), NULL for the first step the agent saw. What the
 -- agent itself ran on the training thread at that boundary (its recorders, a scheduled heap

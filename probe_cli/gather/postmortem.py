@@ -170,11 +170,13 @@ def _queries_dir() -> Path:
 
 
 def schema_views() -> list[str]:
-    """The ``CREATE VIEW`` statements of schema.sql (python.job_memory): views are not copied,
-    they are made again over the copied tables."""
+    """The ``CREATE VIEW`` and ``CREATE ... MACRO`` statements of schema.sql (python.job_memory,
+    python.module_calls): views and macros are not copied, they are made again over the copied
+    tables."""
     text = (_sql_dir() / "schema.sql").read_text(encoding="utf-8")
     lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("--")]
-    return [st.strip() for st in "\n".join(lines).split(";") if "CREATE VIEW" in st.upper()]
+    return [st.strip() for st in "\n".join(lines).split(";")
+            if "CREATE VIEW" in st.upper() or "MACRO" in st.upper().split("AS", 1)[0]]
 
 
 def canned_sql(name: str) -> str:

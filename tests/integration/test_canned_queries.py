@@ -15,7 +15,8 @@ _TABLE = re.compile(r"\bpython\.([a-z_]+)")
 
 
 def _tables_in_schema() -> set[str]:
-    return set(re.findall(r"CREATE (?:TABLE|VIEW) IF NOT EXISTS python\.([a-z_]+)",
+    return set(re.findall(r"CREATE (?:TABLE|VIEW|OR REPLACE MACRO)(?: IF NOT EXISTS)? "
+                          r"python\.([a-z_]+)",
                           load_schema()))
 
 
