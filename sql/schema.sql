@@ -301,8 +301,20 @@ CREATE TABLE IF NOT EXISTS python.steps (
     mfu           DOUBLE,
     agent_ms      DOUBLE,              -- the agent's own work at the boundary before this step
     cpu_ms        DOUBLE,              -- the training thread on a CPU in this step
-    cpu_wait_ms   DOUBLE               -- runnable but waiting for a CPU (Linux run queue)
+    cpu_wait_ms   DOUBLE,              -- runnable but waiting for a CPU (Linux run queue)
+    loss          DOUBLE,              -- the step's loss (see below); NaN/Infinity kept
+    loss_source   VARCHAR              -- who reported it (see below)
 );
+-- loss: the value backward() was called on in this step, as the script would print it,
+--   recorded with no code change (probe_agent/collectors/loss.py): unscaled when a GradScaler
+--   scaled it; over several micro-batches the sum when the script divided each by their
+--   number (loss / accum: nanoGPT's loss_accum), else their mean. NULL when no backward()
+--   on a scalar ran in the step.
+-- loss_source: 'backward' (torch.autograd.backward, Lightning's closure loss included),
+--   'hf_trainer' (Trainer.training_step's return, summed over the step as the Trainer's
+--   tr_loss is), 'deepspeed' (engine.backward's argument), 'accelerate'
+--   (accelerator.backward's argument; both averaged over micro-batches), 'logged'
+--   (probe_agent.log(loss=...) for the step, which overrides the others).
 -- cpu_ms / cpu_wait_ms: /proc/thread-self/schedstat of the training thread, read at each
 --   boundary (collectors/schedstat.py); NULL off Linux and for the first step. Sleeping (a
 --   collective's wait, I/O) is neither. A large cpu_wait_ms is a busy host, not the job: the
@@ -476,6 +488,51 @@ CREATE TABLE IF NOT EXISTS python.step_stats (
     grad_scale    DOUBLE,
     ckpt_wait     DOUBLE,
     eval_wait     DOUBLE
+);
+
+-- python.numerics: the loss and gradient health, per rank, step and module
+-- (probe_agent/collectors/numerics.py, module_stats.py, nan_hunt.py). kind says which rows:
+--   'step': one per optimizer step, module '(total)': the total gradient norm of the step
+--     (grad_norm: clip_grad_norm_'s pre-clip norm when the script clips, unscaled when it
+--     clipped gradients the GradScaler had not unscaled yet; else the norm over every
+--     gradient the optimizers hold, this rank's shard under FSDP2), taken right before
+--     optimizer.step(); grad_nonfinite when it or the loss is NaN/Inf; clip_max_norm when
+--     clip_grad_norm_ ran; note 'spike xF' when the loss was F times its recent median.
+--     NULL grad_norm: the GradScaler skipped optimizer.step() (no finite gradients).
+--   'module': on traced steps, one per module that holds parameters (and per module whose
+--     forward ran, for max_abs_act): grad_norm and weight_norm of its own parameters
+--     (recurse=False), update_ratio = ||w_after - w_before|| / ||w_before|| of this step's
+--     optimizer.step() (NULL when the weights are over 1 GiB: no copy is made), max_abs_act
+--     the largest |value| of its forward outputs in the step (NaN/Infinity when non-finite).
+--   'anomaly': a step whose loss spiked (note 'spike xF') or was non-finite (note
+--     'nonfinite'): module '(total)' with samples (the DataLoader indices of the step's
+--     batches: 'batch 0: [17, 3, ...]'), and one row per module with its grad_norm, to compare
+--     with the last 'module' rows (which modules jumped). At most 20 per run.
+--   'origin': where the first non-finite value came from, from one re-run of the first bad
+--     step's forward and backward before the optimizer ruined the weights (nan_hunt.py):
+--     module (or '(none)' when this rank's re-run stayed finite: it received the value, e.g.
+--     through DDP's gradient all-reduce), stage 'input' | 'forward' | 'backward' | 'none',
+--     role 'produced' | 'received', op (the torch function, or the autograd node and aten op
+--     in backward), samples (DataLoader indices, or rows of the batch: note says which), note
+--     (the step's loss and norm, the micro-batch, the re-run's cost).
+CREATE TABLE IF NOT EXISTS python.numerics (
+    timestamp      DOUBLE  NOT NULL,
+    rank           INTEGER NOT NULL,
+    step           BIGINT,
+    module         VARCHAR NOT NULL,
+    kind           VARCHAR NOT NULL,
+    grad_norm      DOUBLE,
+    weight_norm    DOUBLE,
+    update_ratio   DOUBLE,
+    max_abs_act    DOUBLE,
+    act_nonfinite  BOOLEAN,
+    grad_nonfinite BOOLEAN,
+    clip_max_norm  DOUBLE,
+    stage          VARCHAR,
+    role           VARCHAR,
+    op             VARCHAR,
+    samples        VARCHAR,
+    note           VARCHAR
 );
 
 -- python.schedule: the job's LR schedule in steps, one row per top-level LR scheduler each time

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..config import AgentConfig
     from ..ranks import RankRegistry
     from .collectives import CollectiveRecorder
+    from .numerics import NumericsRecorder
     from .oom import OomRecorder
     from .parallel import ParallelWatcher
     from .schedule import ScheduleWatcher
@@ -45,6 +46,7 @@ class Collectors:
     tracer: TorchTracer | None = None  # python.torch_trace
     oom: OomRecorder | None = None  # python.ooms: a CUDA OOM caught in the act
     trainloop: LoopMonitor | None = None  # python.step_stats, the doctor's loop state
+    numerics: NumericsRecorder | None = None  # python.numerics; the loss python.steps shows
     schedule: ScheduleWatcher | None = None  # python.schedule: the LR schedule in steps
     parallel: ParallelWatcher | None = None  # python.parallel: tensor/pipeline groups
     stacks: BacktraceTables | None = None  # python.backtrace(_all) by thread
@@ -82,6 +84,7 @@ def build_collectors(clock: StepClock, rank: int, config: AgentConfig,
     # Here, at agent start, not at the top: the tracer and the step recorder import pyarrow
     # and duckdb, which must stay off `import probe_agent`.
     from .collectives import CollectiveRecorder
+    from .numerics import NumericsRecorder
     from .oom import OomRecorder
     from .parallel import ParallelWatcher
     from .schedule import ScheduleWatcher
@@ -91,7 +94,9 @@ def build_collectors(clock: StepClock, rank: int, config: AgentConfig,
     from .trainloop import LoopMonitor
 
     tracer = _build("tracer", lambda: TorchTracer(clock, rank, config))
-    steps = _build("steps", lambda: StepRecorder(clock, rank, tracer, config.run_dir))
+    trainloop = _build("trainloop", lambda: LoopMonitor(clock, rank))
+    numerics = _build("numerics", lambda: NumericsRecorder(clock, rank, tracer, trainloop))
+    steps = _build("steps", lambda: StepRecorder(clock, rank, tracer, config.run_dir, numerics))
     kinds = steps.last_kinds if steps is not None else dict
     return Collectors(
         ranks=_build("ranks", ranks),  # ranks.py
@@ -99,7 +104,8 @@ def build_collectors(clock: StepClock, rank: int, config: AgentConfig,
         steps=steps,
         tracer=tracer,
         oom=_build("oom", lambda: OomRecorder(clock, rank, config.run_dir, kinds)),
-        trainloop=_build("trainloop", lambda: LoopMonitor(clock, rank)),
+        trainloop=trainloop,
+        numerics=numerics,
         schedule=_build("schedule", lambda: ScheduleWatcher(clock, rank)),
         parallel=_build("parallel", lambda: ParallelWatcher(clock, rank)),
         stacks=_build("stacks", lambda: BacktraceTables(clock, rank)),

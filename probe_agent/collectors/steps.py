@@ -40,12 +40,14 @@ import pyarrow as pa
 
 from . import Guard, Sink
 from .heap import free_heap_mib
+from .loss import to_float
 from .memory_kinds import count_kinds, grad_bytes
 from .schedstat import ThreadSchedstat
 from .throughput import ThroughputMeter
 
 if TYPE_CHECKING:
     from ..clock import StepClock
+    from .numerics import NumericsRecorder
     from .tracer.tracer import TorchTracer
 
 _MIB = 1.0 / (1 << 20)
@@ -67,8 +69,9 @@ class StepRecorder:
     """
 
     def __init__(self, clock: StepClock, rank: int, tracer: TorchTracer | None,
-                 run_dir: str) -> None:
+                 run_dir: str, numerics: NumericsRecorder | None = None) -> None:
         self.clock = clock
+        self.numerics = numerics  # the step's loss (loss.py), when it runs
         self.rank = rank
         self.tracer = tracer
         self.guard = Guard("step recorder")
@@ -77,6 +80,7 @@ class StepRecorder:
         self.metrics: list[tuple[Any, ...]] = []
         self.logged_samples: dict[int, int] = {}
         self.logged_tokens: dict[int, int] = {}
+        self.logged_loss: dict[int, Any] = {}
         self.throughput = ThroughputMeter(run_dir)
         self._last_end: float | None = None
         self._sched = ThreadSchedstat()
@@ -182,11 +186,15 @@ class StepRecorder:
             except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
                 self.guard.failed(e)
         duration = now - start if start is not None else None
+        loss, source = None, None
+        if self.numerics is not None:
+            loss, source, _ = self.numerics.loss_for_step()
         # Held until the next step (or a second): log(samples=N) usually comes right after
         # optimizer.step(), i.e. after this hook.
         with self._lock:
             self._finish_pending()
-            self._pending = [step, start, now, duration, samples, traced, work, agent_s, cpu]
+            self._pending = [step, start, now, duration, samples, traced, work, agent_s, cpu,
+                             loss, source]
         rss = self.rss_mib()
         kinds = self._kinds(torch, optimizer) if traced else _NO_KINDS
         if kinds[0] is not None:
@@ -251,7 +259,10 @@ class StepRecorder:
         p, self._pending = self._pending, None
         if p is None:
             return
-        step, start, end, duration, samples, traced, work, agent_s, cpu = p
+        step, start, end, duration, samples, traced, work, agent_s, cpu, loss, source = p
+        logged_loss = self.logged_loss.pop(step, None)
+        if logged_loss is not None:  # probe_agent.log(loss=...) overrides what was seen
+            loss, source = logged_loss, "logged"
         logged = self.logged_samples.pop(step, None)
         samples = logged if logged is not None else samples
         rate = samples / duration if samples and duration else None
@@ -259,7 +270,7 @@ class StepRecorder:
         if len(self.steps) < BUFFER:
             self.steps.append((step, start, end, duration, samples, rate, traced, *tput,
                                agent_s * 1e3 if agent_s is not None else None,
-                               *(None if x is None else x * 1e3 for x in cpu)))
+                               *(None if x is None else x * 1e3 for x in cpu), loss, source))
 
     def log(self, step: int | None, scalars: dict[str, Any]) -> None:
         """``probe_agent.log``: called on the user's thread; never raises into it."""
@@ -277,6 +288,10 @@ class StepRecorder:
                     counts[step] = counts.get(step, 0) + value
                 if hasattr(value, "detach"):
                     value = value.detach()  # .item() waits for the GPU: the writer does it
+                if name == "loss":
+                    if len(self.logged_loss) > 1000:
+                        self.logged_loss.clear()
+                    self.logged_loss[step] = value
                 if len(self.metrics) < BUFFER:
                     self.metrics.append((now, step, str(name), value))
         except Exception as e:  # noqa: BLE001 - user thread; counted, never raised
@@ -302,6 +317,7 @@ class StepRecorder:
         steps, memory, metrics = _drain(self.steps), _drain(self.memory), _drain(self.metrics)
         if steps:
             cols = list(zip(*steps))
+            cols[-2] = tuple(to_float(v) for v in cols[-2])  # the loss: read off the device here
             sink.append("python.steps", pa.table(
                 [[rank] * len(steps), *cols], schema=schema["python.steps"]))
         if memory:

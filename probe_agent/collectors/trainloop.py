@@ -102,6 +102,10 @@ class LoopMonitor:
         self.clip_scale: Any = None  # the GradScaler's scale when the clip saw scaled gradients
         self.clip_total = 0
         self._scaler: weakref.ref[Any] | None = None  # the job's GradScaler, once it scaled
+        #: called with (scaled output, loss given) by the GradScaler.scale wrapper (loss.py)
+        self.on_scale: Any = None
+        #: called with the iterator after each batch it hands out (numerics.py)
+        self.on_batch: Any = None
         self._scaler_cls: Any = None
         self._scale_orig: Any = None
         self._pending: GradCheck | None = None
@@ -164,11 +168,14 @@ class LoopMonitor:
                 t0 = time.perf_counter()
                 monitor.waiting_since = time.time()
                 try:
-                    return orig(it)
+                    batch = orig(it)
                 finally:
                     monitor.waiting_since = None
                     monitor.data_wait += time.perf_counter() - t0
                     monitor.batches += 1
+                if monitor.on_batch is not None:  # numerics.py: the batch's sample indices
+                    monitor.on_batch(it)
+                return batch
 
             __next__.__wrapped__ = orig  # type: ignore[attr-defined]
             self._dl_orig, self._dl_cls = orig, cls
@@ -198,7 +205,10 @@ class LoopMonitor:
                     ref = monitor._scaler
                     if ref is None or ref() is not scaler:
                         monitor._scaler = weakref.ref(scaler)
-                    return orig_scale(scaler, outputs)
+                    result = orig_scale(scaler, outputs)
+                    if monitor.on_scale is not None:  # the loss meter: what was scaled
+                        monitor.on_scale(result, outputs)
+                    return result
 
                 scale.__wrapped__ = orig_scale  # type: ignore[attr-defined]
                 self._scale_orig, self._scaler_cls = orig_scale, scaler_cls

@@ -1,0 +1,275 @@
+"""Where the first NaN/Inf came from: one re-run of the bad step's forward and backward.
+
+Why a re-run, and why it costs nothing on healthy steps
+-------------------------------------------------------
+Checking every module's output on every step (forward hooks, ``detect_anomaly``) costs 2-3x a
+step. Instead the numerics recorder checks two numbers per step, the loss and the total gradient
+norm, right before ``optimizer.step()`` (numerics.py). On the first step where either is not
+finite the optimizer has not run yet, so the weights are still the ones that made the NaN, and
+the recorder kept references to what the root model was called with in this step (a forward
+pre-hook on the root: one list append per micro-batch). This module then runs those calls again
+on the unwrapped model (no DDP reducer, no collectives), once, with:
+
+- forward pre/post hooks on every submodule: the module stack, and the first module whose
+  output is non-finite, with the batch rows (samples) that hold the bad values;
+- a ``TorchFunctionMode``: the first torch function (``torch.log``, ``Tensor.__truediv__``...)
+  whose result is non-finite while its tensor arguments are finite, and the module it ran in:
+  that module *produced* the value; a module whose inputs were already bad *received* it;
+- when the whole forward is finite, a backward (``torch.autograd.grad`` over the parameters:
+  nothing is accumulated into ``.grad`` and DDP's reducer hooks do not fire) under a
+  ``TorchDispatchMode``: the first aten op whose result is non-finite from finite inputs, the
+  autograd node running it (``SqrtBackward0``) and the module whose forward made that node.
+  The backward starts from the model's own scalar loss when it returns one (HF models), else
+  from the mean of its output (the script's loss function is not known to the agent; a NaN
+  made by the loss function's own backward then shows as "outside the model").
+
+The job's state is left as it was: the random number generators, the buffers (BatchNorm running
+statistics), ``.grad`` and the autocast state; the loss meter is paused so the re-run's backward
+is not recorded. Under DDP every rank sees the NaN in the same step (the gradient all-reduce
+spreads it), re-runs its own batch, and only the rank the value came from finds it; the others
+report that they received it. Parameters that are DTensors (FSDP2) cannot be re-run on one rank
+(the forward all-gathers): the rank's own loss and gradients are reported instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The longest text kept for an op or node name.
+_NAME = 120
+#: Samples named at most.
+MAX_SAMPLES = 16
+
+
+def hunt(torch: Any, model: Any, calls: list[tuple[Any, Any, Any]], sample_ids: list[Any],
+         names: dict[int, str]) -> dict[str, Any]:
+    """Re-run ``calls`` (``(args, kwargs, autocast)`` of each root call of the bad step, the
+    autocast ``(device type, dtype)`` it ran under or None) on ``model``.
+
+    Returns a dict: ``stage`` ('input' | 'forward' | 'backward' | 'none'), ``role``
+    ('produced' | 'received' | None), ``module``, ``op``, ``micro_batch``, ``samples`` (batch
+    rows, as DataLoader indices when ``sample_ids`` has them), ``note``."""
+    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
+        return {"stage": "none", "note": "parameters are DTensors (FSDP2): a re-run would "
+                "all-gather on one rank only; the rank's own loss and gradients are reported"}
+    saved = _save(torch, model)
+    try:
+        for i, (args, kwargs, amp) in enumerate(calls):
+            found = _forward(torch, model, args, kwargs or {}, names, amp)
+            if found.get("stage") != "none":
+                return _with_samples(found, i, sample_ids)
+            out = found.pop("output", None)
+            back = _backward(torch, model, out, names)
+            if back.get("stage") != "none":
+                return _with_samples(back, i, sample_ids)
+        return {"stage": "none", "note": f"the re-run of this rank's {len(calls)} micro-batch"
+                f"{'es' if len(calls) != 1 else ''} stayed finite: the NaN/Inf was not made "
+                "here (received in a collective, or made by the loss function's backward)"}
+    finally:
+        _restore(torch, model, saved)
+
+
+def _save(torch: Any, model: Any) -> dict[str, Any]:
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return {
+        "rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if cuda else None,
+        "buffers": [(b, b.detach().clone()) for b in model.buffers()],
+        "grads": [(p, p.grad) for p in model.parameters()],
+        "grad_enabled": torch.is_grad_enabled(),
+    }
+
+
+def _restore(torch: Any, model: Any, saved: dict[str, Any]) -> None:
+    torch.set_rng_state(saved["rng"])
+    if saved["cuda_rng"] is not None:
+        torch.cuda.set_rng_state_all(saved["cuda_rng"])
+    with torch.no_grad():
+        for b, copy in saved["buffers"]:
+            b.copy_(copy)
+    for p, g in saved["grads"]:
+        p.grad = g
+    torch.set_grad_enabled(saved["grad_enabled"])
+
+
+def _bad(torch: Any, x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) and \
+        x.numel() > 0 and not bool(torch.isfinite(x).all())
+
+
+def _tensors(torch: Any, obj: Any, depth: int = 0) -> list[Any]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if depth > 3:
+        return []
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _tensors(torch, o, depth + 1)]
+    if hasattr(obj, "to_tuple"):  # an HF ModelOutput
+        return _tensors(torch, obj.to_tuple(), depth + 1)
+    return []
+
+
+def _rows(torch: Any, x: Any, batch: int | None) -> list[int]:
+    """The first-dimension rows of ``x`` that hold a non-finite value, when that dimension is
+    the batch's."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or (batch is not None and
+                                                           x.shape[0] != batch):
+        return []
+    bad = (~torch.isfinite(x.detach())).reshape(x.shape[0], -1).any(1)
+    return [int(i) for i in bad.nonzero().flatten()[:MAX_SAMPLES].tolist()]
+
+
+def _forward(torch: Any, model: Any, args: Any, kwargs: Any, names: dict[int, str],
+             amp: Any = None) -> Any:
+    from torch.overrides import TorchFunctionMode
+
+    stack: list[str] = []
+    found: dict[str, Any] = {}
+    inputs = _tensors(torch, (args, kwargs))
+    batch = next((int(t.shape[0]) for t in inputs if t.dim() > 0), None)
+    if any(_bad(torch, t) for t in inputs):
+        bad = next(t for t in inputs if _bad(torch, t))
+        return {"stage": "input", "role": "received", "module": names.get(id(model), ""),
+                "op": None, "rows": _rows(torch, bad, batch),
+                "note": "the batch the model was given already holds NaN/Inf"}
+    node_module: dict[int, tuple[Any, str]] = {}
+
+    class FirstBad(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
+            out = func(*a, **(kw or {}))
+            try:
+                where = stack[-1] if stack else names.get(id(model), "")
+                for t in _tensors(torch, out):
+                    gf = getattr(t, "grad_fn", None)
+                    if gf is not None and id(gf) not in node_module:
+                        node_module[id(gf)] = (gf, where)
+                if "op" not in found and any(_bad(torch, t) for t in _tensors(torch, out)) and \
+                        not any(_bad(torch, t) for t in _tensors(torch, (a, kw))):
+                    t = next(t for t in _tensors(torch, out) if _bad(torch, t))
+                    found.update(op=_op_name(func), module=where, rows=_rows(torch, t, batch))
+            except Exception:  # noqa: BLE001 - a check must not change the re-run's result
+                pass
+            return out
+
+    def pre(m: Any, _a: Any) -> None:
+        stack.append(names.get(id(m), type(m).__name__))
+
+    def post(m: Any, a: Any, out: Any) -> None:
+        name = stack.pop() if stack else names.get(id(m), "")
+        if "first_module" in found:
+            return
+        bad = next((t for t in _tensors(torch, out) if _bad(torch, t)), None)
+        if bad is not None:
+            received = any(_bad(torch, t) for t in _tensors(torch, a))
+            found.update(first_module=name, first_received=received,
+                         first_rows=_rows(torch, bad, batch))
+
+    handles = []
+    for m in model.modules():
+        handles.append(m.register_forward_pre_hook(pre))
+        handles.append(m.register_forward_hook(post))
+    try:
+        with torch.enable_grad(), FirstBad(), (
+                torch.autocast(amp[0], dtype=amp[1]) if amp else _null()):
+            out = model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    if "op" in found or "first_module" in found:
+        module = found.get("module", found.get("first_module"))
+        return {"stage": "forward", "role": "produced", "module": module, "op": found.get("op"),
+                "rows": found.get("rows", found.get("first_rows", [])),
+                "note": f"first non-finite output: module {found.get('first_module')!r}"}
+    return {"stage": "none", "output": (out, node_module)}
+
+
+def _backward(torch: Any, model: Any, out: Any, names: dict[int, str]) -> dict[str, Any]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if out is None:
+        return {"stage": "none"}
+    result, node_module = out
+    target = _scalar_loss(torch, result)
+    if target is None:
+        ts = [t for t in _tensors(torch, result) if t.requires_grad and t.is_floating_point()]
+        if not ts:
+            return {"stage": "none"}
+        target = ts[0].float().mean()
+    params = [p for p in model.parameters() if p.requires_grad]
+    found: dict[str, Any] = {}
+
+    class FirstBad(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
+            out = func(*a, **(kw or {}))
+            if "op" not in found:
+                try:
+                    outs = _tensors(torch, out)
+                    if any(_bad(torch, t) for t in outs) and \
+                            not any(_bad(torch, t) for t in _tensors(torch, (a, kw))):
+                        node = torch._C._current_autograd_node()
+                        entry = node_module.get(id(node)) if node is not None else None
+                        found.update(op=str(func)[:_NAME],
+                                     node=node.name() if node is not None else None,
+                                     module=entry[1] if entry else None)
+                except Exception:  # noqa: BLE001 - a check must not change the re-run
+                    pass
+            return out
+
+    with FirstBad():
+        grads = torch.autograd.grad(target, params, allow_unused=True)
+    by_param = {id(p): g for p, g in zip(params, grads)}
+    bad_modules = []
+    for name, m in model.named_modules():
+        own = [by_param.get(id(p)) for p in m.parameters(recurse=False)]
+        if any(g is not None and _bad(torch, g) for g in own):
+            bad_modules.append(name)
+    if "op" not in found and not bad_modules:
+        return {"stage": "none"}
+    module = found.get("module") or (bad_modules[-1] if bad_modules else None)
+    op = found.get("node") or found.get("op")
+    if found.get("node") and found.get("op"):
+        op = f"{found['node']} ({found['op']})"
+    return {"stage": "backward", "role": "produced", "module": module, "op": op, "rows": [],
+            "note": f"{len(bad_modules)} modules got non-finite gradients"
+                    + (f", the first in forward order {bad_modules[0]!r}" if bad_modules else "")}
+
+
+def _null() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _scalar_loss(torch: Any, result: Any) -> Any:
+    loss = result.get("loss") if isinstance(result, dict) else getattr(result, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
+        return loss
+    if isinstance(result, torch.Tensor) and result.numel() == 1 and result.requires_grad:
+        return result
+    return None
+
+
+def _op_name(func: Any) -> str:
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or str(func)
+    mod = getattr(func, "__module__", "") or ""
+    if mod.startswith("torch") and "." not in name and not mod.endswith("_tensor"):
+        name = f"{mod}.{name}"
+    elif "." not in name:
+        name = f"Tensor.{name}" if mod.endswith("_tensor") or not mod else name
+    return name[:_NAME]
+
+
+def _with_samples(found: dict[str, Any], call: int, sample_ids: list[Any]) -> dict[str, Any]:
+    rows = found.pop("rows", []) or []
+    ids = sample_ids[call] if call < len(sample_ids) else None
+    if isinstance(ids, (list, tuple)) and rows and all(r < len(ids) for r in rows):
+        samples = [ids[r] for r in rows]
+        found["samples_are"] = "dataloader indices"
+    else:
+        samples = rows
+        found["samples_are"] = "rows of the batch"
+    found["samples"] = samples
+    found["micro_batch"] = call
+    return found
