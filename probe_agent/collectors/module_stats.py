@@ -52,7 +52,7 @@ class ModuleMap:
         self.groups: list[tuple[str, list[Any]]] = []
         for name, m in model.named_modules():
             name = clean(name)
-            self.modules[id(m)] = name
+            self.modules[id(m)] = name or type(model).__name__  # the root: by its class
             own = [p for p in m.parameters(recurse=False)]
             if own:
                 self.groups.append((name or type(model).__name__, own))

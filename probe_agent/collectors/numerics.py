@@ -87,6 +87,9 @@ class NumericsRecorder:
         self._torch: Any = None
         self._dl: tuple[Any, Any] | None = None
         self._lock = threading.Lock()
+        self._stopped = False
+        self._found: Any = None  # the model a heap walk found (_find_model)
+        self._find_at = -1e9
         # per step (training thread)
         self._begun = False
         self.step_loss: tuple[Any, str | None, int] = (None, None, 0)
@@ -121,6 +124,10 @@ class NumericsRecorder:
         self.poll()
 
     def stop(self) -> None:
+        # The store's last flush and tick run after the collectors stop: poll() must not wrap
+        # again then (a stale wrapper would keep this agent alive and record for it).
+        with self._lock:
+            self._stopped = True
         try:
             if self._unsubscribe is not None:
                 self._unsubscribe()
@@ -144,6 +151,8 @@ class NumericsRecorder:
     def poll(self) -> None:
         """Writer tick and first step: wrap what the program has imported."""
         with self._lock:
+            if self._stopped:
+                return
             self.loss.install()
             if self._handle is None and (mod := imported("torch.optim.optimizer")) is not None \
                     and hasattr(mod, "register_optimizer_step_pre_hook"):
@@ -155,6 +164,10 @@ class NumericsRecorder:
                 if orig is not None:
                     cls._next_index = _keep_indices(orig)
                     self._dl = (cls, orig)
+        try:
+            self._find_model()
+        except Exception as e:  # noqa: BLE001 - writer thread: counted
+            self.guard.failed(e)
 
     def set_thresholds(self, values: dict[str, float]) -> dict[str, float]:
         """Change thresholds (HTTP thread); unknown names raise KeyError."""
@@ -173,10 +186,38 @@ class NumericsRecorder:
         if len(self.batch_ids) < MAX_CALLS:
             self.batch_ids.append(ids)
 
+    def _find_model(self) -> None:
+        """Writer tick: when no tracer names the root model (PROBE_TRACE=off), find it once
+        with one heap walk (heapscan.py: ~50-100 ms, once): the largest module whose trainable
+        parameters the stepping optimizers hold. The training thread hooks it (_keep_root)."""
+        tracer = self.tracer
+        if self._root is not None or self._found is not None or not self.clock.seen_step or \
+                getattr(tracer, "_first_root", None) is not None or \
+                time.monotonic() - self._find_at < 30 or self._torch is None:
+            return
+        self._find_at = time.monotonic()
+        wanted = {id(p) for o in self.clock.optimizers() for g in getattr(o, "param_groups", ())
+                  for p in g["params"]}
+        if not wanted:
+            return
+        from ..heapscan import live_objects
+
+        mods = live_objects({"m": (self._torch.nn.Module,)})["m"]
+        best, size = None, 0
+        for m in mods:
+            try:
+                ps = [p for p in m.parameters() if p.requires_grad]
+            except RuntimeError:
+                continue
+            if ps and len(ps) > size and all(id(p) in wanted for p in ps):
+                best, size = unwrap(m), len(ps)
+        self._found = best
+
     def _keep_root(self) -> None:
         """Hook the root model to keep each step's inputs (for a re-run) once it is known."""
         tracer = self.tracer
-        root = getattr(tracer, "_first_root", None) or getattr(tracer, "root", None)
+        root = getattr(tracer, "_first_root", None) or getattr(tracer, "root", None) or \
+            self._found
         if root is None or root is self._root:
             return
         if self._root_hook is not None:
