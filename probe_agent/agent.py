@@ -217,6 +217,12 @@ class Agent:
                                            ranks=self._rank_registry)
         if self.collectors.trainloop is not None:
             self.actions.scaler = self.collectors.trainloop.scaler
+        if self.postmortem is not None and self.collectors.collectives is not None and \
+                os.path.isdir(self.postmortem.path):
+            from probe_protocol.postmortem import STRIP
+
+            # The explicit collectives' black box beside the copy: it outlives an abort.
+            self.collectors.collectives.attach_strip(os.path.join(self.postmortem.path, STRIP))
         self.collectors.start(self.store)
 
     def _rank_registry(self) -> RankRegistry:

@@ -128,6 +128,7 @@ def cli(
         target_note=note,
         progress=_progress_for(sys.stderr),
         raw=raw,
+        run_dir=run_dir,
     )
     ctx.obj = session
     ctx.call_on_close(session.close)

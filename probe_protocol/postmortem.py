@@ -8,6 +8,8 @@ Layout (written by the agent and its watchdog, read by `probe postmortem` and `p
         <table>.<seq>.parquet       rows of python.<table>; a table is one file or several parts
         end.json                    the rank's own account of its end (exit, signal, exception)
         death.json                  the watchdog's account (exit status, last stack), any death
+        collectives.strip           the last explicit collectives, written as they start and
+                                    end (a shared mapping: it outlives an aborted rank)
 
 ``<root>`` is ``$PROBE_POSTMORTEM_DIR`` (a shared filesystem: every node writes to one place),
 else ``<run dir>/postmortem``. ``<job>`` is the launcher's job id (``job_name``). Stdlib only:
@@ -32,6 +34,13 @@ META = "meta.json"
 END = "end.json"
 DEATH = "death.json"
 RANK_PREFIX = "rank-"
+#: The collectives' black box (probe_agent/collectors/collective_strip.py): ``STRIP_SLOTS``
+#: slots of ``STRIP_SLOT`` bytes, each a JSON list of ``STRIP_FIELDS`` padded with NUL.
+STRIP = "collectives.strip"
+STRIP_SLOTS = 32
+STRIP_SLOT = 512
+STRIP_FIELDS = ("n", "pg", "seq", "op", "shapes", "dtype", "start_time", "end_time", "state",
+                "error", "thread_name", "callsite")
 PARQUET = ".parquet"
 #: The job directory's proof of origin (owned_tree.py): only a directory holding it is swept.
 MARKER = ".probe-postmortem.json"
@@ -39,7 +48,8 @@ MARKER_KIND = "postmortem-copy"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 #: Every name the copy writes in a rank's directory: the records, the table parts, and the
 #: temporary files they are written as before the rename (``tmp_name``).
-_LAYOUT = re.compile(r"(meta|end|death)\.json|[A-Za-z0-9_]+\.[0-9]+\.parquet")
+_LAYOUT = re.compile(r"(meta|end|death)\.json|[A-Za-z0-9_]+\.[0-9]+\.parquet|"
+                     r"collectives\.strip")
 _TMP = re.compile(r"\.((meta|end|death)\.json|[A-Za-z0-9_]+\.[0-9]+\.parquet)"
                   r"\.[0-9]+-[0-9a-f]{8}\.tmp")
 
@@ -174,6 +184,29 @@ def read_json(path: str, problems: list[str] | None = None) -> dict[str, Any]:
     if problems is not None:
         problems.append(why)
     return {}
+
+
+def read_strip(rank_path: str) -> list[dict[str, Any]]:
+    """The records of a rank's ``collectives.strip``, oldest first (torn slots skipped)."""
+    try:  # no link, no FIFO (a crafted copy must not hang the CLI), bounded
+        fd = os.open(os.path.join(rank_path, STRIP),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        data = f.read(STRIP_SLOTS * STRIP_SLOT)
+    out = []
+    for i in range(0, len(data), STRIP_SLOT):
+        raw = data[i:i + STRIP_SLOT].rstrip(b"\0")
+        try:
+            values = json.loads(raw) if raw else None
+        except ValueError:
+            continue
+        if isinstance(values, list) and len(values) == len(STRIP_FIELDS):
+            out.append(dict(zip(STRIP_FIELDS, values)))
+    return sorted(out, key=lambda r: r["n"] if isinstance(r["n"], int) else -1)
 
 
 def table_files(rank_path: str) -> dict[str, list[str]]:

@@ -58,7 +58,8 @@ P2P = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_ob
                  "recv_object_list"})
 TABLE = "python.collectives"
 # Wrapper record slots (a list, not an object: cheaper to build on the training thread).
-_PG, _OP, _SHAPES, _DTYPE, _START, _END, _STATE, _ERROR, _THREAD, _SITE, _SEQ, _ASYNC = range(12)
+_PG, _OP, _SHAPES, _DTYPE, _START, _END, _STATE, _ERROR, _THREAD, _SITE, _SEQ, _ASYNC, _N = \
+    range(13)
 
 
 class CollectiveRecorder:
@@ -82,6 +83,18 @@ class CollectiveRecorder:
         self._armed = False
         self._stopped = False
         self._lock = threading.Lock()
+        #: the black box in the post-mortem directory (collective_strip.py), when there is one
+        self.strip: Any = None
+        self._n = 0
+
+    def attach_strip(self, path: str) -> None:
+        """Write every explicit call into ``path`` too (the post-mortem copy's black box)."""
+        from .collective_strip import CollectiveStrip
+
+        try:
+            self.strip = CollectiveStrip(path)
+        except (OSError, ValueError) as e:
+            log.warning("probe agent: no collectives strip at %s (%s)", path, e)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, sink: Sink) -> None:
@@ -100,6 +113,9 @@ class CollectiveRecorder:
             finally:
                 self._patched.clear()
                 self._armed = False
+                strip, self.strip = self.strip, None
+                if strip is not None:
+                    strip.close()
 
     def tick(self) -> None:
         """Install the wrappers once ``torch.distributed`` is fully imported."""
@@ -132,6 +148,7 @@ class CollectiveRecorder:
         async_at = params.index("async_op") if "async_op" in params else None
         is_async = op in ("isend", "irecv", "batch_isend_irecv")
         local, records, guard, seqs = self._local, self.records, self.guard, self._seq
+        recorder = self
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -148,8 +165,12 @@ class CollectiveRecorder:
                     or (async_at is not None and len(args) > async_at and args[async_at])
                 )
                 rec = _begin(op, group, args, kwargs, asynchronous)
-                rec[_SEQ] = seqs[rec[_PG]] = seqs.get(rec[_PG], 0) + 1
+                if rec[_SEQ] is None:  # p2p, or a group without a sequence number
+                    rec[_SEQ] = seqs[rec[_PG]] = seqs.get(rec[_PG], 0) + 1
+                rec[_N] = recorder._n = recorder._n + 1
                 records.append(rec)
+                if recorder.strip is not None:
+                    recorder.strip.put(rec[_N], _strip_values(rec))
             except Exception as e:  # noqa: BLE001 - see Guard: recording must never fail training
                 guard.failed(e)
             local.inside = True
@@ -161,16 +182,27 @@ class CollectiveRecorder:
                     rec[_STATE] = "failed"
                     first = str(e).splitlines()[0][:300] if str(e) else ""
                     rec[_ERROR] = f"{type(e).__name__}: {first}"
+                    recorder._put(rec)
                 raise
             finally:
                 local.inside = False
             if rec is not None:
                 rec[_END] = time.time()
                 rec[_STATE] = "issued" if rec[_ASYNC] else "done"
+                recorder._put(rec)
             return out
 
         wrapper.__probe_wrapped__ = True  # type: ignore[attr-defined]
         return wrapper
+
+    def _put(self, rec: list[Any]) -> None:
+        strip = self.strip
+        if strip is None or rec[_N] is None:
+            return
+        try:
+            strip.put(rec[_N], _strip_values(rec))
+        except Exception as e:  # noqa: BLE001 - see Guard
+            self.guard.failed(e)
 
     # -- the query side ------------------------------------------------------------------------
     def snapshot(self) -> Any:
@@ -225,8 +257,23 @@ class CollectiveRecorder:
         return out
 
 
+def _strip_values(rec: list[Any]) -> list[Any]:
+    """A record in probe_protocol.postmortem.STRIP_FIELDS order."""
+    return [rec[_N], rec[_PG], rec[_SEQ], OP_NAMES.get(rec[_OP], rec[_OP]), rec[_SHAPES],
+            rec[_DTYPE], rec[_START], rec[_END], rec[_STATE], rec[_ERROR], rec[_THREAD],
+            rec[_SITE]]
+
+
 def _begin(op: str, group: Any, args: tuple, kwargs: dict, asynchronous: bool) -> list[Any]:
-    pg = _group_name(group)
+    pg_obj = _group(group)
+    pg = str(pg_obj.group_name)
+    seq = None
+    if op not in P2P:
+        # The seq the Flight Recorder gives this call on every member (collective_seq_id).
+        try:
+            seq = int(pg_obj._get_sequence_number_for_group()) + 1
+        except (AttributeError, RuntimeError, TypeError, ValueError):
+            seq = None
     shapes: list[list[int]] = []
     dtype = None
     for value in (*args, *kwargs.values()):
@@ -240,14 +287,14 @@ def _begin(op: str, group: Any, args: tuple, kwargs: dict, asynchronous: bool) -
     caller = user_frame(sys._getframe(2))
     site = f"{caller.f_code.co_filename}:{caller.f_lineno} {caller.f_code.co_name}"
     return [pg, op, json.dumps(shapes), dtype, time.time(), None, "pending", None,
-            threading.current_thread().name, site, None, asynchronous]
+            threading.current_thread().name, site, seq, asynchronous, None]
 
 
-def _group_name(group: Any) -> str:
+def _group(group: Any) -> Any:
     if group is None:
         c10d = sys.modules["torch.distributed.distributed_c10d"]
         group = c10d._get_default_group()
-    return str(group.group_name)
+    return group
 
 
 def _group_ranks() -> dict[str, list[int]]:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import click
 
 from ..diagnose.doctor import diagnose, rank_doc, steps_seen
-from ..diagnose.ends import ends_lines, went_wrong
+from ..diagnose.ends import ages_lines, check_ends, ends_lines, went_wrong
 from ..diagnose.hang import rank_state
-from ..errors import EXIT_FAILURE, EXIT_FINDING
+from ..errors import EXIT_FAILURE
 from ..gather.evidence import doctor_evidence
 from ..gather.postmortem import last_steps_lines, session_job
 from ..outcome import Outcome, failure_summary, verdict_outcome
@@ -60,18 +60,18 @@ def command(session: Session, last: int, min_wait: float | None) -> Outcome:
         d = second.get(r.rank)
         docs.append(rank_doc(rank_state(r), d.data if d is not None and d.ok else None))
     report = diagnose(verdict, docs, verdict.threshold_s or 5.0)
+    job = session_job(session)
+    if job is not None:  # a dead job: a rank that died of an error is a finding
+        check_ends(report, job)
     if session.output == "json":
         lines = [render_json(report, rank_answers(first))]
     else:
         lines = render(report, doctor_header([r.rank for r in answered], steps_seen(docs)))
-    job = session_job(session)
     if job is None or session.output == "json":
         return verdict_outcome(session, report, first, lines)
-    # A dead job: how each rank ended (tracebacks, first to go wrong first) and the steps
-    # before it lead; a rank that died of an error is a finding whatever the checks say.
+    # A dead job: how each rank ended (tracebacks, first to go wrong first), when each copy
+    # was taken, and the steps before it lead.
     wrong = went_wrong(job)
-    lines = [*ends_lines(job), *last_steps_lines(job, [r.rank for r in wrong]), "", *lines]
-    out = verdict_outcome(session, report, first, lines)
-    if wrong:
-        out.exit_code = EXIT_FINDING
-    return out
+    lines = [*ends_lines(job), *ages_lines(job), *last_steps_lines(job, [r.rank for r in wrong]),
+             "", *lines]
+    return verdict_outcome(session, report, first, lines)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from ..diagnose.ends import ends_lines, timeout_line
+from ..diagnose.ends import ages_lines, ends_lines, timeout_line
 from ..diagnose.hang import HangVerdict, diagnose, rank_state
 from ..gather.evidence import hang_evidence_by_node
 from ..gather.postmortem import session_job
@@ -46,6 +46,7 @@ def command(session: Session, min_wait: float | None) -> Outcome:
         lines = render_verdict(verdict)
     job = session_job(session)
     if job is not None and session.output != "json":  # a dead job: how each rank ended
-        lines += [x for x in [timeout_line(job, verdict.waiting)] if x] + ends_lines(job)
+        lines += [x for x in [timeout_line(job, verdict.waiting, verdict.mismatch)] if x]
+        lines += ages_lines(job) + ends_lines(job)
     # The verdict names silent ranks itself: no failure summary under it.
     return verdict_outcome(session, verdict, results, lines, summary=False)

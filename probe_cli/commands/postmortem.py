@@ -3,6 +3,7 @@ and how each rank ended. `probe -t DIR COMMAND` then reads one (gather/postmorte
 
 from __future__ import annotations
 
+import os
 import time
 
 import click
@@ -32,7 +33,10 @@ def job_lines(path: str) -> list[str]:
 def command(session: Session, root: str | None) -> Outcome:
     """List the post-mortem copies of dead jobs: in ROOT, else in $PROBE_POSTMORTEM_DIR and
     the run dir's postmortem/. Read one with `probe -t DIR hang|doctor|steps|query ...`."""
-    roots = [root] if root else layout.roots()
+    env = dict(os.environ)
+    if session.run_dir:
+        env["PROBE_RUN_DIR"] = session.run_dir  # --run-dir, not only the variable
+    roots = [root] if root else layout.roots(env)
     out = Outcome()
     for r in roots:
         for path in jobs_in(r):

@@ -49,6 +49,21 @@ def went_wrong(job: Any) -> list[Any]:
             if _culprit_first(r)[0] == 0]
 
 
+def check_ends(report: Any, job: Any) -> None:
+    """doctor on a dead job: each rank whose end was an error is a finding (critical), so the
+    summary line counts what the report shows; ranks torn down after it are not."""
+    from .findings import CRITICAL, Finding
+
+    for rank in went_wrong(job):
+        tb = rank.end.get("traceback") or rank.end.get("stack") or \
+            next((t.get("frames") for t in (rank.death.get("backtrace") or {}).get("threads")
+                  or () if t.get("is_main")), None) or []
+        report.findings.append(Finding(
+            CRITICAL, "ended", f"rank {rank.rank} died: {describe_end(rank.end, rank.death)[:300]}",
+            [f"{f.get('func')} ({f.get('file')}:{f.get('lineno')})" for f in tb[:6]],
+            f"probe -t {job.path} hang", [rank.rank], score=1e8 - _when(rank) / 1e3))
+
+
 def ends_lines(job: Any, now: float | None = None) -> list[str]:
     """Every rank's end, first to go wrong first, then what is missing from the copy."""
     now = time.time() if now is None else now
@@ -59,9 +74,42 @@ def ends_lines(job: Any, now: float | None = None) -> list[str]:
         step = rank.meta.get("step")
         lines.append(f"  rank {rank.rank}: {describe_end(rank.end, rank.death)}{when}"
                      + (f", step {step}" if step is not None else ""))
-        for f in (rank.end.get("traceback") or [])[:6]:
+        # an exception's traceback, or where a signal (torchrun's SIGTERM) found the rank
+        for f in (rank.end.get("traceback") or rank.end.get("stack") or [])[:6]:
             lines.append(f"      {f.get('func')} ({f.get('file')}:{f.get('lineno')})")
     lines += missing_lines(job)
+    return lines
+
+
+def evidence_at(rank: Any) -> float | None:
+    """The moment the copy's account of ``rank`` describes: its own end (stack and tables are
+    copied at it), else the watchdog's last stack (the black box of collectives runs to the
+    death), else the last table refresh. A table copy older than that is missing_lines'."""
+    for t in (rank.end.get("at"), (rank.death.get("backtrace") or {}).get("taken_at"),
+              rank.death.get("at"), rank.copied_at):
+        if t:
+            return float(t)
+    return None
+
+
+def ages_lines(job: Any) -> list[str]:
+    """When each rank's copy was taken, and a warning when a verdict mixes copies taken
+    further apart than a refresh period (their states are not one moment of the job)."""
+    at = {r.rank: evidence_at(r) for r in job.ranks.values()}
+    known = {r: t for r, t in at.items() if t is not None}
+    if not known:
+        return []
+    last = max(known.values())
+    parts = [f"rank {r} {time.strftime('%H:%M:%S', time.localtime(t))}"
+             + (f" ({last - t:.1f} s older)" if last - t >= 0.05 else "")
+             for r, t in sorted(known.items())]
+    lines = ["copies taken: " + ", ".join(parts)]
+    every = max((float(r.meta.get("every_s") or 0) for r in job.ranks.values()), default=0.0)
+    spread = last - min(known.values())
+    if len(known) > 1 and spread > max(every, 1.0):
+        old = min(known, key=lambda r: known[r])
+        lines.append(f"this verdict mixes copies taken {spread:.1f} s apart (rank {old}'s is "
+                     "the oldest): the ranks' states are not from one moment")
     return lines
 
 
@@ -87,9 +135,19 @@ def missing_lines(job: Any) -> list[str]:
     return out
 
 
-def timeout_line(job: Any, waited: dict[str, Any] | None) -> str | None:
+def timeout_line(job: Any, waited: dict[str, Any] | None,
+                 mismatch: dict[str, Any] | None = None) -> str | None:
     """"the job was aborted by the collective timeout N s later", when a rank's end says a
-    collective timed out; ``waited``: the verdict's waiting collective (its ``age_s``)."""
+    collective timed out; ``waited``: the verdict's waiting collective (its ``age_s``);
+    ``mismatch``: the verdict's, when ranks met with different calls (an abort is then the
+    backend's check, not a timeout)."""
+    if mismatch is not None:
+        for rank in sorted(job.ranks.values(), key=_when):
+            if (rank.death.get("exit") or {}).get("signal") == 6:
+                return (f"rank {rank.rank} was aborted (SIGABRT) by the backend on this "
+                        "mismatch instead of hanging (gloo checks the size it receives; NCCL's "
+                        "async error handling aborts too)")
+        return None
     for rank in sorted(job.ranks.values(), key=_when):
         exit_ = rank.death.get("exit") or {}
         text = f"{rank.end.get('exception') or ''} {exit_.get('description') or ''}"

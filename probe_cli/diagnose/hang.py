@@ -37,6 +37,7 @@ from probe_protocol.bodies import BacktraceBody, CollectivesBody
 from ..errors import AgentUnreachableError
 from ..group import rank_label
 from ..result import RankResult
+from .mismatch import Mismatch, find_mismatch
 from .rhythm import MIN_GAPS, WaitRule, normal_wait
 from .verdict import Verdict
 
@@ -87,10 +88,13 @@ class HangVerdict(Verdict):
     #: ranks the verdict blames only because their collectives read timed out (the GIL is
     #: held, or the node is busy): doctor checks them against their steps (time_checks.py).
     gil_suspects: tuple[int, ...] = ()
+    #: the calls that met in one collective and differ (mismatch.py's ``to_json``), or None.
+    mismatch: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {**Verdict.to_json(self), "waiting": self.waiting, "confidence": self.confidence,
-                "basis": self.basis, "threshold_s": self.threshold_s}
+                "basis": self.basis, "threshold_s": self.threshold_s,
+                "mismatch": self.mismatch}
 
 
 def _ranks_word(ranks: list[int]) -> str:
@@ -229,6 +233,11 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
             rule = WaitRule(0.0, f"{_ranks_word([s.rank for s in stuck])}'s Python has not run "
                             "in time to answer (its GIL is held; read from outside)", rule.gaps)
 
+    mismatch = (find_mismatch({s.rank: s.collectives for s in answered})
+                if waits or failed or silent or stuck else None)
+    if mismatch is not None and (mismatch.kind != "op" or not waits):
+        return _mismatch_verdict(mismatch, by_rank, failed, silent, rule)
+
     if waits:
         keys = Counter((str(w.get("pg")), w.get("seq")) for w in waits.values())
         (pg, seq), _ = max(keys.items(), key=lambda kv: (kv[1], -int(kv[0][1] or 0)))
@@ -266,12 +275,14 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
         site = _short_site(sample.get("callsite"))
         details = [f"{_ranks_word(waiting)} {'waits' if n == 1 else 'wait'} in {label} "
                    f"({_group(sample)}) at {site}", *details,
+                   *(mismatch.details() if mismatch is not None else ()),
                    f"confidence: {conf}; based on: {basis}"]
         return HangVerdict(True, headline, details, odd,
                            {"pg": pg, "seq": seq, "op": op, "ranks": waiting,
                             "age_s": round(age, 3)},
                            confidence=conf, basis=basis, threshold_s=round(rule.wait_s, 3),
-                           gil_suspects=tuple(s.rank for s in stuck if s.rank in odd))
+                           gil_suspects=tuple(s.rank for s in stuck if s.rank in odd),
+                           mismatch=mismatch.to_json() if mismatch is not None else None)
 
     if stuck and not (failed or silent):
         # No rank is seen waiting (the others' collectives are unknown or young), but a rank's
@@ -313,6 +324,40 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
                        f"{rule.wait_s:.1f} s or more in a collective", [f"based on: {rule.basis}"],
                        confidence="high" if rule.gaps >= MIN_GAPS else "medium",
                        basis=rule.basis, threshold_s=round(rule.wait_s, 3))
+
+
+def _mismatch_verdict(m: Mismatch, by_rank: dict[int, RankState],
+                      failed: dict[int, dict[str, Any]], silent: list[RankState],
+                      rule: WaitRule) -> HangVerdict:
+    """The calls that met in one collective differ: that is the news, whether the ranks still
+    wait in it, its call failed (the backend checked the sizes), or a rank was aborted."""
+    details = m.details()
+    for r, f in sorted(failed.items()):
+        if (str(f.get("pg")), f.get("seq")) == (m.pg, m.seq):
+            details.append(f"rank {r}: {_label(f)} failed: {str(f.get('error'))[:200]}")
+    for s in silent:
+        details.append(f"rank {s.rank} {_silent_reason(s)}")
+    for side in m.sides:
+        for r in side.ranks:
+            state = by_rank.get(r)
+            if state is not None and state.frames:
+                place, frames = where(state.frames)
+                details += [f"rank {r} is {place}", *(f"    {line}" for line in frames)]
+    waiting = [r for i, side in enumerate(m.sides) if i != m.odd for r in side.ranks]
+    ages = [by_rank[r].now - float(row.get("start_time") or by_rank[r].now)
+            for r in waiting if r in by_rank
+            for row in by_rank[r].collectives
+            if (str(row.get("pg")), row.get("seq")) == (m.pg, m.seq)]
+    basis = (f"ranks met in #{m.seq} of group {m.pg} with different calls (the collectives "
+             f"table of every rank); {m.why_odd}")
+    conf = "high" if m.odd is not None else "medium"
+    details.append(f"confidence: {conf}; based on: {basis}")
+    op = m.sides[1 - m.odd].op if m.odd is not None and len(m.sides) == 2 else m.sides[0].op
+    return HangVerdict(True, m.headline(), details, m.culprits,
+                       {"pg": m.pg, "seq": m.seq, "op": op, "ranks": sorted(waiting),
+                        "age_s": round(max(ages), 3) if ages else None},
+                       confidence=conf, basis=basis, threshold_s=round(rule.wait_s, 3),
+                       mismatch=m.to_json())
 
 
 def rank_state(r: RankResult) -> RankState:

@@ -24,6 +24,7 @@ from probe_protocol.bodies import BacktraceBody, CollectivesBody
 from probe_protocol.query import QueryBody
 
 from ..errors import MissingDependencyError, RankError, UsageProblemError
+from .copy_collectives import mark_end, merge_strip
 
 PREFIX = "postmortem:"
 
@@ -253,12 +254,14 @@ class PostmortemClient:
         return float(self.copy.died_at or self.copy.copied_at or 0.0)
 
     def collectives(self, *, limit: int = 200, state: str | None = None) -> dict[str, Any]:
-        if "collectives" not in layout.table_files(self.copy.path):
+        strip = layout.read_strip(self.copy.path)
+        if "collectives" not in layout.table_files(self.copy.path) and not strip:
             return CollectivesBody(self.copy.rank, recording=False, now=self._now()).to_wire()
-        body = QueryBody.from_wire(self._run(
-            "SELECT * FROM python.collectives ORDER BY start_time"))
+        copied = QueryBody.from_wire(self._run(
+            "SELECT * FROM python.collectives ORDER BY start_time")).records() \
+            if "collectives" in layout.table_files(self.copy.path) else []
         rows = []
-        for r in body.records():
+        for r in mark_end(merge_strip(copied, strip), self.copy.end):
             if r.get("state") == "failed" and "timed out" in str(r.get("error") or "").lower():
                 # The process group's timeout ended this wait: until then the rank waited in
                 # it, which is what the hang verdict reads as pending.

@@ -46,6 +46,9 @@ class Session:
     """Called from the main thread as answers arrive; a no-op unless stderr is a TTY."""
     raw: bool = False
     """``--raw``: the agents' strings keep their control characters (untrusted_text.py)."""
+    run_dir: str | None = None
+    """``--run-dir`` (or $PROBE_RUN_DIR, else the default): where local agents and the
+    post-mortem copies are looked for."""
     _clients: dict[Endpoint, ProbeClient] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     rank_cache: list | None = field(default=None, repr=False)
