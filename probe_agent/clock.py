@@ -166,7 +166,7 @@ class StepClock:
         mod = imported("torch.amp.grad_scaler")
         cls = getattr(mod, "GradScaler", None)
         original = getattr(cls, "step", None)
-        if original is None or getattr(original, "__probe_clock__", None) is not None:
+        if cls is None or original is None or getattr(original, "__probe_clock__", None):
             return  # no AMP scaler in this torch, or another clock of this process wraps it
         clock = self
 

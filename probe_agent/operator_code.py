@@ -119,8 +119,10 @@ def compile_code(code: str) -> Compiled:
     loads = frozenset(n.id for n in ast.walk(tree)
                       if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
     tail = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        tail = ast.Expression(tree.body.pop().value)
+    last = tree.body[-1] if tree.body else None
+    if isinstance(last, ast.Expr):
+        tree.body.pop()
+        tail = ast.Expression(last.value)
     body = compile(tree, FILENAME, "exec")
     return Compiled(body, compile(tail, FILENAME, "eval") if tail is not None else None, loads)
 
@@ -142,7 +144,8 @@ def script_namespace(innermost: FrameType | None) -> ScriptNames:
     agent's own frames are skipped: their locals (``self`` inside a forward) are not the
     script's. Frames of installed packages (a framework's loop) only add names the script's
     own frames lack; ``own`` marks the names from the script's files and ``__main__``."""
-    ns, library = ScriptNames(), {}
+    ns = ScriptNames()
+    library: dict[str, Any] = {}
     chain = []
     frame = innermost
     while frame is not None:

@@ -245,7 +245,12 @@ def _check_applicable(optimizers: list[Any], scale: float | None, set_to: float 
     """Refuse, before changing anything, an LR that would crash the training loop."""
     for opt in optimizers:
         for g in opt.param_groups:
-            after = set_to if set_to is not None else _num(g["lr"]) * float(scale)
+            if set_to is not None:
+                after = set_to
+            elif scale is not None:
+                after = _num(g["lr"]) * scale
+            else:
+                return  # neither: the request changes no LR
             limit = _largest_lr(g)
             if not after <= limit:
                 raise LRError(

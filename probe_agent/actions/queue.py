@@ -213,12 +213,12 @@ class ActionQueue:
         """Refuse now (4xx) what the action would refuse at the step boundary: the
         API is reachable without the CLI. The runners check again there."""
         if kind == "lr":
-            from .lr import check_args
-            check_args(self.clock.optimizers(), args)
+            from .lr import check_args as check_lr
+            check_lr(self.clock.optimizers(), args)
         elif kind == "checkpoint":
-            from .checkpoint_target import check_args
+            from .checkpoint_target import check_args as check_checkpoint
             dist = self.agreement.distributed()
-            check_args(args, self.rank, dist.get_world_size() if dist is not None else 1)
+            check_checkpoint(args, self.rank, dist.get_world_size() if dist is not None else 1)
         elif kind == "profile":  # the ceilings, and no other profiler active
             from .profile import check_args as check_profile
 

@@ -30,7 +30,7 @@ class Sink(Protocol):
     def add_flusher(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` on the writer thread every PROBE_FLUSH_MS and before every read."""
 
-    def add_ticker(self, fn: Callable[[], None]) -> None:
+    def add_ticker(self, fn: Callable[[], object]) -> None:
         """Call ``fn`` on the writer thread now and then (housekeeping; no appends)."""
 
     def add_materializer(self, table: str, fn: Callable[[], pa.Table]) -> None:

@@ -133,6 +133,8 @@ class FlopMeter:
         if _get_current_dispatch_mode() is not mode:
             # The job left a mode of its own on top: popping now would pop the job's.
             raise RuntimeError("another dispatch mode is on top of the FLOP counter")
+        if mode is None:
+            return None  # not counting (released by stop() from another thread meanwhile)
         mode.__exit__(None, None, None)
         if compiled_here():
             # torch.compile compiled its first frames in this very step: not a measurement
@@ -152,16 +154,18 @@ class FlopMeter:
         """The agent stops: no more measurements, and a mode still entered leaves the training
         thread's dispatch stack (now, or at that thread's next optimizer step)."""
         self._stopped = True
-        mode = self._mode
-        if mode is None:
+        entered = self._mode
+        if entered is None:
             return
 
         def leave() -> None:
             from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-            if self._mode is mode and _get_current_dispatch_mode() is mode:
+            # Any: an `is` against torch's Optional return type would widen `entered` again
+            on_top: Any = _get_current_dispatch_mode()
+            if self._mode is entered and on_top is entered:
                 self._mode = None
-                mode.__exit__(None, None, None)
+                entered.__exit__(None, None, None)
 
         optim_hooks.on_thread(sys.modules["torch.optim.optimizer"], self._thread, leave)
 

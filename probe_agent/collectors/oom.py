@@ -126,7 +126,7 @@ class OomRecorder:
             return
         torch = sys.modules.get("torch")
         cuda = getattr(torch, "cuda", None)
-        if cuda is None or not cuda.is_initialized():
+        if torch is None or cuda is None or not cuda.is_initialized():
             return
         attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
         if attach is None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from types import CodeType
+from types import CodeType, FrameType
 
 from ..thread_frames import current_frames
 from .stacks import AGENT_THREAD_PREFIXES
@@ -82,7 +82,7 @@ class StackSampler:
             elif name.startswith(AGENT_THREADS):
                 continue
             codes = []
-            f = frame
+            f: FrameType | None = frame
             while f is not None:
                 code = f.f_code
                 hide = hidden.get(code)

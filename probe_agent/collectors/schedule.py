@@ -48,7 +48,7 @@ class ScheduleWatcher(RareReader):
         inside = {id(x) for s in mine for x in getattr(s, "_schedulers", ())}
         horizon = min(max(MIN_HORIZON, 4 * (total or 0), 4 * step), MAX_HORIZON)
         now = time.time()
-        rows = []
+        rows: list[tuple[Any, ...]] = []
         for s in mine:
             if id(s) in inside:
                 continue  # described as part of its SequentialLR/ChainedScheduler

@@ -96,7 +96,7 @@ class ThroughputMeter:
         if logged is not None:
             tokens, source = logged, "logged"
         measured = work.flops is not None
-        if measured:
+        if work.flops is not None:
             self._flops = work.flops
             self._per_token = work.flops / tokens if tokens else None
         if measured:

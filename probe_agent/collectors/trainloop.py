@@ -198,7 +198,7 @@ class LoopMonitor:
         if self._scaler_cls is None and (gs := imported(_SCALER_MODULE)) is not None:
             scaler_cls = getattr(gs, "GradScaler", None)
             orig_scale = getattr(scaler_cls, "scale", None)
-            if orig_scale is not None:
+            if scaler_cls is not None and orig_scale is not None:
                 monitor = self
 
                 def scale(scaler: Any, outputs: Any) -> Any:

@@ -62,7 +62,7 @@ def exception_record(exc: BaseException) -> dict[str, Any]:
 
 def stack_of(frame: Any) -> list[dict[str, Any]]:
     """Frames from ``frame`` outwards, innermost first, the agent's own left out."""
-    out = []
+    out: list[dict[str, Any]] = []
     for f in traceback.extract_stack(frame)[::-1] if frame is not None else ():
         if f"{os.sep}probe_agent{os.sep}" not in f.filename:
             out.append({"depth": len(out), "func": f.name, "file": f.filename,
@@ -114,14 +114,15 @@ class EndHooks:
         if not self.active:
             return
         with self._lock:
-            first = self.ended is None
-            if first:
-                self.ended = {**record, "at": time.time()}
-        if not first:
+            if self.ended is None:
+                ended = self.ended = {**record, "at": time.time()}
+            else:
+                ended = None
+        if ended is None:
             self._written.wait(FINAL_WAIT_S)
             return
         try:
-            self.on_end(self.ended)
+            self.on_end(ended)
         finally:
             self._written.set()
 

@@ -12,6 +12,8 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from probe_protocol.bodies import InfoBody, RankEntry
+
     from ..access import Gate, Refusal, RefusalLog
     from ..actions.queue import ActionQueue
     from ..clock import StepClock
@@ -35,17 +37,22 @@ class AgentParts(Protocol):
     profiling: Profiling
     gate: Gate
     refusals: RefusalLog
-    #: Separate pools so a slow query never starves eval or backtrace, and vice versa.
-    query_pool: Executor
-    eval_pool: Executor
+    # Separate pools so a slow query never starves eval or backtrace, and vice versa. Read-only
+    # here (properties): the agent's are its own Executor subclass (serving/idle_pool.py).
+    @property
+    def query_pool(self) -> Executor: ...
+
+    @property
+    def eval_pool(self) -> Executor: ...
+
     #: Set by create_app: the requests' CPU budget (budget.py).
     serve_budget: Any
     tcp_port: int | None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> InfoBody:
         """``/v1/info``: who and where this rank is."""
 
-    def known_ranks(self) -> list[dict[str, Any]]:
+    def known_ranks(self) -> list[RankEntry]:
         """Every rank this agent knows, itself included, by rank."""
 
     def run_eval(self, code: str, client: str, eval_id: str | None = None) -> Any:

@@ -25,15 +25,18 @@ import stat
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-try:  # httptools (C) parses HTTP at a fraction of h11's (pure Python) CPU, in the training process
+if TYPE_CHECKING:  # typed as the usual base; h11's has the same surface where we override it
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _BaseProtocol
-except ImportError:  # pragma: no cover - httptools is in the agent extra; h11 still works
-    _BaseProtocol = H11Protocol
+else:
+    try:  # httptools (C) parses HTTP at a fraction of h11's (pure Python) CPU, in the rank
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _BaseProtocol
+    except ImportError:  # pragma: no cover - httptools is in the agent extra; h11 still works
+        _BaseProtocol = H11Protocol
 
 from probe_protocol.envelope import encode, error_body
 from probe_protocol.peers import Peer, tcp_peer, unix_peer_uid
@@ -147,7 +150,7 @@ def _make_protocol(rank: int, gate: Gate) -> type[Any]:
     JSON error body, and a deadline for each request's head and body (uvicorn has none)."""
     timed = hasattr(_BaseProtocol, "on_message_complete")  # httptools; h11 has no callbacks
 
-    class _GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
+    class _GuardedProtocol(_BaseProtocol):
         _probe_refused = False  # answered by _refuse: what still arrives is dropped
         _probe_keys: list[str] | None = None
         _probe_peer: Peer | None = None
@@ -183,10 +186,10 @@ def _make_protocol(rank: int, gate: Gate) -> type[Any]:
             if not self._probe_refused:
                 super().data_received(data)
 
-        def eof_received(self) -> bool | None:
+        def eof_received(self) -> None:
             if self._probe_refused:
-                return False  # the client read our answer and closed: close too
-            return super().eof_received()  # type: ignore[no-any-return]
+                return  # the client read our answer and closed: None (false) closes ours too
+            super().eof_received()
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._probe_refused and self._probe_keys is None:
@@ -215,8 +218,10 @@ def _make_protocol(rank: int, gate: Gate) -> type[Any]:
         def on_message_begin(self) -> None:
             super().on_message_begin()
             # AdmissionMiddleware (app.py) reads who is asking, and on which share of the limits.
-            self.scope[SCOPE_PEER] = self._probe_peer
-            self.scope[SCOPE_KEYS] = self._probe_keys
+            # ASGI lets a server add its own scope keys; uvicorn's HTTPScope TypedDict cannot.
+            scope = cast("dict[str, Any]", self.scope)
+            scope[SCOPE_PEER] = self._probe_peer
+            scope[SCOPE_KEYS] = self._probe_keys
             self._probe_arm()
 
         def on_message_complete(self) -> None:

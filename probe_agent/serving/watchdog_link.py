@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import Any
 
 from probe_protocol.runfiles import RunFiles
@@ -82,7 +82,7 @@ class WatchdogLink:
     """
 
     def __init__(self, config: AgentConfig, identity: Identity, clock: StepClock,
-                 host_names: set[str], public: list[socket.socket],
+                 host_names: Set[str], public: list[socket.socket],
                  serve_fallback: ServeFallback) -> None:
         self.config = config
         self.identity = identity
@@ -111,7 +111,7 @@ class WatchdogLink:
 
     @classmethod
     def create(cls, config: AgentConfig, identity: Identity, clock: StepClock,
-               host_names: set[str], public: list[socket.socket],
+               host_names: Set[str], public: list[socket.socket],
                serve_fallback: ServeFallback) -> WatchdogLink | None:
         try:
             return cls(config, identity, clock, host_names, public, serve_fallback)

@@ -59,7 +59,11 @@ class Bounded:
         return self.limit is not None
 
 
-def _relation(cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None,
+#: DuckDB's bind parameters: positional (``?``) as a list, or by name (``$name``) as a dict.
+Params = list[Any] | dict[str, Any]
+
+
+def _relation(cur: duckdb.DuckDBPyConnection, sql: str, params: Params | None,
               max_bytes: int) -> tuple[list[str], list[str], Any, bool]:
     """(columns, types, relation to read, whether it carries SIZE_COLUMN first)."""
     rel = cur.sql(sql, params=params or None)
@@ -86,7 +90,7 @@ def _encode(rows: list[Any]) -> bytes:
     return text[1:-1].encode("utf-8")
 
 
-def json_rows(cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None,
+def json_rows(cur: duckdb.DuckDBPyConnection, sql: str, params: Params | None,
               max_rows: int, max_bytes: int) -> Bounded:
     """Run ``sql`` and take its rows as JSON, cut at ``max_rows`` rows or ``max_bytes`` bytes.
     Only the rows within both caps are converted to Python objects."""

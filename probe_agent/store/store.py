@@ -63,7 +63,7 @@ from ..errors import QueryError, QueryTimeoutError
 from .catalog import load_schema
 from .deadlines import Deadlines
 from .readonly import ReadOnlyCheck, check_sql_text, one_line
-from .results import Bounded, arrow_stream, json_rows
+from .results import Bounded, Params, arrow_stream, json_rows
 from .retention import step_table_widths
 from .writer import Writer, insert_arrow
 
@@ -170,7 +170,7 @@ class Store:
         """Call ``fn`` on the writer thread every PROBE_FLUSH_MS and before every read."""
         self._writer.add_flusher(fn)
 
-    def add_ticker(self, fn: Callable[[], None]) -> None:
+    def add_ticker(self, fn: Callable[[], object]) -> None:
         """Call ``fn`` on the writer thread now and then (housekeeping; no appends)."""
         self._writer.add_ticker(fn)
 
@@ -299,7 +299,8 @@ class Store:
         views = [tables for view, tables in self._views.items() if view in lowered]
         return self._named_in(sql).union(*views)
 
-    def _run_read(self, sql: str, params: list[Any] | None, max_rows: int, consume: Callable):
+    def _run_read(self, sql: str, params: Params | None, max_rows: int,
+                  consume: Callable[..., Bounded]) -> Bounded:
         self.check_read_only(sql)
         named = self.tables_named(sql)
         # Flush on read (see the docstring). A materialised table (python.backtrace) is rebuilt
@@ -334,7 +335,7 @@ class Store:
         return self._guarded(cur, lambda: cur.sql(sql).to_arrow_table())
 
     def query(
-        self, sql: str, params: list[Any] | None = None, max_rows: int | None = None
+        self, sql: str, params: Params | None = None, max_rows: int | None = None
     ) -> QueryResult:
         """Run one read statement; at most ``max_rows`` (≤ PROBE_MAX_ROWS) rows and
         PROBE_MAX_RESULT_BYTES bytes come back, as JSON-safe Python values."""
@@ -343,14 +344,14 @@ class Store:
         return QueryResult(res.columns, res.types, rows, res.truncated, res.elapsed_ms)
 
     def query_json(
-        self, sql: str, params: list[Any] | None = None, max_rows: int | None = None
+        self, sql: str, params: Params | None = None, max_rows: int | None = None
     ) -> Bounded:
         """Like ``query``, but the rows stay encoded: ``parts`` joined are the inside of the
         JSON ``rows`` array (what the HTTP route sends without decoding)."""
         cap = min(max_rows or self.config.max_rows, self.config.max_rows)
 
         def consume(
-            cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any], cap: int, t0: float
+            cur: duckdb.DuckDBPyConnection, sql: str, params: Params, cap: int, t0: float
         ) -> Bounded:
             res = json_rows(cur, sql, params, cap, self.config.max_result_bytes)
             res.elapsed_ms = (time.perf_counter() - t0) * 1e3
@@ -363,7 +364,7 @@ class Store:
         cap = min(max_rows or self.config.max_rows, self.config.max_rows)
 
         def consume(
-            cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any], cap: int, t0: float
+            cur: duckdb.DuckDBPyConnection, sql: str, params: Params, cap: int, t0: float
         ) -> Bounded:
             res = arrow_stream(cur, sql, cap, self.config.max_result_bytes)
             res.elapsed_ms = (time.perf_counter() - t0) * 1e3

@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import duckdb
@@ -67,7 +67,7 @@ class Writer:
         self._writer_lock = threading.Lock()  # the writer cursor's SQL vs a stopped writer's
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._flushers: list[Callable[[], None]] = []
-        self._tickers: list[Callable[[], None]] = []
+        self._tickers: list[Callable[[], object]] = []
         self._wake = threading.Event()
         self._waiting: list[frozenset[str] | None] = []  # tables of waiting flush() calls
         self._waiting_lock = threading.Lock()
@@ -105,7 +105,7 @@ class Writer:
         should move everything it has buffered into ``append``."""
         self._flushers.append(fn)
 
-    def add_ticker(self, fn: Callable[[], None]) -> None:
+    def add_ticker(self, fn: Callable[[], object]) -> None:
         """Call ``fn`` on the writer thread every ``_TICK_S`` (housekeeping; no appends)."""
         self._tickers.append(fn)
 
@@ -156,7 +156,7 @@ class Writer:
             self._call(self._tickers)
             timed = time.monotonic() >= next_flush
             full = (self._queue.qsize() > _MAX_HELD
-                    or len(self._held) and sum(map(len, self._held.values())) > _MAX_HELD)
+                    or bool(self._held) and sum(map(len, self._held.values())) > _MAX_HELD)
             if woken or timed or full:
                 # Many clients reading at once share passes: at most one per _MIN_GAP_S, so
                 # a busy dashboard costs the writer 20 passes a second, not one per query.
@@ -172,7 +172,7 @@ class Writer:
             self._collect(cur, everything=True)
         cur.close()
 
-    def _call(self, fns: list[Callable[[], None]]) -> None:
+    def _call(self, fns: Sequence[Callable[[], object]]) -> None:
         for fn in list(fns):
             try:
                 fn()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -59,7 +59,7 @@ class NodeRelay:
         self.rank = rank
 
     async def answer(self, body: bytes, auth: str | None,
-                     entries: list[Mapping[str, Any]]) -> tuple[int, dict[str, Any]]:
+                     entries: Sequence[Mapping[str, Any]]) -> tuple[int, dict[str, Any]]:
         """``(status, body)`` for one node request; ``entries``: the job's rank list."""
         try:
             parsed = nodefan.read_request(json.loads(body or b"null"))
@@ -149,8 +149,8 @@ def _timeout(value: Any) -> float:
 def _request(route: str, params: dict[str, Any], auth: str | None) -> bytes:
     """The HTTP request for one rank: the read route only, with the caller's token."""
     if route == "backtrace":
-        flags = {k: int(bool(params.get(k))) for k in ("locals", "native", "all", "secrets")
-                 if k in params}
+        flags: dict[str, int] = {k: int(bool(params.get(k)))
+                                 for k in ("locals", "native", "all", "secrets") if k in params}
         target, data = BACKTRACE.path + ("?" + urlencode(flags) if flags else ""), b""
         method = "GET"
     elif route == "collectives":
@@ -159,7 +159,7 @@ def _request(route: str, params: dict[str, Any], auth: str | None) -> bytes:
         target, data = COLLECTIVES.path + ("?" + urlencode(args) if args else ""), b""
         method = "GET"
     else:
-        query = {k: params[k] for k in ("sql", "max_rows") if k in params}
+        query: dict[str, Any] = {k: params[k] for k in ("sql", "max_rows") if k in params}
         target, data, method = QUERY.path, encode(query), "POST"
     lines = [f"{method} {target} HTTP/1.1", "host: localhost", "connection: close",
              f"content-length: {len(data)}"]

@@ -174,8 +174,8 @@ class Proxy:
             reached = (sockname[0], self.port) if isinstance(sockname, tuple) and self.port \
                 else None
             proof = self.policy.health_extra(req.query, reached)
-            body = HealthBody(self.rank_no, proof=proof.get("proof"))
-            writer.write(json_response(200, body.to_wire()))
+            health = HealthBody(self.rank_no, proof=proof.get("proof"))
+            writer.write(json_response(200, health.to_wire()))
             return True
         if NODE_FANOUT.matches(req.method, req.path):
             # Served here, not by the agent: the node's other ranks answer even while this

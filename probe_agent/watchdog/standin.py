@@ -118,8 +118,9 @@ class StandIn:
         ago = time.time() - (self.rank.died_at or time.time())
         step = self.rank.last_step
         last = self.rank.last_backtrace
-        facts = {"state": "dead", "pid": self.pid, "host": self.host, "exit": e,
-                 "last_step": step, "died_at": self.rank.died_at, "last_backtrace": last}
+        facts: dict[str, Any] = {"state": "dead", "pid": self.pid, "host": self.host, "exit": e,
+                                 "last_step": step, "died_at": self.rank.died_at,
+                                 "last_backtrace": last}
         at = f" at step {step}" if step is not None else ""
         message = (f"rank {self.rank_no} (pid {self.pid}) is dead: {e.get('description')}{at}, "
                    f"{ago:.0f} s ago")

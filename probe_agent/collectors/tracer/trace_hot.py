@@ -151,7 +151,8 @@ def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         t1 = _clock()
         tr.depth = depth
     try:
-        cuda = 0
+        # the record's CUDA field: 0 (none), the events until queued, then 1 (queued in fcuda)
+        cuda: tuple[Any, Any, Any] | int = 0
         if e0 is not None:
             cuda = (e0, tr.record_event(), tr.memory())
         gseq = -1

@@ -116,9 +116,9 @@ async def query(request: Request) -> Response:
     )
     _charge(request, res.nbytes)
     # The rows arrive encoded (store/results.py): the body is written around them, never re-encoded.
-    body = QueryBody(agent.rank, tuple(res.columns), tuple(res.types), (), res.truncated,
-                     round(res.elapsed_ms, 3), res.limit or None)
-    parts = body.stream(res.parts)
+    answer = QueryBody(agent.rank, tuple(res.columns), tuple(res.types), (), res.truncated,
+                       round(res.elapsed_ms, 3), res.limit or None)
+    parts = answer.stream(res.parts)
     return _streamed(parts, "application/json", {})
 
 
