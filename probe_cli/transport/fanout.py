@@ -122,7 +122,6 @@ def _expand(session: Session, ep: Endpoint) -> list[RankTarget]:
     # entry must carry the token's signature before its URL gets the token or code.
     raws = {e.get("rank"): e for e in raw.get("ranks") or () if isinstance(e, dict)}
     out: list[RankTarget] = []
-    err: RankError
     for entry in body.ranks:
         rank = entry.rank
         problem = rank_entry_problem(raws.get(rank) or {}, session.token)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import random
 import re
 
-from probe_cli.diagnose.compare import compare_runs
+from probe_cli.diagnose.compare import RunEvidence, compare_runs
 from probe_cli.diagnose.shift import shift
-from probe_cli.diagnose.compare import RunEvidence
 
 
 def test_shift_is_the_median_pairwise_difference_with_an_interval_around_it():
