@@ -99,6 +99,12 @@ STEPS_HEADER = "X-Probe-Steps"
 #: Set by the watchdog on what it forwards to the agent's private socket: the TCP client it
 #: proxies (``IP:PORT``), or ``watchdog`` for its own requests. Dropped from what clients send.
 CLIENT_HEADER = "x-probe-client"
+#: Sent by the CLI when another program drives it (``probe mcp`` sets PROBE_VIA=mcp for the CLI
+#: runs it makes): the agent adds it to the client it audits ("127.0.0.1:5123 via mcp"). A label
+#: for the audit, not a credential: the access rule never reads it.
+VIA_HEADER = "x-probe-via"
+#: What a VIA_HEADER may say (anything else is ignored): a short lower-case name.
+VIA_PATTERN = r"[a-z][a-z0-9-]{0,15}"
 
 #: The Arrow IPC stream media type a query answers in when the request accepts it.
 ARROW_STREAM = "application/vnd.apache.arrow.stream"

@@ -170,12 +170,16 @@ def _queries_dir() -> Path:
     return _sql_dir() / "queries"
 
 
+def schema_text() -> str:
+    """sql/schema.sql: every table and column the agents write, with its documentation."""
+    return (_sql_dir() / "schema.sql").read_text(encoding="utf-8")
+
+
 def schema_views() -> list[str]:
     """The ``CREATE VIEW`` and ``CREATE ... MACRO`` statements of schema.sql (python.job_memory,
     python.module_calls): views and macros are not copied, they are made again over the copied
     tables."""
-    text = (_sql_dir() / "schema.sql").read_text(encoding="utf-8")
-    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("--")]
+    lines = [ln for ln in schema_text().splitlines() if not ln.lstrip().startswith("--")]
     return [st.strip() for st in "\n".join(lines).split(";")
             if "CREATE VIEW" in st.upper() or "MACRO" in st.upper().split("AS", 1)[0]]
 

@@ -7,6 +7,8 @@ httpx exceptions never escape this module; failures.py says what each one means.
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import ssl
 from typing import Any
@@ -92,6 +94,7 @@ class ProbeClient:
         self._trusted = False
         self._http = httpx.Client(
             base_url=endpoint.base_url,
+            headers=via_headers(),
             transport=transport,
             timeout=httpx.Timeout(timeout),
             trust_env=False,  # an operator's HTTP(S)_PROXY must not swallow loopback agents
@@ -318,3 +321,15 @@ class ProbeClient:
                 resp.close()
             raise http_error(resp, self.endpoint.label, self._decode(resp))
         return resp
+
+
+def via() -> str | None:
+    """What drives this CLI, from PROBE_VIA (``mcp`` when `probe mcp` runs it), if it is a
+    name the agent accepts (routes.VIA_PATTERN); None otherwise."""
+    name = os.environ.get("PROBE_VIA", "")
+    return name if name and re.fullmatch(routes.VIA_PATTERN, name) else None
+
+
+def via_headers() -> dict[str, str]:
+    name = via()
+    return {routes.VIA_HEADER: name} if name else {}

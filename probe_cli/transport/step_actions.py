@@ -36,7 +36,7 @@ from probe_protocol.actions import ActionBody, StepBody
 from ..errors import AgentHTTPError, AgentTimeoutError, AgentUnreachableError, RankError
 from ..group import rank_label
 from ..result import RankResult
-from .client import ProbeClient
+from .client import ProbeClient, via
 from .fanout import RankTarget, calling, fan_out, resolve_ranks
 from .session import Session
 
@@ -64,11 +64,13 @@ class StepOutcome:
 
 
 def requested_by() -> str:
+    """``user@host``, and ``via NAME`` when a program drives this CLI (`probe mcp`)."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "?"
-    return f"{user}@{socket.gethostname()}"
+    name = via()
+    return f"{user}@{socket.gethostname()}" + (f" via {name}" if name else "")
 
 
 def choose_next_step(bodies: Sequence[Mapping[str, Any] | None]) -> int | None:

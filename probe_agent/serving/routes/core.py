@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -59,14 +60,19 @@ def _agent(request: Request) -> AgentParts:
     return request.app.state.agent
 
 
+_VIA = re.compile(routes.VIA_PATTERN)
+
+
 def _client(request: Request) -> str:
+    """Who sent ``request``, as the audit names it: ``IP:PORT`` or ``unix``, plus ``via NAME``
+    when a program drove the CLI (routes.VIA_HEADER: ``via mcp`` for `probe mcp`)."""
     c = request.scope.get("client")
-    if c:
-        return f"{c[0]}:{c[1]}"
-    # Over a unix socket. The watchdog proxies TCP clients through the agent's private
+    # Over a unix socket, the watchdog proxies TCP clients through the agent's private
     # socket and says who they are; it strips this header from what clients send, and only our
     # uid or root can reach a unix socket (SO_PEERCRED), so the header cannot be forged remotely.
-    return request.headers.get(routes.CLIENT_HEADER) or "unix"
+    who = f"{c[0]}:{c[1]}" if c else request.headers.get(routes.CLIENT_HEADER) or "unix"
+    via = request.headers.get(routes.VIA_HEADER, "")
+    return f"{who} via {via}" if via and _VIA.fullmatch(via) else who
 
 
 @router.get(routes.HEALTH.path)
