@@ -171,15 +171,13 @@ class Agent:
         """The post-mortem copy of this rank's tables (probe_agent/postmortem/), unless off."""
         if self.config.postmortem == "off":
             return None
-        from probe_protocol import postmortem as layout
-
-        from .postmortem import Postmortem
+        from .postmortem import Postmortem, launch
 
         ident = self.identity
+        job, offer = launch.job_of(os.environ, ident.pid)
         return Postmortem(
             self.store, root=self.config.postmortem_dir or os.path.join(
-                self.config.run_dir, "postmortem"),
-            job=layout.job_name(os.environ, ident.pid), rank=self.rank,
+                self.config.run_dir, "postmortem"), job=job, offer=offer, rank=self.rank,
             run_dir=self.config.run_dir if self.config.unix_socket else None, pid=ident.pid,
             every_s=self.config.postmortem_every_s, budget_mb=self.config.postmortem_mb,
             keep=self.config.postmortem == "always",

@@ -1,5 +1,7 @@
 """Post-mortem directories probe can prove are its own, and removing them without following a link.
 
+(``open_root`` also guards the native build's directory: collectors/tracer/native_build.py.)
+
 The agent sweeps old copies, and removes a rank's copy after a clean exit. A root the owner
 chose carelessly (``PROBE_POSTMORTEM_DIR=$HOME/runs``) or one another uid planted (a symlink to
 the owner's home in a shared directory) must cost the owner nothing. So:
@@ -52,15 +54,19 @@ def _others_can_rename_in(st: os.stat_result) -> bool:
     return bool(st.st_mode & 0o022) and not st.st_mode & stat.S_ISVTX
 
 
-def open_root(path: str, *, create: bool = False, setting: str = layout.DIR_VAR) -> int:
+def open_root(path: str, *, create: bool = False, setting: str = layout.DIR_VAR,
+              doing: str = "writing or sweeping post-mortem copies",
+              private: bool = False) -> int:
     """A descriptor of directory ``path`` (made 0700 where missing when ``create``), reached
-    as the module docstring says, else ``UntrustedPathError`` naming ``setting``."""
+    as the module docstring says, else ``UntrustedPathError`` naming ``setting`` and what is
+    not being done there (``doing``). ``private``: ``path`` itself must also be ours and
+    writable by nobody else (the native build's directory)."""
     todo = [c for c in os.path.abspath(path).split("/") if c]
     where, fd, links = "/", os.open("/", _DIR_FLAGS), 0
 
     def refuse(why: str) -> UntrustedPathError:
-        return UntrustedPathError(f"{setting}={path}: {why}; not writing or sweeping "
-                                  "post-mortem copies there (choose a directory of your own)")
+        return UntrustedPathError(f"{setting}={path}: {why}; not {doing} there (choose a "
+                                  "directory of your own)")
     try:
         while todo:
             comp = todo.pop(0)
@@ -103,8 +109,12 @@ def open_root(path: str, *, create: bool = False, setting: str = layout.DIR_VAR)
                 raise refuse(f"{here} changed while it was opened")
             os.close(fd)
             fd, where = nfd, here
-        if _others_can_rename_in(os.fstat(fd)):
+        last = os.fstat(fd)
+        if _others_can_rename_in(last):
             raise refuse(f"{where} is writable by others and not sticky")
+        if private and (last.st_uid != os.getuid() or last.st_mode & 0o022):
+            raise refuse(f"{where} is not yours alone (owner uid {last.st_uid}, mode "
+                         f"{stat.S_IMODE(last.st_mode):o})")
         return fd
     except BaseException:
         os.close(fd)
@@ -164,21 +174,58 @@ def _marked(job_fd: int, job: str) -> bool:
             and rec.get("job") == job and rec.get("uid") == os.getuid())
 
 
-def make_copy_dir(rank_path: str) -> None:
-    """Make ``<root>/<job>/rank-<r>`` (0700, ours; the job directory with its marker), the
-    root reached and checked as ``open_root`` does. Raises OSError (UntrustedPathError)."""
-    job_path = os.path.dirname(rank_path)
-    job, rank = os.path.basename(job_path), os.path.basename(rank_path)
+def _make_job(job_path: str) -> tuple[int, int]:
+    """(root fd, job fd) of ``<root>/<job>``, made 0700 and marked where missing, the root
+    reached and checked as ``open_root`` does."""
+    job = os.path.basename(job_path)
     root_fd = open_root(os.path.dirname(job_path), create=True)
     try:
         job_fd = _make_own_dir(root_fd, job, job_path)
         try:
             if not _marked(job_fd, job):
                 write_marker(job_fd, job)
-            os.close(_make_own_dir(job_fd, rank, rank_path))
-        finally:
+        except BaseException:
             os.close(job_fd)
+            raise
+    except BaseException:
+        os.close(root_fd)
+        raise
+    return root_fd, job_fd
+
+
+def make_copy_dir(rank_path: str) -> None:
+    """Make ``<root>/<job>/rank-<r>`` (0700, ours; the job directory with its marker).
+    Raises OSError (UntrustedPathError for a root someone else could change)."""
+    root_fd, job_fd = _make_job(os.path.dirname(rank_path))
+    try:
+        os.close(_make_own_dir(job_fd, os.path.basename(rank_path), rank_path))
     finally:
+        os.close(job_fd)
+        os.close(root_fd)
+
+
+def move_rank_copy(old: str, new: str) -> None:
+    """Move a proven rank copy ``old`` to ``new`` (another job directory under the same root:
+    the job's agreed name), removing ``old``'s job directory once no rank is left in it."""
+    fds = open_rank_copy(old)
+    if fds is None:
+        raise PermissionError(f"{old} is not a post-mortem copy of ours")
+    root_fd, job_fd = fds
+    try:
+        new_root, new_job = _make_job(os.path.dirname(new))
+        try:
+            os.rename(os.path.basename(old), os.path.basename(new), src_dir_fd=job_fd,
+                      dst_dir_fd=new_job)
+        finally:
+            os.close(new_job)
+            os.close(new_root)
+        if os.listdir(job_fd) == [layout.MARKER]:
+            try:
+                _unmark_and_remove(root_fd, job_fd, os.path.basename(os.path.dirname(old)))
+            except OSError:
+                pass  # another rank arrived in it meanwhile: it stays, marked
+    finally:
+        os.close(job_fd)
         os.close(root_fd)
 
 

@@ -2,17 +2,18 @@
 
 Layout (written by the agent and its watchdog, read by `probe postmortem` and `probe -t DIR`)::
 
-    <root>/<job>/rank-<r>/          0700, every file 0600
-    <root>/<job>/.probe-postmortem.json   the marker: this uid's agent made the job's directory
-        meta.json                   who wrote it, when it was last refreshed, budget and drops
-        <table>.<seq>.parquet       rows of python.<table>; a table is one file or several parts
-        end.json                    the rank's own account of its end (exit, signal, exception)
-        death.json                  the watchdog's account (exit status, last stack), any death
-        collectives.strip           the last explicit collectives, written as they start and
+    <root>/<job>/                   0700
+        .probe-postmortem.json      the marker: this uid's agent made it (owned_tree.py)
+        rank-<r>/                   0700, every file 0600
+            meta.json               who wrote it, when it was last refreshed, budget and drops
+            <table>.<seq>.parquet   rows of python.<table>; a table is one file or several parts
+            end.json                the rank's own account of its end (exit, signal, exception)
+            death.json              the watchdog's account (exit status, last stack), any death
+            collectives.strip       the last explicit collectives, written as they start and
                                     end (a shared mapping: it outlives an aborted rank)
 
 ``<root>`` is ``$PROBE_POSTMORTEM_DIR`` (a shared filesystem: every node writes to one place),
-else ``<run dir>/postmortem``. ``<job>`` is the launcher's job id (``job_name``). Stdlib only:
+else ``<run dir>/postmortem``. ``<job>`` names one run (``job_name``). Stdlib only:
 the CLI, the agent and the watchdog all read it.
 """
 
@@ -83,19 +84,47 @@ def roots(environ: Mapping[str, str] | None = None) -> list[str]:
     return [first] if first == default else [first, default]
 
 
-def job_name(environ: Mapping[str, str], pid: int) -> str:
-    """The job's directory name, the same on every rank of the job: PROBE_JOB, the launcher's
-    run id (torchrun's TORCHELASTIC_RUN_ID unless it is "none", SLURM_JOB_ID), the rendezvous
-    address, else this process's pid (a lone process is its own job)."""
-    run_id = environ.get("TORCHELASTIC_RUN_ID", "")
-    for value in (environ.get("PROBE_JOB"), "" if run_id == "none" else run_id,
-                  environ.get("SLURM_JOB_ID")):
-        if value and value.strip():
-            return _SAFE.sub("_", value.strip())[:80]
+def run_id(environ: Mapping[str, str]) -> str | None:
+    """The launcher's own name for this run, the same on every rank of it, or None: PROBE_JOB,
+    torchrun's TORCHELASTIC_RUN_ID unless it is "none" (its default), with ``-a<N>`` after the
+    N-th restart of the workers (each attempt its own copy: a clean retry must not remove the
+    crash that caused it), else SLURM_JOB_ID with ``.<step>`` (each srun of an allocation) and
+    ``-r<N>`` after the N-th requeue."""
+    def given(name: str) -> str:
+        return (environ.get(name) or "").strip()
+
+    if given("PROBE_JOB"):
+        return _SAFE.sub("_", given("PROBE_JOB"))[:80]
+    restart, requeue = given("TORCHELASTIC_RESTART_COUNT"), given("SLURM_RESTART_COUNT")
+    if given("TORCHELASTIC_RUN_ID") not in ("", "none"):
+        tail = f"-a{restart}" if restart.isdigit() and int(restart) > 0 else ""
+        return _SAFE.sub("_", given("TORCHELASTIC_RUN_ID"))[:72] + tail
+    if given("SLURM_JOB_ID"):
+        step = given("SLURM_STEP_ID")
+        tail = (f".{step}" if step.isdigit() else "") + (
+            f"-r{requeue}" if requeue.isdigit() and int(requeue) > 0 else "")
+        return _SAFE.sub("_", given("SLURM_JOB_ID"))[:60] + tail
+    return None
+
+
+def job_name(environ: Mapping[str, str], pid: int, launched: str) -> str:
+    """The job's directory name: ``run_id``; without one, the rendezvous address and
+    ``launched`` (when and by which process this launch started: the same on every rank of a
+    node, different for the next run on port 29500), ``<addr>-<port>-<launched>``, which the
+    ranks of other nodes then join (probe_agent/postmortem/launch.py); a lone process is
+    ``pid-<pid>-<launched>``."""
+    rid = run_id(environ)
+    if rid:
+        return rid
     addr, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
     if addr and port:
-        return _SAFE.sub("_", f"{addr}-{port}")[:80]
-    return f"pid-{pid}"
+        return _SAFE.sub("_", f"{addr}-{port}")[:48] + "-" + _SAFE.sub("_", launched)[:31]
+    return f"pid-{pid}-" + _SAFE.sub("_", launched)[:31]
+
+
+def is_job_name(name: str) -> bool:
+    """A name ``job_name`` could have made (a value read from the job's store is data)."""
+    return 0 < len(name) <= 80 and not _SAFE.search(name) and name not in (".", "..")
 
 
 def rank_dir(root_dir: str, job: str, rank: int) -> str:

@@ -20,6 +20,7 @@ from probe_protocol import owned_tree
 from probe_protocol import postmortem as layout
 from probe_protocol.runfiles import RunFiles
 
+from . import launch
 from .copy import PostmortemCopy
 from .ends import FINAL_WAIT_S, EndHooks
 from .sweep import sweep
@@ -30,15 +31,21 @@ log = logging.getLogger(__name__)
 class Postmortem:
     def __init__(self, store: Any, *, root: str, job: str, rank: int, run_dir: str | None,
                  pid: int, every_s: float, budget_mb: int, keep: bool,
-                 meta: Callable[[], dict[str, Any]]) -> None:
+                 meta: Callable[[], dict[str, Any]], offer: str | None = None) -> None:
         self.root = root
         self.job = job
+        self.rank = rank
         self.keep = keep
         self.path = layout.rank_dir(root, job, rank)
         self.pointer = RunFiles(run_dir, pid).postmortem if run_dir else None
-        self.copy = PostmortemCopy(store, self.path, lambda: {"job": job, **meta()},
+        self.copy = PostmortemCopy(store, self.path, lambda: {"job": self.job, **meta()},
                                    every_s, budget_mb * 1024 * 1024)
         self.hooks = EndHooks(self._on_end)
+        #: A run the launcher did not name: its ranks agree on one name (launch.py).
+        self._offer = offer
+        self._agree_failures = 0
+        if offer is not None:
+            self.copy.before = self._agree
 
     def start(self) -> None:
         try:
@@ -50,15 +57,43 @@ class Postmortem:
         except OSError as e:  # a root someone else could change, among others: one line
             log.warning("probe agent: no post-mortem copy (%s)", e)
             return
-        if self.pointer is not None:
-            try:
-                with open(os.open(self.pointer, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-                                  | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), "w") as f:
-                    f.write(self.path)
-            except OSError:
-                pass
+        self._write_pointer()
         self.copy.start()
         self.hooks.install()
+
+    def _write_pointer(self) -> None:
+        if self.pointer is not None:
+            try:
+                layout.write_atomic(self.pointer, lambda f: f.write(self.path.encode()))
+            except OSError:
+                pass
+
+    def _agree(self) -> None:
+        """Before each refresh until done: the name every rank of the run agreed on, and this
+        rank's directory moved there if its own name lost (ranks on other nodes)."""
+        if self._offer is None or self.hooks.ended is not None:
+            return  # at an end the copy goes where it is: no store call then
+        try:
+            job = launch.agree(self._offer)
+        except Exception as e:  # the store is down or slow: a few tries, then our own name
+            self._agree_failures += 1
+            if self._agree_failures >= 3:
+                self._offer = None
+                log.warning("probe agent: post-mortem copy stays in %s (the job's store did "
+                            "not answer: %s)", self.path, e)
+            return
+        if job is None:
+            return
+        self._offer = None
+        if job != self.job:
+            new = layout.rank_dir(self.root, job, self.rank)
+            try:
+                owned_tree.move_rank_copy(self.path, new)
+            except OSError as e:
+                log.warning("probe agent: post-mortem copy stays in %s (%s)", self.path, e)
+                return
+            self.job, self.path, self.copy.path = job, new, new
+            self._write_pointer()
 
     def _on_end(self, record: dict[str, Any]) -> None:
         try:

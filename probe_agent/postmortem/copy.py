@@ -67,6 +67,11 @@ class PostmortemCopy:
         self._thread: threading.Thread | None = None
         self._warned = False
         self._made = False
+        self.failed_refreshes = 0
+        self.failing_since: float | None = None
+        self.last_error: str | None = None
+        #: Called first in every refresh, under its lock (Postmortem: the run's name).
+        self.before: Callable[[], None] | None = None
 
     def start(self) -> None:
         self._stop.clear()  # a stopped copy may start again (bench/bench_postmortem.py)
@@ -114,49 +119,87 @@ class PostmortemCopy:
             self._done.notify_all()
 
     def _refresh(self) -> None:
+        if self.before is not None:
+            self.before()
         if not self._made:
             owned_tree.make_copy_dir(self.path)
+            self._clear_temporaries()
             self._made = True
         rows: dict[str, int] = {}
-        for table in self.store.tables():
-            if table in SKIP:
-                continue
-            short = table.split(".")[-1]
-            whole = table in WHOLE
-            mark = None if whole else self._marks.get(table)
-            data = self.store.export_arrow(table, after_rowid=mark)
-            if not whole and mark is not None and data.num_rows == 0:
-                continue
-            if data.num_rows:
-                top = int(max(data.column("_rowid").to_pylist()))
-                if mark is not None and top <= mark:
-                    continue
-                self._marks[table] = top
-            data = data.drop_columns(["_rowid"])
-            if whole:
-                for old in layout.table_files(self.path).get(short, []):
-                    os.unlink(old)
-            elif data.num_rows == 0 and short in layout.table_files(self.path):
-                continue  # an empty table already has its (schema-only) part
-            self._seq += 1
-            self._write(os.path.join(self.path, f"{short}.{self._seq}{layout.PARQUET}"), data)
-            rows[short] = data.num_rows
-        self._enforce_budget()
-        self.refreshed_at = time.time()
+        try:
+            for table in self.store.tables():
+                if table not in SKIP:
+                    self._copy_table(table, rows)
+            self._enforce_budget()
+        except Exception as e:
+            self.failed_refreshes += 1
+            self.last_error = f"{type(e).__name__}: {e}"[:300]
+            if self.failing_since is None:
+                self.failing_since = time.time()
+            try:
+                self._write_meta()  # the copy says it lags (fails too on a full disk)
+            except OSError:
+                pass
+            raise
+        self.failing_since = None  # caught up: the marks had not moved past what failed
+        self._write_meta()
+
+    def _copy_table(self, table: str, rows: dict[str, int]) -> None:
+        """One table's new rows as a new part (a whole table as one new file, the old ones
+        removed after it is in place). The mark moves only once the part is on disk: a failed
+        write (a full disk) is retried whole at the next refresh."""
+        short = table.split(".")[-1]
+        whole = table in WHOLE
+        mark = None if whole else self._marks.get(table)
+        data = self.store.export_arrow(table, after_rowid=mark)
+        if not whole and mark is not None and data.num_rows == 0:
+            return
+        top = int(max(data.column("_rowid").to_pylist())) if data.num_rows else None
+        if top is not None and mark is not None and top <= mark:
+            return
+        data = data.drop_columns(["_rowid"])
+        old = layout.table_files(self.path).get(short, [])
+        if not whole and data.num_rows == 0 and old:
+            return  # an empty table already has its (schema-only) part
+        self._seq += 1
+        self._write(os.path.join(self.path, f"{short}.{self._seq}{layout.PARQUET}"), data)
+        if top is not None:
+            self._marks[table] = top
+        if whole:
+            for path in old:
+                os.unlink(path)
+        rows[short] = data.num_rows
+
+    def _write_meta(self) -> None:
+        """``meta.json``; ``refreshed_at`` moves only with a refresh that succeeded."""
+        if self.failing_since is None:
+            self.refreshed_at = time.time()
         layout.write_json(os.path.join(self.path, layout.META), {
             **self.meta(), "refreshed_at": self.refreshed_at, "refreshes": self.refreshes + 1,
             "every_s": self.every_s, "budget_bytes": self.budget_bytes,
             "bytes": self._parquet_bytes(), "bytes_written": self.bytes_written,
-            "truncated": self.dropped_bytes > 0, "dropped_bytes": self.dropped_bytes})
+            "truncated": self.dropped_bytes > 0, "dropped_bytes": self.dropped_bytes,
+            "failed_refreshes": self.failed_refreshes, "failing_since": self.failing_since,
+            "last_error": self.last_error})
+
+    def _clear_temporaries(self) -> None:
+        """A rank killed mid-write left its temporary behind; no writer of this rank's
+        directory runs before this rank's first refresh."""
+        for name in os.listdir(self.path):
+            if layout.is_tmp(name):
+                try:
+                    os.unlink(os.path.join(self.path, name))
+                except OSError:
+                    pass
+        seqs = [int(os.path.basename(p)[: -len(layout.PARQUET)].rpartition(".")[2])
+                for ps in layout.table_files(self.path).values() for p in ps]
+        self._seq = max([self._seq, *seqs])  # a directory taken over: numbers go on from it
 
     def _write(self, path: str, data: Any) -> None:
         import pyarrow.parquet as pq  # lazy: loaded with the store already
 
-        tmp = f"{path}.tmp"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            pq.write_table(data, f, compression="zstd")
-        self.bytes_written += os.path.getsize(tmp)
-        os.replace(tmp, path)
+        self.bytes_written += layout.write_atomic(
+            path, lambda f: pq.write_table(data, f, compression="zstd"))
 
     def _parquet_bytes(self) -> int:
         return sum(os.path.getsize(p) for files in layout.table_files(self.path).values()

@@ -127,6 +127,13 @@ def missing_lines(job: Any) -> list[str]:
                        f"end (refreshed every {every:g} s)")
         elif not copied:
             out.append(f"  rank {rank.rank}: no table copy was written")
+        failing = rank.meta.get("failing_since")
+        if isinstance(failing, (int, float)):
+            out.append(f"  rank {rank.rank}: its copy failed to refresh from "
+                       f"{time.strftime('%H:%M:%S', time.localtime(failing))} on (last error: "
+                       f"{str(rank.meta.get('last_error'))[:200]}): rows after that are missing")
+        for problem in getattr(rank, "problems", ()):
+            out.append(f"  rank {rank.rank}: {problem}")
         if rank.meta.get("truncated"):
             out.append(f"  rank {rank.rank}: the copy hit its budget "
                        f"({int(rank.meta.get('budget_bytes', 0)) >> 20} MiB): "

@@ -36,6 +36,9 @@ class RankCopy:
     meta: dict[str, Any]
     end: dict[str, Any]
     death: dict[str, Any]
+    #: What could not be read (a record that is not JSON, a part that is not Parquet): one
+    #: line each, listed with the rank's end.
+    problems: list[str] = field(default_factory=list)
 
     @property
     def died_at(self) -> float | None:
@@ -124,10 +127,10 @@ def find_job(path: str) -> JobCopy:
         rpath = os.path.join(path, name)
         if rank is None or _owned(rpath) is not None:
             continue
-        job.ranks[rank] = RankCopy(
-            rank, rpath, layout.read_json(os.path.join(rpath, layout.META)),
-            layout.read_json(os.path.join(rpath, layout.END)),
-            layout.read_json(os.path.join(rpath, layout.DEATH)))
+        problems: list[str] = []
+        meta, end, death = (layout.read_json(os.path.join(rpath, name), problems)
+                            for name in (layout.META, layout.END, layout.DEATH))
+        job.ranks[rank] = RankCopy(rank, rpath, meta, end, death, problems)
     return job
 
 
@@ -153,6 +156,40 @@ def last_steps_lines(job: JobCopy, ranks: list[int], n: int = 5) -> list[str]:
         steps = ", ".join(f"{r['step']} ({(r['duration'] or 0) * 1e3:.0f} ms)" for r in rows)
         out.append(f"  rank {rank}'s last steps: {steps}" if rows else
                    f"  rank {rank} recorded no steps")
+    return out
+
+
+def is_parquet(path: str) -> bool:
+    """A whole Parquet file: ``PAR1`` at both ends around a footer that fits (a zero-length or
+    cut part, from a full disk or a crafted copy, is not; it is left out, not read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < 12:
+            return False
+        head = f.read(4)
+        f.seek(st.st_size - 8)
+        tail = f.read(8)
+    footer = int.from_bytes(tail[:4], "little")
+    return head == b"PAR1" and tail[4:] == b"PAR1" and footer + 12 <= st.st_size
+
+
+def table_parts(copy: RankCopy) -> dict[str, list[str]]:
+    """The copy's tables and their readable parts; a part that is not whole is noted in
+    ``copy.problems`` once and left out (its table keeps its other parts)."""
+    out: dict[str, list[str]] = {}
+    for table, files in layout.table_files(copy.path).items():
+        good = [p for p in files if is_parquet(p)]
+        for p in files:
+            if p not in good:
+                note = f"{p} is not a whole Parquet file: left out"
+                if note not in copy.problems:
+                    copy.problems.append(note)
+        if good:
+            out[table] = good
     return out
 
 
@@ -212,7 +249,7 @@ class PostmortemClient:
                 raise MissingDependencyError("reading a post-mortem copy needs duckdb") from None
             db = duckdb.connect(":memory:")
             db.execute("CREATE SCHEMA IF NOT EXISTS python")
-            for table, files in layout.table_files(self.copy.path).items():
+            for table, files in table_parts(self.copy).items():
                 paths = ", ".join("'" + p.replace("'", "''") + "'" for p in files)
                 db.execute(f'CREATE VIEW python."{table}" AS SELECT * FROM '
                            f"read_parquet([{paths}], union_by_name = true)")

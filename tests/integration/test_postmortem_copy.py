@@ -77,3 +77,54 @@ def test_past_the_budget_the_oldest_parts_go_and_the_copy_says_so(store, tmp_pat
     job = find_job(str(tmp_path / "j"))
     assert job.ranks[0].meta["truncated"] is True
     assert any("hit its budget" in line for line in missing_lines(job))
+
+
+def test_a_full_disk_loses_no_rows_and_leaves_no_temporaries(store, full_disk: Path):
+    from tests.fullfs import fill
+
+    rank_dir = full_disk / "root" / "j" / "rank-0"
+    copy = _copy(store, rank_dir, 1 << 30)
+    _metrics(store, 0, 100)
+    copy.refresh()
+    before = {p.name: p.read_bytes() for p in rank_dir.iterdir()}
+    whole = [n for n in before if n.startswith(("backtrace.", "collectives."))]
+    assert whole, before  # tables copied whole are there to lose
+
+    fill(full_disk, leave=0)
+    _metrics(store, 100, 5000)
+    copy.refresh()  # ENOSPC: logged once, never raised
+    assert copy.failing_since is not None
+    left = {p.name: p.read_bytes() for p in rank_dir.iterdir()}
+    assert not [n for n in left if n.endswith(".tmp")], left
+    for name in [*whole, *(n for n in before if n.startswith("metrics."))]:
+        assert left.get(name) == before[name], name  # every earlier part kept, whole
+
+    (full_disk / "hog").unlink()
+    copy.refresh()
+    assert copy.failing_since is None
+    job = find_job(str(full_disk / "root" / "j"))
+    client = PostmortemClient(job.ranks[0])
+    try:
+        body = QueryBody.from_wire(client.query("SELECT count(*) AS n FROM metrics"))
+    finally:
+        client.close()
+    assert body.records() == [{"n": 5100}]  # the rows of the failed refresh were not lost
+    assert not [p for p in rank_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_zero_length_part_does_not_break_the_copy(store, tmp_path: Path):
+    rank_dir = tmp_path / "j" / "rank-0"
+    copy = _copy(store, rank_dir, 1 << 30)
+    _metrics(store, 0, 10)
+    copy.refresh()
+    (rank_dir / "metrics.999.parquet").write_bytes(b"")
+    (rank_dir / "steps.998.parquet").write_bytes(b"PAR1garbage")
+    job = find_job(str(tmp_path / "j"))
+    client = PostmortemClient(job.ranks[0])
+    try:
+        body = QueryBody.from_wire(client.query("SELECT count(*) AS n FROM metrics"))
+    finally:
+        client.close()
+    assert body.records() == [{"n": 10}]
+    lines = missing_lines(job)
+    assert any("metrics.999.parquet is not a whole Parquet file" in ln for ln in lines), lines

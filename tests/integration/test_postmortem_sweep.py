@@ -174,3 +174,16 @@ def test_a_shared_sticky_root_keeps_working(shared: Path):
     assert oct(job.stat().st_mode & 0o777) == "0o700"
     _copy(shared, "j2", old=False)  # the sticky directory itself as the root
     assert sweep(str(shared), keep="x") == []
+
+
+def test_ranks_move_into_the_agreed_run_name(tmp_path: Path):
+    root = tmp_path / "pm"
+    r0 = _copy(root, "addr-29500-launcherA", rank=0, old=False) / "rank-0"
+    r1 = Path(layout.rank_dir(str(root), "addr-29500-launcherA", 1))
+    owned_tree.make_copy_dir(str(r1))
+    for i, rank in enumerate((r0, r1)):
+        owned_tree.move_rank_copy(str(rank), layout.rank_dir(str(root), "addr-29500-won", i))
+    assert sorted(os.listdir(root)) == ["addr-29500-won"]  # the old name went with its last rank
+    won = root / "addr-29500-won"
+    assert sorted(os.listdir(won)) == [layout.MARKER, "rank-0", "rank-1"]
+    assert (won / "rank-0" / "steps.1.parquet").exists()

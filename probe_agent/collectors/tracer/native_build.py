@@ -26,6 +26,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from probe_protocol import owned_tree
+
 #: One translation unit, in this order (the first has the includes and the record constants).
 SOURCES = [Path(__file__).with_name(f) for f in ("trace_native_backward.cpp", "trace_native.cpp")]
 BUILD_TIMEOUT_S = 900
@@ -43,7 +45,7 @@ def build(name: str, directory: Path) -> None:
     RuntimeError when there is no compiler)."""
     if compiler() is None:
         raise RuntimeError("no compiler: none of c++, g++, clang++ on PATH (or set CXX)")
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(directory)
     cmd = [sys.executable, "-m", __name__, name, str(directory), str(os.getpid())]
     if shutil.which("nice"):
         cmd = ["nice", "-n", "19", *cmd]  # nice execs: the builder's parent stays this process
@@ -74,6 +76,16 @@ def build(name: str, directory: Path) -> None:
         early.seek(0)
         words = early.read().strip().splitlines()[-2:] or [f"builder exited {rc}"]
         raise BuildFailed("build failed: " + " | ".join(w.strip() for w in words))
+
+
+def private_dir(directory: Path) -> None:
+    """Build only in a directory of ours that nobody else can write, reached through no one
+    else's link or directory (made 0700 where missing). On shared scratch another uid could
+    otherwise plant ``build.log`` as a link to one of the owner's files (the builder truncates
+    it) or swap ``build.ninja`` during the build (ninja runs it as the owner). Raises
+    PermissionError, one line naming PROBE_NATIVE_DIR."""
+    os.close(owned_tree.open_root(str(directory), create=True, setting="PROBE_NATIVE_DIR",
+                                  doing="building the C++ hot path", private=True))
 
 
 def _kill_group(pgid: int) -> None:
@@ -142,7 +154,8 @@ def _build_here(name: str, directory: Path) -> int:
         return 0
     # Holding our lock, no live probe builder is in this directory: torch's lock is stale.
     (directory / "lock").unlink(missing_ok=True)
-    log_fd = os.open(directory / LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    log_fd = os.open(directory / LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                     0o600)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(log_fd, 1)
