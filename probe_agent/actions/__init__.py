@@ -3,7 +3,7 @@ pause) that run on the training thread right after optimizer step N, on every ta
 on none.
 
 - queue.py: ``ActionQueue``, the per-rank queue the routes submit to and the step clock drains;
-- runners.py: what each kind does at the boundary;
+- kinds/: one module per kind of action (what it checks, keeps and does at the boundary);
 - agreement.py: the all-or-nothing vote through the job's store;
 - lr.py, checkpoint.py, checkpoint_target.py, objects.py: the built-in actions and how they find
   the job's model, optimizers and schedulers.

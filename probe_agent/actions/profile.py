@@ -104,7 +104,7 @@ def check_args(args: dict[str, Any], profiling: Profiling) -> None:
 
 
 def run_profile(q: ActionQueue, a: Action, step: int) -> None:
-    """The runner (runners.py): start the window at boundary ``step`` on the training thread."""
+    """The runner (kinds/profile.py): start the window at boundary ``step`` (training thread)."""
     a.args.update(check_profile(a.args))
     w = q.profiling.start_window(a, step)
     a.data = {"first_step": w.start_step + 1, "last_step": w.last_step,

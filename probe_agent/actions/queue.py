@@ -9,9 +9,10 @@ Model
 - Before running, the ranks agree through the job's store that every one of them reached step
   N (agreement.py): an action runs on all of them or on none, so collectives inside it match
   and a rank that never gets there cannot leave the others blocked in one.
-- Kinds: ``step-eval`` (operator code; the repr of a trailing expression comes back),
-  ``lr`` (lr.py), ``checkpoint`` (checkpoint.py) and ``pause``, which holds the training thread
-  after step N until ``resume()``. While held, actions queued for step N still run there.
+- Kinds: one module each under kinds/ (``KINDS``): ``step-eval`` (operator code; the repr of
+  a trailing expression comes back), ``lr``, ``checkpoint``, ``profile`` and ``pause``, which
+  holds the training thread after step N until ``resume()``. While held, actions queued for
+  step N still run there.
 - Refused at once (HTTP 400): an LR change or a checkpoint path that the action itself
   would refuse (lr.py, checkpoint_target.py); 409 for a checkpoint path that exists without
   overwrite.
@@ -43,7 +44,7 @@ from ..errors import ConflictError
 from ..jobs import Job, JobState, JobTable
 from ..operator_code import compile_code, user_traceback
 from .agreement import StepAgreement
-from .runners import RUNNERS
+from .kinds import KINDS
 
 if TYPE_CHECKING:
     from ..clock import StepClock
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KINDS = ("step-eval", "lr", "checkpoint", "pause", "profile")
 #: Finished actions kept for `probe actions` (queued ones are always kept).
 KEEP_FINISHED = 200
 _ticket = itertools.count()
@@ -211,18 +211,8 @@ class ActionQueue:
 
     def _check_args(self, kind: str, args: dict[str, Any]) -> None:
         """Refuse now (4xx) what the action would refuse at the step boundary: the
-        API is reachable without the CLI. The runners check again there."""
-        if kind == "lr":
-            from .lr import check_args as check_lr
-            check_lr(self.clock.optimizers(), args)
-        elif kind == "checkpoint":
-            from .checkpoint_target import check_args as check_checkpoint
-            dist = self.agreement.distributed()
-            check_checkpoint(args, self.rank, dist.get_world_size() if dist is not None else 1)
-        elif kind == "profile":  # the ceilings, and no other profiler active
-            from .profile import check_args as check_profile
-
-            check_profile(args, self.profiling)
+        API is reachable without the CLI. The kind's ``run`` checks again there."""
+        KINDS[kind].check(self, args)
 
     @property
     def jobs(self) -> JobTable[Action]:
@@ -297,8 +287,8 @@ class ActionQueue:
                 self._audit(a, "skipped")
                 continue
             self._run(a, step)
-            if a.kind == "pause" and a.state == JobState.OK and not self._holding:
-                self._hold_loop(step)
+            if a.state == JobState.OK and self._hold and not self._holding:
+                self._hold_loop(step)  # a pause (kinds/pause.py) asked to hold here
 
     def hold_at(self, step: int) -> None:
         """The pause action: hold the training thread after ``step`` until ``resume()``."""
@@ -341,7 +331,7 @@ class ActionQueue:
         timer.start()
         t1 = time.perf_counter()
         try:
-            RUNNERS[a.kind](self, a, step)
+            KINDS[a.kind].run(self, a, step)
             a.state = JobState.OK
         except KeyboardInterrupt:  # a real Ctrl-C is the operator's, not the action's
             a.state, a.error = JobState.ERROR, "KeyboardInterrupt"

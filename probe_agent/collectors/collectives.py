@@ -42,6 +42,7 @@ from typing import Any
 
 from . import Guard, Sink
 from .collective_names import OP_NAMES, callsite, fr_op, user_frame
+from .registry import CollectorSpec
 from .torch_import import imported
 
 log = logging.getLogger(__name__)
@@ -417,3 +418,7 @@ def _match(entries: list[dict[str, Any]], records: list[list[Any]]) -> list[list
             unmatched.append(rec)
     return unmatched
 
+
+#: This collector, for the registry (registry.py).
+COLLECTOR = CollectorSpec("collectives", 20, lambda b: CollectiveRecorder(b.rank),
+                          tables=("python.collectives",))

@@ -42,6 +42,7 @@ from . import Guard, Sink
 from .loss import LossMeter, to_float
 from .module_stats import ActivationHook, ModuleMap, StepStats, grad_norms, total_norm, unwrap
 from .nan_hunt import hunt
+from .registry import CollectorSpec
 from .torch_import import imported
 
 if TYPE_CHECKING:
@@ -513,3 +514,9 @@ def _float(v: Any) -> float | None:
         return float(v.item() if hasattr(v, "item") else v)
     except (TypeError, ValueError, RuntimeError, OverflowError):
         return math.nan
+
+
+#: This collector, for the registry (registry.py): after the loop monitor (its GradScaler).
+COLLECTOR = CollectorSpec(
+    "numerics", 65, needs=("tracer", "trainloop"), tables=("python.numerics",),
+    build=lambda b: NumericsRecorder(b.clock, b.rank, b.get("tracer"), b.get("trainloop")))

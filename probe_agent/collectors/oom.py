@@ -43,6 +43,7 @@ import pyarrow as pa
 from probe_protocol.runfiles import RunFiles
 
 from . import Guard, Sink
+from .registry import CollectorSpec
 
 TABLE = "python.ooms"
 _MIB = 1 / 2**20
@@ -182,3 +183,11 @@ class OomRecorder:
         cols = {f.name: [r.get(f.name) for r in rows] for f in schema}
         cols["stack"] = ["\n".join(r.get("stack") or []) for r in rows]
         sink.append(TABLE, pa.table(cols, schema=schema))
+
+
+#: This collector, for the registry (registry.py).
+COLLECTOR = CollectorSpec(
+    "oom", 50, needs=("steps",), tables=("python.ooms",),
+    # the step recorder's per-kind memory of the last traced step, named in the OOM's row
+    build=lambda b: OomRecorder(b.clock, b.rank, b.config.run_dir,
+                                b.get("steps").last_kinds if b.get("steps") else dict))

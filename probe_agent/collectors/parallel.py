@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from .rare_reads import RareReader
+from .registry import CollectorSpec
 
 TABLE = "python.parallel"
 TP_NAMES = frozenset({"tp", "tensor", "tensor_parallel"})
@@ -113,3 +114,8 @@ def _prod(values: Any) -> int:
     for v in values:
         out *= int(v)
     return out
+
+
+#: This collector, for the registry (registry.py).
+COLLECTOR = CollectorSpec("parallel", 80, lambda b: ParallelWatcher(b.clock, b.rank),
+                          tables=("python.parallel",))

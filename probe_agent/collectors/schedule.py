@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from .rare_reads import RareReader
+from .registry import CollectorSpec
 from .schedule_read import MAX_HORIZON, MIN_HORIZON, describe, job_total
 
 TABLE = "python.schedule"
@@ -62,3 +63,8 @@ class ScheduleWatcher(RareReader):
             rows.append((now, self.rank, step, None, None, "none", None, None, None, None, None,
                          total, source, d.framework, "no LR scheduler steps these optimizers"))
         return rows
+
+
+#: This collector, for the registry (registry.py).
+COLLECTOR = CollectorSpec("schedule", 70, lambda b: ScheduleWatcher(b.clock, b.rank),
+                          tables=("python.schedule",))

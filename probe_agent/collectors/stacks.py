@@ -23,6 +23,7 @@ from typing import Any
 
 from ..redact import redact_locals
 from ..thread_frames import current_frames
+from .registry import CollectorSpec
 
 AGENT_THREAD_PREFIX = "probe-agent"
 #: Every name the agent gives its own threads. The C++ hot path's builder is not "probe-agent.*"
@@ -205,3 +206,8 @@ class BacktraceTables:
 
     def stop(self) -> None:
         pass
+
+
+#: This collector, for the registry (registry.py).
+COLLECTOR = CollectorSpec("stacks", 90, lambda b: BacktraceTables(b.clock, b.rank),
+                          tables=("python.backtrace", "python.backtrace_all"))

@@ -42,6 +42,7 @@ from . import Guard, Sink
 from .heap import free_heap_mib
 from .loss import to_float
 from .memory_kinds import count_kinds, grad_bytes
+from .registry import CollectorSpec
 from .schedstat import ThreadSchedstat
 from .throughput import ThroughputMeter
 
@@ -349,3 +350,10 @@ def _number(value: Any) -> float | None:
     except (TypeError, ValueError, RuntimeError, OverflowError):
         return math.nan
 
+
+#: This collector, for the registry (registry.py).
+COLLECTOR = CollectorSpec(
+    "steps", 30, needs=("tracer", "numerics"),
+    tables=("python.steps", "python.memory", "python.metrics"),
+    build=lambda b: StepRecorder(b.clock, b.rank, b.get("tracer"), b.config.run_dir,
+                                 b.get("numerics")))

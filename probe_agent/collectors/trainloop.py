@@ -49,6 +49,7 @@ import pyarrow as pa
 
 from . import Guard, Sink
 from .pauses import PauseMeter
+from .registry import CollectorSpec
 from .torch_import import imported
 
 if TYPE_CHECKING:
@@ -357,3 +358,7 @@ def optimizer_state(optimizers: list[Any],
         out.append({"index": i, "class": type(opt).__name__, "groups": groups})
     return out
 
+
+#: This collector, for the registry (registry.py).
+COLLECTOR = CollectorSpec("trainloop", 60, lambda b: LoopMonitor(b.clock, b.rank),
+                          tables=("python.step_stats",))

@@ -1,67 +1,58 @@
 """`probe doctor`'s verdict: every check, in the order that keeps one problem from hiding behind
 another, over what every rank answered. Pure; ``commands/doctor.py`` gathers the answers and
-render/doctor.py writes the report.
+render/doctor.py writes the report. Each check declares itself (checks.py) in the module that
+implements it; ``DEFAULT_CHECKS`` lists those modules.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from . import memory_use, number_checks, schedule, throughput, time_checks
+from .checks import Context, DoctorCheck, Evidence
 from .findings import RankDoc, Report
 from .hang import HangVerdict, RankState
-from .memory_use import check_memory_use
-from .number_checks import check_lr_clip, check_memory, check_nonfinite
-from .schedule import check_schedule
-from .throughput import check_throughput
-from .time_checks import (
-    busy_not_stuck,
-    check_collective_wait,
-    check_data_wait,
-    check_hang,
-    check_modules,
-    check_stalls,
-    check_straggler,
-)
+
+#: The modules whose ``CHECKS`` doctor runs (checks.py). A new check is a module of its own
+#: and one line here.
+DEFAULT_CHECKS = (time_checks, number_checks, memory_use, schedule, throughput)
+
+
+def doctor_checks() -> list[DoctorCheck]:
+    """Every check, in the order it runs."""
+    return sorted((c for m in DEFAULT_CHECKS for c in m.CHECKS), key=lambda c: c.order)
+
+
+def evidence() -> list[Evidence]:
+    """The canned queries the checks read, each key once, in the order the checks run."""
+    seen: dict[str, Evidence] = {}
+    for check in doctor_checks():
+        for e in check.evidence:
+            seen.setdefault(e.key, e)
+    return list(seen.values())
 
 
 def rank_doc(state: RankState, answer: dict[str, Any] | None) -> RankDoc:
     """One rank's evidence: its hang-round state (main-thread frames, collectives) and its
-    second-round ``answer`` (``commands/doctor.py``: the doctor state, the gradient check and
-    the canned queries' records, keyed as ``RankDoc``'s fields; None when it gave none)."""
+    second-round ``answer`` (``gather/evidence.py``: the doctor state, the gradient check and
+    the checks' evidence, keyed as ``Evidence.key``; None when it gave none)."""
     data = answer or {}
-    return RankDoc(
-        rank=state.rank, state=data.get("state"), grads=data.get("grads"),
-        loop=data.get("loop"), memory=data.get("memory"), metrics=data.get("metrics"),
-        breakdown=data.get("breakdown"), activations=data.get("activations"),
-        slow=data.get("slow"), throughput=data.get("throughput"),
-        schedule=data.get("schedule"), parallel=data.get("parallel"), frames=state.frames,
+    doc = RankDoc(
+        rank=state.rank, state=data.get("state"), grads=data.get("grads"), frames=state.frames,
         collectives=tuple(data["collectives"]) if data.get("collectives") else state.collectives,
         errors=data.get("errors") or {})
+    for e in evidence():
+        doc.file(e.key, data.get(e.key))
+    return doc
 
 
 def diagnose(verdict: HangVerdict, docs: list[RankDoc], min_wait: float) -> Report:
+    """Every check over every rank's evidence, in order (``doctor_checks``)."""
     report = Report()
-    verdict = busy_not_stuck(verdict, docs, min_wait)
-    check_hang(report, verdict)
-    if not verdict.problem:
-        check_stalls(report, docs, min_wait)
-    check_nonfinite(report, docs)
-    check_memory(report, docs)
-    check_memory_use(report, docs)
-    if verdict.problem:  # timings from before a hang describe the past, and would distract
-        report.unchecked.append("straggler, collective wait: the job is hung (see above)")
-    else:
-        check_straggler(report, docs)
-        check_collective_wait(report, docs)
-    if any(f.check == "stall" for f in report.findings):
-        report.unchecked.append("DataLoader wait share: a rank is stalled (see above)")
-    else:
-        check_data_wait(report, docs)
-    check_lr_clip(report, docs)
-    check_schedule(report, docs)
-    if not verdict.problem:
-        check_throughput(report, docs)
-    check_modules(report, docs)
+    # a held-GIL verdict whose suspects kept stepping is a busy node, not a hang
+    ctx = Context(time_checks.busy_not_stuck(verdict, docs, min_wait), docs, min_wait)
+    for check in doctor_checks():
+        check.run(report, ctx)
     return report
 
 

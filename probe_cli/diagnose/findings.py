@@ -45,8 +45,10 @@ class Finding:
 
 @dataclass(slots=True)
 class RankDoc:
-    """What one rank answered to doctor's second round. Each ``*_rows`` is a list of dicts
-    (a canned query's rows) or None when that query failed; ``errors`` says why."""
+    """What one rank answered to doctor's second round. A check's evidence (checks.py) is read
+    with ``rows(key)``: a list of dicts (a canned query's rows) or None when that query failed;
+    ``errors`` says why. The named fields hold the keys of the checks written before the
+    registry (``rows`` reads them too); newer keys live in ``answers``."""
 
     rank: int
     state: dict[str, Any] | None = None
@@ -63,6 +65,25 @@ class RankDoc:
     frames: tuple[dict[str, Any], ...] = ()
     collectives: tuple[dict[str, Any], ...] = ()
     errors: dict[str, str] = field(default_factory=dict)
+    answers: dict[str, list[dict[str, Any]] | None] = field(default_factory=dict)
+
+    def rows(self, key: str) -> list[dict[str, Any]] | None:
+        """The rows of the evidence filed under ``key``; None when the rank gave none."""
+        if key in _NAMED:
+            return getattr(self, key)  # type: ignore[no-any-return]
+        return self.answers.get(key)
+
+    def file(self, key: str, rows: list[dict[str, Any]] | None) -> None:
+        """File evidence under ``key`` (a named field when there is one)."""
+        if key in _NAMED:
+            setattr(self, key, rows)
+        else:
+            self.answers[key] = rows
+
+
+#: Evidence keys with a field of their own on RankDoc (the rest go to ``answers``).
+_NAMED = frozenset({"loop", "memory", "breakdown", "activations", "metrics", "slow",
+                    "throughput", "schedule", "parallel"})
 
 
 @dataclass(slots=True)

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import DoctorCheck, Evidence
+
 #: CUDA: a rank whose peak reaches this share of the device is short of memory (warning).
 PRESSURE = 0.9
 #: Levers whose estimates are within this share of each other rank by the cause they act on.
@@ -272,3 +274,13 @@ def check_memory_use(report: Any, docs: list[Any]) -> None:
                 "breakdown": [b.to_json(world) for b in sorted(
                     bds, key=lambda b: (-(b.pressure or 0.0), -b.total))[:DETAIL_RANKS]],
                 "ranks_counted": len(bds)}))
+
+
+#: The check of this module, for doctor.py's registry (checks.py).
+CHECKS = (
+    DoctorCheck("memory_use", 50, lambda report, ctx: check_memory_use(report, ctx.docs),
+                evidence=(Evidence("breakdown", "memory_breakdown",
+                                   lambda _: {"last": BREAKDOWN_STEPS}),
+                          Evidence("activations", "memory_activations",
+                                   lambda _: {"top": TOP_ACTIVATIONS}))),
+)

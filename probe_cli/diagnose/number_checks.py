@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from ..group import rank_label
+from .checks import DoctorCheck, Evidence
 from .findings import CRITICAL, INFO, WARNING, Finding, RankDoc, Report, first_loop, num, unrecorded
 
 #: Steps each rank recorded first that the memory check leaves out (or the first quarter of
@@ -395,3 +396,17 @@ def _by_value(values: dict[int, str]) -> list[tuple[str, list[int]]]:
     for r, v in sorted(values.items()):
         out.setdefault(v, []).append(r)
     return list(out.items())
+
+
+_LOOP = Evidence("loop", "doctor_loop", lambda last: {"last": last})
+
+#: The checks of this module, for doctor.py's registry (checks.py).
+CHECKS = (
+    DoctorCheck("nonfinite", 30, lambda report, ctx: check_nonfinite(report, ctx.docs),
+                evidence=(_LOOP, Evidence("metrics", "doctor_metrics"))),
+    DoctorCheck("memory", 40, lambda report, ctx: check_memory(report, ctx.docs),
+                evidence=(Evidence("memory", "memory_growth", lambda _: {
+                    "last": MEMORY_WINDOW_STEPS, "warmup": MEMORY_WARMUP_STEPS}),)),
+    DoctorCheck("lr_clip", 90, lambda report, ctx: check_lr_clip(report, ctx.docs),
+                evidence=(_LOOP,)),
+)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .checks import DoctorCheck, Evidence
 from .findings import INFO, Finding, RankDoc, Report
 from .throughput import from_rows
 
@@ -146,3 +147,11 @@ def check_schedule(report: Report, docs: list[RankDoc]) -> None:
         INFO, "schedule", f"LR SCHEDULE: {b['check']}", evidence,
         "probe throughput   (the schedule beside GB_tok, in steps and tokens)",
         sorted(d.rank for d in docs), score=0.0, detail={"schedule": b}))
+
+
+#: The check of this module, for doctor.py's registry (checks.py).
+CHECKS = (
+    DoctorCheck("schedule", 100, lambda report, ctx: check_schedule(report, ctx.docs),
+                evidence=(Evidence("throughput", "throughput", lambda last: {"last": last}),
+                          Evidence("schedule", "schedule"), Evidence("parallel", "parallel"))),
+)

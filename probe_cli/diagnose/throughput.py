@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import Context, DoctorCheck, Evidence
 from .findings import INFO, Finding, RankDoc, Report, num
 
 #: A non-compute share of the step at least this large is the lever (and doctor's finding).
@@ -266,3 +267,15 @@ def check_throughput(report: Report, docs: list[RankDoc]) -> None:
         INFO, "throughput", f"LOW THROUGHPUT: {label}: {first.what(name)} takes {top:.0%} "
         f"of the {'wall time' if name in PAUSES else 'step'}", evidence, first.next(name),
         sorted(r.rank for r, _ in group), score=top, detail={"lever": name, "share": top}))
+
+
+def _throughput(report: Report, ctx: Context) -> None:
+    if not ctx.verdict.problem:  # a hung job's throughput is the hang's
+        check_throughput(report, ctx.docs)
+
+
+#: The check of this module, for doctor.py's registry (checks.py).
+CHECKS = (
+    DoctorCheck("throughput", 110, _throughput,
+                evidence=(Evidence("throughput", "throughput", lambda last: {"last": last}),)),
+)

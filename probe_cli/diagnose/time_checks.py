@@ -14,6 +14,7 @@ import statistics
 from typing import Any
 
 from ..group import rank_label
+from .checks import Context, DoctorCheck, Evidence
 from .findings import CRITICAL, INFO, WARNING, Finding, RankDoc, Report, first_loop, num, unrecorded
 from .hang import HangVerdict, where
 from .straggler import arrivals, diagnose_stragglers
@@ -247,3 +248,37 @@ def check_modules(report: Report, docs: list[RankDoc]) -> None:
     # between modules), so "slowest" is where to look first, not a verdict.
     report.findings.append(Finding(INFO, "modules", f"slowest modules: {name} first", evidence,
                                    nxt))
+
+
+def _stalls(report: Report, ctx: Context) -> None:
+    if not ctx.verdict.problem:  # a hung job's ranks are all "stalled"; the hang says it
+        check_stalls(report, ctx.docs, ctx.min_wait)
+
+
+def _straggler_and_wait(report: Report, ctx: Context) -> None:
+    if ctx.verdict.problem:  # timings from before a hang describe the past, and would distract
+        report.unchecked.append("straggler, collective wait: the job is hung (see above)")
+        return
+    check_straggler(report, ctx.docs)
+    check_collective_wait(report, ctx.docs)
+
+
+def _data_wait(report: Report, ctx: Context) -> None:
+    if any(f.check == "stall" for f in report.findings):
+        report.unchecked.append("DataLoader wait share: a rank is stalled (see above)")
+    else:
+        check_data_wait(report, ctx.docs)
+
+
+_LOOP = Evidence("loop", "doctor_loop", lambda last: {"last": last})
+
+#: The checks of this module, for doctor.py's registry (checks.py).
+CHECKS = (
+    DoctorCheck("hang", 10, lambda report, ctx: check_hang(report, ctx.verdict)),
+    DoctorCheck("stall", 20, _stalls, evidence=(_LOOP,)),
+    DoctorCheck("straggler", 60, _straggler_and_wait, evidence=(_LOOP,)),
+    DoctorCheck("data_wait", 80, _data_wait, evidence=(_LOOP,)),
+    DoctorCheck("modules", 120, lambda report, ctx: check_modules(report, ctx.docs),
+                evidence=(Evidence("slow", "slow_modules",
+                                   lambda last: {"last": last, "limit": TOP_MODULES}),)),
+)

@@ -14,10 +14,8 @@ from probe_protocol.bodies import CollectivesBody
 from probe_protocol.envelope import Envelope
 from probe_protocol.query import QueryBody
 
-from ..diagnose.memory_use import BREAKDOWN_STEPS, TOP_ACTIVATIONS
-from ..diagnose.number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
+from ..diagnose.doctor import evidence
 from ..diagnose.straggler import StragglerVerdict, diagnose_stragglers
-from ..diagnose.time_checks import TOP_MODULES
 from ..errors import RankError
 from ..result import RankResult
 from ..transport.client import ProbeClient
@@ -73,22 +71,12 @@ def hang_evidence_by_node(session: Session, targets: list[RankTarget]) -> list[R
     return out
 
 
-def doctor_queries(last: int) -> tuple[tuple[str, str, dict[str, int]], ...]:
-    """(key, canned query, params): what each rank is asked in the second round. Memory growth
-    and the slowest modules are the queries `probe memory` and `probe slow` run, so the commands
-    cannot disagree with doctor; doctor only picks the window (``last``, the
-    look-back every canned query takes; memory growth looks further back)."""
-    return (
-        ("loop", "doctor_loop", {"last": last}),
-        ("memory", "memory_growth", {"last": MEMORY_WINDOW_STEPS, "warmup": MEMORY_WARMUP_STEPS}),
-        ("breakdown", "memory_breakdown", {"last": BREAKDOWN_STEPS}),
-        ("activations", "memory_activations", {"top": TOP_ACTIVATIONS}),
-        ("metrics", "doctor_metrics", {}),
-        ("slow", "slow_modules", {"last": last, "limit": TOP_MODULES}),
-        ("throughput", "throughput", {"last": last}),
-        ("schedule", "schedule", {}),
-        ("parallel", "parallel", {}),
-    )
+def doctor_queries(last: int) -> tuple[tuple[str, str, dict[str, Any]], ...]:
+    """(key, canned query, params): what each rank is asked in the second round, the evidence
+    the checks declare (diagnose/checks.py). Memory growth and the slowest modules are the
+    queries `probe memory` and `probe slow` run, so the commands cannot disagree with doctor;
+    doctor only picks the window (``last``, the look-back every canned query takes)."""
+    return tuple((e.key, e.query, e.params(last)) for e in evidence())
 
 
 def doctor_evidence(last: int, grad_wait: float) -> Call:

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import optim_hooks
 from .. import Guard, Sink
+from ..registry import CollectorSpec
 from ..torch_import import TorchImportWatcher, torch_ready
 from . import trace_hot
 from .batch import StepBatch
@@ -347,3 +348,8 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
                             "failures": self.saved.failures,
                             "last_error": self.saved.last_error},
         }
+
+
+#: This collector, for the registry (registry.py).
+COLLECTOR = CollectorSpec("tracer", 40, lambda b: TorchTracer(b.clock, b.rank, b.config),
+                          tables=("python.torch_trace",))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool, model_validator
@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from probe_protocol import routes
 from probe_protocol.actions import ActionBody, ActionListBody, ResumeBody, StepBody
 
+from ...actions.kinds import KINDS
 from ...errors import ForbiddenError
 from .core import _agent, _client
 
@@ -44,8 +45,9 @@ Integer = Annotated[int, BeforeValidator(_json_number)]
 
 
 class ActionRequest(BaseModel):
-    kind: Literal["step-eval", "lr", "checkpoint", "pause", "profile"] = Field(
-        "step-eval", description="step-eval runs `code`; the others are built-in actions"
+    kind: str = Field(
+        "step-eval", description="step-eval runs `code`; the others are built-in actions",
+        json_schema_extra={"enum": list(KINDS)},
     )
     step: Integer | None = Field(
         None, ge=0, description="Run right after optimizer step N; null = this rank's next step"
@@ -75,33 +77,17 @@ class ActionRequest(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ActionRequest:
-        if self.kind == "step-eval" and not self.code.strip():
-            raise ValueError("step-eval needs code")
-        if self.kind == "lr" and (self.scale is None) == (self.set is None):
-            raise ValueError("lr needs exactly one of scale or set")
-        if self.kind == "checkpoint" and not self.path:
-            raise ValueError("checkpoint needs a path")
-        if self.kind == "profile" and not self.profile:
-            raise ValueError("profile needs profile: {\"steps\": N}")
+        kind = KINDS.get(self.kind)
+        if kind is None:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
+        problem = kind.validate(self.model_dump())
+        if problem:
+            raise ValueError(problem)
         return self
 
 
 class ResumeRequest(BaseModel):
     requested_by: str | None = Field(None, max_length=200)
-
-
-def _describe(body: ActionRequest) -> str:
-    if body.kind == "step-eval":
-        return body.code
-    if body.kind == "lr":
-        what = f"lr scale={body.scale}" if body.scale is not None else f"lr set={body.set}"
-        return what + (" force" if body.force else "")
-    if body.kind == "checkpoint":
-        return (f"checkpoint {body.path}" + (f" model={body.model}" if body.model else "")
-                + (" overwrite" if body.overwrite else ""))
-    if body.kind == "profile":
-        return "profile " + " ".join(f"{k}={v}" for k, v in sorted((body.profile or {}).items()))
-    return body.kind
 
 
 def require_eval_rights(request: Request, what: str) -> None:
@@ -137,18 +123,12 @@ async def list_actions(request: Request) -> dict[str, Any]:
 async def submit(request: Request, body: ActionRequest) -> dict[str, Any]:
     agent = _agent(request)
     require_eval_rights(request, f"{body.kind} action")
-    args = {k: v for k, v in (("scale", body.scale), ("set", body.set), ("path", body.path),
-                              ("model", body.model)) if v is not None}
-    for flag in ("force", "overwrite"):
-        if getattr(body, flag):
-            args[flag] = True
-    if body.kind == "profile":
-        args.update(body.profile or {})
+    kind, fields = KINDS[body.kind], body.model_dump()
     # In a worker thread: a checkpoint's path is checked with lstat/stat, which a hung network
     # filesystem can block for minutes; the event loop must keep answering backtraces.
     action = await run_in_threadpool(
         agent.actions.submit,
-        kind=body.kind, step=body.step, code=_describe(body), args=args,
+        kind=body.kind, step=body.step, code=kind.describe(fields), args=kind.args(fields),
         client=_client(request), requested_by=body.requested_by,
         action_id=body.id or uuid.uuid4().hex[:12], group=body.group,
     )
