@@ -1,6 +1,7 @@
 """Running an operator's Python inside the training process: the one set of rules that
 ``/v1/eval`` (evaluator.py, on an agent thread) and step-boundary ``step-eval`` actions
-(actions/kinds/step_eval.py, on the training thread) share, so the same code behaves the same in both.
+(actions/kinds/step_eval.py, on the training thread) share, so the same code behaves the same
+in both.
 
 - Compile: ``<probe eval>`` is the filename; a trailing expression is split off so that its
   repr comes back. A syntax error is an ``EvalError`` (HTTP 400) before anything runs.
