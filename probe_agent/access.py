@@ -267,7 +267,7 @@ class Gate:
     def peer_of(self, scope: dict[str, Any]) -> Peer:
         peer = scope.get(SCOPE_PEER)
         if peer is not None:
-            return peer  # type: ignore[no-any-return]
+            return peer
         client = scope.get("client")
         if not client:
             # A unix socket: the server refused any peer that is not the owner when it

@@ -185,7 +185,7 @@ def _compile_safe_mode() -> Any:
     if _SAFE_MODE is None:
         from torch.utils.flop_counter import _FlopCounterMode
 
-        class CompileSafeFlopCounterMode(_FlopCounterMode):  # type: ignore[misc]
+        class CompileSafeFlopCounterMode(_FlopCounterMode):
             @classmethod
             def ignore_compile_internals(cls) -> bool:
                 return True

@@ -156,7 +156,7 @@ def _make_protocol(rank: int, gate: Gate) -> type[Any]:
         _probe_peer: Peer | None = None
         _probe_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             sock = transport.get_extra_info("socket")
             if sock is not None and sock.family == socket.AF_UNIX:
                 peer = Peer("unix", unix_peer_uid(sock), "unix")

@@ -143,7 +143,7 @@ class SavedBytes:
         if getattr(orig, "probe_wrapped", False):
             # wrapped once per process: it serves the newest tracer's accounting (an agent
             # started again after a stop, or after `probe inject` re-attached)
-            orig.probe_owner = self  # type: ignore[attr-defined]
+            orig.probe_owner = self
             return
 
         @contextlib.contextmanager
