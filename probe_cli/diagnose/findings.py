@@ -70,7 +70,7 @@ class RankDoc:
     def rows(self, key: str) -> list[dict[str, Any]] | None:
         """The rows of the evidence filed under ``key``; None when the rank gave none."""
         if key in _NAMED:
-            return getattr(self, key)  # type: ignore[no-any-return]
+            return getattr(self, key)
         return self.answers.get(key)
 
     def file(self, key: str, rows: list[dict[str, Any]] | None) -> None:
