@@ -220,7 +220,11 @@ class Agent:
             from probe_protocol.postmortem import STRIP
 
             # The explicit collectives' black box beside the copy: it outlives an abort.
-            self.collectors.collectives.attach_strip(os.path.join(self.postmortem.path, STRIP))
+            recorder = self.collectors.collectives
+            recorder.attach_strip(os.path.join(self.postmortem.path, STRIP))
+            # ... and the last collectives at the rank's end, in end.json (a SIGTERM while
+            # blocked in DDP's all-reduce left a table copy a refresh old).
+            self.postmortem.end_extra = lambda: {"collectives": recorder.rows()[-16:]}
         self.collectors.start(self.store)
 
     def _rank_registry(self) -> RankRegistry:

@@ -46,6 +46,9 @@ class Postmortem:
         self._agree_failures = 0
         if offer is not None:
             self.copy.before = self._agree
+        #: called at the end for more of the rank's last state (agent.py: its last
+        #: collectives, as the recorder sees them then; the table copy may not get that far)
+        self.end_extra: Callable[[], dict[str, Any]] | None = None
 
     def start(self) -> None:
         try:
@@ -96,6 +99,11 @@ class Postmortem:
             self._write_pointer()
 
     def _on_end(self, record: dict[str, Any]) -> None:
+        if self.end_extra is not None:
+            try:
+                record = {**record, **self.end_extra()}
+            except Exception as e:  # noqa: BLE001 - the end record must be written anyway
+                log.debug("probe agent: end extras failed: %s", e)
         try:
             layout.write_json(os.path.join(self.path, layout.END), record)
         except OSError:

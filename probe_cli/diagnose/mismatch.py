@@ -127,8 +127,8 @@ def _sizes(text: Any) -> str:
     shapes = _shapes(text) or []
     if not isinstance(shapes, list):
         return str(shapes)
-    return ", ".join("[" + ", ".join(map(str, s)) + "]" if isinstance(s, list) else str(s)
-                     for s in shapes) or "[]"
+    return ", ".join(("[" + ", ".join(map(str, s)) + "]" if s else "[] (a scalar)")
+                     if isinstance(s, list) else str(s) for s in shapes) or "[]"
 
 
 def _what(s: Side, kind: str) -> str:

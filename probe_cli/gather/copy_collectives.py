@@ -63,6 +63,20 @@ def _group_ranks(rows: list[dict[str, Any]], pg: str) -> Any:
     return None
 
 
+def merge_end_rows(rows: list[dict[str, Any]], end: dict[str, Any]) -> list[dict[str, Any]]:
+    """``rows`` with the last collectives the rank's end recorded (end.json ``collectives``:
+    the recorder's rows at its end, fresher than a table copy a refresh old)."""
+    last = [r for r in end.get("collectives") or () if isinstance(r, dict)]
+    if not last:
+        return rows
+    key = lambda r: (str(r.get("pg")), r.get("seq"), bool(r.get("is_p2p")))  # noqa: E731
+    fresh = {key(r): r for r in last}
+    out = [fresh.pop(key(r), r) for r in rows]
+    out += fresh.values()
+    out.sort(key=lambda r: float(r.get("start_time") or 0.0))
+    return out
+
+
 def is_collective_error(text: str) -> bool:
     low = text.lower()
     return any(w in low for w in _COLLECTIVE_ERRORS)

@@ -24,7 +24,7 @@ from probe_protocol.bodies import BacktraceBody, CollectivesBody
 from probe_protocol.query import QueryBody
 
 from ..errors import MissingDependencyError, RankError, UsageProblemError
-from .copy_collectives import mark_end, merge_strip
+from .copy_collectives import mark_end, merge_end_rows, merge_strip
 
 PREFIX = "postmortem:"
 
@@ -296,13 +296,15 @@ class PostmortemClient:
 
     def collectives(self, *, limit: int = 200, state: str | None = None) -> dict[str, Any]:
         strip = layout.read_strip(self.copy.path)
-        if "collectives" not in layout.table_files(self.copy.path) and not strip:
+        if "collectives" not in layout.table_files(self.copy.path) and not strip and \
+                not self.copy.end.get("collectives"):
             return CollectivesBody(self.copy.rank, recording=False, now=self._now()).to_wire()
         copied = QueryBody.from_wire(self._run(
             "SELECT * FROM python.collectives ORDER BY start_time")).records() \
             if "collectives" in layout.table_files(self.copy.path) else []
         rows = []
-        for r in mark_end(merge_strip(copied, strip), self.copy.end):
+        merged = merge_strip(merge_end_rows(copied, self.copy.end), strip)
+        for r in mark_end(merged, self.copy.end):
             if r.get("state") == "failed" and "timed out" in str(r.get("error") or "").lower():
                 # The process group's timeout ended this wait: until then the rank waited in
                 # it, which is what the hang verdict reads as pending.
