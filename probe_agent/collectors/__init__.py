@@ -39,6 +39,9 @@ class Sink(Protocol):
     def reader_waiting(self, table: str) -> bool:
         """Whether a query naming ``table`` waits for the next flush."""
 
+    def memory_bytes(self) -> float:
+        """DuckDB's own memory (tables, buffers), for the agent's footprint columns."""
+
 
 class Collector(Protocol):
     def start(self, sink: Sink) -> None: ...

@@ -98,7 +98,6 @@ class StepRecorder:
         self._last_kinds: tuple[Any, ...] | None = None  # of the last traced step
         self._count_memo: tuple[Any, Any, Any] | None = None  # count_kinds while nothing changed
         self._agent_at = 0.0
-        self._agent_cursor: Any = None
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Sink) -> None:
@@ -126,26 +125,16 @@ class StepRecorder:
 
     # -- writer thread: the agent's own memory ------------------------------------------------
     def _sample_agent(self) -> None:
-        """DuckDB's memory (``duckdb_memory()``: tables, buffers), the Arrow buffers in flight
-        (pyarrow's pool) and the agent's threads. The
-        Store keeps its connection private; its cursor factory is the one way in without a
-        second database, and a failure here only leaves the columns NULL."""
+        """DuckDB's memory (the sink's ``memory_bytes``: tables, buffers), the Arrow buffers in
+        flight (pyarrow's pool) and the agent's threads. A failure here only leaves the columns
+        NULL."""
         now = time.monotonic()
-        if now - self._agent_at < AGENT_SAMPLE_S:
+        if now - self._agent_at < AGENT_SAMPLE_S or self.sink is None:
             return
         self._agent_at = now
         try:
-            if self._agent_cursor is None:
-                make = getattr(self.sink, "_cursor", None)
-                if make is None:
-                    return
-                self._agent_cursor = make()
-            # fetchall, not fetchone: a result left unfinished keeps this cursor's transaction
-            # open, and no deleted row older than it is ever freed (retention.py).
-            row = self._agent_cursor.execute(
-                "SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()[0]
             # + the Arrow buffers the agent's collectors hold between flushes (pyarrow's pool)
-            db = (float(row[0] or 0) + pa.total_allocated_bytes()) * _MIB if row else None
+            db = (self.sink.memory_bytes() + pa.total_allocated_bytes()) * _MIB
             threads = sum(1 for t in threading.enumerate() if t.name.startswith("probe"))
             self._agent = (db, threads, free_heap_mib())
         except Exception as e:  # noqa: BLE001 - writer thread: counted, never raised

@@ -183,6 +183,14 @@ class Store:
         """True while a read that needs ``table`` waits for the buffers."""
         return self._writer.reader_waiting(table)
 
+    def memory_bytes(self) -> float:
+        """DuckDB's memory (``duckdb_memory()``: tables, buffers), read on the calling thread's
+        cursor. fetchall, not fetchone: a result left unfinished keeps the cursor's
+        transaction open, and no deleted row older than it is ever freed (retention.py)."""
+        rows = self._read_cursor().execute(
+            "SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()
+        return float(rows[0][0] or 0) if rows else 0.0
+
     # -- tables ---------------------------------------------------------------------------
     def arrow_schema(self, table: str) -> pa.Schema:
         """``table``'s columns as an Arrow schema. Build batches with it: pyarrow infers an

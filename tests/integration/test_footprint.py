@@ -155,3 +155,29 @@ def test_watchdog_without_tls_loads_no_openssl(make_agent) -> None:
     with open(f"/proc/{pid}/maps") as f:
         maps = f.read()
     assert "libssl" not in maps and "libcrypto" not in maps
+
+
+def test_the_memory_table_carries_the_stores_own_memory(make_agent) -> None:
+    """agent_mib comes through the Sink (Store.memory_bytes), not the store's private cursor."""
+    torch = pytest.importorskip("torch")
+    from tests.support import wait_until
+
+    # GIVEN an agent and a loop that steps
+    agent = make_agent()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def agent_mib() -> list | None:
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        agent.store.flush()
+        rows = agent.store.query(
+            "SELECT agent_mib, rss FROM python.memory WHERE agent_mib IS NOT NULL").rows
+        return rows[-1] if rows else None
+
+    # WHEN the writer has sampled DuckDB's memory, THEN the step rows carry it: more than
+    # nothing (the tables exist) and less than the whole process
+    wait_until(lambda: agent_mib() is not None, 30, "no step row carried agent_mib")
+    mib, rss = agent_mib()
+    assert 0 < mib < rss, (mib, rss)
