@@ -15,6 +15,7 @@ each costs 2-3x that, which is why the wrapper does as little as it can.
 from __future__ import annotations
 
 import os
+import sys
 from collections import OrderedDict
 from typing import Any
 
@@ -118,6 +119,39 @@ def uninstall(torch: Any) -> None:
             del _Function._register_hook
         else:
             _Function._register_hook = _own_register_hook
+
+
+def skip_in_dynamo(own: tuple[Any, ...] = ()) -> bool:
+    """Tell dynamo never to compile the wrappers, nor the agent code they call (``own``), as
+    frames of their own; True once done (or when this torch has no such switch). Called once
+    ``torch._dynamo`` is imported.
+
+    Dynamo compiles every Python frame it meets outside a graph: the frame a compiled module
+    starts in (``torch.compile`` binds ``module.__call__``, the wrapper while it is installed)
+    and each frame called after a graph break. Our one code object for every module's call
+    then collected a cache entry per module type and argument count (guards on ``type(self)``
+    and ``len(args)``): 14-16 recompiles where the job alone had 4, steps of 3 s, then the
+    cache limit; and the tracer's ``on_root`` was compiled too. Skipped, dynamo runs the
+    wrappers as plain Python and compiles the frames they call (the job's forwards), as it
+    would without them; the agent's own code (``own``) is skipped with everything it calls.
+    Traced inside a graph the wrapper is still inlined, and ``is_compiling()`` folds it to
+    the original call.
+    """
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:
+        return False
+    try:
+        strategy, action = eval_frame.FrameExecStrategy, eval_frame.FrameAction
+        for fn in (traced_call, native_call):
+            eval_frame.set_code_exec_strategy(
+                fn.__code__, strategy(action.SKIP, action.DEFAULT))
+        for fn in (on_backward, backward_done, _register_hook, *own):
+            code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+            if code is not None:
+                eval_frame.set_code_exec_strategy(code, strategy(action.SKIP, action.SKIP))
+    except (AttributeError, TypeError):
+        pass  # a torch without per-code strategies: nothing to tell it
+    return True
 
 
 def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:

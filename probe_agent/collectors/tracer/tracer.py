@@ -134,6 +134,7 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
         # control state
         self.armed = False
         self.installed = False
+        self._dynamo_skips = False  # trace_hot.skip_in_dynamo() done (on_root)
         self.fallback = True  # no optimizer step seen yet: root calls count steps
         self._batches: dict[int, StepBatch] = {}
         self._first_root: Any = None
@@ -292,6 +293,10 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
     def on_root(self, module: Any, args: tuple[Any, ...], kwargs: Any = None) -> None:
         """A module called with no traced module around it (once or a few times per step)."""
         try:
+            if not self._dynamo_skips and "torch._dynamo" in sys.modules:
+                self._dynamo_skips = trace_hot.skip_in_dynamo(
+                    (self.on_root, self.failed, self.record_event, self.memory,
+                     self.saved._on_input))
             if self.in_backward:
                 return  # activation-checkpoint recompute, not a new step
             self._after_step = False
