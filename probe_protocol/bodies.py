@@ -286,7 +286,9 @@ class DoctorBody(WireBody):
     class names (None before the first step), CUDA totals (MiB), and a DeepSpeed engine's
     settings (None without one: ``zero_stage``, ``gradient_clipping``,
     ``gradient_accumulation_steps``, ``fp16``, ``bf16``, ``global_steps``, ``skipped_steps``,
-    ``micro_steps``, ``loss_scale``)."""
+    ``micro_steps``, ``loss_scale``), and the numerics recorder's state (``GET /v1/numerics``:
+    thresholds, the last step's loss and norm, the first non-finite step and its origin, the
+    guard; None when it is not running)."""
 
     rank: int | None
     now: float | None = None
@@ -296,6 +298,7 @@ class DoctorBody(WireBody):
     schedulers: tuple[str, ...] | None = None
     cuda_total_mib: dict[str, Any] = field(default_factory=dict)
     deepspeed: dict[str, Any] | None = None
+    numerics: dict[str, Any] | None = None
 
 
 def _checked(b: GradsBody) -> bool:

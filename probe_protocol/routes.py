@@ -57,6 +57,8 @@ TRACE = _r("GET", "/trace", "the torch tracing mode and what the tracer has done
 SET_TRACE = _r("POST", "/trace", "change the tracing mode from the next step boundary")
 DOCTOR = _r("GET", "/doctor", "training-loop state for `probe doctor`, no user code")
 DOCTOR_GRADS = _r("POST", "/doctor/grads", "check every gradient after the next optimizer step")
+NUMERICS = _r("GET", "/numerics", "the loss and gradient checks' state, thresholds and guard")
+SET_NUMERICS = _r("POST", "/numerics", "change the numerics thresholds while the job runs")
 STEP = _r("GET", "/step", "this rank's step clock")
 ACTIONS = _r("GET", "/actions", "queued, running and recently finished actions")
 SUBMIT_ACTION = _r("POST", "/actions", "queue a step-boundary action")
@@ -77,8 +79,8 @@ ACCESS_REFUSALS = _r("POST", "/access/refusals",
 #: Every route, in the order docs/http-api.md lists them.
 ROUTES: tuple[Route, ...] = (
     HEALTH, INFO, RANKS, QUERY, EVAL, EVALS, EVAL_JOB, CANCEL_EVAL, BACKTRACE, COLLECTIVES,
-    QUERIES, CANNED_QUERY, TRACE, SET_TRACE, DOCTOR, DOCTOR_GRADS, STEP, ACTIONS, SUBMIT_ACTION,
-    ACTION, CANCEL_ACTION, RESUME,
+    QUERIES, CANNED_QUERY, TRACE, SET_TRACE, DOCTOR, DOCTOR_GRADS, NUMERICS, SET_NUMERICS, STEP,
+    ACTIONS, SUBMIT_ACTION, ACTION, CANCEL_ACTION, RESUME,
     PROFILE, PROFILE_TRACE, START_FLAME, FLAME, MEMORY_TENSORS, MEMORY_SNAPSHOT, METRICS,
     ACCESS_REFUSALS,
 )

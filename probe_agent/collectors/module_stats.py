@@ -161,6 +161,9 @@ class ActivationHook:
         self.handle: Any = None
         self.names: dict[int, str] = {}
         self.into: dict[str, list[Any]] | None = None
+        self.root: Any = None  # the model: its logits' last dimension is the classes
+        #: classes the model's output scores (logits' last dimension), once a call showed it
+        self.classes: int | None = None
 
     def on(self, names: dict[int, str], into: dict[str, list[Any]]) -> None:
         self.names, self.into = names, into
@@ -182,6 +185,13 @@ class ActivationHook:
             self.failed(e)
 
     def _keep(self, module: Any, output: Any) -> None:
+        if module is self.root and self.classes is None:
+            logits = getattr(output, "logits", None)
+            if logits is None:
+                logits = output if isinstance(output, self.torch.Tensor) else None
+            if isinstance(logits, self.torch.Tensor) and logits.dim() >= 2 and \
+                    logits.is_floating_point() and logits.shape[-1] > 1:
+                self.classes = int(logits.shape[-1])
         into = self.into
         if into is None:
             return

@@ -65,7 +65,7 @@ DEFAULTS: dict[str, float] = {
     "spike_mads": 6.0,     # ... and this many robust deviations above it is a spike
     "clip_share": 0.5,     # clipping on this share of steps is "clipping on most steps"
     "clip_far": 3.0,       # median pre-clip norm this many times max_norm: raise max_norm
-    "stall_ratio": 1e-5,   # update/weight ratios below this: the LR is far too low
+    "stall_ratio": 1e-4,   # update/weight ratios below this (loss flat): LR far too low
     "high_ratio": 1e-1,    # update/weight ratios above this: the LR is far too high
     "chance_margin": 0.1,  # a loss within this share of ln(classes) is chance level
 }
@@ -110,8 +110,10 @@ class NumericsRecorder:
         #: this step's rows (training thread only), stamped with its number by _on_step
         self._held: list[tuple[Any, ...]] = []
         self._next_act_values: dict[str, list[Any]] = {}
-        #: (step numbers) -> "skip" | None; set by the guard (actions/guard.py)
+        #: called with the step's numbers before the optimizer runs; set by the guard
+        #: (actions/guard.py), which also reports its state through guard_state
         self.on_check: Any = None
+        self.guard_state: Any = None
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Sink) -> None:
@@ -347,6 +349,11 @@ class NumericsRecorder:
             finally:
                 self.loss.paused = False
         info.update(found)
+        if mm is not None and found.get("module"):
+            cls = next((type(m).__name__ for m_id, name in mm.modules.items()
+                        if name == found["module"] for m in [_module_by_id(mm.model, m_id)]
+                        if m is not None), None)
+            info["module_class"] = cls
         info["rerun_ms"] = (time.perf_counter() - t0) * 1e3
         self.first_nonfinite = info
         self._row(time.time(), step, found.get("module") or "(none)", "origin",
@@ -410,6 +417,7 @@ class NumericsRecorder:
         if self._acts is None:
             self._acts = ActivationHook(self._torch, self.guard.failed)
         self._next_act_values = {}
+        self._acts.root = mm.model
         self._acts.on(mm.modules, self._next_act_values)
 
     def take_acts(self) -> dict[str, list[Any]]:
@@ -436,6 +444,8 @@ class NumericsRecorder:
         return {"thresholds": dict(self.thresholds), "last": dict(self.last),
                 "first_nonfinite": self.first_nonfinite, "anomalies": self.anomalies,
                 "loss_source": self.loss.source, "wrapped": self.loss.installed(),
+                "classes": self._acts.classes if self._acts is not None else None,
+                "guard": self.guard_state() if self.guard_state is not None else None,
                 "failures": self.guard.failures, "disabled": not self.guard.enabled}
 
     # -- writer thread -----------------------------------------------------------------------
@@ -459,6 +469,10 @@ class NumericsRecorder:
         self.sink.append(TABLE, pa.table(
             [cols[0], [self.rank] * len(out), *cols[1:4],
              *[[_float(v) for v in c] for c in cols[4:8]], *cols[8:]], schema=self._schema))
+
+
+def _module_by_id(model: Any, m_id: int) -> Any:
+    return next((m for m in model.modules() if id(m) == m_id), None)
 
 
 def _keep_indices(orig: Any) -> Any:

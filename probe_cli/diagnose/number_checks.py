@@ -11,6 +11,7 @@ from typing import Any
 from ..group import rank_label
 from .checks import DoctorCheck, Evidence
 from .findings import CRITICAL, INFO, WARNING, Finding, RankDoc, Report, first_loop, num, unrecorded
+from .numerics import TREND_WINDOW, legacy_clip, origin_lines
 
 #: Steps each rank recorded first that the memory check leaves out (or the first quarter of
 #: what it recorded, when longer; memory_growth.sql): optimizer state, caches and the
@@ -154,13 +155,31 @@ def check_nonfinite(report: Report, docs: list[RankDoc]) -> None:
             evidence.append(f"rank {d.rank}: {g['nonfinite']} of {g.get('params')} parameters "
                             f"have NaN/Inf gradients at step {g.get('step')}")
             ranks.add(d.rank)
-    if evidence:
+        bad = [r for r in d.rows("numerics") or [] if r.get("nonfinite") or
+               (num(r.get("loss")) is not None and not math.isfinite(num(r.get("loss")) or 0))]
+        if bad:
+            evidence.append(f"rank {d.rank}: loss or gradient norm NaN/Inf at {len(bad)} "
+                            f"recorded steps, first at step {bad[0]['step']} (loss "
+                            f"{bad[0].get('loss')}, gradient norm {bad[0].get('grad_norm')})")
+            ranks.add(d.rank)
+            first.append(int(bad[0]["step"]))
+    lines, born, tail, nxt = origin_lines(docs)
+    if lines:
+        ranks.update(int(x) for x in (born or []))
+    if evidence or lines:
         since = f" since step {min(first)}" if first else ""
+        title = (f"NaN/Inf: {tail}" if tail else f"NaN/Inf: {rank_label(sorted(ranks))} "
+                 f"{_verb(ranks, 'trains', 'train')} on NaN/Inf values{since}")
+        received = sorted(ranks - set(born)) if born else []
+        if born and received:
+            lines.append(f"{rank_label(received)} received it (the gradient all-reduce "
+                         "spreads a NaN to every rank in the same step)")
         report.findings.append(Finding(
-            CRITICAL, "nonfinite", f"NaN/Inf: {rank_label(sorted(ranks))} "
-            f"{_verb(ranks, 'trains', 'train')} on NaN/Inf values{since}", evidence,
-            'probe query "SELECT step, name, value FROM python.metrics WHERE NOT isfinite(value)'
-            ' ORDER BY step LIMIT 10"', sorted(ranks), score=1e6))
+            CRITICAL, "nonfinite", title, lines + evidence, nxt or
+            'probe query "SELECT step, module, stage, role, op, samples, note FROM '
+            "python.numerics WHERE kind IN ('origin', 'anomaly') ORDER BY step LIMIT 20\"",
+            sorted(born) if born else sorted(ranks), score=1e6,
+            detail={"born": sorted(born), "first_step": min(first) if first else None}))
         return
     checked = [d for d in docs if (d.grads or {}).get("checked")]
     sources = []
@@ -188,7 +207,24 @@ def _optimizer_line(state: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
+#: Findings that name their own cause and next step for the LR or clipping: the LR info block
+#: then suggests no LR change (doctor must never contradict itself).
+LR_SAID = frozenset({"amp_clip", "clipping", "lr_zero", "spike", "diverging", "not_learning",
+                     "stalled", "lr_high", "nonfinite"})
+
+
+def check_lr_clip(report: Report, docs: list[RankDoc], clip_said: bool | None = None,
+                  zero_said: bool | None = None) -> None:
+    """The optimizers' settings and clipping as evidence; problems: ranks that disagree, a
+    DeepSpeed fp16 scaler that skips most steps, a non-finite LR. Clipping itself is judged by
+    numerics.check_clipping (``clip_said``: it did, from the per-step norms), an LR of 0 by
+    numerics.check_lr_zero (``zero_said``); both are read off the report and the ranks'
+    evidence when not given."""
+    if clip_said is None:
+        clip_said = any(num(r.get("clip_max_norm")) is not None
+                        for d in docs for r in d.rows("numerics") or [])
+    if zero_said is None:
+        zero_said = any(f.check == "lr_zero" for f in report.findings)
     lines = {d.rank: _optimizer_line(d.state) for d in docs if d.state}
     lines = {r: x for r, x in lines.items() if x}
     if not lines:
@@ -227,14 +263,16 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
                             f"clipped {clipped}" + (f"; median norm before clipping {med:.3g}"
                                                     if med is not None else ""))
             finite = int(num(loop.get("clip_finite_steps", clip_steps)) or 0)
-            if clipped >= CLIP_SHARE * finite and finite >= 5:
-                problems.append(f"rank {d.rank} clips on {clipped / finite:.0%} of steps")
-                ranks.add(d.rank)
+            if clipped >= CLIP_SHARE * finite and finite >= 5 and not clip_said:
+                legacy_clip(report, d.rank, clipped, finite, med,
+                             num(loop.get("clip_max_norm")))
         elif loop and not ds:  # DeepSpeed clips inside engine.step(): said above
             evidence.append(f"rank {d.rank}: clip_grad_norm_ not called")
         for o in (d.state or {}).get("optimizers") or []:
             for g in o.get("groups") or []:
                 lr = num(g.get("lr"))
+                if lr is not None and lr == 0 and zero_said:
+                    continue
                 if lr is not None and (lr == 0 or not math.isfinite(lr)):
                     problems.append(f"rank {d.rank}: {o.get('class')} lr is {g.get('lr')}")
                     ranks.add(d.rank)
@@ -248,14 +286,15 @@ def check_lr_clip(report: Report, docs: list[RankDoc]) -> None:
         evidence.append(own)
     if scaled:
         _scaled_clip_finding(report, scaled)
+    said = any(f.check in LR_SAID for f in report.findings)
     if problems:
         report.findings.append(Finding(
-            WARNING, "lr", "LEARNING RATE: " + "; ".join(dict.fromkeys(problems)) +
-            " (the LR may be too high)", evidence,
-            _OWN_LR_NEXT if own else "probe lr --scale 0.1", sorted(ranks), score=0.5))
+            WARNING, "lr", "LEARNING RATE: " + "; ".join(dict.fromkeys(problems)), evidence,
+            _OWN_LR_NEXT if own else "probe lr   # each rank's LR; --set LR to make them agree",
+            sorted(ranks), score=0.5))
     else:
         report.findings.append(Finding(INFO, "lr", "learning rate and clipping", evidence,
-                                       _OWN_LR_NEXT if own else
+                                       _OWN_LR_NEXT if own else "" if said else
                                        "probe lr --scale 0.5   # to lower it mid-run"))
 
 
@@ -403,7 +442,9 @@ _LOOP = Evidence("loop", "doctor_loop", lambda last: {"last": last})
 #: The checks of this module, for doctor.py's registry (checks.py).
 CHECKS = (
     DoctorCheck("nonfinite", 30, lambda report, ctx: check_nonfinite(report, ctx.docs),
-                evidence=(_LOOP, Evidence("metrics", "doctor_metrics"))),
+                evidence=(_LOOP, Evidence("metrics", "doctor_metrics"),
+                          Evidence("numerics", "numerics", lambda last: {
+                              "window": max(last, TREND_WINDOW)}))),
     DoctorCheck("memory", 40, lambda report, ctx: check_memory(report, ctx.docs),
                 evidence=(Evidence("memory", "memory_growth", lambda _: {
                     "last": MEMORY_WINDOW_STEPS, "warmup": MEMORY_WARMUP_STEPS}),)),

@@ -198,6 +198,12 @@ class ProbeClient:
         return {"ok": True, "rank": rank, "path": dest, "bytes": len(resp.content),
                 "steps": resp.headers.get(routes.STEPS_HEADER)}
 
+    def numerics(self) -> dict[str, Any]:
+        return self._json(routes.NUMERICS)
+
+    def set_numerics(self, thresholds: dict[str, float]) -> dict[str, Any]:
+        return self._json(routes.SET_NUMERICS, json={"thresholds": thresholds})
+
     def doctor_grads(self, wait: float) -> dict[str, Any]:
         return self._json(routes.DOCTOR_GRADS, params={"wait": wait})
 

@@ -187,3 +187,28 @@ def test_traced_steps_have_module_rows(make_agent):
             g, w, ratio, act = by[(step, module)]
             assert g > 0 and w > 0 and 0 < ratio < 1 and act > 0, (step, module, by)
         assert by[(step, "1")][3] > 0  # the ReLU: no parameters, an activation
+
+
+def test_metrics_export_the_loss_and_norm_and_thresholds_change_live(make_agent):
+    import httpx
+
+    agent = make_agent(trace="off")
+    printed = _train(3)
+    agent.collectors.steps.flush(final=True)
+    agent.store.flush()
+    with httpx.Client(base_url=agent.url, timeout=10.0) as c:
+        text = c.get("/v1/metrics").text
+        loss = [ln for ln in text.splitlines() if ln.startswith("probe_loss{")]
+        norm = [ln for ln in text.splitlines() if ln.startswith("probe_grad_norm{")]
+        assert len(loss) == 1 and float(loss[0].split()[-1]) == pytest.approx(printed[-1],
+                                                                               rel=1e-5)
+        assert len(norm) == 1 and float(norm[0].split()[-1]) > 0
+        # thresholds: changed while the job runs, refused with a one-line reason when unknown
+        r = c.post("/v1/numerics", json={"thresholds": {"spike_factor": 3}})
+        assert r.status_code == 200 and r.json()["numerics"]["thresholds"]["spike_factor"] == 3
+        bad = c.post("/v1/numerics", json={"thresholds": {"spike": 3}})
+        assert bad.status_code == 400 and "unknown threshold 'spike'" in bad.json()["error"]
+        state = c.get("/v1/doctor").json()["numerics"]
+        assert state["thresholds"]["spike_factor"] == 3 and state["loss_source"] == "backward"
+    audit = rows(agent, "SELECT code FROM python.audit WHERE code LIKE 'numerics%'")
+    assert len(audit) == 1

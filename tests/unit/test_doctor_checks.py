@@ -126,13 +126,19 @@ def test_oom_already_hit_is_critical():
     assert checks(report)["oom"] == "critical"
 
 
-def test_clipping_every_step_and_a_zero_lr_are_warnings():
+def test_clipping_far_below_the_norm_is_max_norm_and_a_zero_lr_is_not_too_high():
+    # GIVEN rank 0 clips every step at a median norm 112x max_norm; rank 1 has an LR of 0
     clipping = doc(0, loop={"clip_steps": 49, "clipped_steps": 49, "clip_max_norm": 1.0,
                             "grad_norm_median": 112.0})
     report = diagnose(NO_HANG, [clipping, doc(1, lr=0.0)], 5.0)
+    # THEN clipping names max_norm as the cause, and nothing suggests an LR cut
+    clip = next(f for f in report.findings if f.check == "clipping")
+    assert clip.severity == "warning" and "raise max_norm" in clip.next
+    assert "the LR is not the problem" in clip.title and clip.detail["cause"] == "max_norm"
     lr = next(f for f in report.findings if f.check == "lr")
-    assert lr.severity == "warning" and lr.next == "probe lr --scale 0.1"
-    assert "rank 0 clips on 100% of steps" in lr.title and "lr is 0.0" in lr.title
+    assert lr.severity == "warning" and "lr is 0.0" in lr.title
+    assert "too high" not in lr.title and all("--scale 0." not in f.next
+                                              for f in report.findings)
 
 
 def test_waiting_for_peers_in_collectives():
@@ -225,12 +231,12 @@ def test_clipping_scaled_gradients_is_named_instead_of_the_lr():
     assert any("0.7 unscaled" in e for e in lr.evidence), lr.evidence
 
 
-def test_clipping_after_unscale_is_judged_on_the_lr_as_before():
+def test_clipping_after_unscale_is_judged_on_the_norm():
     # GIVEN the same norms, but unscale_ ran first (no step clipped scaled gradients)
     report = diagnose(NO_HANG, [_scaled_clip(0, 0), _scaled_clip(1, 0)], 5.0)
-    # THEN no AMP finding; clipping on every step is the LR warning
+    # THEN no AMP finding; a norm far above max_norm on every step: raise max_norm
     assert "amp_clip" not in checks(report)
-    assert checks(report)["lr"] == "warning"
+    assert checks(report)["clipping"] == "warning" and checks(report)["lr"] == "info"
 
 
 def _own_lr(d: RankDoc, schedulers: list | None) -> RankDoc:
@@ -246,8 +252,8 @@ def test_a_loop_that_sets_its_own_lr_is_not_told_to_run_probe_lr():
     report = diagnose(NO_HANG, docs, 5.0)
     # THEN the advice is to change the script's schedule, never `probe lr`
     lr = next(f for f in report.findings if f.check == "lr")
-    assert lr.severity == "warning" and "probe lr" not in lr.next
-    assert "training script" in lr.next
+    assert "probe lr" not in lr.next and "training script" in lr.next
+    assert checks(report)["clipping"] == "warning"  # 9.0 vs max_norm 1.0: raise max_norm
     # (ranks at the same step count may hold the LRs of two steps: not a disagreement)
     assert "disagree" not in lr.title, lr.title
     assert any("sets it itself" in e for e in lr.evidence), lr.evidence

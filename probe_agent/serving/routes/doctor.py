@@ -14,12 +14,13 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Body, Query, Request
 
 from probe_protocol import routes
 from probe_protocol.bodies import DoctorBody, GradsBody
 
 from ...collectors.trainloop import optimizer_state
+from ...errors import AgentStateError, ConfigError
 from ...jsonsafe import jsonable
 
 if TYPE_CHECKING:
@@ -54,7 +55,50 @@ def _state(agent: AgentParts) -> dict[str, Any]:
         schedulers=_schedulers(clock.optimizers()),
         cuda_total_mib=_cuda_totals(),
         deepspeed=_deepspeed(clock.optimizers()),
+        numerics=_numerics(agent),
     ).to_wire())
+
+
+def _numerics(agent: AgentParts) -> dict[str, Any] | None:
+    rec = getattr(agent.collectors, "numerics", None)
+    return rec.state() if rec is not None else None
+
+
+@router.get(routes.NUMERICS.path)
+async def numerics(request: Request) -> dict[str, Any]:
+    """The numerics recorder's state: ``thresholds`` (what doctor and `probe numerics` judge
+    by), ``last`` (the last step's loss, gradient norm, spike factor, non-finite flag),
+    ``first_nonfinite`` (the first non-finite step and where the re-run found it born),
+    ``anomalies``, ``loss_source``, ``guard`` (armed rules and firings)."""
+    agent = request.app.state.agent
+    return jsonable({"ok": True, "rank": agent.rank, "numerics": _numerics(agent)})
+
+
+@router.post(routes.SET_NUMERICS.path)
+async def set_numerics(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+    """Change thresholds while the job runs: ``{"thresholds": {"spike_factor": 3}}``. An
+    unknown name or a value that is not a finite number >= 0 is a 400 naming it."""
+    agent = request.app.state.agent
+    rec = getattr(agent.collectors, "numerics", None)
+    if rec is None:
+        raise AgentStateError("the numerics recorder is not running on this rank")
+    values = body.get("thresholds")
+    if not isinstance(values, dict) or not values:
+        raise ConfigError('give {"thresholds": {NAME: VALUE, ...}}')
+    try:
+        rec.set_thresholds({str(k): float(v) for k, v in values.items()})
+    except KeyError as e:
+        raise ConfigError(f"unknown threshold {e.args[0]!r}; known: "
+                          f"{', '.join(sorted(rec.thresholds))}") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"threshold refused: {e}") from None
+    agent.audit(_client(request), f"numerics thresholds {values}", "ok", None, 0.0)
+    return jsonable({"ok": True, "rank": agent.rank, "numerics": rec.state()})
+
+
+def _client(request: Request) -> str:
+    peer = request.client
+    return f"{peer.host}:{peer.port}" if peer is not None else "?"
 
 
 def _schedulers(optimizers: list[Any]) -> tuple[str, ...] | None:

@@ -58,7 +58,11 @@ _META = {
     "probe_collectives_pending": ("gauge", "Collectives entered and not yet finished."),
     "probe_collective_seconds_total": ("counter", "Time spent in finished collectives."),
     "probe_nonfinite_grad_steps_total": ("counter",
-                                         "Steps whose clipped gradient norm was NaN or Inf."),
+                                         "Steps whose loss or gradient norm was NaN or Inf."),
+    "probe_loss": ("gauge", "The last step's loss (python.steps.loss: the value backward() "
+                   "was called on, unscaled, over the step's micro-batches)."),
+    "probe_grad_norm": ("gauge", "The last step's total gradient norm before clipping "
+                        "(python.numerics)."),
     "probe_trace_mode": ("gauge", "Module tracing mode (1 for the current mode)."),
     "probe_trace_dropped_rows_total": ("counter", "Trace rows dropped by full buffers."),
     "probe_up": ("gauge", "1 while the agent serves."),
@@ -111,6 +115,8 @@ def render(agent: AgentParts) -> str:
         if kind == "step":
             put("probe_step_duration_seconds", a)
             put("probe_samples_per_second", b)
+            put("probe_loss", c)
+            put("probe_grad_norm", d)
         elif kind == "mem":
             mib = 2**20
             if device == "cpu" or d is not None and not str(device).startswith("cuda"):

@@ -1,0 +1,395 @@
+"""Training numerics verdicts: LOSS SPIKE, NaN/Inf origin, DIVERGING / NOT LEARNING, STALLED,
+LR TOO HIGH, CLIPPING and LR ZERO (a schedule that ended). Pure: each rank's ``numerics`` rows
+(the canned query of that name: loss, gradient norm, max_norm, LR and update ratios per step),
+its ``numeric_events`` (spike and non-finite captures, the NaN origin) and its ``/v1/numerics``
+state (the thresholds, the first non-finite step) in; ``Finding``s out. Used by `probe doctor`
+and `probe numerics` alike, so they cannot disagree.
+
+Robust statistics only (medians, MADs): a busy machine or one odd batch must not turn a healthy
+job into a finding. The thresholds live in the agents (``GET/POST /v1/numerics``), settable
+while the job runs; the defaults are in probe_agent/collectors/numerics.py.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from ..group import rank_label
+from .checks import Context, DoctorCheck, Evidence
+from .findings import CRITICAL, INFO, WARNING, Finding, RankDoc, Report, num
+
+#: The agents' defaults, for ranks that predate them (kept equal to collectors/numerics.py).
+DEFAULTS = {"spike_factor": 2.0, "spike_mads": 6.0, "clip_share": 0.5, "clip_far": 3.0,
+            "stall_ratio": 1e-4, "high_ratio": 1e-1, "chance_margin": 0.1}
+#: Steps of each rank's recent history the numerics verdicts look at (and its first 20).
+TREND_WINDOW = 500
+#: Losses before a step that its spike check compares with (their median and MAD).
+SPIKE_WINDOW = 50
+#: Steps a trend verdict (diverging, stalled, not learning) needs in the window.
+TREND_STEPS = 60
+#: Norms this many times higher at the window's end than at its start are "growing".
+GROWING = 2.0
+
+
+def thresholds(docs: list[RankDoc]) -> dict[str, float]:
+    """The thresholds the ranks hold (rank order: the first rank's when they differ)."""
+    for d in docs:
+        t = ((d.state or {}).get("numerics") or {}).get("thresholds")
+        if t:
+            return {**DEFAULTS, **{k: float(v) for k, v in t.items() if num(v) is not None}}
+    return dict(DEFAULTS)
+
+
+def _rows(d: RankDoc) -> list[dict[str, Any]]:
+    return [r for r in d.rows("numerics") or [] if r.get("step") is not None]
+
+
+def _finite(xs: list[Any]) -> list[float]:
+    out = []
+    for x in xs:
+        v = num(x)
+        if v is not None and math.isfinite(v):
+            out.append(v)
+    return out
+
+
+def _mad(xs: list[float], med: float) -> float:
+    return statistics.median(abs(x - med) for x in xs) * 1.4826
+
+
+def spikes(rows: list[dict[str, Any]], t: dict[str, float]) -> list[dict[str, Any]]:
+    """Steps whose loss is ``spike_factor`` x the median of the ``SPIKE_WINDOW`` finite losses
+    before it and ``spike_mads`` robust deviations above it (needs 10 before it)."""
+    out: list[dict[str, Any]] = []
+    before: list[float] = []
+    for r in rows:
+        loss = num(r.get("loss"))
+        if loss is None or not math.isfinite(loss):
+            continue
+        window = before[-SPIKE_WINDOW:]
+        if len(window) >= 10:
+            med = statistics.median(window)
+            if med > 0 and loss > t["spike_factor"] * med and \
+                    loss > med + t["spike_mads"] * _mad(window, med):
+                out.append({"step": int(r["step"]), "loss": loss, "median": med,
+                            "factor": loss / med})
+        before.append(loss)
+    return out
+
+
+def check_numerics(report: Report, docs: list[RankDoc]) -> None:
+    """Every numerics verdict over the ranks' rows (see the module docstring)."""
+    t = thresholds(docs)
+    have = [d for d in docs if _rows(d)]
+    if not have:
+        why = next((d.errors.get("numerics") for d in docs if d.errors.get("numerics")), None)
+        report.unchecked.append(f"loss and gradients: {why or 'no steps recorded yet'}")
+        return
+    _spike(report, have, t)
+    _trend(report, have, t)
+    losses = [r for d in have for r in _rows(d) if num(r.get("loss")) is not None]
+    if losses and not any(f.check in ("spike", "diverging", "stalled", "not_learning",
+                                      "lr_high", "nonfinite") for f in report.findings):
+        d = have[0]
+        rows = _rows(d)
+        a, b = _edge(rows, first=True), _edge(rows, first=False)
+        report.fine.append(f"loss: no spike, divergence or stall (rank {d.rank}: "
+                           f"{_g(a)} -> {_g(b)} over steps {rows[0]['step']}-{rows[-1]['step']})")
+
+
+def _edge(rows: list[dict[str, Any]], first: bool, n: int = 10) -> float | None:
+    xs = _finite([r.get("loss") for r in rows])
+    part = xs[:n] if first else xs[-n:]
+    return statistics.median(part) if part else None
+
+
+def _spike(report: Report, docs: list[RankDoc], t: dict[str, float]) -> None:
+    found = [(d, s) for d in docs for s in spikes(_rows(d), t)]
+    if not found:
+        return
+    d, s = max(found, key=lambda x: x[1]["factor"])
+    ranks = sorted({x.rank for x, _ in found})
+    evidence = [f"rank {d.rank} step {s['step']}: loss {s['loss']:.4g} = x{s['factor']:.1f} "
+                f"the median {s['median']:.4g} of the {SPIKE_WINDOW} steps before"]
+    others = [f"rank {x.rank} step {y['step']} x{y['factor']:.1f}" for x, y in found
+              if (x, y) != (d, s)]
+    if others:
+        evidence.append(f"{len(others)} more: " + ", ".join(others[:6]))
+    after = [num(r.get("loss")) for r in _rows(d) if r["step"] > s["step"]][:20]
+    after_f = _finite(after)
+    if after_f:
+        back = statistics.median(after_f)
+        evidence.append(f"after it the loss went back to {back:.4g} (median of the next "
+                        f"{len(after_f)} steps)" if back < 1.5 * s["median"] else
+                        f"after it the loss stayed up ({back:.4g}, median of the next "
+                        f"{len(after_f)} steps)")
+    evs = [e for e in d.rows("numeric_events") or [] if e.get("step") == s["step"] and
+           e.get("kind") == "anomaly"]
+    jumped = []
+    for e in evs:
+        g, base = num(e.get("grad_norm")), num(e.get("baseline"))
+        if e.get("module") != "(total)" and g is not None and base:
+            jumped.append((g / base, e["module"], g, base))
+    if jumped:
+        jumped.sort(reverse=True)
+        evidence.append("gradients that jumped most: " + ", ".join(
+            f"{m} x{f:.1f} ({g:.3g} vs median {b:.3g})" for f, m, g, b in jumped[:3]))
+    samples = next((e.get("samples") for e in evs if e.get("module") == "(total)"
+                    and e.get("samples")), None)
+    evidence.append(f"the batch: DataLoader sample indices {samples}" if samples else
+                    "the batch: no DataLoader sample indices (the loop does not iterate a "
+                    f"DataLoader); it was step {s['step']}'s batch")
+    report.findings.append(Finding(
+        WARNING, "spike", f"LOSS SPIKE: rank {d.rank} step {s['step']}: loss x{s['factor']:.1f} "
+        f"its recent median ({s['median']:.4g} -> {s['loss']:.4g})", evidence,
+        "look at those samples; to skip such steps from now on: probe guard --skip-spike "
+        f"{max(t['spike_factor'], 3.0):g}", ranks, score=s["factor"],
+        detail={"step": s["step"], "rank": d.rank, "factor": round(s["factor"], 3),
+                "samples": samples, "modules": [m for _, m, _, _ in jumped[:3]]}))
+
+
+def _trend(report: Report, docs: list[RankDoc], t: dict[str, float]) -> None:
+    """DIVERGING, NOT LEARNING, STALLED and LR TOO HIGH, one finding per kind over the ranks."""
+    verdicts: dict[str, list[tuple[RankDoc, str, dict[str, Any]]]] = {}
+    for d in docs:
+        rows = [r for r in _rows(d) if not r.get("nonfinite")]
+        losses = _finite([r.get("loss") for r in rows])
+        if len(losses) < TREND_STEPS:
+            continue
+        ratios = _finite([r.get("update_ratio") for r in rows[-len(rows) // 2:]])
+        ratio = statistics.median(ratios) if ratios else None
+        lrs = _finite([r.get("lr") for r in rows[-10:]])
+        if lrs and max(lrs) == 0:
+            continue  # the LR ZERO finding says it
+        start, recent = statistics.median(losses[:10]), statistics.median(losses[-10:])
+        q = len(losses) // 4
+        quarters = [statistics.median(losses[i * q:(i + 1) * q]) for i in range(4)]
+        best = min(statistics.median(losses[i:i + 10]) for i in range(0, len(losses) - 9))
+        classes = num(((d.state or {}).get("numerics") or {}).get("classes"))
+        chance = math.log(classes) if classes and classes > 1 else None
+        margin = t["chance_margin"] * chance if chance is not None else 0.0
+
+        def near(x: float, chance: float | None = chance, margin: float = margin) -> bool:
+            return chance is not None and abs(x - chance) <= margin
+        info = {"start": start, "recent": recent, "best": best, "ratio": ratio,
+                "chance": chance, "steps": (rows[0]["step"], rows[-1]["step"])}
+        rising = quarters[3] > quarters[2] > quarters[1] and recent > 1.3 * best
+        if rising or (near(recent) and not near(start) and best < 0.7 * recent):
+            verdicts.setdefault("diverging", []).append((d, "rising", info))
+        elif near(recent) and near(start):
+            verdicts.setdefault("not_learning", []).append((d, "chance", info))
+        elif ratio is not None and ratio < t["stall_ratio"] and recent >= 0.97 * quarters[1]:
+            verdicts.setdefault("stalled", []).append((d, "flat", info))
+        if ratio is not None and ratio > t["high_ratio"]:
+            verdicts.setdefault("lr_high", []).append((d, "ratio", info))
+    for kind, items in verdicts.items():
+        report.findings.append(_trend_finding(kind, items, t))
+
+
+def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
+                   t: dict[str, float]) -> Finding:
+    ranks = sorted(d.rank for d, _, _ in items)
+    d, _, x = items[0]
+    a, b = x["steps"]
+    ratio = x["ratio"]
+    rtext = f"median update/weight ratio {ratio:.2g} per step" if ratio is not None else \
+        "no update ratios yet (they come from traced steps: probe trace every 10)"
+    loss = (f"rank {d.rank}: loss {x['start']:.4g} at the start, best {x['best']:.4g}, "
+            f"{x['recent']:.4g} now (steps {a}-{b}, medians of 10 steps)")
+    chance = (f"chance level for {round(math.exp(x['chance']))} classes: ln = {x['chance']:.4g}"
+              if x["chance"] is not None else None)
+    high = ratio is not None and ratio > t["high_ratio"]
+    low = ratio is not None and ratio < t["stall_ratio"]
+    ev = [loss, f"rank {d.rank}: {rtext} (healthy is around 1e-3; above {t['high_ratio']:g} "
+          f"the LR is far too high, below {t['stall_ratio']:g} far too low)"]
+    if chance:
+        ev.append(chance)
+    who = rank_label(ranks)
+    if kind == "diverging":
+        title = f"DIVERGING: {who}: the loss rose from {x['best']:.4g} to {x['recent']:.4g}"
+        nxt = ("probe lr --scale 0.1" if high else "the LR is not the cause (update ratios are "
+               "in range): check the data and the loss since the turn; probe numerics")
+        return Finding(CRITICAL if high else WARNING, kind, title + (
+            ": the LR is too high" if high else ""), ev, nxt, ranks, score=x["recent"])
+    if kind == "not_learning":
+        title = (f"NOT LEARNING: {who}: the loss sits at chance level ({x['recent']:.4g}, "
+                 f"ln of {round(math.exp(x['chance']))} classes = {x['chance']:.4g}) since "
+                 f"step {a}")
+        nxt = "probe lr --scale 0.1" if high else ("probe lr --scale 10" if low else
+                                                   "check the labels and the loss function "
+                                                   "(the LR moves the weights normally)")
+        return Finding(WARNING, kind, title, ev, nxt, ranks, score=1.0)
+    if kind == "stalled":
+        title = (f"STALLED: {who}: the loss is flat at {x['recent']:.4g} and the weights barely "
+                 f"move ({rtext}): the LR is far too low")
+        return Finding(WARNING, kind, title, ev, "probe lr --scale 10", ranks, score=0.8)
+    title = f"LR TOO HIGH: {who}: {rtext}, far above the usual ~1e-3"
+    return Finding(WARNING, "lr_high", title, ev, "probe lr --scale 0.1", ranks, score=0.9)
+
+
+def check_clipping(report: Report, docs: list[RankDoc]) -> bool:
+    """CLIPPING judged by its cause: max_norm far below the typical pre-clip norm (raise it),
+    norms growing (the LR), or a clip that trims updates a little while the loss falls (fine).
+    Returns True when it said something about clipping (then the LR check says no more)."""
+    t = thresholds(docs)
+    said = False
+    for d in docs:
+        rows = [r for r in _rows(d) if num(r.get("clip_max_norm")) is not None]
+        norms = _finite([r.get("grad_norm") for r in rows])
+        if len(norms) < 5:
+            continue
+        max_norm = _finite([r.get("clip_max_norm") for r in rows])[-1]
+        clipped = sum(1 for x in norms if x > max_norm)
+        share = clipped / len(norms)
+        if share < t["clip_share"]:
+            continue
+        said = True
+        med = statistics.median(norms)
+        q = max(1, len(norms) // 4)
+        first, last = statistics.median(norms[:q]), statistics.median(norms[-q:])
+        losses = [r for r in _rows(d) if num(r.get("loss")) is not None]
+        a, b = _edge(losses, True), _edge(losses, False)
+        falls = a is not None and b is not None and b < a
+        ev = [f"rank {d.rank}: clip_grad_norm_(max_norm={max_norm:g}) clipped {clipped} of "
+              f"{len(norms)} steps; median norm before clipping {med:.3g} (x{med / max_norm:.2g}"
+              f" max_norm), {first:.3g} at the window's start and {last:.3g} at its end",
+              f"rank {d.rank}: loss {_g(a)} -> {_g(b)}"]
+        detail = {"rank": d.rank, "share": round(share, 3), "median_norm": med,
+                  "max_norm": max_norm}
+        if med > t["clip_far"] * max_norm and last < GROWING * first:
+            report.findings.append(Finding(
+                WARNING, "clipping", f"CLIPPING: rank {d.rank}: max_norm {max_norm:g} is far "
+                f"below the typical pre-clip norm {med:.3g} (x{med / max_norm:.0f}): every update "
+                f"is cut to ~1/{med / max_norm:.0f}; raise max_norm, the LR is not the problem",
+                ev, f"raise max_norm in the script's clip_grad_norm_ (to about {med:.2g}); "
+                "do not lower the LR", [d.rank], score=0.7, detail={**detail, "cause": "max_norm"}))
+        elif last >= GROWING * first:
+            report.findings.append(Finding(
+                WARNING, "clipping", f"CLIPPING: rank {d.rank}: clips on {share:.0%} of steps "
+                f"and the gradient norms grew x{last / first:.1f} over the window: the LR is too "
+                "high", ev, "probe lr --scale 0.5", [d.rank], score=0.7,
+                detail={**detail, "cause": "lr"}))
+        else:
+            shrink = 1 - max_norm / med if med > max_norm else 0.0
+            report.findings.append(Finding(
+                INFO, "clipping", f"clipping: rank {d.rank} clips on {share:.0%} of steps at "
+                f"median norm {med:.3g} vs max_norm {max_norm:g}: updates shrink by ~"
+                f"{shrink:.0%}" + ("; the loss falls: not a problem" if falls else ""), ev,
+                "", [d.rank], detail={**detail, "cause": "none"}))
+    return said
+
+
+def legacy_clip(report: Report, rank: int, clipped: int, finite: int, med: float | None,
+                 max_norm: float | None) -> None:
+    """Clipping judged from the loop row alone (an agent without python.numerics): the norm
+    against max_norm; growth cannot be seen there, so the LR is never blamed."""
+    if med is None or not max_norm:
+        return
+    if med > DEFAULTS["clip_far"] * max_norm:
+        report.findings.append(Finding(
+            WARNING, "clipping", f"CLIPPING: rank {rank}: max_norm {max_norm:g} is far below "
+            f"the typical pre-clip norm {med:.3g} (x{med / max_norm:.0f}) on {clipped / finite:.0%}"
+            " of steps: raise max_norm, the LR is not the problem",
+            [f"rank {rank}: clipped {clipped} of {finite} steps, median norm {med:.3g}"],
+            f"raise max_norm in the script's clip_grad_norm_ (to about {med:.2g}); do not "
+            "lower the LR", [rank], score=0.7, detail={"cause": "max_norm"}))
+
+
+def check_lr_zero(report: Report, docs: list[RankDoc]) -> bool:
+    """An LR of 0 after the schedule's end is what it is: the job trains on with LR 0."""
+    hits = []
+    for d in docs:
+        rows = _rows(d)
+        lrs = _finite([r.get("lr") for r in rows])
+        if not lrs or lrs[-1] != 0:
+            continue
+        since = next((r["step"] for r in reversed(rows) if num(r.get("lr")) != 0), None)
+        ended = next((int(num(s.get("end_step")) or 0) for s in d.schedule or []
+                      if s.get("end_step") is not None), None)
+        hits.append((d.rank, since, ended))
+    if not hits:
+        return False
+    r, since, ended = hits[0]
+    when = f"since step {since + 1}" if since is not None else "in the whole window"
+    why = (f"the LR schedule ended at its step {ended}" if ended is not None else
+           "the schedule (or the loop) set it to 0")
+    report.findings.append(Finding(
+        WARNING, "lr_zero", f"LR ZERO: {rank_label([h[0] for h in hits])} {when}: {why}; the "
+        "steps since change nothing (this is not an LR that is too high)",
+        [f"rank {h[0]}: lr 0 {('since step ' + str(h[1] + 1)) if h[1] is not None else ''}"
+         for h in hits],
+        "extend the schedule to the job's real length (its total steps), or stop the job; "
+        "probe lr --set LR --force restarts it now", [h[0] for h in hits], score=0.6))
+    return True
+
+
+def origin_lines(docs: list[RankDoc]) -> tuple[list[str], list[int], str | None, str]:
+    """The NaN origin from every rank's ``first_nonfinite``: evidence lines, the ranks where
+    it was born, a title tail and the next step."""
+    firsts = [(d.rank, (d.state or {}).get("numerics", {}).get("first_nonfinite"))
+              for d in docs]
+    firsts = [(r, f) for r, f in firsts if f]
+    if not firsts:
+        return [], [], None, ""
+    step = min(int(num(f.get("step")) or 0) for _, f in firsts)
+    born = [(r, f) for r, f in firsts if f.get("stage") in ("input", "forward", "backward")]
+    lines = []
+    for r, f in firsts:
+        lines.append(f"rank {r}: first non-finite at step {f.get('step')} (loss {f.get('loss')}, "
+                     f"gradient norm {f.get('grad_norm')}): " + _where(f))
+    if not born:
+        return lines, [], f"first at step {step}; the re-run found no origin", \
+            "probe query \"SELECT * FROM python.numerics WHERE kind = 'origin'\""
+    r, f = born[0]
+    tail = f"first at step {f.get('step')} on rank {r}: " + _where(f)
+    nxt = {"input": f"look at sample(s) {_samples(f)} of the dataset: it holds NaN/Inf",
+           "forward": f"guard the op in module {f.get('module')!r} (clamp its input, add an "
+                      "epsilon); probe guard --skip-nonfinite keeps the weights meanwhile",
+           "backward": f"the backward of {f.get('op')} in module {f.get('module')!r} divides "
+                       "by zero or overflows at that input: add an epsilon inside it"}
+    return lines, [x for x, _ in born], tail, nxt.get(str(f.get("stage")), "")
+
+
+def _samples(f: dict[str, Any]) -> str:
+    s = f.get("samples") or []
+    return ", ".join(str(x) for x in s[:8]) or "?"
+
+
+def _where(f: dict[str, Any]) -> str:
+    stage, mod, op = f.get("stage"), f.get("module"), f.get("op")
+    which = f"sample(s) {_samples(f)} ({f.get('samples_are', 'rows of the batch')}" + (
+        f", micro-batch {f.get('micro_batch')})" if f.get("micro_batch") is not None else ")")
+    if stage == "input":
+        return f"received from the input batch: {which}"
+    cls = f" ({f['module_class']})" if f.get("module_class") else ""
+    if stage == "forward":
+        return f"produced in the forward of module {mod!r}{cls} by {op or 'an op'}: {which}"
+    if stage == "backward":
+        return f"produced in the backward of module {mod!r}{cls} by {op or 'an op'}"
+    return f"received (this rank's re-run stayed finite: {f.get('note') or 'not born here'})"
+
+
+def _g(v: float | None) -> str:
+    return "?" if v is None else f"{v:.4g}"
+
+
+def _numbers_checks(report: Report, ctx: Context) -> None:
+    check_numerics(report, ctx.docs)
+
+
+def _clip_checks(report: Report, ctx: Context) -> None:
+    check_clipping(report, ctx.docs)
+    check_lr_zero(report, ctx.docs)
+
+
+_SERIES = Evidence("numerics", "numerics", lambda last: {"window": max(last, TREND_WINDOW)})
+#: The checks of this module, for doctor.py's registry (checks.py): the loss verdicts right
+#: after NaN/Inf (30); clipping and LR ZERO before the LR block (90), which defers to them.
+CHECKS = (
+    DoctorCheck("numerics", 35, _numbers_checks,
+                evidence=(_SERIES, Evidence("numeric_events", "numerics_events"))),
+    DoctorCheck("clipping", 85, _clip_checks,
+                evidence=(_SERIES, Evidence("schedule", "schedule"))),
+)

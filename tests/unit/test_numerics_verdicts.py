@@ -1,0 +1,135 @@
+"""The numerics verdicts (probe_cli/diagnose/numerics.py) on known series: each fault named with
+its cause and next step, healthy jitter and a mild clip quiet, and doctor never suggesting an
+LR cut where the LR is not the cause (issues 40 and 45)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from probe_cli.diagnose.doctor import diagnose
+from probe_cli.diagnose.hang import HangVerdict
+from tests.unit.test_doctor_checks import checks, doc
+
+NO_HANG = HangVerdict(False, "no hang")
+
+
+def series(n: int = 200, start: float = 2.3, end: float = 1.0, jitter: float = 0.08,
+           norm: float = 0.5, clip: float | None = None, ratio: float | None = 1e-3,
+           lr: float = 1e-3, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(1, n + 1):
+        loss = start + (end - start) * min(1.0, i / (0.6 * n))
+        rows.append({"step": i, "loss": loss * (1 + rng.uniform(-jitter, jitter)),
+                     "grad_norm": norm * (1 + rng.uniform(-0.1, 0.1)), "clip_max_norm": clip,
+                     "nonfinite": False, "lr": lr,
+                     "update_ratio": ratio if i % 5 == 0 else None})
+    return rows
+
+
+def with_numerics(rank: int, rows: list[dict], classes: int | None = 10, events=(),
+                  thresholds: dict | None = None, schedule=None):
+    d = doc(rank)
+    d.file("numerics", rows)
+    d.file("numeric_events", list(events))
+    d.schedule = schedule or []
+    d.state["numerics"] = {"classes": classes, "thresholds": thresholds or {}}
+    return d
+
+
+def report_of(*docs):
+    return diagnose(NO_HANG, list(docs), 5.0)
+
+
+def no_lr_cut(report) -> bool:
+    return all("--scale 0." not in (f.next or "") for f in report.findings)
+
+
+def test_healthy_jitter_and_a_mild_clip_stay_quiet():
+    # GIVEN a falling loss with +-8% jitter, clipped on ~every step at median norm 1.09 vs
+    # max_norm 1.0 (issue 45's HF Trainer)
+    rows = series(norm=1.09, clip=1.0)
+    report = report_of(with_numerics(0, rows), with_numerics(1, series(seed=1)))
+    # THEN nothing above info, the clip is information with its small cost, no LR advice
+    assert not report.problem, [f.title for f in report.findings]
+    clip = next(f for f in report.findings if f.check == "clipping")
+    assert clip.severity == "info" and "updates shrink by ~8%" in clip.title
+    assert "not a problem" in clip.title and no_lr_cut(report)
+
+
+def test_a_spike_names_step_rank_factor_modules_and_batch():
+    rows = series()
+    rows[119]["loss"] = 3.2 * rows[118]["loss"]
+    events = [{"step": 120, "module": "(total)", "kind": "anomaly",
+               "samples": "batch 0: [17, 3, 99]"},
+              {"step": 120, "module": "layers.3", "kind": "anomaly", "grad_norm": 12.0,
+               "baseline": 0.5},
+              {"step": 120, "module": "layers.0", "kind": "anomaly", "grad_norm": 0.6,
+               "baseline": 0.5}]
+    report = report_of(with_numerics(0, series(seed=2)), with_numerics(1, rows, events=events))
+    spike = next(f for f in report.findings if f.check == "spike")
+    assert spike.severity == "warning" and spike.ranks == [1]
+    assert spike.title.startswith("LOSS SPIKE: rank 1 step 120: loss x")
+    assert spike.detail["factor"] > 2.4 and spike.detail["step"] == 120
+    assert any("layers.3 x24.0" in e for e in spike.evidence), spike.evidence
+    assert any("[17, 3, 99]" in e for e in spike.evidence)
+    assert any("went back" in e for e in spike.evidence)
+
+
+def test_max_norm_far_below_the_norm_is_raise_max_norm_never_an_lr_cut():
+    report = report_of(with_numerics(0, series(norm=0.3, clip=0.01)))
+    clip = next(f for f in report.findings if f.check == "clipping")
+    assert clip.severity == "warning" and clip.detail["cause"] == "max_norm"
+    assert "raise max_norm" in clip.next and no_lr_cut(report)
+
+
+def test_clipping_with_growing_norms_is_the_lr():
+    rows = series(clip=1.0)
+    for i, r in enumerate(rows):
+        r["grad_norm"] = 1.0 + 4.0 * i / len(rows)
+    clip = next(f for f in report_of(with_numerics(0, rows)).findings if f.check == "clipping")
+    assert clip.detail["cause"] == "lr" and clip.next == "probe lr --scale 0.5"
+
+
+def test_a_schedule_that_ended_is_lr_zero_not_too_high():
+    rows = series(lr=1e-3)
+    for r in rows[120:]:
+        r["lr"] = 0.0
+    report = report_of(with_numerics(0, rows, schedule=[{"end_step": 120}]))
+    zero = next(f for f in report.findings if f.check == "lr_zero")
+    assert "since step 121" in zero.title and "schedule ended at its step 120" in zero.title
+    assert "too high" not in " ".join(f.title for f in report.findings if f.check != "lr_zero")
+    assert no_lr_cut(report)
+
+
+def test_a_flat_loss_with_tiny_updates_is_stalled():
+    report = report_of(with_numerics(0, series(start=2.0, end=1.99, ratio=1e-6)))
+    stall = next(f for f in report.findings if f.check == "stalled")
+    assert stall.next == "probe lr --scale 10" and "far too low" in stall.title
+
+
+def test_a_loss_at_chance_level_is_not_learning():
+    rows = series(start=math.log(10), end=math.log(10), jitter=0.02)
+    report = report_of(with_numerics(0, rows, classes=10))
+    f = next(f for f in report.findings if f.check == "not_learning")
+    assert "chance level" in f.title and "ln of 10 classes" in f.title
+    assert no_lr_cut(report)  # the update ratios are normal: the LR is not blamed
+
+
+def test_a_rising_loss_with_huge_updates_is_diverging_from_the_lr():
+    rows = series(start=2.3, end=1.0, ratio=0.5)
+    for i, r in enumerate(rows[100:]):
+        r["loss"] = 1.2 + 0.02 * i
+    report = report_of(with_numerics(0, rows))
+    assert checks(report)["diverging"] == "critical"
+    assert checks(report)["lr_high"] == "warning"
+    assert next(f for f in report.findings if f.check == "diverging").next == \
+        "probe lr --scale 0.1"
+
+
+def test_thresholds_come_from_the_ranks():
+    rows = series()
+    rows[119]["loss"] = 3.2 * rows[118]["loss"]
+    quiet = report_of(with_numerics(0, rows, thresholds={"spike_factor": 5.0}))
+    assert "spike" not in checks(quiet)
