@@ -2,9 +2,10 @@
 and optionally one block made slower (``--slow-ms``: ``blocks.1`` sleeps that long in its
 forward, a stand-in for a change that slowed one module).
 
-Runs ``--steps`` steps and exits cleanly (with PROBE_POSTMORTEM=always its tables stay on disk
-for `probe compare`), or, with ``--stop-file``, trains until that file exists; ``rank0.json``
-in ``--ready-dir`` says it has taken ``--ready-after`` steps.
+Under torchrun it trains data-parallel on gloo (DDP). Runs ``--steps`` steps and exits
+cleanly (with PROBE_POSTMORTEM=always its tables stay on disk for `probe compare`), or, with
+``--stop-file``, trains until that file exists; ``rank<N>.json`` in ``--ready-dir`` says it has
+taken ``--ready-after`` steps.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 
@@ -45,6 +47,11 @@ def main() -> None:
     model = nn.Sequential()
     for i in range(3):
         model.add_module(f"b{i}", Block(32, args.slow_ms / 1e3 if i == 1 else 0.0))
+    rank = 0
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     step = 0
     while True:
@@ -60,11 +67,15 @@ def main() -> None:
         optimizer.step()
         step += 1
         if step == args.ready_after:
-            path = os.path.join(args.ready_dir, "rank0.json")
+            path = os.path.join(args.ready_dir, f"rank{rank}.json")
             with open(path + ".tmp", "w") as f:
-                json.dump({"rank": 0, "pid": os.getpid()}, f)
+                json.dump({"rank": rank, "pid": os.getpid()}, f)
             os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
