@@ -29,7 +29,7 @@ from .verdict import Verdict
 MEMORY_KINDS = ("params_mib", "grads_mib", "optimizer_mib", "activations_mib", "other_mib",
                 "total_mib")
 #: Where a step goes (throughput's shares): the ones a change in the data or the network moves.
-SHARES = ("input_share", "collective_share", "host_share", "checkpoint_share")
+SHARES = ("input_share", "collective_share", "host_share", "checkpoint_share", "cpu_wait_share")
 
 
 @dataclass
@@ -195,4 +195,8 @@ def _decide(out: Comparison, slower_only: bool) -> None:
         share = f", {culprit.share:.0%} of the change" if culprit.share is not None else ""
         out.headline += (f"; first: {culprit.module} {culprit.part} "
                          f"{culprit.shift.estimate * 1e3:+.3g} ms self time per step{share}")
+    busy = next(((va, vb) for k, va, vb in out.shares if k == "cpu_wait_share"), None)
+    if busy is not None:  # runnable but not running: the machine, not the job, was slower
+        out.headline += (f" (but A waited for a CPU {busy[0]:.0%} of its step and B {busy[1]:.0%}"
+                         ": a machine busier in one run, not the code, may explain part of it)")
     out.details = [f"{k}: {_shown(va)} -> {_shown(vb)}" for k, va, vb in out.settings]

@@ -28,7 +28,7 @@ from ..transport.session import Session
 
 STEPS_SQL = """
 SELECT rank, step, duration, tokens, samples, micro_batches, context_len, compute_dtype, mfu,
-       coalesce(flops_measured, false) AS flops_measured
+       coalesce(flops_measured, false) AS flops_measured, cpu_wait_ms
 FROM python.steps WHERE duration IS NOT NULL
 QUALIFY row_number() OVER (PARTITION BY rank ORDER BY step DESC) <= {last}
 """
@@ -82,19 +82,31 @@ def _steps(run: RunEvidence, per_rank: list[list[dict[str, Any]]]) -> None:
         for row in rows:
             if not row.get("flops_measured"):  # the FLOP-measured step costs more: left out
                 by_step[int(row["step"])].append(row)
+    job_tokens: list[float] = []
+    cpu_wait: list[float] = []  # per step: the largest share of it a rank waited for a CPU
     for step, rows in by_step.items():
         if len(rows) < len(per_rank):
             continue  # not every rank kept this step: its job-wide time is not known
         slowest = max(float(r["duration"]) for r in rows)
         run.step_s[step] = slowest
         tokens = [float(r["tokens"]) for r in rows if r.get("tokens") is not None]
-        if slowest > 0 and len(tokens) == len(rows):
-            run.tokens_per_s[step] = sum(tokens) / slowest
+        if len(tokens) == len(rows):
+            job_tokens.append(sum(tokens))
+            if slowest > 0:
+                run.tokens_per_s[step] = sum(tokens) / slowest
+        waits = [float(r["cpu_wait_ms"]) / 1e3 / slowest for r in rows
+                 if r.get("cpu_wait_ms") is not None and slowest > 0]
+        if waits:
+            cpu_wait.append(max(waits))
         mfus = [float(r["mfu"]) for r in rows if r.get("mfu") is not None]
         if mfus:
             run.mfu.append(median(mfus))
+    if cpu_wait:  # a busy machine, not the code: compare says so beside a change
+        run.shares["cpu_wait_share"] = median(cpu_wait)
+    if job_tokens:  # the global batch in tokens: every rank's tokens of one optimizer step
+        run.settings["global_batch_tokens"] = median(job_tokens)
     # what each rank last recorded (samples and tokens are known on traced steps only)
-    for key in ("micro_batches", "context_len", "compute_dtype", "samples", "tokens"):
+    for key in ("micro_batches", "context_len", "compute_dtype", "samples"):
         values = []
         for rows in per_rank:
             known = [r for r in rows if r.get(key) is not None]

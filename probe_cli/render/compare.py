@@ -14,7 +14,8 @@ MODULE_ROWS = 10
 LABELS = {"params_mib": "parameters", "grads_mib": "gradients", "optimizer_mib": "optimizer state",
           "activations_mib": "activations", "other_mib": "other", "total_mib": "total",
           "input_share": "input (DataLoader) wait", "collective_share": "collective wait",
-          "host_share": "host (outside modules)", "checkpoint_share": "checkpoint saves"}
+          "host_share": "host (outside modules)", "checkpoint_share": "checkpoint saves",
+          "cpu_wait_share": "waiting for a CPU (a busy machine)"}
 
 
 def compare_json(c: Comparison) -> str:

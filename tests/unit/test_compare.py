@@ -68,3 +68,12 @@ def test_a_faster_run_is_an_improvement_that_slower_only_lets_pass():
     assert compare_runs(a, b).problem
     gate = compare_runs(a, b, slower_only=True)
     assert not gate.problem and gate.headline.startswith("IMPROVEMENT")
+
+
+def test_a_busier_machine_in_one_run_is_said_beside_the_change():
+    rng = random.Random(5)
+    a, b = _run("A", 50, 5, rng), _run("B", 70, 5, rng)
+    a.shares["cpu_wait_share"], b.shares["cpu_wait_share"] = 0.02, 0.30
+    c = compare_runs(a, b)
+    assert c.problem and "A waited for a CPU 2% of its step and B 30%" in c.headline
+    assert ("cpu_wait_share", 0.02, 0.30) in c.shares
