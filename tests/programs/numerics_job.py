@@ -20,13 +20,12 @@ import argparse
 import os
 import time
 
+import ready  # tests/programs/ready.py, beside this script
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
-
-import ready  # tests/programs/ready.py, beside this script
 
 CLASSES, DIM = 10, 32
 
