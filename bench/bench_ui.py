@@ -59,9 +59,13 @@ def _start_ui(agent: str) -> tuple[subprocess.Popen[str], str]:
 
 
 def _owner_client(url: str) -> tuple[httpx.Client, str]:
-    """A client holding the dashboard's cookie (the secret in the printed URL), and the base."""
-    c = httpx.Client(timeout=10)
-    c.get(url)
+    """A client holding the dashboard's cookie (the secret in the printed URL) and sending the
+    page's key header (as the page's JS does), and the base."""
+    c = httpx.Client(timeout=10, follow_redirects=True)
+    page = c.get(url).text
+    key = re.search(r'name="probe-ui-key" content="([^"]+)"', page)
+    if key:  # a checkout from before the key header has none
+        c.headers["X-Probe-UI-Key"] = key.group(1)
     return c, url.split("?", 1)[0]
 
 

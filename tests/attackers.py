@@ -131,3 +131,29 @@ def store_write(host: str, port: int, items: list[list[str]], big: list[Any] | N
             st.set(f"{prefix}{i}", value)
         n += count
     return n
+
+
+def serve_page(port: int, html: str, seconds: float, stop_file: str) -> int:
+    """Serve ``html`` for every GET on 127.0.0.1:``port`` (another port of the same site as a
+    dashboard on 127.0.0.1) until ``stop_file`` appears; how many requests were answered."""
+    srv = socket.create_server(("127.0.0.1", port))
+    srv.settimeout(0.05)
+    body = html.encode()
+    n = 0
+    until = time.monotonic() + seconds
+    while time.monotonic() < until and not os.path.exists(stop_file):
+        try:
+            conn = srv.accept()[0]
+        except OSError:
+            continue
+        with conn:
+            conn.settimeout(5)
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\nconnection: close\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(body), body))
+                n += 1
+            except OSError:
+                pass
+    srv.close()
+    return n

@@ -35,7 +35,8 @@ def _loopback(host: str) -> bool:
               help="Seconds between refreshes (one fan-out to every rank each; none while no "
                    "page is open).")
 @click.option("--open/--no-open", "open_browser", default=False,
-              help="Open the page in this machine's browser.")
+              help="Open the page in this machine's browser (with a one-time link: the secret "
+                   "URL never goes on the browser's command line).")
 @pass_session
 def command(session: Session, port: int, bind: str, refresh: float,
             open_browser: bool) -> Outcome:
@@ -63,7 +64,9 @@ def command(session: Session, port: int, bind: str, refresh: float,
     if open_browser:
         import webbrowser
 
-        webbrowser.open(server.url)
+        # Not the printed URL: a browser's command line is in `ps` for every uid. A one-time
+        # key gets the same cookie once, and is useless afterwards (ui/server.py).
+        webbrowser.open(server.one_time_url())
     def stop(*_: Any) -> None:
         raise KeyboardInterrupt  # SIGTERM (a script's `kill`) ends it like Ctrl-C
 

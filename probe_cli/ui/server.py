@@ -13,7 +13,17 @@ Every request passes, in order:
    an ``Origin`` that is not this server) is refused before it runs anything;
 3. a per-run secret: the URL printed carries ``?token=SECRET``; that request gets a
    ``SameSite=Strict`` HttpOnly cookie and a redirect to the page (Jupyter's scheme). Every
-   other route needs the cookie: a page on another site cannot send it, nor read it.
+   other route needs the cookie: a page on another site cannot send it, nor read it;
+4. every data route (``/api/...``) also needs the ``X-Probe-UI-Key`` header, a second per-run
+   key that only the page knows (a ``<meta>`` of the page the cookie opens; its JS sends it).
+   The cookie alone is not enough: another port of 127.0.0.1 is the *same site*, so a page any
+   uid serves there makes the owner's browser send the cookie with a GET or a form. Such a page
+   cannot read the dashboard's page (another origin) nor set a custom header on a cross-origin
+   request without a CORS preflight, which is never granted.
+
+``probe ui --open`` does not put the secret on the browser's command line (which every uid sees
+in ``ps``): it opens ``?once=KEY``, a one-time key that gets the same cookie and is useless once
+used.
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ from .snapshot import Snapshotter, run_sql
 ASSETS = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
           "app.css": "text/css; charset=utf-8"}
 MAX_SQL_BYTES = 64 * 1024
+#: The header every data request must carry: the page's own key (module docstring, 4).
+KEY_HEADER = "X-Probe-UI-Key"
 
 
 def _asset(name: str) -> bytes:
@@ -57,10 +69,28 @@ class DashboardServer(ThreadingHTTPServer):
         self.assets = {name: _asset(name) for name in ASSETS}
         shown = f"[{host}]" if ":" in host else host
         self.secret = secrets.token_urlsafe(24)
+        self.page_key = secrets.token_urlsafe(24)  # the X-Probe-UI-Key the page's JS sends
+        self.once: set[str] = set()  # one-time keys (``--open``), each removed when used
+        self._once_lock = threading.Lock()
         self.cookie = f"probe_ui_{self.server_address[1]}"  # one per port: cookies ignore ports
         self.url = f"http://{shown}:{self.server_address[1]}/?token={self.secret}"
         port_s = str(self.server_address[1])
         self.hosts = {f"{h}:{port_s}" for h in (shown, "localhost", "127.0.0.1", "[::1]")}
+
+    def one_time_url(self) -> str:
+        """A URL that opens the dashboard once (``--open``): safe on a command line."""
+        key = secrets.token_urlsafe(24)
+        with self._once_lock:
+            self.once.add(key)
+        return self.url.split("?", 1)[0] + f"?once={key}"
+
+    def use_once(self, key: str) -> bool:
+        with self._once_lock:
+            for k in self.once:
+                if hmac.compare_digest(k.encode(), key.encode()):
+                    self.once.discard(k)
+                    return True
+        return False
 
     def serve_in_thread(self) -> threading.Thread:
         t = threading.Thread(target=self.serve_forever, name="probe-ui.http", daemon=True)
@@ -95,8 +125,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(403, json.dumps({"error": why}).encode(), "application/json",
                    {"Connection": "close"})
 
-    def _gate(self, *, secret_needed: bool = True) -> bool:
-        """True when this request may go on; otherwise the refusal has been sent."""
+    def _gate(self, *, secret_needed: bool = True, data: bool = False) -> bool:
+        """True when this request may go on; otherwise the refusal has been sent.
+
+        Args:
+            data: an ``/api/`` route: the page's key header is needed too."""
         if self.refusal is not None:
             self._refuse(self.refusal)
             return False
@@ -113,6 +146,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._cookie().encode(), self.server.secret.encode()):
             self._refuse("open the URL `probe ui` printed (it carries this run's secret); this "
                          "browser has no cookie for it")
+            return False
+        if data and not hmac.compare_digest(
+                (self.headers.get(KEY_HEADER) or "").encode(), self.server.page_key.encode()):
+            # The cookie came, but not from the dashboard's own page (another port of
+            # 127.0.0.1 is the same site, and the browser sends the cookie there too).
+            self._refuse(f"data routes need the {KEY_HEADER} header the dashboard's page sends: "
+                         "use the page `probe ui` printed")
             return False
         return True
 
@@ -131,7 +171,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Content-Security-Policy",
-                         "default-src 'self'; style-src 'self'; img-src 'self' data:")
+                         "default-src 'self'; style-src 'self'; img-src 'self' data:; "
+                         "frame-ancestors 'none'")
         for k, v in (extra or {}).items():
             self.send_header(k, v)
         self.end_headers()
@@ -142,15 +183,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         url = urlparse(self.path)
-        offered = (parse_qs(url.query).get("token") or [""])[0]
-        if offered:
-            self._exchange(offered)
+        query = parse_qs(url.query)
+        offered = (query.get("token") or [""])[0]
+        once = (query.get("once") or [""])[0]
+        if offered or once:
+            self._exchange(offered, once)
             return
-        if not self._gate():
+        if not self._gate(data=url.path.startswith("/api/")):
             return
         name = "index.html" if url.path in ("/", "/index.html") else url.path.removeprefix(
             "/static/")
-        if name in ASSETS:
+        if name == "index.html":
+            page = self.server.assets[name].replace(b"PROBE_UI_KEY",
+                                                    self.server.page_key.encode())
+            self._send(200, page, ASSETS[name])
+        elif name in ASSETS:
             self._send(200, self.server.assets[name], ASSETS[name])
         elif url.path == "/api/snapshot":
             self._json(200, self.server.snapshots.current())
@@ -160,11 +207,15 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"error": f"no such page: {url.path}"})
 
-    def _exchange(self, offered: str) -> None:
-        """``?token=SECRET``: the cookie, and a redirect to the page without the secret in it."""
+    def _exchange(self, offered: str, once: str) -> None:
+        """``?token=SECRET`` (or a one-time ``?once=KEY``): the cookie, and a redirect to the
+        page without the secret in it."""
         if not self._gate(secret_needed=False):
             return
-        if not hmac.compare_digest(offered.encode(), self.server.secret.encode()):
+        if once and not self.server.use_once(once):
+            self._refuse("this one-time link was used already: open the URL `probe ui` printed")
+            return
+        if not once and not hmac.compare_digest(offered.encode(), self.server.secret.encode()):
             self._refuse("wrong token: open the URL this run of `probe ui` printed")
             return
         self._send(303, b"", "text/plain", {
@@ -173,7 +224,7 @@ class _Handler(BaseHTTPRequestHandler):
                           "SameSite=Strict; Path=/"})
 
     def do_POST(self) -> None:
-        if not self._gate():
+        if not self._gate(data=True):
             return
         if urlparse(self.path).path != "/api/query":
             self._json(404, {"error": "no such route"})

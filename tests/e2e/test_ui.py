@@ -8,18 +8,25 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
+from tests.attackers import serve_page
 from tests.e2e.test_cluster import torchrun_job
 from tests.e2e.training import probe
+from tests.foreign import FOREIGN_UID, need_root, run_as
 from tests.support import wait_until
+from tests.unit.cli_server import closed_port
 
 pytestmark = pytest.mark.e2e
 
@@ -122,11 +129,18 @@ def test_tiles_advance_and_sql_console_returns_rows(tmp_path):
         # AND its CSV download carries the same columns
         assert page.locator("#csv").get_attribute("href").startswith("/api/query.csv?sql=")
         with httpx.Client(timeout=15, follow_redirects=True) as owner:
-            owner.get(url)  # the secret in the URL becomes this client's cookie
+            page_html = owner.get(url).text  # the secret in the URL becomes the cookie
+            key = re.search(r'name="probe-ui-key" content="([^"]+)"', page_html).group(1)
             csv = owner.get(url.split("?")[0] + "api/query.csv",
-                            params={"sql": "SELECT 7 AS seven"})
+                            params={"sql": "SELECT 7 AS seven"},
+                            headers={"X-Probe-UI-Key": key})  # what the page's JS sends
         assert csv.headers["content-disposition"].startswith("attachment")
         assert csv.text.splitlines() == ["rank,seven", "0,7", "1,7"]
+        # AND clicking the link downloads it (a fetch with the page's key, saved as a file)
+        page.fill("#sql", "SELECT 7 AS seven")
+        with page.expect_download() as dl:
+            page.click("#csv")
+        assert Path(dl.value.path()).read_text().splitlines() == ["rank,seven", "0,7", "1,7"]
         # AND the slowest modules' heatmap fills once the doctor round has traced steps
         page.wait_for_selector("#heatmap rect", timeout=30_000)
         # AND memory by kind is one stacked bar per rank, its parameters drawn
@@ -138,6 +152,55 @@ def test_tiles_advance_and_sql_console_returns_rows(tmp_path):
         assert page.locator('.membar[data-rank="0"] .seg[data-kind="parameters"]').count() == 1
         page.screenshot(path=str(tmp_path / "probe-ui-healthy.png"), full_page=True)
         shutil.copy(tmp_path / "probe-ui-healthy.png", "/tmp/probe-ui-healthy.png")
+
+
+@pytest.mark.timeout(120)
+def test_a_page_on_another_loopback_port_cannot_ride_the_cookie(make_agent, tmp_path):
+    """127.0.0.1:OTHER is the same site as the dashboard, so the browser sends the
+    SameSite=Strict cookie with a no-cors fetch or a link from a page there. Before, such a
+    page, served by uid 65534, made the owner's browser run its SQL: /api/query.csv answered 200
+    with the owner's rows (the page cannot read them, but the SQL ran)."""
+    need_root()
+    _need_browser()
+    agent = make_agent()
+    port, stop = closed_port(), f"/tmp/probe-page-{uuid.uuid4().hex}"
+    with dashboard(agent.url) as url:
+        ui = urlsplit(url).port
+        sql = f"http://127.0.0.1:{ui}/api/query.csv?sql=SELECT%20'owner%20rows'%20AS%20x"
+        html = (f'<script>fetch("{sql}&via=fetch", {{mode: "no-cors", credentials: "include"}});'
+                f'</script><a id="go" href="{sql}&via=link">csv</a>'
+                '<script>setTimeout(() => document.getElementById("go").click(), 500);</script>')
+        served: dict = {}
+        t = threading.Thread(target=lambda: served.update(
+            n=run_as(FOREIGN_UID, serve_page, port, html, 60, stop, timeout=75)))
+        t.start()
+        try:
+            wait_until(lambda: _listening(port), 10, "the other uid's page never listened")
+            with page_at(url, tmp_path) as page:  # the owner opened the dashboard: cookie set
+                page.wait_for_selector("#sql")
+                responses: list = []
+                page.context.on("response", lambda r: responses.append(r)
+                                if "/api/query.csv" in r.url else None)
+                # WHEN the owner's browser visits the other uid's page on another port
+                page.goto(f"http://127.0.0.1:{port}/")
+                # (sync Playwright delivers events only while it is called: wait through it)
+                wait_until(lambda: page.wait_for_timeout(100) or len(responses) >= 2, 20,
+                           f"the page's requests never went: {[r.url for r in responses]}")
+                seen = [(r.url.rsplit("via=", 1)[-1], r.status,
+                         bool(r.request.all_headers().get("cookie"))) for r in responses]
+        finally:
+            open(stop, "w").close()
+            t.join(30)
+            os.unlink(stop)
+    # THEN the browser did send them with the cookie (same site), and the dashboard ran neither
+    assert {via for via, _, _ in seen} == {"fetch", "link"}, seen
+    assert all(status == 403 for _, status, _ in seen), seen
+    assert any(cookie for _, _, cookie in seen), seen  # (the fetch's headers are not all shown)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as c:
+        return c.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.mark.timeout(150)

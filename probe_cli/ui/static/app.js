@@ -8,6 +8,9 @@ const STATES = { training: "training", waiting: "waiting in a collective", hung:
 const SHORT = { training: "training", waiting: "waiting", hung: "hung", gil: "GIL held", dead: "dead" };
 const NS = "http://www.w3.org/2000/svg";
 const $ = (id) => document.getElementById(id);
+// Every data request carries the page's own key (probe_cli/ui/server.py, 4): the cookie alone
+// is sent by any page of the same site, another port of 127.0.0.1 included.
+const KEY = { "X-Probe-UI-Key": document.querySelector('meta[name="probe-ui-key"]').content };
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g,
   (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 const fmtMs = (s) => (s == null ? "–" : s < 1 ? (s * 1e3).toFixed(s < 0.01 ? 1 : 0) + " ms" : s.toFixed(2) + " s");
@@ -217,7 +220,7 @@ function renderStacks(tiles) {
 
 async function refresh() {
   try {
-    const snap = await (await fetch("/api/snapshot", { cache: "no-store" })).json();
+    const snap = await (await fetch("/api/snapshot", { cache: "no-store", headers: KEY })).json();
     const tiles = (snap.tiles || []).slice().sort((a, b) => (a.rank ?? 1e9) - (b.rank ?? 1e9));
     const counts = {};
     for (const t of tiles) counts[t.state] = (counts[t.state] || 0) + 1;
@@ -244,7 +247,7 @@ async function runSql(ev) {
   const sql = $("sql").value;
   $("sqlstatus").textContent = "running…";
   $("csv").href = "/api/query.csv?sql=" + encodeURIComponent(sql);
-  const res = await (await fetch("/api/query", { method: "POST", headers: { "Content-Type": "application/json" },
+  const res = await (await fetch("/api/query", { method: "POST", headers: { ...KEY, "Content-Type": "application/json" },
     body: JSON.stringify({ sql }) })).json();
   $("sqlstatus").textContent = `${(res.rows || []).length} rows`;
   const head = `<tr>${(res.columns || []).map((c) => `<th>${esc(c)}</th>`).join("")}</tr>`;
@@ -253,8 +256,21 @@ async function runSql(ev) {
     + (res.columns && res.columns.length ? `<table id="sqltable">${head}${body}</table>` : "");
 }
 
+// The CSV link's href shows what it fetches; the download itself is a fetch with the page's
+// key (data routes need the header, which a link cannot send), saved from a blob.
+async function downloadCsv(ev) {
+  ev.preventDefault();
+  const res = await fetch($("csv").getAttribute("href"), { headers: KEY });
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(await res.blob());
+  a.download = "probe-query.csv";
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(a.href), 60_000);
+}
+
 renderLegend();
 $("sqlform").addEventListener("submit", runSql);
+$("csv").addEventListener("click", downloadCsv);
 $("csv").href = "/api/query.csv?sql=" + encodeURIComponent($("sql").value);
 $("sql").addEventListener("input", () => { $("csv").href = "/api/query.csv?sql=" + encodeURIComponent($("sql").value); });
 refresh();
