@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import cpu_priority
 from .memory import give_back, rss_mib
 
 log = logging.getLogger(__name__)
@@ -281,6 +282,7 @@ class ProfileWindow:
 
     # -- export thread ------------------------------------------------------------------------
     def _export(self) -> None:
+        cpu_priority.background()  # seconds of trace writing: on CPU training does not want
         prof, self._prof = self._prof, None
         t0 = time.perf_counter()
         final = self.state if self.state != "exporting" else "error"

@@ -34,7 +34,8 @@ import time
 
 #: Threads whose CPU is the cost of serving: uvicorn's loops, the query and eval pools, the
 #: eval thread. The writer, the rank registry and the heartbeat run whether or not anyone asks.
-SERVING_PREFIXES = ("probe-agent.http", "probe-agent.query", "probe-agent.eval")
+SERVING_PREFIXES = ("probe-agent.http", "probe-agent.query", "probe-agent.sql",
+                    "probe-agent.eval")
 #: Budget seconds per reply byte: 10 ns, so a reply at the 16 MiB PROBE_MAX_RESULT_BYTES cap
 #: costs 0.17 s, and at the default 2% share big replies flow at ~2 MB/s on average.
 BYTE_COST_S = 1e-8

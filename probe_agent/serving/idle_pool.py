@@ -20,12 +20,20 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from .. import cpu_priority
+
 #: Seconds a thread waits for work before it ends (anyio's worker threads use 10 s).
 IDLE_S = 10.0
 
 
 class IdlePool(Executor):
-    def __init__(self, max_workers: int, name: str, idle_s: float = IDLE_S) -> None:
+    """Args:
+        background: run each task with the CPU yielded to training (cpu_priority.py): for
+            bulk work only (SQL), never for what must answer at once on a busy job."""
+
+    def __init__(self, max_workers: int, name: str, idle_s: float = IDLE_S,
+                 background: bool = False) -> None:
+        self._background = background
         self._max = max_workers
         self._name = name
         self._idle_s = idle_s
@@ -70,6 +78,8 @@ class IdlePool(Executor):
                     self._threads.discard(me)
                 return
             fut, fn, args, kwargs = item
+            if self._background:
+                cpu_priority.background()
             if fut.set_running_or_notify_cancel():
                 try:
                     result = fn(*args, **kwargs)

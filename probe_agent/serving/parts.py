@@ -43,6 +43,11 @@ class AgentParts(Protocol):
     def query_pool(self) -> Executor: ...
 
     @property
+    def sql_pool(self) -> Executor:
+        """Operators' SQL, on threads that yield the CPU to training (cpu_priority.py)."""
+        ...
+
+    @property
     def eval_pool(self) -> Executor: ...
 
     #: Set by create_app: the requests' CPU budget (budget.py).

@@ -15,7 +15,8 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 #: Seconds without an armed deadline after which the thread ends (a quiet agent keeps none).
 #: Shorter than the post-mortem copy's 10 s period, whose reads would otherwise keep it for
@@ -52,6 +53,32 @@ class Deadlines:
             if self._heap and self._heap[0][1] == token:
                 # the thread sleeps until this one's due time: wake it to start its idle wait
                 self._cond.notify()
+
+    @contextmanager
+    def on_cpu_time(self, seconds: float, wall_s: float, fn: Callable[[], None]
+                    ) -> Iterator[None]:
+        """Call ``fn`` once the calling thread has used ``seconds`` of CPU time inside the
+        block, or ``wall_s`` have passed, unless the block ended first: the deadline of a thread
+        that yields the CPU to training (cpu_priority.py), which may wait for the CPU long."""
+        clock = time.pthread_getcpuclockid(threading.get_ident())
+        cpu0, wall_end = time.clock_gettime(clock), time.monotonic() + wall_s
+        token, done = [0], [False]
+
+        def check() -> None:  # on our thread, under the lock (arm re-enters it: an RLock)
+            if done[0]:
+                return  # re-armed just as the block ended: the cursor's next query is not ours
+            left = seconds - (time.clock_gettime(clock) - cpu0)
+            if left <= 0 or time.monotonic() >= wall_end:
+                fn()
+            else:
+                token[0] = self.arm(min(max(left, 0.05), wall_end - time.monotonic()), check)
+
+        token[0] = self.arm(min(seconds, wall_s), check)
+        try:
+            yield
+        finally:
+            done[0] = True
+            self.disarm(token[0])
 
     def stop(self) -> None:
         with self._cond:

@@ -58,6 +58,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("probe_agent needs the agent extra: pip install 'probe-torch[agent]'") from e
 
+from .. import cpu_priority
 from ..config import AgentConfig
 from ..errors import QueryError, QueryTimeoutError
 from .catalog import load_schema
@@ -72,6 +73,9 @@ log = logging.getLogger(__name__)
 _SNAPSHOT_REUSE_S = 0.02
 #: Longest a read waits for the writer to flush before it reads what is there.
 _SYNC_WAIT_S = 2.0
+#: A query on a thread that yields the CPU to training is stopped after PROBE_QUERY_TIMEOUT_MS
+#: of its own CPU time, or this many times that in wall time, whichever comes first.
+BACKGROUND_WALL_FACTOR = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,12 +255,20 @@ class Store:
         self._guarded(cur, lambda: self._read_only_check(sql, cur))
 
     def _under_deadline(self, cur: duckdb.DuckDBPyConnection, fn: Callable[[], Any]) -> Any:
-        """``fn()`` with ``cur`` interrupted at PROBE_QUERY_TIMEOUT_MS."""
-        deadline = self._deadlines.arm(self.config.query_timeout_ms / 1000.0, cur.interrupt)
-        try:
+        """``fn()`` with ``cur`` interrupted at PROBE_QUERY_TIMEOUT_MS.
+
+        On a thread that yields the CPU to training (cpu_priority.py) the limit is the thread's
+        own CPU time, and at most BACKGROUND_WALL_FACTOR times that in wall time: a query that
+        waited for the cores training kept busy is not stopped for the wait alone."""
+        limit = self.config.query_timeout_ms / 1000.0
+        if not cpu_priority.in_background():
+            deadline = self._deadlines.arm(limit, cur.interrupt)
+            try:
+                return fn()
+            finally:
+                self._deadlines.disarm(deadline)
+        with self._deadlines.on_cpu_time(limit, limit * BACKGROUND_WALL_FACTOR, cur.interrupt):
             return fn()
-        finally:
-            self._deadlines.disarm(deadline)
 
     def _guarded(self, cur: duckdb.DuckDBPyConnection, fn: Callable[[], Any]) -> Any:
         """``_under_deadline``, with DuckDB's errors as QueryError (QueryTimeoutError when
@@ -269,6 +281,11 @@ class Store:
 
     def _query_error(self, e: duckdb.Error) -> QueryError:
         if isinstance(e, duckdb.InterruptException):
+            if cpu_priority.in_background():
+                return QueryTimeoutError(
+                    f"query stopped after {self.config.query_timeout_ms} ms of its own CPU "
+                    f"time or {BACKGROUND_WALL_FACTOR}x that in all (PROBE_QUERY_TIMEOUT_MS; "
+                    "it runs on the CPU time training leaves); add a LIMIT or a WHERE on step")
             return QueryTimeoutError(
                 f"query stopped after {self.config.query_timeout_ms} ms "
                 "(PROBE_QUERY_TIMEOUT_MS); add a LIMIT or a WHERE on step")

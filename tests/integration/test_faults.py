@@ -79,8 +79,9 @@ def test_a_request_while_the_process_exits_is_a_503_without_a_traceback(make_age
     import httpx
 
     agent = make_agent()
-    # GIVEN the agent's query pool is shut, as at interpreter exit
+    # GIVEN the agent's query pools are shut, as at interpreter exit
     agent.query_pool.shutdown(wait=True)
+    agent.sql_pool.shutdown(wait=True)
     # WHEN a query arrives
     with httpx.Client(base_url=agent.url, timeout=10) as c:
         r = c.post("/v1/query", json={"sql": "SELECT 1"})

@@ -77,3 +77,29 @@ def test_deadlines_thread_ends_when_nothing_is_armed_and_restarts() -> None:
     assert fired.wait(5) and time.monotonic() - t0 < 5
     d.stop()
     wait_until(lambda: not _named("test-idle.deadlines"), 5, "deadlines thread did not stop")
+
+
+def test_a_cpu_time_deadline_ignores_waiting_and_fires_on_work() -> None:
+    """A query on a thread that yields the CPU to training may wait long for the cores: its
+    deadline counts its own CPU time (bounded by a wall limit), not the wait."""
+    import time as _time
+
+    d = Deadlines("test-cpu.deadlines", idle_s=0.2)
+    fired: list[str] = []
+    try:
+        # WHEN the block waits (no CPU used) past the CPU limit, THEN nothing fires
+        with d.on_cpu_time(0.1, 5.0, lambda: fired.append("wait")):
+            _time.sleep(0.4)
+        # WHEN the block burns CPU past the limit, THEN it fires
+        with d.on_cpu_time(0.1, 5.0, lambda: fired.append("work")):
+            end = _time.monotonic() + 3.0
+            while not fired and _time.monotonic() < end:
+                sum(range(10_000))
+        # AND the wall limit bounds a block that only waits
+        with d.on_cpu_time(5.0, 0.2, lambda: fired.append("wall")):
+            end = _time.monotonic() + 3.0
+            while len(fired) < 2 and _time.monotonic() < end:
+                _time.sleep(0.02)
+    finally:
+        d.stop()
+    assert fired == ["work", "wall"]

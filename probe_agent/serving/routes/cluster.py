@@ -103,7 +103,7 @@ async def run_query(request: Request, name: str, body: CannedRequest) -> dict[st
     """Run one canned query by name: the same body as ``POST /v1/query``."""
     agent = request.app.state.agent
     res = await asyncio.get_running_loop().run_in_executor(
-        agent.query_pool, _canned, agent, name, body.params
+        agent.sql_pool, _canned, agent, name, body.params
     )
     return QueryBody(agent.rank, tuple(res.columns), tuple(res.types), tuple(res.rows),
                      res.truncated, round(res.elapsed_ms, 3)).to_wire()

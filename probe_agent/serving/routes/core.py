@@ -112,13 +112,13 @@ async def query(request: Request) -> Response:
     loop = asyncio.get_running_loop()
     if ARROW_STREAM in request.headers.get("accept", ""):
         res = await loop.run_in_executor(
-            agent.query_pool, agent.store.query_arrow, body.sql, body.max_rows
+            agent.sql_pool, agent.store.query_arrow, body.sql, body.max_rows
         )
         _charge(request, res.nbytes)
         headers = ArrowBody(agent.rank, res.truncated, b"").headers(res.limit)
         return _streamed(res.parts, ARROW_STREAM, headers)
     res = await loop.run_in_executor(
-        agent.query_pool, lambda: agent.store.query_json(body.sql, max_rows=body.max_rows)
+        agent.sql_pool, lambda: agent.store.query_json(body.sql, max_rows=body.max_rows)
     )
     _charge(request, res.nbytes)
     # The rows arrive encoded (store/results.py): the body is written around them, never re-encoded.
