@@ -35,6 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.lever_scenarios import lever_scenarios  # noqa: E402
 from tests.e2e.procs import SPIN_C, kill_all  # noqa: E402 - the same GIL-holding C loop as the tests
 from tests.support import PROGRAMS, kill_tree, python_env  # noqa: E402
 
@@ -44,7 +45,7 @@ COMMANDS = ("doctor", "hang", "straggler")
 #: wait is what a straggler costs the others; an OOM is memory).
 KIND = {"hang": "hang", "stall": "hang", "straggler": "straggler", "collectives": "straggler",
         "memory": "memory", "oom": "memory", "nonfinite": "nonfinite", "dataloader": "dataloader",
-        "lr": "lr", "amp_clip": "amp_clip"}
+        "lr": "lr", "amp_clip": "amp_clip", "moe": "moe"}
 ODD = 1  # the rank that misbehaves (the last of 2)
 
 
@@ -66,6 +67,12 @@ class Scenario:
     #: throughput scenarios: the lever doctor's (info) LOW THROUGHPUT finding must name, or
     #: "none" (a compute-bound job: no throughput finding at all); "" = not scored
     lever: str = ""
+    #: the program under tests/programs/ that runs the scenario
+    program: str = "fault_job.py"
+    #: doctor checks that may not appear at all, not even as information
+    quiet: frozenset[str] = frozenset()
+    #: (command, text) its answer must hold (a verdict's why, the layer it names)
+    says: tuple[tuple[str, str], ...] = ()
 
 
 def _s(*kinds: str) -> frozenset[str]:
@@ -119,6 +126,7 @@ SCENARIOS = [
     Scenario("tp_healthy", NONE, ready_step=40, step_s=0.0, trace="every:5", lever="none",
              healthy=True),
 ]
+SCENARIOS += lever_scenarios(Scenario)  # noqa: E305 - host syncs, compile, MoE, uneven batches
 QUICK = ("healthy", "leak", "hang_gil", "slow_rank")
 
 
@@ -186,6 +194,11 @@ def score(sc: Scenario, o: Outcome) -> None:
         levers = [(f.get("detail") or {}).get("lever") for f in o.body.get("findings", [])
                   if f.get("check") == "throughput"]
         ok = ok and levers == ([] if sc.lever == "none" else [sc.lever])
+    if o.command == "doctor" and sc.quiet:
+        ok = ok and not any(f.get("check") in sc.quiet for f in o.body.get("findings", []))
+    for command, text in sc.says:
+        if command == o.command:
+            ok = ok and text in json.dumps(o.body)
     if o.command == "doctor" and sc.forbid_next:
         ok = ok and not any(sc.forbid_next in (f.get("next") or "")
                             for f in o.body.get("findings", []))
@@ -201,7 +214,7 @@ def run(sc: Scenario, work: Path, lib: str | None, repeat: int = 0) -> list[Outc
     ready.mkdir(parents=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
            "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
-           str(PROGRAMS / "fault_job.py"), "--scenario", sc.name, "--ready-dir", str(ready),
+           str(PROGRAMS / sc.program), "--scenario", sc.name, "--ready-dir", str(ready),
            "--stop-file", str(stop), "--ready-step", str(sc.ready_step),
            "--step-s", str(sc.step_s), *(["--lib", lib] if sc.lib and lib else [])]
     # The watchdog reads a GIL-held rank's stack from outside (py-spy): on, as in production.

@@ -589,3 +589,89 @@ CREATE TABLE IF NOT EXISTS python.parallel (
     pp            INTEGER,
     world         INTEGER
 );
+
+-- python.host_syncs: the training thread's host syncs per optimizer step, by call site
+-- (probe_agent/collectors/host_syncs.py; counted on every step from the second one seen). One
+-- row per (step, kind, call site) with calls > 0; past the 32 busiest sites of a step the rest
+-- are one row per kind with file NULL. Calls made inside torch are attributed to the first
+-- frame outside torch that led to them; nested calls (format calling .item()) count once.
+-- kind: 'item' (.item(), bool/int/float of a tensor) | 'tolist' | 'cpu' (.cpu()/.numpy(); of a
+--   CPU tensor only in a process with no CUDA context) | 'print' (repr/format of a tensor) |
+--   'data_shape' (nonzero, argwhere, masked_select, unique, bincount, one-argument
+--   torch.where) | 'synchronize' (torch.cuda.synchronize, Stream/Event.synchronize).
+-- file / line / func: the call site. calls: how many times that site synced in that step.
+-- seconds: host time inside those calls (on CUDA mostly the wait for the device: what the syncs
+--   cost; on CPU the conversion alone).
+CREATE TABLE IF NOT EXISTS python.host_syncs (
+    timestamp     DOUBLE  NOT NULL,
+    rank          INTEGER NOT NULL,
+    step          BIGINT  NOT NULL,
+    kind          VARCHAR NOT NULL,
+    file          VARCHAR,
+    line          INTEGER,
+    func          VARCHAR,
+    calls         BIGINT  NOT NULL,
+    seconds       DOUBLE
+);
+
+-- python.compile_state: whether this rank runs torch.compile'd code, as torch reports it
+-- (probe_agent/collectors/compile_state.py: read from torch._dynamo's own counters at each
+-- optimizer step, a row written when they change and at steps 1, 10, 100, 1000, ...; reading
+-- them compiles nothing). Not a step table: a handful of rows per run, never trimmed.
+-- dynamo: torch._dynamo is imported at all. frames: frames dynamo compiled (recompiles
+--   included); graphs: graphs captured. graph_breaks: dynamo's graph-break count (each break
+--   splits a compiled frame into graphs with Python between them); top_break: the most
+--   frequent reason's first line. recompiles: compilations of a frame already compiled
+--   (torch's recompile_reason set); last_recompile: the last reason.
+-- compiled_root / compiled_modules: the model's root module runs compiled (an OptimizedModule
+--   or module.compile()), and the qualified names of compiled submodules (comma-separated, at
+--   most 20), when a model is known (the tracer's root, or the module the optimizer trains).
+CREATE TABLE IF NOT EXISTS python.compile_state (
+    timestamp        DOUBLE  NOT NULL,
+    rank             INTEGER NOT NULL,
+    step             BIGINT  NOT NULL,
+    dynamo           BOOLEAN,
+    frames           BIGINT,
+    graphs           BIGINT,
+    graph_breaks     BIGINT,
+    top_break        VARCHAR,
+    recompiles       BIGINT,
+    last_recompile   VARCHAR,
+    compiled_root    BOOLEAN,
+    compiled_modules VARCHAR
+);
+
+-- python.module_flops: where the FLOP-measured step's tensor work ran, per module
+-- (probe_agent/collectors/flops.py: the same dispatch mode that counts the step's FLOPs; a
+-- forward op belongs to the innermost module whose forward is on the Python stack, backward and
+-- optimizer ops to module NULL). step: the measured step. flops: FLOPs counted there (matmul,
+-- convolution, attention; elementwise ops count 0). ops: aten ops dispatched. op_ms: host time
+-- spent inside those ops (on CPU their compute; on CUDA only their launch).
+CREATE TABLE IF NOT EXISTS python.module_flops (
+    timestamp     DOUBLE  NOT NULL,
+    rank          INTEGER NOT NULL,
+    step          BIGINT  NOT NULL,
+    module        VARCHAR,
+    flops         DOUBLE,
+    ops           BIGINT,
+    op_ms         DOUBLE
+);
+
+-- python.moe_load: tokens each expert of each top-k router got, per sampled step
+-- (probe_agent/collectors/moe.py). A router is found without a code change: a module with a
+-- gate (a Linear, or a router module) and its experts (a ModuleList, or a fused experts module
+-- with num_experts), as in HF Mixtral/Qwen-MoE, torchtitan and plain code. Sampled on traced
+-- steps (PROBE_TRACE), and never under torch.compile (a hook would recompile the model).
+-- layer: the MoE block's qualified name. expert: its index. tokens: token-to-expert
+--   assignments over the step's forward calls (each token counts top_k times). experts / top_k:
+--   the router's size and k.
+CREATE TABLE IF NOT EXISTS python.moe_load (
+    timestamp     DOUBLE  NOT NULL,
+    rank          INTEGER NOT NULL,
+    step          BIGINT  NOT NULL,
+    layer         VARCHAR NOT NULL,
+    expert        INTEGER NOT NULL,
+    tokens        BIGINT  NOT NULL,
+    experts       INTEGER,
+    top_k         INTEGER
+);

@@ -78,6 +78,8 @@ class FlopMeter:
         self._want = True
         self._thread: int | None = None  # the thread whose dispatch stack holds the mode
         self._stopped = False
+        #: the measured step's work per module: [(name or None, flops, ops, op_ms)]
+        self.by_module: list[tuple[str | None, float, int, float]] = []
 
     def boundary(self, torch: Any, step: int, shapes: Any, next_traced: bool,
                  tracing: bool) -> float | None:
@@ -107,7 +109,6 @@ class FlopMeter:
 
     def _begin(self, torch: Any, step: int) -> None:
         from torch.utils._python_dispatch import _get_current_dispatch_mode
-        from torch.utils.flop_counter import FlopCounterMode
 
         if _get_current_dispatch_mode() is not None:
             return  # someone else's mode is on the stack: try again at the next boundary
@@ -120,7 +121,7 @@ class FlopMeter:
         # ModuleTracker, i.e. global module hooks for the whole step (torch.compile warns about
         # them, and every module call takes the slow path). Without it every count lands in
         # the counter's "Global" total, which is all we read.
-        counter = FlopCounterMode(display=False)
+        counter = _module_counter()(display=False)
         mode = _compile_safe_mode()(counter)
         mode.__enter__()
         self._mode, self._counter, self._step, self._want = mode, counter, step, False
@@ -146,6 +147,7 @@ class FlopMeter:
         self.flops = float(self._counter.get_total_flops())
         self.measured_step = step
         self.measurements += 1
+        self.by_module = self._counter.by_module(torch)
         if shapes:
             self._shapes = shapes
         return self.flops
@@ -177,21 +179,40 @@ class FlopMeter:
 
 
 _SAFE_MODE: Any = None
+_MODULE_COUNTER: Any = None
 
 
 def _compile_safe_mode() -> Any:
-    """torch's ``_FlopCounterMode`` that dynamo compiles under (see the module docstring)."""
+    """torch's ``_FlopCounterMode`` that dynamo compiles under (see the module docstring),
+    which also times each op and tells the counter whose forward it runs in (module_work.py)."""
     global _SAFE_MODE
     if _SAFE_MODE is None:
         from torch.utils.flop_counter import _FlopCounterMode
+
+        from .module_work import timed_dispatch
 
         class CompileSafeFlopCounterMode(_FlopCounterMode):
             @classmethod
             def ignore_compile_internals(cls) -> bool:
                 return True
 
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                                   kwargs: Any = None) -> Any:
+                return timed_dispatch(self, super().__torch_dispatch__, func, types, args,
+                                      kwargs)
+
         _SAFE_MODE = CompileSafeFlopCounterMode
     return _SAFE_MODE
+
+
+def _module_counter() -> Any:
+    """``FlopCounterMode`` that also keeps FLOPs, ops and op time per module."""
+    global _MODULE_COUNTER
+    if _MODULE_COUNTER is None:
+        from .module_work import module_counter_class
+
+        _MODULE_COUNTER = module_counter_class()
+    return _MODULE_COUNTER
 
 
 def trainable_params(params: list[Any]) -> int:

@@ -48,6 +48,9 @@ DEFAULT_COLLECTORS = (
     "schedule",
     "parallel",
     "stacks",
+    "host_syncs",
+    "compile_state",
+    "moe",
 )
 
 

@@ -56,7 +56,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 BUFFER = 100_000
 #: How often the writer thread asks DuckDB how much memory it holds (a cheap catalog query).
 AGENT_SAMPLE_S = 2.0
-TABLES = ("python.steps", "python.memory", "python.metrics")
+TABLES = ("python.steps", "python.memory", "python.metrics", "python.module_flops")
 
 
 class StepRecorder:
@@ -79,6 +79,7 @@ class StepRecorder:
         self.steps: list[tuple[Any, ...]] = []
         self.memory: list[tuple[Any, ...]] = []
         self.metrics: list[tuple[Any, ...]] = []
+        self.module_flops: list[tuple[Any, ...]] = []  # of the FLOP-measured step
         self.logged_samples: dict[int, int] = {}
         self.logged_tokens: dict[int, int] = {}
         self.logged_loss: dict[int, Any] = {}
@@ -173,6 +174,11 @@ class StepRecorder:
         if torch is not None:
             try:
                 work = self.throughput.at_step(torch, step, optimizer, batch, tracer)
+                meter = self.throughput.meter
+                if work.flops is not None and meter.by_module:
+                    t = time.time()
+                    self.module_flops.extend((t, step, *w) for w in meter.by_module[:BUFFER])
+                    meter.by_module = []
             except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
                 self.guard.failed(e)
         duration = now - start if start is not None else None
@@ -305,6 +311,11 @@ class StepRecorder:
         if sink is None:
             return  # not started: nothing recorded yet
         steps, memory, metrics = _drain(self.steps), _drain(self.memory), _drain(self.metrics)
+        work = _drain(self.module_flops)
+        if work:
+            cols = list(zip(*work))
+            sink.append("python.module_flops", pa.table(
+                [cols[0], [rank] * len(work), *cols[1:]], schema=schema["python.module_flops"]))
         if steps:
             cols = list(zip(*steps))
             cols[-2] = tuple(to_float(v) for v in cols[-2])  # the loss: read off the device here
@@ -343,6 +354,6 @@ def _number(value: Any) -> float | None:
 #: This collector, for the registry (registry.py).
 COLLECTOR = CollectorSpec(
     "steps", 30, needs=("tracer", "numerics"),
-    tables=("python.steps", "python.memory", "python.metrics"),
+    tables=("python.steps", "python.memory", "python.metrics", "python.module_flops"),
     build=lambda b: StepRecorder(b.clock, b.rank, b.get("tracer"), b.config.run_dir,
                                  b.get("numerics")))

@@ -18,7 +18,7 @@ import duckdb
 
 #: The tables that grow with training and are trimmed by their oldest steps, together.
 STEP_TABLES = ("python.steps", "python.torch_trace", "python.memory", "python.metrics",
-               "python.step_stats", "python.numerics")
+               "python.step_stats", "python.numerics", "python.host_syncs", "python.moe_load")
 
 #: Rough bytes per row per column type, for retention. Exactness does not matter: the goal is a
 #: bound that holds memory flat, and DuckDB compresses below this.

@@ -9,9 +9,12 @@ import click
 
 from probe_protocol.query import QueryBody
 
+from ..diagnose.findings import num
+from ..diagnose.levers import extras_of
 from ..diagnose.schedule import schedules
 from ..diagnose.throughput import RankThroughput, from_rows
 from ..errors import RankError
+from ..gather.evidence import lever_answers
 from ..outcome import Outcome, finish
 from ..render.text import query_notes
 from ..render.throughput import render_throughput
@@ -72,9 +75,12 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
     results = fan_out(session, resolve_ranks(session), _gather(last))
     world = len(results)
     rows = {r.rank: r.data.pop("_row") for r in results if r.ok and r.data and r.data.get("_row")}
+    extras = {r.rank: extras_of(r.data.pop("_levers", None) or {},
+                                num(rows[r.rank].get("step_ms")))
+              for r in results if r.ok and r.data and r.rank in rows}
     layout = next((r.data["_parallel"] for r in sorted(results, key=lambda r: str(r.rank))
                    if r.ok and r.data and r.data.get("_parallel")), None)
-    ranks, job = from_rows(rows, world, peak_tflops, layout)
+    ranks, job = from_rows(rows, world, peak_tflops, layout, extras)
     by_rank = {t.rank: t for t in ranks}
     job_json = job.to_json()
     # The schedule is the job's: the lowest rank that has read one speaks for it.
@@ -89,6 +95,7 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
             r.data.pop("_row", None)
             r.data.pop("_schedule", None)
             r.data.pop("_parallel", None)
+            r.data.pop("_levers", None)
             t = by_rank.get(r.rank)
             r.data["throughput"] = t.to_json() if t is not None else None
             r.data["job"] = job_json
@@ -117,6 +124,7 @@ def _gather(last: int) -> Any:
         except RankError:  # as above
             lay = []
         body["_parallel"] = lay[0] if lay else None
+        body["_levers"] = lever_answers(client, last)
         return body
 
     return call

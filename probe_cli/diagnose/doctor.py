@@ -8,14 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import memory_use, number_checks, numerics, schedule, throughput, time_checks
+from . import (
+    lever_checks,
+    memory_use,
+    number_checks,
+    numerics,
+    schedule,
+    throughput,
+    time_checks,
+)
 from .checks import Context, DoctorCheck, Evidence
 from .findings import RankDoc, Report
 from .hang import HangVerdict, RankState
 
 #: The modules whose ``CHECKS`` doctor runs (checks.py). A new check is a module of its own
 #: and one line here.
-DEFAULT_CHECKS = (time_checks, number_checks, numerics, memory_use, schedule, throughput)
+DEFAULT_CHECKS = (time_checks, number_checks, numerics, memory_use, schedule, throughput,
+                  lever_checks)
 
 
 def doctor_checks() -> list[DoctorCheck]:

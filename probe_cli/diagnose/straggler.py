@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..group import rank_label
+from .rank_work import why_slower
 from .rhythm import normal_wait
 from .verdict import Verdict
 
@@ -190,7 +191,8 @@ def cpu_contention(rank: int, excess: float,
 def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: int = 200,
                         min_share: float = 0.05, step_s: float | None = None,
                         now_by_rank: dict[int, float] | None = None,
-                        cpu_wait: dict[int, float] | None = None) -> StragglerVerdict:
+                        cpu_wait: dict[int, float] | None = None,
+                        work: dict[int, dict[str, Any]] | None = None) -> StragglerVerdict:
     """Name the rank the others wait for, if it costs them at least ``min_share`` of the time.
 
     ``step_s``: the ranks' median step time, when known: the window then counts as no more
@@ -198,7 +200,9 @@ def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: 
     together, however they are spaced: 2 micro-batches' all-reduces 10 ms apart in a 60 ms
     step do not form separate groups of gaps).
     ``cpu_wait``: each rank's share of step time its training thread waited for a CPU (Linux
-    run queue), when recorded: see ``cpu_contention``."""
+    run queue), when recorded: see ``cpu_contention``.
+    ``work``: each rank's rank_work row (samples, tokens, context, DataLoader wait, host syncs
+    per step): a named straggler's headline then says why it is slower (rank_work.py)."""
     window = arrivals(rows_by_rank, last)
     per_rank = {r: Lateness(r) for r in sorted(rows_by_rank)}
     hung = hung_now(rows_by_rank, now_by_rank) if now_by_rank else None
@@ -273,6 +277,10 @@ def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: 
         if contention is not None and contention[0] == "own":
             v.headline += (f"; it waited for a CPU {waits[worst.rank]:.0%} of its step time: "
                            "another process or too many threads on its cores")
+        reasons = why_slower(worst.rank, work or {})
+        if reasons:
+            v.headline += f"; why: {reasons[0]}"
+            v.details.extend(f"rank {worst.rank}: {w}" for w in reasons)
     else:
         why = (f"no rank is last more often than chance (p = {p:.2g})" if not evidence else
                f"no rank cost the others {min_share:.0%} more than any other rank did")

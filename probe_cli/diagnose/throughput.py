@@ -26,6 +26,7 @@ from typing import Any
 
 from .checks import Context, DoctorCheck, Evidence
 from .findings import INFO, Finding, RankDoc, Report, num
+from .levers import LEVER_EVIDENCE, LEVER_KEYS, Extras, extras_of, small_ops
 
 #: A non-compute share of the step at least this large is the lever (and doctor's finding).
 LEVER_SHARE = 0.3
@@ -42,8 +43,15 @@ NEXT = {
     "collective": "probe query \"SELECT op, count(*), round(sum(duration), 3) AS s FROM "
                   "python.collectives GROUP BY op ORDER BY s DESC\"",
     "host": "probe flame   (the Python outside modules; then torch.compile or CUDA graphs)",
-    "small_ops": "probe slow   (the modules; fewer, larger ops: fusion, torch.compile, a larger "
-                 "micro-batch)",
+    "small_ops": "model = torch.compile(model)   (fuses the small ops; `probe slow` shows the "
+                 "modules; or fewer, larger ops: a larger micro-batch)",
+    "small_ops_compiled": "probe slow   (the modules; fewer, larger ops: a larger micro-batch)",
+    "graph_breaks": "TORCH_LOGS=graph_breaks python train.py   (each break names the Python "
+                    "line that splits the graph: fix it or move it out of the model)",
+    "module_host": "probe flame   (the Python inside that module's forward: move the host work "
+                   "out of the step, into the DataLoader, or onto the device)",
+    "host_syncs": "probe query \"SELECT file, line, kind, sum(calls) AS calls FROM "
+                  "python.host_syncs GROUP BY ALL ORDER BY calls DESC LIMIT 10\"",
     "checkpoint": "probe query \"SELECT step, round(ckpt_wait, 3) AS s FROM python.step_stats "
                   "WHERE ckpt_wait > 0 ORDER BY step DESC LIMIT 10\"   (then save less often, or "
                   "with torch.distributed.checkpoint.async_save)",
@@ -58,6 +66,9 @@ WHAT = {
     "collective": "in collectives",
     "host": "in host code outside the modules",
     "small_ops": "in many small ops",
+    "graph_breaks": "in many small ops around graph breaks",
+    "module_host": "in host code inside one module's forward",
+    "host_syncs": "in host syncs (each waits for the device on a GPU)",
     "checkpoint": "saving checkpoints",
     "eval": "evaluating (model.eval() to model.train())",
 }
@@ -78,6 +89,7 @@ class RankThroughput:
     rank: Any
     row: dict[str, Any]
     peak_override: float | None = None
+    extras: Extras | None = None
     shares: dict[str, float] = field(default_factory=dict)
     pauses: dict[str, float] = field(default_factory=dict)
 
@@ -94,6 +106,10 @@ class RankThroughput:
         return (WHAT_CUDA if self.on_cuda else WHAT)[name]
 
     def next(self, name: str) -> str:
+        ex = self.extras
+        if name == "small_ops" and ex is not None and ex.compiled is not None \
+                and ex.compiled.compiled:
+            name = "small_ops_compiled"
         return (NEXT_CUDA if self.on_cuda else NEXT)[name]
 
     @property
@@ -115,23 +131,59 @@ class RankThroughput:
         """(lever, share of the step, evidence) or None: see the module docstring."""
         pause = max(((k, v) for k, v in self.pauses.items() if v >= PAUSE_SHARE),
                     key=lambda kv: kv[1], default=None)
+        ex = self.extras or Extras()
         if int(_f(self.row.get("traced_steps")) or 0) < MIN_TRACED or not self.shares:
-            return self._pause(pause) if pause else None
+            return self._pause(pause) if pause else self._syncs(ex)
         name, share = max(((k, self.shares.get(k, 0.0)) for k in ("input", "collective", "host")),
                           key=lambda kv: kv[1])
         compute = sum(self.shares.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
         if pause and (share < LEVER_SHARE or self._pause_wins(pause[0], share)):
             return self._pause(pause)
         if share >= LEVER_SHARE:
+            if name == "host" and ex.syncs is not None and ex.syncs.many:
+                return "host_syncs", share, (f"{share:.0%} of the step in host code outside "
+                                             f"the modules, with {self._sync_text(ex)}")
             return name, share, (f"{share:.0%} of the step {self.what(name)}; compute "
                                  f"(forward+backward+optimizer) {compute:.0%}")
+        if ex.module is not None:
+            m = ex.module
+            return "module_host", m.share, (
+                f"{m.module}: {m.ms:.1f} ms per step with no tensor work ({m.flops_share:.1%} "
+                f"of the step's FLOPs, {m.op_ms:.1f} ms in its own ops): host code in its "
+                "forward")
         cfs, peak = _f(self.row.get("compute_flops_per_s")), self.peak
-        if cfs is not None and peak and cfs / peak < HOST_EFFICIENCY:
-            return "small_ops", compute, (
-                f"compute is {compute:.0%} of the step but reaches {cfs / 1e9:.2f} GFLOP/s, "
-                f"{cfs / peak:.1%} of the peak ({peak / 1e12:.2f} TFLOP/s, "
-                f"{self.peak_source}): the time goes {self.what('small_ops')}")
-        return None
+        step_ms = _f(self.row.get("step_ms")) or 0.0
+        fb = self.shares.get("forward", 0.0) + self.shares.get("backward", 0.0)
+        small, ops_text = small_ops(ex.ops, fb * step_ms)
+        if cfs is not None and peak and cfs / peak < HOST_EFFICIENCY and small:
+            base = (f"compute is {compute:.0%} of the step but reaches {cfs / 1e9:.2f} GFLOP/s, "
+                    f"{cfs / peak:.1%} of the peak ({peak / 1e12:.2f} TFLOP/s, "
+                    f"{self.peak_source}); {ops_text}: the time goes {self.what('small_ops')}")
+            c = ex.compiled
+            if c is not None and c.compiled and c.breaks:
+                top = c.row.get("top_break") or "see TORCH_LOGS=graph_breaks"
+                return "graph_breaks", compute, (f"{base}; {c.what()} (most often: {top})")
+            if c is not None and c.compiled:
+                return "small_ops", compute, f"{base}; {c.what()}"
+            return "small_ops", compute, f"{base}; the model is not compiled: torch.compile " \
+                "fuses them into fewer kernels"
+        return self._syncs(ex)
+
+    def _sync_text(self, ex: Extras) -> str:
+        sy = ex.syncs
+        assert sy is not None
+        return (f"{sy.per_step:g} host syncs per step ({sy.top()}; {sy.ms_per_step:.2f} ms a "
+                f"step inside them{' waiting for the GPU' if self.on_cuda else ''}): "
+                f"{sy.advice()}")
+
+    def _syncs(self, ex: Extras) -> tuple[str, float, str] | None:
+        """Many host syncs with no larger lever: named with what they cost here."""
+        sy = ex.syncs
+        if sy is None or not sy.many:
+            return None
+        step_ms = _f(self.row.get("step_ms")) or 0.0
+        share = min(sy.ms_per_step / step_ms, 1.0) if step_ms else 0.0
+        return "host_syncs", share, self._sync_text(ex)
 
     def _pause_wins(self, name: str, share: float) -> bool:
         """A pause against a traced-step share, both in seconds per step: the pause's mean
@@ -221,11 +273,17 @@ class JobThroughput:
 
 
 def from_rows(rows: dict[Any, dict[str, Any]], world: int, peak_tflops: float | None = None,
-              layout: dict[str, Any] | None = None,
+              layout: dict[str, Any] | None = None, extras: dict[Any, Extras] | None = None,
               ) -> tuple[list[RankThroughput], JobThroughput]:
     override = peak_tflops * 1e12 if peak_tflops else None
-    ranks = [RankThroughput(r, row, override) for r, row in sorted(rows.items())]
+    ranks = [RankThroughput(r, row, override, (extras or {}).get(r))
+             for r, row in sorted(rows.items())]
     return ranks, JobThroughput(ranks, world, layout)
+
+
+def doc_answers(d: RankDoc) -> dict[str, list[dict[str, Any]] | None]:
+    """The lever's other evidence that doctor asked one rank for."""
+    return {key: d.rows(key) for key in LEVER_KEYS}
 
 
 def check_throughput(report: Report, docs: list[RankDoc]) -> None:
@@ -237,7 +295,9 @@ def check_throughput(report: Report, docs: list[RankDoc]) -> None:
                else "no rank answered the throughput query")
         report.unchecked.append(f"throughput: {why}")
         return
-    ranks, _ = from_rows(rows, len(docs))
+    extras = {d.rank: extras_of(doc_answers(d), _f(rows[d.rank].get("step_ms")))
+              for d in docs if d.rank in rows}
+    ranks, _ = from_rows(rows, len(docs), extras=extras)
     hits = [(r, lv) for r in ranks if (lv := r.lever()) is not None]
     if not hits:
         mfus = [f"rank {r.rank} {m:.0%}" for r in ranks if (m := r.mfu) is not None]
@@ -259,13 +319,21 @@ def check_throughput(report: Report, docs: list[RankDoc]) -> None:
                 for r, lv in group]
     label = {"input": "input-bound", "collective": "communication-bound", "host": "host-bound",
              "small_ops": "host-bound (small ops)", "checkpoint": "checkpoint pauses",
-             "eval": "eval pauses"}[name]
+             "eval": "eval pauses", "graph_breaks": "graph breaks (small ops)",
+             "host_syncs": "host syncs", "module_host": "bottleneck"}[name]
     # Info, not a warning: a slow job is not a broken one (like the slowest modules, this is
     # where the time goes), and the fault suite's healthy jobs sleep as their "work".
     first = group[0][0]
+    title = (f"LOW THROUGHPUT: {label}: {first.what(name)} takes {top:.0%} of the "
+             f"{'wall time' if name in PAUSES else 'step'}")
+    ex = first.extras
+    if name == "module_host" and ex is not None and ex.module is not None:
+        title = (f"LOW THROUGHPUT: bottleneck: {ex.module.module}: {ex.module.ms:.0f} ms per "
+                 "step with no tensor work: host code in its forward")
+    elif name == "host_syncs" and ex is not None and ex.syncs is not None:
+        title = f"LOW THROUGHPUT: host syncs: {ex.syncs.top()}"
     report.findings.append(Finding(
-        INFO, "throughput", f"LOW THROUGHPUT: {label}: {first.what(name)} takes {top:.0%} "
-        f"of the {'wall time' if name in PAUSES else 'step'}", evidence, first.next(name),
+        INFO, "throughput", title, evidence, first.next(name),
         sorted(r.rank for r, _ in group), score=top, detail={"lever": name, "share": top}))
 
 
@@ -277,5 +345,6 @@ def _throughput(report: Report, ctx: Context) -> None:
 #: The check of this module, for doctor.py's registry (checks.py).
 CHECKS = (
     DoctorCheck("throughput", 110, _throughput,
-                evidence=(Evidence("throughput", "throughput", lambda last: {"last": last}),)),
+                evidence=(Evidence("throughput", "throughput", lambda last: {"last": last}),
+                          *LEVER_EVIDENCE)),
 )

@@ -123,7 +123,8 @@ def check_straggler(report: Report, docs: list[RankDoc]) -> None:
     v = diagnose_stragglers(rows, last=len(next(iter(rows.values()))),
                             min_share=STRAGGLER_SHARE,
                             step_s=statistics.median(known) / 1e3 if known else None,
-                            cpu_wait={r: w for r, w in waits.items() if w is not None})
+                            cpu_wait={r: w for r, w in waits.items() if w is not None},
+                            work={d.rank: w[0] for d in docs if (w := d.rows("work"))})
     if v.contention:  # time lost, but to the host: information, with where to look
         report.findings.append(Finding(
             INFO, "cpu_contention", f"CPU CONTENTION: {v.headline.removeprefix('no straggler: ')}",
@@ -276,7 +277,8 @@ _LOOP = Evidence("loop", "doctor_loop", lambda last: {"last": last})
 CHECKS = (
     DoctorCheck("hang", 10, lambda report, ctx: check_hang(report, ctx.verdict)),
     DoctorCheck("stall", 20, _stalls, evidence=(_LOOP,)),
-    DoctorCheck("straggler", 60, _straggler_and_wait, evidence=(_LOOP,)),
+    DoctorCheck("straggler", 60, _straggler_and_wait, evidence=(
+        _LOOP, Evidence("work", "rank_work", lambda last: {"last": last}))),
     DoctorCheck("data_wait", 80, _data_wait, evidence=(_LOOP,)),
     DoctorCheck("modules", 120, lambda report, ctx: check_modules(report, ctx.docs),
                 evidence=(Evidence("slow", "slow_modules",

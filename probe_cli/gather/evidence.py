@@ -15,6 +15,7 @@ from probe_protocol.envelope import Envelope
 from probe_protocol.query import QueryBody
 
 from ..diagnose.doctor import evidence
+from ..diagnose.levers import LEVER_EVIDENCE
 from ..diagnose.straggler import StragglerVerdict, diagnose_stragglers
 from ..errors import RankError
 from ..result import RankResult
@@ -79,6 +80,20 @@ def doctor_queries(last: int) -> tuple[tuple[str, str, dict[str, Any]], ...]:
     return tuple((e.key, e.query, e.params(last)) for e in evidence())
 
 
+def lever_answers(client: ProbeClient, last: int) -> dict[str, list[dict[str, Any]] | None]:
+    """What the throughput lever reads beside the throughput row (levers.LEVER_EVIDENCE: host
+    syncs, compile state, the slowest modules, the measured step's work per module), for
+    `probe throughput`; doctor asks the same through its checks' evidence. A query this agent
+    does not have answers None (an older agent: the lever as before)."""
+    out: dict[str, list[dict[str, Any]] | None] = {}
+    for e in LEVER_EVIDENCE:
+        try:
+            out[e.key] = QueryBody.from_wire(client.canned(e.query, **e.params(last))).records()
+        except RankError:
+            out[e.key] = None
+    return out
+
+
 def doctor_evidence(last: int, grad_wait: float) -> Call:
     def call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
         out: dict[str, Any] = {"ok": True, "rank": target.rank, "errors": {}}
@@ -125,8 +140,13 @@ def straggler_evidence(last: int) -> Call:
             steps: dict[str, Any] | None = client.canned("straggler_steps", last=last)
         except RankError:  # python.steps not recorded by this agent (tracing not built/on)
             steps = None
+        try:
+            work = QueryBody.from_wire(client.canned("rank_work", last=last)).records()
+        except RankError:  # an older agent: the verdict stands without the why
+            work = []
         rank = Envelope.from_wire(coll).rank
-        return {"ok": True, "rank": rank, "collectives": coll, "steps": steps}
+        return {"ok": True, "rank": rank, "collectives": coll, "steps": steps,
+                "work": work[0] if work else None}
 
     return call
 
@@ -148,5 +168,6 @@ def straggler_verdict(results: list[RankResult], last: int,
     cpu_wait = {k: float(rec["cpu_wait_share"]) for k, b in steps.items()
                 for rec in QueryBody.from_wire(b).records()
                 if isinstance(rec.get("cpu_wait_share"), (int, float))}
+    work = {k: d["work"] for k, d in data.items() if d.get("work")}
     return diagnose_stragglers(rows, last=last, min_share=min_share, step_s=step_s,
-                               now_by_rank=now, cpu_wait=cpu_wait), steps
+                               now_by_rank=now, cpu_wait=cpu_wait, work=work), steps

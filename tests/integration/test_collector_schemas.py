@@ -22,6 +22,27 @@ from tests.integration.tracing_support import TinyGPT, rows, train  # noqa: E402
 from tests.support import ddl_schemas  # noqa: E402
 
 
+class MoeBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.top_k = 2
+        self.gate = torch.nn.Linear(8, 4)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: Any) -> Any:
+        return self.gate(x)
+
+
+class WithMoe(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = TinyGPT()
+        self.moe = MoeBlock()
+
+    def forward(self, idx: Any, tgt: Any) -> Any:
+        return self.gpt(idx, tgt) + 0 * self.moe(torch.randn(4, 8)).sum()
+
+
 @pytest.fixture
 def produced(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     """Every batch appended to a store, and every materializer's table, by table name."""
@@ -49,7 +70,7 @@ def test_every_tables_batches_match_its_ddl(make_agent, produced):
     # GIVEN an agent tracing every step of a real training loop that logs a metric
     agent = make_agent(trace="on")
     torch.manual_seed(0)
-    model = TinyGPT()
+    model = WithMoe()  # python.moe_load: a top-2 router the agent finds on its own
     train(model, 3)
     probe_agent.log(loss=1.5)
     # WHEN an eval is audited and every table is read (materialised tables are built then)

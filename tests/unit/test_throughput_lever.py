@@ -50,11 +50,17 @@ def test_the_largest_non_compute_share_is_the_lever(shares, lever, label):
 
 
 def test_compute_far_below_the_peak_is_small_ops():
-    # GIVEN compute dominates but runs at 0.5% of the peak (many tiny modules)
+    # GIVEN compute dominates but runs at 0.5% of the peak, in 1,200 ops of ~70 us or less
+    # (many tiny modules; the measured step's module_flops rows count them)
     report = Report()
-    check_throughput(report, docs(row(compute_flops_per_s=1e8)))
+    [d] = docs(row(compute_flops_per_s=1e8, step_ms=80.0))
+    d.module_flops = [{"module": None, "flops": 1e9, "ops": 1200, "op_ms": 50.0,
+                       "all_flops": 1e9, "all_ops": 1200, "all_op_ms": 50.0}]
+    check_throughput(report, [d])
     [f] = report.findings
     assert f.detail["lever"] == "small_ops" and "0.5% of the peak" in f.evidence[0]
+    assert "1200 ops" in f.evidence[0] and "not compiled" in f.evidence[0]
+    assert f.next.startswith("model = torch.compile(model)")
 
 
 def test_a_lever_with_its_own_finding_is_not_reported_twice():

@@ -1,0 +1,131 @@
+"""One labelled condition of the fault suite's throughput levers (bench/lever_scenarios.py,
+bench/verdicts.py): a 2-rank DDP job on gloo with exactly one known cause of slow steps, or
+healthy, chosen by ``--scenario``. The rank that misbehaves, where only one does, is the last.
+
+Scenarios:
+- lv_syncs: the loop logs 300 ``.item()`` values per step (every element of a tensor: the
+  host-sync lever, named at its line);
+- lv_small_ops: 300 tiny Linear layers, not compiled (per-op overhead: the torch.compile lever);
+- lv_host_module: one module sleeps 20 ms in its forward (host code inside a module);
+- lv_moe: a top-1 MoE whose router sends ~90% of tokens to expert 0 (experts 1-3 starve);
+- lv_uneven: the last rank's batch is 3x the others' (a straggler, and why);
+- lv_healthy: a healthy loop that logs its loss with ``.item()`` once a step;
+- lv_moe_even: a healthy MoE with a balanced router.
+
+Like fault_job.py, each rank writes ``rank{N}.json`` into ``--ready-dir`` once ``--ready-step``
+steps are done, and stops when ``--stop-file`` appears.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from fault_job import Tiny, announce  # same directory: the suite's shared helpers
+
+import probe_agent
+
+
+class SlowHost(nn.Module):
+    """A layer whose forward waits 20 ms on host code (a stand-in for Python work or I/O)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)
+        return self.fc(x)
+
+
+class Moe(nn.Module):
+    """Top-k MoE in plain code: gate + experts in a ModuleList."""
+
+    def __init__(self, dim: int, experts: int = 4, top_k: int = 1, skew: float = 0.0) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.gate = nn.Linear(dim, experts)
+        self.experts = nn.ModuleList(nn.Linear(dim, dim) for _ in range(experts))
+        with torch.no_grad():
+            self.gate.bias.zero_()
+            self.gate.bias[0] += skew  # lv_moe: expert 0 wins for most tokens
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, idx = self.gate(x).softmax(-1).topk(self.top_k, dim=-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            hit = (idx == e).to(x.dtype)
+            w = (weights * hit).sum(-1, keepdim=True)
+            out = out + w * expert(x)
+        return out
+
+
+class MoeNet(nn.Module):
+    def __init__(self, skew: float) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 64)
+        self.blocks = nn.ModuleList(Moe(64, skew=skew) for _ in range(2))
+        self.head = nn.Linear(64, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = h + b(h)
+        return self.head(h)
+
+
+def build(sc: str) -> nn.Module:
+    if sc == "lv_small_ops":
+        return Tiny()
+    if sc == "lv_host_module":
+        return nn.Sequential(nn.Linear(16, 256), SlowHost(256), nn.Linear(256, 1))
+    if sc in ("lv_moe", "lv_moe_even"):
+        return MoeNet(skew=4.0 if sc == "lv_moe" else 0.0)
+    return nn.Sequential(nn.Linear(16, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                         nn.Linear(512, 1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--scenario", required=True)
+    p.add_argument("--ready-dir", required=True)
+    p.add_argument("--stop-file")
+    p.add_argument("--ready-step", type=int, default=40)
+    p.add_argument("--step-s", type=float, default=0.0, help="unused: the suite passes it")
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    odd = rank == world - 1
+    sc = args.scenario
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(build(sc))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batch = 64 * (3 if sc == "lv_uneven" and odd else 1)
+    gen = torch.Generator().manual_seed(rank)
+    step = 0
+    total = 0.0
+    while not (args.stop_file and os.path.exists(args.stop_file)):
+        x = torch.randn(batch, 16, generator=gen)
+        y = x[:, :1] * 3.0
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if sc == "lv_syncs":
+            per_sample = (model(x) - y).detach().abs().flatten()
+            for i in range(300):  # logging every sample's error, one .item() each
+                total += per_sample[i % per_sample.numel()].item()
+        elif sc == "lv_healthy":
+            total += loss.item()  # the usual once-a-step logging
+        probe_agent.log(loss=loss.detach())
+        step += 1
+        if step == args.ready_step:
+            announce(args.ready_dir, step)
+
+
+if __name__ == "__main__":
+    main()
