@@ -15,8 +15,9 @@ CUDA job a CPU tensor's ``.numpy()`` waits for nothing).
 Only the training thread (the one that steps the optimizer) is counted, and only calls that
 come from outside torch and the agent: a call made inside torch (``GradScaler.step``'s
 ``.item()``) is attributed to the first frame outside torch that led to it (the user's
-``scaler.step(optimizer)`` line); a call nested in a counted one (``format`` calling
-``.item()``, ``repr`` walking the tensor) counts once.
+``scaler.step(optimizer)`` line), and one whose first frame outside torch is the agent's (a
+hook of the agent reading a value) is not counted; a call nested in a counted one (``format``
+calling ``.item()``, ``repr`` walking the tensor) counts once.
 
 Why patching, and on every step
 -------------------------------
@@ -176,8 +177,8 @@ class HostSyncCounter:
         self._schema: pa.Schema | None = None
         self._unsubscribe: Any = None
         self._patched: list[tuple[Any, str, Any, bool]] = []  # (owner, name, original, own)
-        self._internal: dict[Any, bool] = {}  # code object -> inside torch or the agent
-        self._skip_dirs: tuple[str, ...] = ()
+        self._where: dict[Any, int] = {}  # code object -> 0 the job's, 1 torch's, 2 the agent's
+        self._torch_dir = self._agent_dir = "\0"
         self._steps = 0
 
     # -- collector protocol ------------------------------------------------------------------
@@ -202,9 +203,8 @@ class HostSyncCounter:
         global _counter, _is_compiling, _Tensor
         _is_compiling = torch.compiler.is_compiling
         _Tensor = torch.Tensor
-        agent_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        self._skip_dirs = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-                           agent_dir + os.sep)
+        self._agent_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+        self._torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
         for where, name, kind, rule in POINTS:
             owner = _owner(torch, where)
             if owner is None:
@@ -237,19 +237,23 @@ class HostSyncCounter:
     # -- training thread ---------------------------------------------------------------------
     def hit(self, kind: str, frame: Any) -> tuple[str, Any, int] | None:
         """One counted call; ``frame`` is its caller's. Returns the site's key (None: not
-        counted). Never raises."""
+        counted: the agent's own call, or only torch on the stack). Never raises."""
         try:
-            internal = self._internal
+            where = self._where
             while frame is not None:
                 code = frame.f_code
-                inside = internal.get(code)
-                if inside is None:
-                    inside = internal[code] = code.co_filename.startswith(self._skip_dirs)
-                if not inside:
+                place = where.get(code)
+                if place is None:
+                    name = code.co_filename
+                    place = where[code] = 1 if name.startswith(self._torch_dir) else (
+                        2 if name.startswith(self._agent_dir) else 0)
+                if place == 0:
                     break
+                if place == 2:
+                    return None  # the agent's own work (a hook reading a norm): not the job's
                 frame = frame.f_back
             if frame is None:
-                return None  # only torch's or the agent's own code on the stack
+                return None  # only torch's own code on the stack
             key = (kind, frame.f_code, frame.f_lineno)
             self.counts[key] = self.counts.get(key, 0) + 1
             return key

@@ -139,6 +139,7 @@ def test_compile_state_recorded_without_recompiles(make_agent):
 
     torch._dynamo.reset()
     counters.clear()
+    torch._dynamo.utils.clear_compilation_metrics()  # earlier tests' compilations
     try:
         agent = make_agent(trace="off")
         model = nn.Sequential(Block(), nn.Linear(8, 1))
