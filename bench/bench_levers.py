@@ -157,7 +157,7 @@ def _compare(torch: Any, step: Any, arms: dict[str, Any], rounds: int, block: in
 
 def run_syncs(torch: Any, agent: Any, device: str, rounds: int, block: int, items: int,
               width: int, batch: int) -> dict[str, Any]:
-    counter = agent.collectors.host_syncs
+    counter = agent.collectors.get("host_syncs")
     step = _sync_loop(torch, device, width, batch, items)
     mode = _CountingMode.make(torch)
     for _ in range(15):
@@ -179,7 +179,7 @@ def run_syncs(torch: Any, agent: Any, device: str, rounds: int, block: int, item
 
 def run_moe(torch: Any, agent: Any, device: str, rounds: int, block: int, width: int,
             batch: int) -> dict[str, Any]:
-    moe = agent.collectors.moe
+    moe = agent.collectors.get("moe")
     step = _moe_loop(torch, device, width, batch)
     for _ in range(25):
         step()

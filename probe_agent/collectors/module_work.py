@@ -69,7 +69,7 @@ def module_counter_class() -> Any:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    class ModuleFlopCounter(FlopCounterMode):  # type: ignore[misc]
+    class ModuleFlopCounter(FlopCounterMode):
         """Counts as FlopCounterMode does (its "Global" total) and per owning module."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -28,7 +28,7 @@ def flops(ops: int, module_rows: list[dict] | None = None) -> list[dict]:
 def doc(**kw: object) -> RankDoc:
     d = RankDoc(0, throughput=[row(**kw.pop("tp", {}))])  # type: ignore[arg-type]
     for k, v in kw.items():
-        setattr(d, k, v)
+        d.file(k, v)  # type: ignore[arg-type]
     return d
 
 
@@ -125,8 +125,8 @@ def moe_rows(layer: str, tokens: list[int], steps: int = 4) -> list[dict]:
 
 
 def test_moe_names_the_layer_and_expert():
-    d = RankDoc(0, moe=moe_rows("blocks.0.mlp", [250, 260, 240, 250])
-                + moe_rows("blocks.1.mlp", [910, 90, 0, 0]))
+    d = RankDoc(0, answers={"moe": moe_rows("blocks.0.mlp", [250, 260, 240, 250])
+                            + moe_rows("blocks.1.mlp", [910, 90, 0, 0])})
     report = Report()
     check_moe(report, [d])
     [f] = report.findings
@@ -136,7 +136,7 @@ def test_moe_names_the_layer_and_expert():
 
 
 def test_a_balanced_moe_gets_nothing():
-    d = RankDoc(0, moe=moe_rows("blocks.0.mlp", [250, 300, 200, 250]))
+    d = RankDoc(0, answers={"moe": moe_rows("blocks.0.mlp", [250, 300, 200, 250])})
     report = Report()
     check_moe(report, [d])
     assert report.findings == [] and "within 1.2x" in report.fine[-1]

@@ -54,8 +54,8 @@ def test_compute_far_below_the_peak_is_small_ops():
     # (many tiny modules; the measured step's module_flops rows count them)
     report = Report()
     [d] = docs(row(compute_flops_per_s=1e8, step_ms=80.0))
-    d.module_flops = [{"module": None, "flops": 1e9, "ops": 1200, "op_ms": 50.0,
-                       "all_flops": 1e9, "all_ops": 1200, "all_op_ms": 50.0}]
+    d.file("module_flops", [{"module": None, "flops": 1e9, "ops": 1200, "op_ms": 50.0,
+                       "all_flops": 1e9, "all_ops": 1200, "all_op_ms": 50.0}])
     check_throughput(report, [d])
     [f] = report.findings
     assert f.detail["lever"] == "small_ops" and "0.5% of the peak" in f.evidence[0]
