@@ -98,8 +98,9 @@ class RankError(ProbeCLIError):
 
 class AgentUnreachableError(RankError):
     help_text = (
-        "Is the agent started on that rank? Agents bind 127.0.0.1 by default; set PROBE_HOST "
-        "on the training side to reach it from another host"
+        "is the job running with the agent? Start it with PROBE=1 in its environment (or "
+        "`probe launch -- CMD`); `probe ps` lists this machine's agents. Agents bind 127.0.0.1 "
+        "by default: set PROBE_HOST on the training side to reach one from another host"
     )
 
 

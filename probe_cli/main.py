@@ -47,7 +47,34 @@ CONTEXT_SETTINGS = {
 }
 
 
+def _version() -> str:
+    """The installed distribution's version; from the source tree's ``_version.py`` (read as
+    text: the CLI never imports the agent) when running from a checkout."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("probe-torch")
+    except PackageNotFoundError:
+        import re
+        from pathlib import Path
+
+        path = Path(__file__).resolve().parent.parent / "probe_agent" / "_version.py"
+        try:
+            found = re.search(r'__version__ = "([^"]+)"', path.read_text())
+        except OSError:
+            found = None
+        return found.group(1) if found else "unknown"
+
+
+def _print_version(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"probe {_version()}")
+        ctx.exit(0)
+
+
 @click.group(context_settings=CONTEXT_SETTINGS)
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version, help="Print probe's version and exit.")
 @click.option("-t", "--target", "targets", multiple=True, envvar="PROBE_TARGET",
               metavar="HOST:PORT[,…]",
               help="Agent(s) to ask: HOST:PORT, http(s)://URL, a local PID (its unix socket) or "

@@ -10,7 +10,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .errors import EXIT_FAILURE, EXIT_FINDING, EXIT_OK, EXIT_PARTIAL, ProbeCLIError, RankError
+from .errors import (
+    EXIT_FAILURE,
+    EXIT_FINDING,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    AgentHTTPError,
+    ProbeCLIError,
+    RankError,
+)
 from .group import compact_ranges, group_by
 from .render.text import render_json
 from .result import RankResult
@@ -103,6 +111,9 @@ def failure_summary(
         parts.append("failed: " + "; ".join(f"{who(list(g.members))} ({g.key})" for g in groups))
     if n_ok == 0 and len(failed) == 1 and failed[0].error is not None:
         lines = [f"probe: {failed[0].error.message}"]
+    elif n_ok == 0 and all(isinstance(r.error, AgentHTTPError) for r in failed):
+        # they answered: with an error each (bad SQL everywhere), which is not silence
+        lines = [f"probe: every rank answered with an error ({len(failed)}); " + "; ".join(parts)]
     elif n_ok == 0:
         lines = ["probe: no rank answered; " + "; ".join(parts)]
     else:

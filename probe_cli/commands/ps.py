@@ -28,6 +28,8 @@ from ..transport.untrusted_text import escape_body
 from . import pass_session
 from ._local import run_dir_of
 
+#: Rows `probe ps` shows only with --all: Python processes without an agent.
+_NOT_AGENTS = ("injectable", "no", "probe helper")
 _PY = re.compile(r"(?:^|/)(?:lib)?python(3\.\d+)(t?)(?:\.so|$)")
 COLUMNS = ("PID", "AGENT", "RANK", "PYTHON", "ADDRESS", "COMMAND")
 
@@ -178,12 +180,14 @@ def _other_pythons(rows: dict[int, dict]) -> None:
               help="First remove the run-dir files of processes that are gone (their sockets, "
                    "records and forensics). Agents also do this when they start.")
 @click.option("--all", "show_all", is_flag=True,
-              help="Also list stale sockets of processes that are gone. Default: counted on "
-                   "stderr, with the command that removes them.")
+              help="Also list your other Python processes (those `probe inject PID` can attach "
+                   "to, and probe's own helpers) and stale sockets of processes that are gone. "
+                   "Default: agents and launchers only; the rest counted on stderr.")
 @pass_session
 def command(session: Session, clean: bool, show_all: bool) -> Outcome:
-    """Local Python processes: with an agent (answering, or dead and reported by its watchdog),
-    and those `probe inject PID` can attach to (yours, Python 3.11+)."""
+    """Local processes with an agent (answering, or dead and reported by its watchdog) and the
+    launchers that started them; with --all, also the Python processes `probe inject PID` can
+    attach to (yours, Python 3.11+)."""
     run_dir = run_dir_of(click.get_current_context()) or default_run_dir()
     out = Outcome()
     if clean:
@@ -203,6 +207,13 @@ def command(session: Session, clean: bool, show_all: bool) -> Outcome:
         rows = [r for r in rows if r["agent"] != "stale socket"]
         out.stderr.append(f"probe: {len(stale)} stale agent sockets of processes that are gone "
                           "not shown (--all lists them; `probe ps --clean` removes them)")
+    others = [r for r in rows if r["agent"] in _NOT_AGENTS]
+    if others and not show_all:
+        # a machine runs many Python processes: the agents are what people look for here
+        rows = [r for r in rows if r["agent"] not in _NOT_AGENTS]
+        out.stderr.append(f"probe: {len(others)} other Python process"
+                          f"{'es' if len(others) != 1 else ''} of yours not shown (`probe ps "
+                          "--all` lists them, with those `probe inject PID` can attach to)")
     if session.output == "json":
         out.stdout.append(json.dumps(rows))
         return out
@@ -211,5 +222,7 @@ def command(session: Session, clean: bool, show_all: bool) -> Outcome:
               r["command"][:60]] for r in rows]
     out.stdout.extend(format_table(COLUMNS, table, colour=session.colour))
     if not rows:
-        out.stderr.append("probe: no Python processes of yours found")
+        out.stderr.append(f"probe: no agent found in {run_dir}: start the job with PROBE=1 in "
+                          "its environment (or `probe launch -- CMD`), or attach to a running "
+                          "one with `probe inject PID`")
     return out

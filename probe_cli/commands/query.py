@@ -53,7 +53,33 @@ class GatheredBody:
                 "types": list(self.types), "rows": list(self.rows)}
 
 
-@click.command("query")
+def schema_tables() -> list[str]:
+    """The tables and views of sql/schema.sql, in its order (``python.`` names)."""
+    import re
+
+    from ..gather.postmortem import schema_text
+
+    try:
+        text = schema_text()
+    except (OSError, ProbeCLIError):
+        return []
+    names = re.findall(r"^CREATE (?:TABLE|VIEW) IF NOT EXISTS (python\.\w+)", text, re.M)
+    return list(dict.fromkeys(names))
+
+
+class _QueryCommand(click.Command):
+    """`probe query --help` ends with the tables there are to query (read from schema.sql when
+    help is asked for, not at every start)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        tables = schema_tables()
+        if tables:
+            with formatter.section("Tables (columns: `probe query \"DESCRIBE python.steps\"`)"):
+                formatter.write_text(", ".join(tables))
+        super().format_epilog(ctx, formatter)
+
+
+@click.command("query", cls=_QueryCommand)
 @click.argument("sql")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="Output format. Default: table, or json/csv when --json/--csv is given. "

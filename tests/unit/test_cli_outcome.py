@@ -75,7 +75,7 @@ def test_partial_summary_names_silent_and_failed_ranks():
 def test_nothing_answered_one_cause_prints_its_message_and_note():
     lines = failure_summary([refused(None)], 5, note="no target given, so probe used ...")
     assert lines[0] == "probe: cannot reach agent at http://h:None: connection refused."
-    assert lines[1].startswith("hint: Is the agent started on that rank?")
+    assert lines[1].startswith("hint: is the job running with the agent? Start it with PROBE=1")
     assert lines[2] == "note: no target given, so probe used ..."
 
 
