@@ -32,6 +32,17 @@ SELECT rank, step, duration, tokens, samples, micro_batches, context_len, comput
 FROM python.steps WHERE duration IS NOT NULL
 QUALIFY row_number() OVER (PARTITION BY rank ORDER BY step DESC) <= {last}
 """
+#: Whether it runs compiled, as torch reported it last (python.compile_state).
+COMPILE_SQL = """
+SELECT compiled_root, compiled_modules, graph_breaks, recompiles FROM python.compile_state
+ORDER BY step DESC LIMIT 1
+"""
+#: Host syncs per step (.item(), .cpu(), ...: python.host_syncs), median over the steps kept.
+SYNCS_SQL = """
+SELECT median(n) AS host_syncs_per_step FROM (
+    SELECT step, sum(calls) AS n FROM python.host_syncs GROUP BY step
+    QUALIFY row_number() OVER (ORDER BY step DESC) <= {last})
+"""
 #: What the job runs, from each rank's /v1/info (or its copy's meta).
 INFO_KEYS = ("torch", "python", "version", "world_size")
 
@@ -48,6 +59,8 @@ def gather_run(session: Session, last: int, label: str) -> RunEvidence:
                            ("memory", lambda: client.canned("memory_breakdown", last=20)),
                            ("throughput", lambda: client.canned("throughput", last=last)),
                            ("schedule", lambda: client.canned("schedule")),
+                           ("compile", lambda: client.query(COMPILE_SQL)),
+                           ("syncs", lambda: client.query(SYNCS_SQL.format(last=int(last)))),
                            ("info", client.info)):
             try:
                 body[key] = fetch()
@@ -152,6 +165,17 @@ def _settings(run: RunEvidence, ok: list[RankResult]) -> None:
     argv = next((i.get("argv") for i in infos if i.get("argv")), None)
     if argv:
         run.settings["command"] = " ".join(str(a) for a in argv)
+    for key, columns in (("compile", ("compiled_root", "compiled_modules", "graph_breaks",
+                                      "recompiles")), ("syncs", ("host_syncs_per_step",))):
+        firsts = [rows[0] for rows in (_rows(r.data, key) for r in ok) if rows]
+        for col in columns:
+            found: list[Any] = [row[col] for row in firsts if row.get(col) is not None]
+            numbers = [float(v) for v in found
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if numbers and len(numbers) == len(found):
+                run.settings[col] = median(numbers)
+            elif found:
+                run.settings[col] = found[0]
     sched = next((rows for rows in (_rows(r.data, "schedule") for r in ok) if rows), [])
     if sched:
         top = sched[0]
