@@ -36,8 +36,9 @@ from .transport.targets import (
     rewrite_endpoint_argv,
 )
 
-#: Commands that reach no job through the session's targets (they find local processes).
-_LOCAL_COMMANDS = frozenset({"ps", "launch", "inject"})
+#: Commands that reach no job through the session's targets (they find local processes, or
+#: read post-mortem copies): two live agents in the run dir must not make them ask for -t.
+_LOCAL_COMMANDS = frozenset({"ps", "launch", "inject", "postmortem"})
 
 CONTEXT_SETTINGS = {
     # PROBE_TARGET, PROBE_TOKEN, PROBE_TIMEOUT... for every option, new commands included.

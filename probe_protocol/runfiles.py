@@ -176,7 +176,7 @@ def agent_sockets(run_dir: str) -> list[str]:
 
 # -- the dead-process rule ---------------------------------------------------------------------
 
-def _start_time(pid: int) -> float | None:
+def start_time(pid: int) -> float | None:
     """When process ``pid`` started (epoch seconds), or None if that cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -208,7 +208,7 @@ def runs(pid: int, written: float) -> bool:
         pass
     if _zombie(pid):
         return False
-    started = _start_time(pid)
+    started = start_time(pid)
     # One second of slack: the start time has clock-tick resolution, the mtime does not.
     return started is None or started <= written + 1.0
 

@@ -29,29 +29,18 @@ from datetime import timedelta
 from typing import Any
 
 from probe_protocol import postmortem as layout
+from probe_protocol import runfiles
 
 #: The key, under the agent's prefix in the job's store.
 KEY = "postmortem_job"
 STORE_TIMEOUT_S = 2.0
 
 
-def _started(pid: int) -> float | None:
-    """``pid``'s start time (seconds since the epoch), from /proc; None elsewhere."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-        with open("/proc/stat", "rb") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
 def launched(lone: bool) -> str:
     """``YYYYmmddTHHMMSS-<pid>`` of the launcher (the parent), or of this process when it is
     a lone one (``lone``: no rendezvous address)."""
     pid = os.getpid() if lone else os.getppid()
-    at = _started(pid)
+    at = runfiles.start_time(pid)
     if at is None:
         at = time.time() if lone else 0.0
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime(at)) + f"-{pid}"

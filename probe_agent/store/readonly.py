@@ -1,7 +1,7 @@
 """ReadOnlyCheck: a client's SQL must be exactly one read statement, of bounded size.
 
-DuckDB still allows CREATE/DROP after ``lock_configuration``, so statements are allow-listed by
-the type DuckDB's own parser gives them, never by matching text.
+The rule itself (which statement types, classified by DuckDB's parser, never by matching text)
+is probe_protocol/read_only_sql.py's, shared with the CLI's reading of post-mortem copies.
 
 Bounded work: ``extract_statements`` parses holding the GIL, so a 10 MB
 ``SELECT 1+1+…`` froze the training thread for 23 s and a 1M-item ``IN`` list for 7.9 s. So:
@@ -12,32 +12,23 @@ Bounded work: ``extract_statements`` parses holding the GIL, so a 10 MB
   ``IN`` list: 0.2 s of parsing, the longest GIL hold 12 ms, against 0.16 s held);
 - ``json_serialize_sql`` serialises SELECT-type statements only (DESCRIBE, SHOW, SUMMARIZE,
   VALUES and FROM-first among them). Anything else (EXPLAIN, or a statement we refuse) goes to
-  ``extract_statements`` for its type, but only up to ``_GIL_PARSE_MAX`` bytes (≤ 30 ms held).
+  ``extract_statements`` for its type, but only up to ``GIL_PARSE_MAX`` bytes (≤ 30 ms held).
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import duckdb
 
+from probe_protocol.read_only_sql import CLASSIFY_SQL, SqlRefusedError, check_read_only
+
 from ..errors import QueryError, TooLargeError
 
-#: Statement types a client may run. DESCRIBE, SHOW, SUMMARIZE, VALUES and FROM-first queries
-#: all parse as SELECT. EXPLAIN is allowed only around a SELECT (EXPLAIN ANALYZE executes).
-READ_STATEMENT_TYPES = ("SELECT", "EXPLAIN")
 #: Statements already found allowed; dashboards and the CLI repeat the same few (a parse is
 #: ~0.2 ms of CPU in the training process).
 _CACHE_SIZE = 512
-#: Longest text classified by ``extract_statements`` (under the GIL): 8 KiB of the worst input
-#: measured (nested parentheses) holds it ~26 ms.
-_GIL_PARSE_MAX = 8 << 10
-#: One row: error?, error type, error message, statement count. Computed in DuckDB, so that a
-#: large parse tree never becomes a Python string.
-_CLASSIFY = (
-    "SELECT j->>'error' = 'true', j->>'error_type', j->>'error_message', "
-    "json_array_length(j->'statements') FROM (SELECT json_serialize_sql($1::VARCHAR)::JSON AS j)"
-)
 
 
 def check_sql_text(sql: str, cap: int) -> None:
@@ -83,46 +74,26 @@ class ReadOnlyCheck:
         checked its size (``check_sql_text``) and armed the query deadline on ``cursor``."""
         if sql in self._allowed:
             return
-        rows = cursor.execute(_CLASSIFY, [sql]).fetchall()  # all: DuckDB 2 keeps a result open
-        failed, kind, message, count = rows[0] if rows else (True, "", "", None)
-        if not failed:
-            self._one(count or 0)
-        elif kind != "not implemented":  # a parse error: DuckDB's own words, as execute gives
-            raise QueryError(f"{(kind or 'parser').title()} Error: {message}")
-        elif len(sql) > _GIL_PARSE_MAX:
-            raise QueryError(
-                f"only a SELECT-type statement (SELECT, DESCRIBE, SHOW, SUMMARIZE, VALUES) may "
-                f"be longer than {_GIL_PARSE_MAX} bytes; shorten it, or run it as a SELECT")
-        else:
-            self._classify_small(sql)
+
+        def classify(text: str) -> Any:
+            rows = cursor.execute(CLASSIFY_SQL, [text]).fetchall()  # all: DuckDB 2 keeps a
+            return rows[0] if rows else None                        # result open otherwise
+
+        try:
+            check_read_only(sql, classify, self._kinds)
+        except SqlRefusedError as e:
+            raise QueryError(str(e)) from None
         if len(self._allowed) >= _CACHE_SIZE:
             self._allowed.clear()
         self._allowed[sql] = None
 
-    def _classify_small(self, sql: str) -> None:
+    def _kinds(self, sql: str) -> list[str]:
         with self._lock:
             try:
                 statements = self._root.extract_statements(sql)
             except duckdb.Error as e:
-                raise QueryError(one_line(e)) from None
-        self._one(len(statements))
-        kind = statements[0].type.name
-        if kind == "EXPLAIN":
-            if "ANALY" in sql.upper():  # ANALYZE/ANALYSE, wherever comments put it
-                raise QueryError("EXPLAIN ANALYZE executes its statement; use plain EXPLAIN")
-        elif kind not in READ_STATEMENT_TYPES:
-            raise QueryError(
-                f"{kind} statements are not allowed: the agent's tables are read-only. "
-                f"Allowed: {', '.join(READ_STATEMENT_TYPES)} (incl. DESCRIBE, SHOW, SUMMARIZE)"
-            )
-
-    @staticmethod
-    def _one(count: int) -> None:
-        if count != 1:
-            raise QueryError(
-                f"send exactly one statement (got {count}); "
-                "run several queries as separate requests"
-            )
+                raise SqlRefusedError(one_line(e)) from None
+        return [st.type.name for st in statements]
 
 
 def one_line(e: Exception) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from ..outcome import Outcome, finish
+from ..output_files import output_file, refuse_existing
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
@@ -20,13 +21,22 @@ def rank_path(dest: str, rank: int | None, many: bool) -> str:
     return f"{stem}.rank{rank if rank is not None else 'X'}{ext or '.pickle'}"
 
 
-def snapshot_outcome(session: Session, steps: int, dest: str) -> Outcome:
+def snapshot_outcome(session: Session, steps: int, dest: str, overwrite: bool) -> Outcome:
+    """Each rank's pickle written as every ``-o`` is (output_files.py): never through a
+    planted symlink, never over an existing file without ``--overwrite`` (checked before the
+    steps are waited for)."""
     targets = resolve_ranks(session)
     many = len(targets) > 1
     wait = max(60.0, 10.0 * steps)
+    for target in targets:
+        refuse_existing(rank_path(dest, target.rank, many), overwrite)
 
     def call(client: ProbeClient, target: RankTarget) -> dict[str, object]:
-        return client.memory_snapshot(steps, rank_path(dest, target.rank, many), wait=wait)
+        got = client.memory_snapshot(steps, wait=wait)
+        path = rank_path(dest, target.rank, many)
+        with output_file(path, "wb", overwrite=overwrite) as f:
+            f.write(got.pop("content"))
+        return {**got, "path": path}
 
     results = fan_out(session, targets, call)
     return finish(session, results, _render)

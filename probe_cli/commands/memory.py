@@ -53,12 +53,15 @@ from ._window import last_option
                    "(FILE.rankN.pickle when several answer); pytorch.org/memory_viz opens it.")
 @click.option("--for", "for_steps", type=click.IntRange(min=1, max=1000), default=1,
               show_default=True, help="With --snapshot: steps to record.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="With --snapshot: the file to write (required).")
+@click.option("--overwrite", is_flag=True,
+              help="With --snapshot: replace an existing file (never written through a "
+                   "symlink).")
 @pass_session
 def command(session: Session, last: int | None, by_module: bool, limit: int,
             warmup: int, advice: bool, tensors: bool, top: int, snapshot: bool,
-            for_steps: int, output: str | None) -> Outcome:
+            for_steps: int, output: str | None, overwrite: bool) -> Outcome:
     """Where each rank's memory goes, then its growth per step.
 
     Breakdown (from the traced steps; `probe trace every 10` traces one step in ten): parameters,
@@ -87,7 +90,7 @@ def command(session: Session, last: int | None, by_module: bool, limit: int,
             raise click.UsageError("--snapshot needs -o FILE (where to write the pickle)")
         from ._memory_snapshot import snapshot_outcome
 
-        return snapshot_outcome(session, for_steps, output)
+        return snapshot_outcome(session, for_steps, output, overwrite)
     if tensors:
         from ._memory_tensors import tensors_outcome
 

@@ -15,6 +15,7 @@ from ..errors import ProbeCLIError
 from ..gather.postmortem import find_job, jobs_in
 from ..outcome import Outcome
 from ..transport.session import Session
+from ..transport.untrusted_text import escape_controls
 from . import pass_session
 
 
@@ -22,7 +23,7 @@ def job_lines(path: str) -> list[str]:
     job = find_job(path)
     when = max((c.copied_at or 0 for c in job.ranks.values()), default=0)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "never"
-    lines = [f"{job.path}  ranks {','.join(map(str, sorted(job.ranks)))} of {job.world_size}"
+    lines = [f"{job.label}  ranks {','.join(map(str, sorted(job.ranks)))} of {job.world_size}"
              f"  last copy {stamp}"]
     return lines + ends_lines(job)[1:]
 
@@ -43,7 +44,7 @@ def command(session: Session, root: str | None) -> Outcome:
             try:
                 out.stdout += job_lines(path)
             except ProbeCLIError as e:  # one unreadable job must not hide the rest
-                out.stderr.append(f"{path}: {e.message}")
+                out.stderr.append(f"{escape_controls(path)}: {e.message}")
     if not out.stdout:
         out.stderr.append(f"no post-mortem copies in {', '.join(roots)}")
     return out

@@ -61,17 +61,23 @@ def check_ends(report: Any, job: Any) -> None:
         report.findings.append(Finding(
             CRITICAL, "ended", f"rank {rank.rank} died: {describe_end(rank.end, rank.death)[:300]}",
             [f"{f.get('func')} ({f.get('file')}:{f.get('lineno')})" for f in tb[:6]],
-            f"probe -t {job.path} hang", [rank.rank], score=1e8 - _when(rank) / 1e3))
+            f"probe -t {job.label} hang", [rank.rank], score=1e8 - _when(rank) / 1e3))
 
 
 def ends_lines(job: Any, now: float | None = None) -> list[str]:
     """Every rank's end, first to go wrong first, then what is missing from the copy."""
     now = time.time() if now is None else now
-    lines = [f"post-mortem of job {job.job} ({job.path}):"]
+    lines = [f"post-mortem of job {job.job} ({job.label}):"]
     for rank in sorted(job.ranks.values(), key=_culprit_first):
         at = _when(rank)
         when = f" at {time.strftime('%H:%M:%S', time.localtime(at))}" if at < 1e18 else ""
         step = rank.meta.get("step")
+        if getattr(rank, "running", False):  # a live job's copy: no end to describe
+            copied = rank.copied_at
+            lines.append(f"  rank {rank.rank}: running (pid {rank.meta.get('pid')}), not ended"
+                         + (f"; copy of {time.strftime('%H:%M:%S', time.localtime(copied))}"
+                            if copied else "") + (f", step {step}" if step is not None else ""))
+            continue
         lines.append(f"  rank {rank.rank}: {describe_end(rank.end, rank.death)}{when}"
                      + (f", step {step}" if step is not None else ""))
         # an exception's traceback, or where a signal (torchrun's SIGTERM) found the rank
@@ -113,10 +119,22 @@ def ages_lines(job: Any) -> list[str]:
     return lines
 
 
+def rank_ranges(ranks: list[int]) -> str:
+    """``0-3, 7, 9-1023``: a list of a million ranks stays one short line."""
+    spans: list[list[int]] = []
+    for r in sorted(ranks):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = [f"{a}-{b}" if b > a else str(a) for a, b in spans[:20]]
+    return ", ".join(text) + (f" and {len(spans) - 20} more ranges" if len(spans) > 20 else "")
+
+
 def missing_lines(job: Any) -> list[str]:
     out = []
     if job.missing:
-        out.append(f"  missing: rank(s) {', '.join(map(str, job.missing))} left no directory "
+        out.append(f"  missing: rank(s) {rank_ranges(job.missing)} left no directory "
                    f"(world size {job.world_size})")
     for rank in sorted(job.ranks.values(), key=lambda r: r.rank):
         every = float(rank.meta.get("every_s") or 0)

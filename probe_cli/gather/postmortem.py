@@ -14,19 +14,25 @@ or its last refresh), so waits are aged as they were when the rank went.
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from probe_protocol import postmortem as layout
+from probe_protocol import runfiles
 from probe_protocol.bodies import BacktraceBody, CollectivesBody
 from probe_protocol.query import QueryBody
 
 from ..errors import MissingDependencyError, RankError, UsageProblemError
+from ..transport.untrusted_text import escape_body, escape_controls
+from . import copy_db
 from .copy_collectives import mark_end, merge_end_rows, merge_strip
 
 PREFIX = "postmortem:"
+#: The largest world size a copy's ``meta.json`` is believed about (a crafted one said 10**18).
+MAX_WORLD_SIZE = 1 << 20
 
 
 @dataclass
@@ -39,6 +45,16 @@ class RankCopy:
     #: What could not be read (a record that is not JSON, a part that is not Parquet): one
     #: line each, listed with the rank's end.
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def running(self) -> bool:
+        """The rank's process still runs on this machine (its copy is a live one, not an end):
+        its pid is alive and started before the copy's agent did (not a reused pid)."""
+        pid, host, started = (self.meta.get(k) for k in ("pid", "host", "started_at"))
+        if not isinstance(pid, int) or pid <= 0 or host != socket.gethostname() or \
+                self.end or self.death:
+            return False
+        return runfiles.runs(pid, float(started) if isinstance(started, (int, float)) else 0.0)
 
     @property
     def died_at(self) -> float | None:
@@ -56,8 +72,14 @@ class JobCopy:
     ranks: dict[int, RankCopy] = field(default_factory=dict)
 
     @property
+    def label(self) -> str:
+        """``path`` as shown: a name planted in a shared root is text, not terminal control."""
+        return escape_controls(self.path)
+
+    @property
     def world_size(self) -> int:
-        sizes = [c.meta.get("world_size") or 0 for c in self.ranks.values()]
+        sizes = [ws for c in self.ranks.values() if isinstance(ws := c.meta.get("world_size"), int)
+                 and 0 < ws <= MAX_WORLD_SIZE]
         return max([*sizes, max(self.ranks, default=-1) + 1])
 
     @property
@@ -71,13 +93,14 @@ def _owned(path: str) -> str | None:
     try:
         st = os.lstat(path)
     except OSError as e:
-        return f"{path}: {e.strerror}"
+        return f"{escape_controls(path)}: {e.strerror}"
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a directory"
+        return f"{escape_controls(path)} is not a directory"
     if st.st_uid not in (os.getuid(), 0):
-        return f"{path} belongs to uid {st.st_uid}, not to you"
+        return f"{escape_controls(path)} belongs to uid {st.st_uid}, not to you"
     if st.st_mode & 0o022:
-        return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+        return (f"{escape_controls(path)} is writable by others "
+                f"(mode {stat.S_IMODE(st.st_mode):o})")
     return None
 
 
@@ -113,23 +136,31 @@ def find_job(path: str) -> JobCopy:
         jobs = jobs_in(path)
         if len(jobs) != 1:
             raise UsageProblemError(
-                f"{path} holds {len(jobs)} post-mortem jobs" if jobs else
-                f"{path} is not a post-mortem directory (no rank-N/ in it)",
+                f"{escape_controls(path)} holds {len(jobs)} post-mortem jobs" if jobs else
+                f"{escape_controls(path)} is not a post-mortem directory (no rank-N/ in it)",
                 help_text="`probe postmortem` lists them; pass one job's directory to -t")
         path = jobs[0]
     problem = _owned(path)
     if problem is not None:
-        raise UsageProblemError(f"not reading {path}: {problem}",
+        raise UsageProblemError(f"not reading {escape_controls(path)}: {problem}",
                                 help_text="only your own post-mortem copies are read")
-    job = JobCopy(path, os.path.basename(path))
+    job = JobCopy(path, escape_controls(os.path.basename(path)))
     for name in _names(path):
         rank = layout.rank_of(name)
         rpath = os.path.join(path, name)
         if rank is None or _owned(rpath) is not None:
             continue
         problems: list[str] = []
-        meta, end, death = (layout.read_json(os.path.join(rpath, name), problems)
+        # Text a job wrote (its exception, the audit of refused requests) is data: escaped
+        # as the live client escapes an agent's answers (transport/untrusted_text.py).
+        meta, end, death = (escape_body(layout.read_json(os.path.join(rpath, name), problems))
                             for name in (layout.META, layout.END, layout.DEATH))
+        ws = meta.get("world_size")
+        if ws is not None and not (isinstance(ws, int) and 0 < ws <= MAX_WORLD_SIZE):
+            problems.append(f"meta.json's world_size {str(ws)[:40]} is not believed "
+                            f"(not a count up to {MAX_WORLD_SIZE})")
+        problems = [escape_controls(p) for p in problems]
+        copy_db.table_parts(rpath, problems)  # a broken part is listed with the rank's end
         job.ranks[rank] = RankCopy(rank, rpath, meta, end, death, problems)
     return job
 
@@ -156,40 +187,6 @@ def last_steps_lines(job: JobCopy, ranks: list[int], n: int = 5) -> list[str]:
         steps = ", ".join(f"{r['step']} ({(r['duration'] or 0) * 1e3:.0f} ms)" for r in rows)
         out.append(f"  rank {rank}'s last steps: {steps}" if rows else
                    f"  rank {rank} recorded no steps")
-    return out
-
-
-def is_parquet(path: str) -> bool:
-    """A whole Parquet file: ``PAR1`` at both ends around a footer that fits (a zero-length or
-    cut part, from a full disk or a crafted copy, is not; it is left out, not read)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    with open(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size < 12:
-            return False
-        head = f.read(4)
-        f.seek(st.st_size - 8)
-        tail = f.read(8)
-    footer = int.from_bytes(tail[:4], "little")
-    return head == b"PAR1" and tail[4:] == b"PAR1" and footer + 12 <= st.st_size
-
-
-def table_parts(copy: RankCopy) -> dict[str, list[str]]:
-    """The copy's tables and their readable parts; a part that is not whole is noted in
-    ``copy.problems`` once and left out (its table keeps its other parts)."""
-    out: dict[str, list[str]] = {}
-    for table, files in layout.table_files(copy.path).items():
-        good = [p for p in files if is_parquet(p)]
-        for p in files:
-            if p not in good:
-                note = f"{p} is not a whole Parquet file: left out"
-                if note not in copy.problems:
-                    copy.problems.append(note)
-        if good:
-            out[table] = good
     return out
 
 
@@ -231,9 +228,10 @@ def canned_sql(name: str) -> str:
 class PostmortemClient:
     """``ProbeClient``'s read methods, answered from one rank's copy."""
 
-    def __init__(self, copy: RankCopy) -> None:
+    def __init__(self, copy: RankCopy, raw: bool = False) -> None:
         self.copy = copy
-        self.label = PREFIX + copy.path
+        self.label = PREFIX + escape_controls(copy.path)
+        self.raw = raw  # --raw: the copy's strings keep their control characters
         self._db: Any = None
 
     def close(self) -> None:
@@ -244,22 +242,12 @@ class PostmortemClient:
     def _conn(self) -> Any:
         if self._db is None:
             try:
-                import duckdb  # lazy: the CLI needs it only for a post-mortem copy
+                import duckdb  # noqa: F401 - lazy: the CLI needs it only for a copy
             except ImportError:
                 raise MissingDependencyError("reading a post-mortem copy needs duckdb") from None
-            db = duckdb.connect(":memory:")
-            db.execute("CREATE SCHEMA IF NOT EXISTS python")
-            for table, files in table_parts(self.copy).items():
-                paths = ", ".join("'" + p.replace("'", "''") + "'" for p in files)
-                db.execute(f'CREATE VIEW python."{table}" AS SELECT * FROM '
-                           f"read_parquet([{paths}], union_by_name = true)")
-            for view in schema_views():
-                try:
-                    db.execute(view)
-                except duckdb.Error:
-                    pass  # a table it reads was not copied: the view is missing, as the table
-            db.execute("SET search_path = 'python,main'")
-            self._db = db
+            self._db = copy_db.connect(copy_db.table_parts(self.copy.path, self.copy.problems),
+                                       schema_views(),
+                                       self.copy.problems)
         return self._db
 
     def _fail(self, message: str) -> RankError:
@@ -275,11 +263,16 @@ class PostmortemClient:
             types = [str(d[1]) for d in rel.description or ()]
             rows = [list(r) for r in rel.fetchall()]
         except duckdb.Error as e:
-            raise self._fail(str(e)) from None
-        return QueryBody(self.copy.rank, tuple(cols), tuple(types), tuple(rows), False,
+            raise self._fail(escape_controls(copy_db.one_line(e))) from None
+        body = QueryBody(self.copy.rank, tuple(cols), tuple(types), tuple(rows), False,
                          0.0).to_wire()
+        return body if self.raw else escape_body(body)
 
     def query(self, sql: str, max_rows: int | None = None) -> dict[str, Any]:
+        try:
+            copy_db.check(self._conn(), sql)  # the user's SQL: one read statement
+        except copy_db.SqlRefusedError as e:
+            raise self._fail(escape_controls(str(e))) from None
         return self._run(sql)
 
     def canned(self, name: str, **params: Any) -> dict[str, Any]:

@@ -184,18 +184,16 @@ class ProbeClient:
     def memory_tensors(self, top: int) -> dict[str, Any]:
         return self._json(routes.MEMORY_TENSORS, params={"top": top})
 
-    def memory_snapshot(self, steps: int, dest: str, *, wait: float = 60.0) -> dict[str, Any]:
-        """Record the CUDA allocator's history for ``steps`` steps into the file ``dest``;
-        returns ``{"ok", "rank", "path", "bytes", "steps"}``."""
+    def memory_snapshot(self, steps: int, *, wait: float = 60.0) -> dict[str, Any]:
+        """Record the CUDA allocator's history for ``steps`` steps; returns ``{"ok", "rank",
+        "content" (the pickle's bytes), "bytes", "steps"}`` (the command writes the file)."""
         timeout = httpx.Timeout(self.timeout, read=wait + self.timeout)
         resp = self._send(routes.MEMORY_SNAPSHOT, params={"steps": steps, "wait": wait},
                           timeout=timeout)
         if not resp.headers.get("content-type", "").startswith("application/octet-stream"):
             raise protocol_error(resp, self.endpoint.label, "a snapshot pickle")
-        with open(dest, "wb") as f:
-            f.write(resp.content)
         rank = ArrowBody.from_headers(resp.headers, b"").rank
-        return {"ok": True, "rank": rank, "path": dest, "bytes": len(resp.content),
+        return {"ok": True, "rank": rank, "content": resp.content, "bytes": len(resp.content),
                 "steps": resp.headers.get(routes.STEPS_HEADER)}
 
     def numerics(self) -> dict[str, Any]:

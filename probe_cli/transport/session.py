@@ -73,7 +73,7 @@ class Session:
                 # every other method refuses (PostmortemClient.__getattr__). Until the two share
                 # a typed client protocol (issue 39 item 3), the stand-in is cast, not checked.
                 c = self._clients[endpoint] = cast(
-                    ProbeClient, PostmortemClient(job.ranks[rank or 0]))
+                    ProbeClient, PostmortemClient(job.ranks[rank or 0], raw=self.raw))
             elif c is None:
                 c = self._clients[endpoint] = ProbeClient(
                     endpoint, token=self.token, timeout=self.timeout, cacert=self.cacert,

@@ -50,6 +50,19 @@ def test_snapshot_without_cuda_is_refused_with_what_to_do(make_agent, capsys, tm
     assert code == 2 and "--snapshot needs -o FILE" in err
 
 
+def test_snapshot_never_writes_over_a_file_or_through_a_link(make_agent, capsys, tmp_path):
+    """Checked before the steps are waited for, as every -o is (output_files.py); on CUDA the
+    pickle is then written the same way (test_snapshot_records_... below)."""
+    agent = make_agent(trace="off")
+    kept = tmp_path / "kept.txt"
+    kept.write_text("the owner's file\n")
+    os.symlink(kept, tmp_path / "planted.pickle")
+    for name in ("kept.txt", "planted.pickle"):
+        code, out, err = run(capsys, agent, "memory", "--snapshot", "-o", str(tmp_path / name))
+        assert code == 2 and "exists" in err and "--overwrite" in err, (out, err)
+    assert kept.read_text() == "the owner's file\n"
+
+
 @pytest.mark.cuda
 def test_snapshot_records_the_allocator_history_of_the_next_steps(make_agent, capsys, tmp_path):
     agent = make_agent(trace="every:2")
@@ -67,9 +80,14 @@ def test_snapshot_records_the_allocator_history_of_the_next_steps(make_agent, ca
 
     t = threading.Thread(target=train, daemon=True)
     t.start()
+    os.symlink(tmp_path / "kept.pickle", tmp_path / "planted.pickle")
+    (tmp_path / "kept.pickle").write_bytes(b"kept")
     try:
         code, out, err = run(capsys, agent, "memory", "--snapshot", "--for", "3",
                              "-o", str(tmp_path / "s.pickle"))
+        # --overwrite replaces a planted link itself, never the file it points to
+        code2, _, err2 = run(capsys, agent, "memory", "--snapshot", "--overwrite",
+                             "-o", str(tmp_path / "planted.pickle"))
     finally:
         stop.set()
         t.join(30)
@@ -77,6 +95,8 @@ def test_snapshot_records_the_allocator_history_of_the_next_steps(make_agent, ca
     snap = pickle.loads((tmp_path / "s.pickle").read_bytes())
     assert snap["segments"] and any(trace for trace in snap["device_traces"])
     assert "memory_viz" in out
+    assert code2 == 0 and not os.path.islink(tmp_path / "planted.pickle"), err2
+    assert (tmp_path / "kept.pickle").read_bytes() == b"kept"
 
 
 @pytest.mark.cuda
