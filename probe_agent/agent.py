@@ -217,6 +217,7 @@ class Agent:
                                            ranks=self._rank_registry)
         if self.collectors.trainloop is not None:
             self.actions.scaler = self.collectors.trainloop.scaler
+        self.actions.numerics = lambda: self.collectors.get("numerics")
         if self.postmortem is not None and self.collectors.collectives is not None and \
                 os.path.isdir(self.postmortem.path):
             from probe_protocol.postmortem import STRIP

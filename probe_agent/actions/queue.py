@@ -115,6 +115,8 @@ class ActionQueue:
         #: The job's AMP GradScaler or None (the loop monitor's; set by the agent): a checkpoint
         #: saves its scale, else a resumed fp16 run starts again from 65536 and skips steps.
         self.scaler: Callable[[], Any] = lambda: None
+        #: The numerics recorder or None (set by the agent): a ``guard`` action arms it.
+        self.numerics: Callable[[], Any] = lambda: None
         self._cond = threading.Condition()
         self._pending: list[Action] = []
         self._jobs: JobTable[Action] = JobTable("action", rank, KEEP_FINISHED,

@@ -110,10 +110,9 @@ class NumericsRecorder:
         #: this step's rows (training thread only), stamped with its number by _on_step
         self._held: list[tuple[Any, ...]] = []
         self._next_act_values: dict[str, list[Any]] = {}
-        #: called with the step's numbers before the optimizer runs; set by the guard
-        #: (actions/guard.py), which also reports its state through guard_state
-        self.on_check: Any = None
-        self.guard_state: Any = None
+        #: the armed step guard (actions/guard.py, set by its action at a step boundary):
+        #: ``check`` before the optimizer runs, ``after_step`` once it did
+        self.step_guard: Any = None
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Sink) -> None:
@@ -265,6 +264,7 @@ class NumericsRecorder:
         nonfinite = (lf is not None and not math.isfinite(lf)) or \
             (gf is not None and not math.isfinite(gf))
         spike = self._spike(lf)
+        before = list(self.recent)
         if lf is not None and math.isfinite(lf):
             self.recent.append(lf)
         self.last = {"step": step, "loss": lf, "grad_norm": gf, "spike": spike,
@@ -282,9 +282,9 @@ class NumericsRecorder:
             if mm is not None and mm.params:
                 self._stats = StepStats(torch, mm)
                 self._stats.acts = self.take_acts()
-        check = self.on_check
-        if check is not None:
-            check(dict(self.last), optimizer)
+        guard = self.step_guard
+        if guard is not None:
+            guard.check(dict(self.last), before, self.clock.current_step + 1)
 
     def _norm(self, torch: Any, optimizer: Any) -> tuple[Any, float | None]:
         loop = self.loop
@@ -377,6 +377,9 @@ class NumericsRecorder:
         self._torch = torch
         self._skipped_step()
         self._begun = False
+        guard = self.step_guard
+        if guard is not None:
+            guard.after_step()
         if self.first_nonfinite is not None and self.first_nonfinite.get("step") is None:
             self.first_nonfinite["step"] = step
         self.last["step"] = step
@@ -445,7 +448,7 @@ class NumericsRecorder:
                 "first_nonfinite": self.first_nonfinite, "anomalies": self.anomalies,
                 "loss_source": self.loss.source, "wrapped": self.loss.installed(),
                 "classes": self._acts.classes if self._acts is not None else None,
-                "guard": self.guard_state() if self.guard_state is not None else None,
+                "guard": self.step_guard.state() if self.step_guard is not None else None,
                 "failures": self.guard.failures, "disabled": not self.guard.enabled}
 
     # -- writer thread -----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from ..diagnose.number_checks import check_nonfinite
 from ..diagnose.numerics import (
     TREND_WINDOW,
     check_clipping,
+    check_guard,
     check_lr_zero,
     check_numerics,
     spikes,
@@ -91,6 +92,7 @@ def command(session: Session, window: int, set_: tuple[str, ...]) -> Outcome:
     report = Report()
     check_nonfinite(report, docs)
     check_numerics(report, docs)
+    check_guard(report, docs)
     check_clipping(report, docs)
     check_lr_zero(report, docs)
     t = thresholds(docs)

@@ -17,6 +17,8 @@ Every rank writes ``rank{N}.json`` into ``--ready-dir`` once ``--ready-step`` st
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import time
 
@@ -53,6 +55,14 @@ class UnitNorm(nn.Module):
         return x / x.pow(2).mean(-1, keepdim=True).sqrt()
 
 
+def digest(tensors: object) -> str:
+    """A hash of the tensors' bytes: equal only when they are bit-identical."""
+    h = hashlib.sha256()
+    for t in tensors:  # type: ignore[attr-defined]
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def build() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(UnitNorm(), nn.Linear(DIM, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
@@ -67,7 +77,11 @@ def main() -> None:
     p.add_argument("--ready-step", type=int, default=100)
     p.add_argument("--step-s", type=float, default=0.01)
     p.add_argument("--fault-step", type=int, default=70)
+    p.add_argument("--fault-file", help="instead of --fault-step: the odd rank's first step "
+                                        "after this file appears")
     p.add_argument("--max-steps", type=int, default=100_000)
+    p.add_argument("--log-dir", help="one JSON line per step: step, loss, a hash of the "
+                                     "parameters and of the optimizer state after it")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -82,10 +96,16 @@ def main() -> None:
     scaler = torch.amp.GradScaler("cpu") if sc == "num_amp" else None
     data = Rules()
     loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data, world, rank))
-    step, it = 0, iter(loader)
+    step, it, fault_at = 0, iter(loader), None
+    log = open(os.path.join(args.log_dir, f"rank{rank}.jsonl"), "a", buffering=1) \
+        if args.log_dir else None
     while step < args.max_steps and not (args.stop_file and os.path.exists(args.stop_file)):
         x, y = next(it)
-        if odd and step + 1 == args.fault_step:
+        due = step + 1 == args.fault_step if not args.fault_file else (
+            fault_at is None and os.path.exists(args.fault_file))
+        if due:
+            fault_at = step + 1
+        if odd and due:
             if sc == "num_spike":
                 x = x * 40.0
             elif sc == "num_nan":
@@ -110,6 +130,12 @@ def main() -> None:
         if sched is not None and sched.last_epoch < 40:
             sched.step()
         step += 1
+        if log is not None:
+            log.write(json.dumps({"step": step, "loss": loss.item(),
+                                  "params": digest(model.parameters()),
+                                  "state": digest(t for st in opt.state.values()
+                                                  for t in st.values()
+                                                  if isinstance(t, torch.Tensor))}) + "\n")
         if step == args.ready_step:
             ready.announce(args.ready_dir, rank)
     dist.destroy_process_group()

@@ -79,7 +79,7 @@ def test_every_action_kind_is_declared_once_by_its_module():
     pytest.importorskip("fastapi")
     from probe_agent.actions.kinds import DEFAULT_KINDS, KINDS
 
-    assert list(KINDS) == ["step-eval", "lr", "checkpoint", "pause", "profile"]
+    assert list(KINDS) == ["step-eval", "lr", "checkpoint", "pause", "profile", "guard"]
     assert len(KINDS) == len(DEFAULT_KINDS)
     for module in DEFAULT_KINDS:
         assert module.KIND is KINDS[module.KIND.name]
@@ -120,3 +120,16 @@ def test_a_collector_that_cannot_be_built_is_left_out_and_its_dependents_get_non
              CollectorSpec("a", 10, broken)]
     got = build_collectors(StepClock(), 0, AgentConfig(), ranks=lambda: None, specs=specs)
     assert [n for n, _ in got.running()] == ["b"] and seen == {"a": None}
+
+
+def test_the_guard_kind_refuses_what_cannot_fire_in_one_line():
+    pytest.importorskip("fastapi")
+    from probe_agent.actions.kinds import KINDS
+
+    v = KINDS["guard"].validate
+    assert v({"guard": {"skip_nonfinite": True}}) is None and v({"guard": {"off": True}}) is None
+    assert "needs a rule that fires" in v({"guard": {"lower_lr": 0.5}})
+    assert "unknown rule(s) skip_nan" in v({"guard": {"skip_nan": True}})
+    assert "above 1" in v({"guard": {"skip_spike": 0.5}})
+    assert "between 0 and 1" in v({"guard": {"skip_nonfinite": True, "lower_lr": 2}})
+    assert "absolute" in v({"guard": {"skip_nonfinite": True, "checkpoint": "rel/dir"}})

@@ -8,10 +8,10 @@ probe_protocol's ``ActionRequest`` and the CLI builds it with the same class.
 
 from __future__ import annotations
 
-from . import checkpoint, lr, pause, profile, step_eval
+from . import checkpoint, guard, lr, pause, profile, step_eval
 from .base import ActionKind
 
-DEFAULT_KINDS = (step_eval, lr, checkpoint, pause, profile)
+DEFAULT_KINDS = (step_eval, lr, checkpoint, pause, profile, guard)
 
 #: Every kind by name, in ``DEFAULT_KINDS`` order.
 KINDS: dict[str, ActionKind] = {m.KIND.name: m.KIND for m in DEFAULT_KINDS}

@@ -65,6 +65,9 @@ class ActionRequest(BaseModel):
     profile: dict[str, Any] | None = Field(
         None, description="profile: steps, max_steps, max_seconds, record_shapes, "
         "with_stack; checked by probe_agent/actions/profile.py")
+    guard: dict[str, Any] | None = Field(
+        None, description="guard: skip_nonfinite, skip_spike K, lower_lr F, checkpoint PATH, "
+        "skip (false: record only), or off; checked by probe_agent/actions/kinds/guard.py")
     id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
         description="Action id; the CLI sends the same one to every rank",
