@@ -5,6 +5,9 @@ process. One row per finding: what the attacker got. Run it on two checkouts to 
 
     sudo python bench/security_findings.py                      # this checkout
     sudo PROBE_SRC=/path/to/old/checkout python bench/security_findings.py
+    sudo python bench/security_findings.py pm copy native runs  # only the findings named so
+
+The post-mortem, native-build and copy-reading findings are in bench/findings_disk.py.
 
 Needs root (setuid to 65534) and torch (the c10d store row).
 """
@@ -257,14 +260,26 @@ def planted_link() -> str:
             f"{'kept' if kept else 'OVERWRITTEN'}")
 
 
+def _findings(module: str) -> list[tuple[str, Any]]:
+    """Another file of findings beside this one (``FINDINGS``), loaded from this checkout."""
+    spec = importlib.util.spec_from_file_location(module, HERE / "bench" / f"{module}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return list(mod.FINDINGS)
+
+
 def main() -> None:
     if os.geteuid() != 0:
         sys.exit("needs root: the attacker runs as uid 65534")
     print(f"code under test: {ROOT}")
+    only = sys.argv[1:]  # names (or prefixes) of the findings to run; all by default
     for name, fn in [("ui", ui), ("loopback spellings", spellings),
                      ("c10d store", lambda: store(None)), ("c10d store", store),
                      ("relayed proof", relay), ("run-dir link flip", flip),
-                     ("escapes", escapes), ("-o symlink", planted_link)]:
+                     ("escapes", escapes), ("-o symlink", planted_link),
+                     *_findings("findings_disk")]:
+        if only and not any(name.startswith(o) for o in only):
+            continue
         try:
             print(f"{name:20} {fn()}", flush=True)
         except Exception as e:  # noqa: BLE001 - one finding's failure must not hide the rest
