@@ -381,6 +381,8 @@ class Agent:
             self.audit(client, code, "error", e.message, 0.0)
             raise
         outcome = "ok" if out.ok else ("timeout" if out.timed_out else "error")
+        if out.replayed:  # the same request again: answered from the eval that ran
+            outcome = "replayed"
         self.audit(client, code, outcome, out.error, out.elapsed_ms)
         if not out.ok:
             status = 408 if out.timed_out else 400

@@ -70,6 +70,9 @@ class EvalOutcome:
     elapsed_ms: float
     timed_out: bool = False
     job: EvalJob | None = None
+    #: The answer of an eval that had already run under this id (the same request sent
+    #: again): it did not run twice.
+    replayed: bool = False
 
 
 class Evaluator:
@@ -101,13 +104,47 @@ class Evaluator:
 
     def run(self, code: str, client: str = "", extra: dict[str, Any] | None = None,
             eval_id: str | None = None) -> EvalOutcome:
-        """Run ``code`` as eval ``eval_id`` (default ``E<n>``); a used id is a 409."""
+        """Run ``code`` as eval ``eval_id`` (default ``E<n>``). The id is an idempotency key:
+        the same code under an id that ran already is answered with that eval's outcome (a
+        request retried after the watchdog's 504 while the GIL was held, which the agent then
+        got twice), never run twice; other code under a used id is a 409."""
         compiled = compile_code(code)
         eval_guard.install()  # cheap and idempotent; FSDP2 may have been imported since
+        earlier = self._same(eval_id, code)
+        if earlier is not None:  # not under the lock: the first may still be running
+            return self._replay(earlier)
         with self._lock:  # evals are serialised: two at once would race on the namespace
+            earlier = self._same(eval_id, code)
+            if earlier is not None:
+                return self._replay(earlier)
             job = self.jobs.add(EvalJob(id=eval_id or f"E{next(self._ids)}", code=code,
                                         client=client))
             return self._run_thread(job, compiled, extra or {})
+
+    def _same(self, eval_id: str | None, code: str) -> EvalJob | None:
+        job = self.jobs.find(eval_id) if eval_id else None
+        return job if job is not None and job.code == code else None
+
+    def _replay(self, job: EvalJob) -> EvalOutcome:
+        """``job``'s outcome, once it has ended (at most PROBE_EVAL_TIMEOUT_S from now)."""
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self.timeout_s
+        while not job.finished and time.monotonic() < deadline:
+            th = job._thread
+            if th is not None:
+                th.join(max(0.0, deadline - time.monotonic()))
+            else:
+                time.sleep(0.01)  # added, its thread not started yet
+        elapsed = (time.perf_counter() - t0) * 1e3
+        if not job.finished:
+            return EvalOutcome(False, None, job.stdout, job.stderr, (
+                f"eval {job.id} (this request's id) is already running and still was after "
+                f"{self.timeout_s:g} s (PROBE_EVAL_TIMEOUT_S); it was not started again: "
+                f"`probe eval --cancel {job.id}` stops it"), None, elapsed, timed_out=True,
+                job=job, replayed=True)
+        return EvalOutcome(job.state == JobState.OK, job.result, job.stdout, job.stderr,
+                           job.error, job.traceback, job.elapsed_ms or elapsed, job=job,
+                           timed_out=job.timed_out, replayed=True)
 
     def _run_thread(self, job: EvalJob, compiled: Any, extra: dict[str, Any]) -> EvalOutcome:
         run = CodeRun(self.output_cap)

@@ -62,7 +62,9 @@ CREATE TABLE IF NOT EXISTS python.evals (
 -- python.audit: the audit log: who asked this rank to do what, and what became of it. Kept
 -- whole (retention trims only the step tables). Written by probe_agent/audit.py.
 -- kind:
---   'eval': a /v1/eval (also in python.evals); outcome 'ok' | 'error' | 'timeout' | 'refused'.
+--   'eval': a /v1/eval (also in python.evals); outcome 'ok' | 'error' | 'timeout' | 'refused',
+--     or 'replayed': the same code under an id that had run already (a retry after a 504),
+--     answered with that eval's outcome without running it again.
 --   a step-boundary action (probe_agent/actions/): 'step-eval' (eval --at-step/--next-step),
 --     'lr', 'checkpoint', 'pause', 'resume', 'cancel'. One action writes several rows as it
 --     moves on: outcome 'queued' (accepted), 'refused' (not accepted: no optimizer step seen,

@@ -19,6 +19,7 @@ place is standin.py's, and the agent's private socket is upstream.py's.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import time
@@ -26,7 +27,7 @@ from typing import Any
 
 from probe_protocol.bodies import HealthBody
 from probe_protocol.peers import Peer, tcp_peer, unix_peer_uid
-from probe_protocol.routes import BACKTRACE, HEALTH, NODE_FANOUT, RANKS
+from probe_protocol.routes import BACKTRACE, EVAL, HEALTH, NODE_FANOUT, RANKS
 
 from ..access import (
     LINGER_S,
@@ -228,7 +229,8 @@ class Proxy:
                         504, f"rank {self.rank_no}'s agent did not answer: its event loop has "
                         f"not served a request for {waited:.1f} s while its Python runs (a "
                         "route is blocking it); `probe backtrace` still answers "
-                        "(out-of-process)", loop_wedged=True))
+                        f"(out-of-process){eval_note(req)}", loop_wedged=True,
+                        eval_id=eval_id(req)))
                     return True
                 if await self._gave_up(req, writer, task, started, patience, is_ranks):
                     return True
@@ -258,8 +260,9 @@ class Proxy:
                 if stale is not None else f"did not answer within {MAX_WAIT_S:g} s")
         writer.write(self._error(
             504, f"rank {self.rank_no}'s Python {what}; `probe backtrace` still answers "
-            "(out-of-process)", gil_held=stale is not None,
-            heartbeat_age_s=round(stale, 3) if stale is not None else None))
+            f"(out-of-process){eval_note(req)}", gil_held=stale is not None,
+            heartbeat_age_s=round(stale, 3) if stale is not None else None,
+            eval_id=eval_id(req)))
         return True
 
     async def _relayed(self, req: Request, writer: asyncio.StreamWriter, task: Any,
@@ -320,3 +323,31 @@ class Proxy:
         ranks = await self.upstream.fetch(RANKS.path)
         self.stand_in.remember(ranks)
         return await self.upstream.fetch(BACKTRACE.path + "?all=1")
+
+
+def eval_id(req: Request) -> str | None:
+    """The id of the eval ``req`` carries (``POST /v1/eval``'s ``id``), or None."""
+    if not EVAL.matches(req.method, req.path):
+        return None
+    try:
+        body = json.loads(req.body or b"null")
+    except ValueError:
+        return None
+    found = body.get("id") if isinstance(body, dict) else None
+    return found if isinstance(found, str) and found.isprintable() and len(found) <= 64 \
+        else None
+
+
+def eval_note(req: Request) -> str:
+    """What becomes of an eval the watchdog stopped waiting for: it was handed to the agent,
+    whose Python runs it once it runs again. Said, with how to stop it, so that nobody sends
+    it a second time under a new id."""
+    if not EVAL.matches(req.method, req.path):
+        return ""
+    found = eval_id(req)
+    if found is None:
+        return ("; the eval was handed to the agent and will still run once its Python runs "
+                "again (`GET /v1/evals` lists it; `probe eval --cancel ID` stops it)")
+    return (f"; the eval was handed to the agent and will still run once its Python runs again, "
+            f"as eval {found}: `probe eval --cancel {found}` stops it, and the same request "
+            "sent again (same id) answers with its result instead of running it twice")

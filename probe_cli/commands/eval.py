@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import sys
+import time
 import uuid
 
 import click
 
 from ..outcome import Outcome, finish
 from ..render.text import render_eval, render_eval_cancelled, render_eval_failures
+from ..result import RankResult
 from ..transport.client import ProbeClient
-from ..transport.fanout import run_on_ranks
+from ..transport.fanout import calling, fan_out, resolve_ranks, run_on_ranks
 from ..transport.session import Session
 from . import pass_session
 from ._step_options import at_step_or_now_option, check_exclusive, wait_option
@@ -53,8 +55,9 @@ def command(session: Session, code: str | None, at_step: int | None, next_step: 
         from ._step_eval import step_eval
 
         return step_eval(session, code, at_step, wait_s)
-    # One id on every rank: a runaway eval is then cancelled everywhere with the id it names.
-    results = run_on_ranks(session, ProbeClient.eval, code, uuid.uuid4().hex[:8])
+    # One id on every rank: a runaway eval is then cancelled everywhere with the id it names,
+    # and a rank whose answer was lost is asked again under it (never run twice).
+    results = _eval_everywhere(session, code, uuid.uuid4().hex[:8])
     return finish(
         session,
         results,
@@ -63,3 +66,24 @@ def command(session: Session, code: str | None, at_step: int | None, next_step: 
             failed, session.colour, labels=len(results) > 1
         ),
     )
+
+
+def _eval_everywhere(session: Session, code: str, eval_id: str) -> list[RankResult]:
+    """``POST /v1/eval`` on every rank; a rank whose answer was lost (the watchdog's 504 while
+    its GIL is held: the eval was handed to the agent and will run) gets the same request
+    again, a few times over a few seconds. The agents treat the id as an idempotency key: the
+    eval runs once, and the retry is answered with its result."""
+    from ..transport.step_actions import SUBMIT_RETRY_S, answer_lost
+
+    targets = resolve_ranks(session)
+    call = calling(ProbeClient.eval, code, eval_id)
+    results = fan_out(session, targets, call)
+    by_label = {t.endpoint.label: t for t in targets}
+    for pause in SUBMIT_RETRY_S:
+        lost = [r for r in results if not r.ok and answer_lost(r) and r.url in by_label]
+        if not lost:
+            break
+        time.sleep(pause)
+        again = {r.url: r for r in fan_out(session, [by_label[r.url] for r in lost], call)}
+        results = [again.get(r.url, r) for r in results]
+    return results

@@ -50,3 +50,48 @@ def test_an_lr_change_sent_during_a_gil_hold_is_applied_once(gil_rank, capsys):
         assert len(acts) == 1, json.dumps(acts, indent=1)
         lrs = client.post("/v1/eval", json={"code": LRS}).json()
         assert lrs["ok"] and lrs["result"] == "[0.05]", (lrs, out, err)
+
+
+COUNT = ("import builtins\n"
+         "builtins.probe_test_runs = getattr(builtins, 'probe_test_runs', 0) + 1\n"
+         "builtins.probe_test_runs")
+
+
+def test_an_eval_sent_during_a_gil_hold_is_named_by_its_504_and_runs_once(gil_rank, capsys):
+    """Before, the watchdog's 504 did not say the eval would still run, and a retry (a new
+    request) ran it a second time once the GIL came back."""
+    info, go, done = gil_rank(spin_s=3.0)
+    url = info["url"]
+    with httpx.Client(base_url=url, timeout=10) as client:
+        # WHEN the rank's main thread holds the GIL and an eval arrives
+        go.touch()
+        wait_until(lambda: client.get("/v1/info").json().get("status") == 504, 20,
+                   "the watchdog never said the GIL was held")
+        raw = client.post("/v1/eval", json={"code": COUNT, "id": "held1"})
+        # THEN its 504 says it will still run, under which id, and how to cancel it
+        assert raw.status_code == 504, raw.text
+        assert raw.json()["eval_id"] == "held1"
+        assert "will still run" in raw.json()["error"], raw.text
+        assert "`probe eval --cancel held1`" in raw.json()["error"], raw.text
+        # AND the CLI, sending its own eval while the GIL is held, asks again under the same
+        # id until it gets the answer (or says what it knows)
+        code = main(["-t", url.removeprefix("http://"), "--timeout", "10", "eval", COUNT])
+        out, err = capsys.readouterr()
+        if code != 0:
+            assert "will still run" in err and "--cancel" in err, err
+        wait_until(done.exists, 30, "the C call never returned")
+
+        # AND once the GIL is back, each id ran exactly once: the same request again is
+        # answered from the eval that ran, not run a second time
+        def runs() -> int | None:
+            r = client.post("/v1/eval", json={"code": "import builtins\n"
+                                              "builtins.probe_test_runs"})
+            return r.json()["result"] if r.status_code == 200 else None
+
+        assert wait_until(lambda: runs() == "2" and "2", 30, f"runs: {runs()}")
+        again = client.post("/v1/eval", json={"code": COUNT, "id": "held1"})
+        assert again.status_code == 200 and again.json()["result"] in ("1", "2"), again.text
+        assert runs() == "2"
+        audit = client.post("/v1/query", json={
+            "sql": "SELECT count(*) FROM python.audit WHERE outcome = 'replayed'"}).json()
+        assert audit["rows"][0][0] >= 1

@@ -89,3 +89,22 @@ def test_an_eval_blocked_in_c_says_it_still_runs_and_what_it_costs(
         # AND it ends on its own once the call returns
         job = c.get("/v1/evals/slow", params={"wait": 10}).json()["eval"]
         assert job["state"] in ("cancelled", "ok") and job["still_running"] is False, job
+
+
+def test_the_eval_id_is_an_idempotency_key(make_agent):
+    """A request sent again under the same id (a retry after a lost answer) is answered from
+    the eval that ran, not run a second time; other code under a used id is still a 409."""
+    import httpx
+
+    agent = make_agent()
+    code = ("import builtins\n"
+            "builtins.probe_idem = getattr(builtins, 'probe_idem', 0) + 1\n"
+            "builtins.probe_idem")
+    with httpx.Client(base_url=agent.url, timeout=30) as c:
+        first = c.post("/v1/eval", json={"code": code, "id": "idem1"})
+        again = c.post("/v1/eval", json={"code": code, "id": "idem1"})
+        other = c.post("/v1/eval", json={"code": "1", "id": "idem1"})
+        runs = c.post("/v1/eval", json={"code": "import builtins; builtins.probe_idem"})
+    assert first.json()["result"] == "1" and again.json()["result"] == "1", again.text
+    assert other.status_code == 409, other.text
+    assert runs.json()["result"] == "1"
