@@ -40,6 +40,7 @@ from ..profiling.pyspy import find_pyspy
 from ..ranks import Identity
 from ..watchdog import beat
 from .server import bind_unix, close_sockets
+from .watchdog_check import WatchdogCheck
 from .watchdog_forensics import Forensics
 from .watchdog_restarts import DELIBERATE, RESTART_WINDOW_S, Restarts, supervise
 
@@ -102,6 +103,7 @@ class WatchdogLink:
         self._threads: list[threading.Thread] = []
         self._fallback: Any = None
         self._fallback_starting = False
+        self._check: WatchdogCheck | None = None  # is the living watchdog serving?
         self._seq = itertools.count()
         self._unsubscribe: Any = None
         self.stopping = False
@@ -216,6 +218,21 @@ class WatchdogLink:
         if fd is not None:
             beat.write(fd, next(self._seq), step)
 
+    def check_watchdog(self, proc: subprocess.Popen[bytes]) -> str | None:
+        """Why the living watchdog ``proc`` must be taken over (stopped, hung), or None; on
+        the ``probe-agent.watchdog`` thread, between heartbeats (never blocks)."""
+        if self._check is None or self._check.pid != proc.pid:
+            if self._check is not None:
+                self._check.close()
+            uds = next((s for s in self.public if s.family == socket.AF_UNIX), None)
+            path = uds.getsockname() if uds is not None else None
+            self._check = WatchdogCheck(proc.pid, path if isinstance(path, str) else None)
+        why = self._check.tick()
+        if why is not None:
+            log.warning("probe agent on rank %d: the watchdog (pid %d) is %s; killing it and "
+                        "starting a new one on the same sockets", self.rank, proc.pid, why)
+        return why
+
     def _watchdog_exited(self, why: str) -> float | None:
         """Record a death; the seconds to wait before restarting, or None for no restart (we
         are stopping, or it died too often and the in-process fallback now serves)."""
@@ -278,6 +295,8 @@ class WatchdogLink:
             "dump_signal": (signal.Signals(self.forensics.dump_signal).name
                             if self.forensics.dump_signal else None),
             "in_process_fallback": self._fallback is not None or self._fallback_starting,
+            # Stopped by a debugger (ptrace): not serving, and left alone (watchdog_check.py).
+            "debugger_stop": bool(self._check and alive and self._check.debugger_stop),
             **self.restarts.describe(),
         }
 

@@ -8,7 +8,8 @@ connections that arrive meanwhile wait in the backlog): at once the first time, 
 doubling backoff. A watchdog stopped on purpose (SIGTERM: ``DELIBERATE``) is not restarted:
 the agent serves its sockets in-process. ``Restarts`` keeps the count and the last cause for
 ``probe info``. A watchdog that dies MAX_RESTARTS times within RESTART_WINDOW_S is broken, not
-unlucky: the agent gives up and serves in-process, as before.
+unlucky: the agent gives up and serves in-process, as before. A watchdog that lives but does
+not serve (stopped by SIGSTOP, or hung: watchdog_check.py) is killed and restarted the same way.
 """
 
 from __future__ import annotations
@@ -120,4 +121,9 @@ def _wait_beating(proc: subprocess.Popen[bytes], link: weakref.ref[Any],
         if alive is None:
             return None
         alive.heartbeat()
+        why = alive.check_watchdog(proc)  # alive but not serving (watchdog_check.py)?
         del alive
+        if why is not None:
+            proc.kill()  # SIGKILL ends a stopped process too; its sockets are ours as well
+            proc.wait()
+            return why

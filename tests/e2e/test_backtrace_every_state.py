@@ -230,6 +230,23 @@ def test_killed_watchdog_is_restarted_and_probe_info_says_so(train_rank, tmp_pat
     assert wd["restarts"] == 1 and wd["in_process_fallback"] is False, wd
 
 
+def test_a_stopped_watchdog_is_taken_over_and_the_rank_answers_again(train_rank, tmp_path):
+    """Before, a SIGSTOPped watchdog kept the rank's sockets and the agent took over only from
+    a dead one: every request waited in the backlog for good."""
+    run = tmp_path / "run"
+    info = train_rank()
+    old = _watchdog_pid(run, info["pid"])
+    assert old is not None
+    # WHEN someone stops the watchdog (kill -STOP)
+    os.kill(old, signal.SIGSTOP)
+    # THEN the agent kills it and a new one serves the same sockets, within seconds
+    _restarted(run, info["pid"], old, info["url"], 1)
+    res = probe("-t", _target(info), "backtrace", run_dir=run, timeout=30)
+    assert res.returncode == 0 and "train_forever" in res.stdout, res
+    wd = httpx.get(f"{info['url']}/v1/info", timeout=10).json()["watchdog"]
+    assert wd["last_death"].startswith("stopped (SIGSTOP"), wd
+
+
 def test_watchdog_that_keeps_dying_is_replaced_by_in_process_serving(train_rank, tmp_path):
     from probe_agent.serving.watchdog_restarts import MAX_RESTARTS
 
