@@ -1,5 +1,6 @@
 """The cost of the lever's counters at a ~5 ms step with the default tracing (every:10), side by
-side in one process that loads the agent in every arm (DESIGN: a no-agent baseline hides cost):
+side in one process that loads the agent in every arm (docs/decisions/measurement-method.md:
+a no-agent baseline hides cost):
 
 - host syncs: the counter's patched methods installed (``patch``, what the agent does) against
   them removed (``off``), and against the alternative it rejects, a counting

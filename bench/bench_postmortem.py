@@ -1,12 +1,12 @@
 """The post-mortem copy's cost on step time, as a paired ratio, and the bytes it writes.
 
 One process, one agent (both arms agent-loaded: loading the agent alone changes a CPU job's
-speed, see DESIGN.md), a small MLP trained on CPU with the default tracing (every:10, so
-python.torch_trace grows as in a real job). Blocks of ``--block-s`` seconds alternate, round
-after round: the copy's refresh thread stopped (``off``) or refreshing every ``--every-s``
-(``on``). Per round the ratio of the median step time on/off (drift and the neighbours' load hit
-both halves of a round alike); reported: the median ratio over rounds with its spread, the
-refresh's own time, and the bytes written per minute of ``on`` time.
+speed, see docs/decisions/measurement-method.md), a small MLP trained on CPU with the default
+tracing (every:10, so python.torch_trace grows as in a real job). Blocks of ``--block-s``
+seconds alternate, round after round: the copy's refresh thread stopped (``off``) or refreshing
+every ``--every-s`` (``on``). Per round the ratio of the median step time on/off (drift and the
+neighbours' load hit both halves of a round alike); reported: the median ratio over rounds with
+its spread, the refresh's own time, and the bytes written per minute of ``on`` time.
 
     PYTHONPATH=. python bench/bench_postmortem.py [--rounds 8] [--block-s 20] [--every-s 10]
 """

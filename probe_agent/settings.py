@@ -21,7 +21,7 @@ DEFAULT_BASE_PORT = 9700
 
 # -- the settings table ------------------------------------------------------------------------
 # One row per PROBE_* variable: the field of AgentConfig it sets and how it is read (each field's
-# docstring in config.py says what it means). tests/unit/test_docs.py holds README's settings
+# docstring in config.py says what it means). tests/unit/test_docs.py holds docs/settings.md's
 # table to this one, datasette SETTINGS-style.
 
 _UNSET = object()

@@ -2,7 +2,8 @@
 written as an Arrow IPC file or Parquet, or queried again in a local DuckDB (``--gather``).
 
 pyarrow and duckdb are imported here, lazily, and only here: the CLI must install and run on a
-laptop without them (DESIGN.md). A missing one is a MissingDependencyError naming the install.
+laptop without them (docs/decisions/agent.md, "Starting"). A missing one is a
+MissingDependencyError naming the install.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """probe's protocol: what the agent, its watchdog and the CLI must agree on, in one place.
 
-The only code the CLI and the agent share (DESIGN.md, "The pieces"). Each module owns one
+The only code the CLI and the agent share (docs/decisions/protocol.md). Each module owns one
 cross-process format, its writer and its reader together, the way prometheus client_python's
 ``mmap_dict.py`` owns its file format:
 

@@ -31,7 +31,8 @@ from .untrusted_text import escape_body
 ARROW_STREAM = routes.ARROW_STREAM
 
 # Without TCP_NODELAY a POST whose body goes out in a second segment waits for the agent's
-# delayed ACK: a 44-48 ms floor per request measured on these machines (DESIGN.md, "Facts").
+# delayed ACK: a 44-48 ms floor per request measured on these machines
+# (docs/decisions/cli-and-transport.md, "Fan-out at scale").
 _TCP_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 _ssl_contexts: dict[str | None, ssl.SSLContext] = {}

@@ -35,7 +35,7 @@ import torch
 # was importing torch._inductor at that moment (Python 3.11's import deadlock detection hands
 # one of them the partial module). 15 instrumented runs never reproduced it nor showed an agent
 # thread importing torch. Importing dynamo here, before DeepSpeed starts, keeps this suite
-# about what it tests; the root cause is recorded in docs/decisions/frameworks.md.
+# about what it tests; the open bug is recorded in docs/known-issues.md.
 import torch._dynamo  # noqa: F401,E402
 import torch.nn as nn
 from fw_common import StepLog, add_common_args, announce, make_slow, verify_consolidated

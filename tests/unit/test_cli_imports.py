@@ -1,7 +1,7 @@
 """Importing probe_cli, every module of it, pulls in neither probe_agent, torch nor duckdb
-(DESIGN.md: the CLI installs on a laptop; the protocol package is its only contract with the
-agent). Importing probe_protocol, every module of it, pulls in nothing but the standard library:
-the watchdog runs it under ``python -I -S`` and the CLI beside it.
+(docs/decisions/protocol.md: the CLI installs on a laptop; the protocol package is its only
+contract with the agent). Importing probe_protocol, every module of it, pulls in nothing but the
+standard library: the watchdog runs it under ``python -I -S`` and the CLI beside it.
 
 Checked in a fresh interpreter, so what this test process has imported does not count. A
 control run imports probe_agent on purpose, so each check is shown to be able to fail.

@@ -1,5 +1,5 @@
 """Everything a user can set, ask or type is documented, in the manner of datasette's
-tests/test_docs.py: every PROBE_* setting in README's settings table, every route in
+tests/test_docs.py: every PROBE_* setting in docs/settings.md's table, every route in
 docs/http-api.md, every command in README's command table; and nothing is documented that does
 not exist. Each list comes from the one table the code itself uses: ``settings.SETTINGS``,
 ``probe_protocol.routes.ROUTES``, the click group's commands."""
@@ -17,6 +17,7 @@ from probe_protocol import routes
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+SETTINGS_PAGE = (ROOT / "docs" / "settings.md").read_text()
 HTTP_API = (ROOT / "docs" / "http-api.md").read_text()
 #: Set by an agent for its own children, never by a user: which process and rank already run an
 #: agent (so a DataLoader worker or a launcher's child does not start a second one).
@@ -35,9 +36,9 @@ def _section(text: str, heading: str) -> str:
     return text[start:end if end >= 0 else None]
 
 
-def documented_settings(text: str = README) -> set[str]:
-    """The variables in the first column of README's settings table."""
-    table = _section(text, "### Settings (environment)")
+def documented_settings(text: str = SETTINGS_PAGE) -> set[str]:
+    """The variables in the first column of docs/settings.md's settings table."""
+    table = _section(text, "## Settings (environment)")
     return {v for cell in _first_cells(table) for v in re.findall(r"`(PROBE[A-Z_]*)`", cell)}
 
 
@@ -54,11 +55,11 @@ def read_in_code() -> set[str]:
     return found
 
 
-def test_every_setting_is_in_readmes_settings_table_and_nothing_else_is():
+def test_every_setting_is_in_the_settings_table_and_nothing_else_is():
     settings = {s.var for s in SETTINGS} | set(COMBINED) | set(ELSEWHERE)
     documented = documented_settings()
-    assert settings - documented == set(), "settings missing from README's settings table"
-    assert documented - settings == set(), "README documents settings nothing reads"
+    assert settings - documented == set(), "settings missing from docs/settings.md's table"
+    assert documented - settings == set(), "docs/settings.md documents settings nothing reads"
 
 
 def test_every_variable_the_agent_reads_is_a_setting():
@@ -71,17 +72,19 @@ def test_every_variable_the_agent_reads_is_a_setting():
 
 
 def test_the_settings_check_sees_a_missing_row():
-    table = _section(README, "### Settings (environment)")
-    without = README.replace(next(line for line in table.splitlines()
-                                  if line.startswith("| `PROBE_TCP`")), "")
+    table = _section(SETTINGS_PAGE, "## Settings (environment)")
+    without = SETTINGS_PAGE.replace(next(line for line in table.splitlines()
+                                         if line.startswith("| `PROBE_TCP`")), "")
     assert "PROBE_TCP" in documented_settings() and "PROBE_TCP" not in documented_settings(without)
 
 
 def test_every_setting_of_the_cli_is_documented():
-    """The group's options that have their own variable (``envvar=``) are named in README."""
+    """The group's options that have their own variable (``envvar=``) are named on the settings
+    page, under the CLI's own settings."""
     envvars = {p.envvar for p in cli.params if isinstance(p.envvar, str)}
     assert {"PROBE_TARGET", "PROBE_TOKEN"} <= envvars
-    missing = {v for v in envvars if f"`{v}`" not in README}
+    section = _section(SETTINGS_PAGE, "## The CLI's settings")
+    missing = {v for v in envvars if f"`{v}`" not in section}
     assert missing == set()
 
 
@@ -113,7 +116,7 @@ def test_the_route_check_sees_a_missing_route():
 
 def documented_commands(text: str = README) -> set[str]:
     """The first word of each code span in the first column of README's command table."""
-    table = _section(text, "### Commands")
+    table = _section(text, "## Commands")
     return {span.split()[0] for cell in _first_cells(table)
             for span in re.findall(r"`([^`]+)`", cell)}
 
