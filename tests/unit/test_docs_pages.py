@@ -51,7 +51,7 @@ def test_every_cited_document_exists():
     missing = []
     for path, text in _texts():
         if "DESIGN" + ".md" in text:  # (spelt apart: this file would cite it)
-            missing.append(f"{path.relative_to(ROOT)} cites the design file kept outside the repository")
+            missing.append(f"{path.relative_to(ROOT)} cites a design file not in the repo")
         for cited in CITED.findall(text):
             if not (ROOT / cited).is_file():
                 missing.append(f"{path.relative_to(ROOT)} cites {cited}")
