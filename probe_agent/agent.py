@@ -24,7 +24,7 @@ from probe_protocol.bodies import InfoBody, RankEntry
 from probe_protocol.runfiles import RunFiles
 from probe_protocol.tokens import sign_entry
 
-from . import rundir
+from . import patches, rundir
 from ._version import __version__
 from .access import Gate, Policy, RefusalLog
 from .actions import ActionQueue
@@ -86,6 +86,8 @@ class Agent:
         self.peers: dict[int, RankEntry] = {}
         self.serve_budget: Any = None  # set by create_app: requests' CPU budget (budget.py)
         self.running = False
+        #: what ``stop`` restored and what it kept, and why (patches.restore_all)
+        self.stop_report: dict[str, Any] | None = None
         #: the out-of-process companion that owns the public sockets
         #: (serving/watchdog_link.py).
         self.watchdog: Any = None
@@ -275,6 +277,16 @@ class Agent:
                         os.unlink(path)
                 except OSError:
                     pass
+        self._restore_patches()
+
+    def _restore_patches(self) -> None:
+        """Put back what the parts left replaced (each restores its own when it stops: this
+        catches the rest), and say what stays in the process and why (patches.py)."""
+        self.stop_report = patches.restore_all()
+        kept = "; ".join(f"{k['target']} ({k['why']})" for k in self.stop_report["kept"])
+        log.info("probe agent on rank %d stopped: restored %d more replaced attributes%s",
+                 self.rank, len(self.stop_report["restored"]),
+                 f"; kept: {kept}" if kept else "")
 
     def adopt_group(self, rank: int, world_size: int) -> None:
         """Take the identity ``init_process_group`` gave this process.
@@ -340,6 +352,8 @@ class Agent:
             serve_cpu=self.config.serve_cpu,
             access=self.access_info(),
             queued_s=round(getattr(self.serve_budget, "waited_s", 0.0), 3),
+            patches=tuple(p.describe() for p in patches.active()),
+            settings=tuple(s.describe() for s in patches.settings()),
         )
 
     def _hot_path(self) -> str | None:

@@ -67,7 +67,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import optim_hooks
+from . import optim_hooks, patches
 from .collectors import Guard, Sink
 from .collectors.torch_import import imported
 
@@ -102,9 +102,9 @@ class StepClock:
         self.skipped = 0
         #: Hook calls so far, for any optimizer: the scaler wrapper's "did it step?"
         self._hook_calls = 0
-        self._scaler_step: tuple[Any, Any] | None = None  # (class, original step) while wrapped
-        #: (class, name, original) of each DeepSpeed engine method wrapped
-        self._engine_steps: list[tuple[Any, str, Any]] = []
+        self._scaler_step: patches.Patch | None = None  # GradScaler.step while wrapped
+        #: each DeepSpeed engine method wrapped (the ledger's records, patches.py)
+        self._engine_steps: list[patches.Patch] = []
         self._engine_depth = 0  # engine.step() calls in progress on the training thread
         self._engine_thread: int | None = None
         self._deferred: Any = None  # the optimizer that stepped inside engine.step()
@@ -126,12 +126,10 @@ class StepClock:
             if handle is not None:
                 handle.remove()
             wrapped, self._scaler_step = self._scaler_step, None
-            if wrapped is not None:
-                cls, original = wrapped
-                cls.step = original
+            patches.restore(wrapped)
             engines, self._engine_steps = self._engine_steps, []
-            for cls, name, original in engines:
-                setattr(cls, name, original)
+            for patch in engines:
+                patches.restore(patch)
         finally:
             self.armed = False
 
@@ -166,7 +164,7 @@ class StepClock:
         mod = imported("torch.amp.grad_scaler")
         cls = getattr(mod, "GradScaler", None)
         original = getattr(cls, "step", None)
-        if cls is None or original is None or getattr(original, "__probe_clock__", None):
+        if cls is None or original is None or patches.ours(original) is not None:
             return  # no AMP scaler in this torch, or another clock of this process wraps it
         clock = self
 
@@ -178,9 +176,9 @@ class StepClock:
                 clock._on_step(optimizer, args, kwargs, skipped=True)
             return result
 
-        step.__probe_clock__ = self  # type: ignore[attr-defined]
-        cls.step = step
-        self._scaler_step = (cls, original)
+        self._scaler_step = patches.replace(
+            cls, "step", step, by="step clock",
+            why="counts the optimizer steps GradScaler skips (inf/NaN gradients)")
 
     def _wrap_engine_step(self) -> None:
         """End DeepSpeed's steps where the engine does (see the module docstring)."""
@@ -190,10 +188,11 @@ class StepClock:
             return
         for name in ("step", "_take_model_step"):
             original = cls.__dict__.get(name)
-            if original is None or getattr(original, "__probe_clock__", None) is not None:
+            if original is None or patches.ours(original) is not None:
                 continue
-            setattr(cls, name, _engine_step_wrapper(self, original))
-            self._engine_steps.append((cls, name, original))
+            self._engine_steps.append(patches.replace(
+                cls, name, _engine_step_wrapper(self, original), by="step clock",
+                why="ends DeepSpeed's steps where the engine does (accumulation boundaries)"))
 
     # -- what others use ---------------------------------------------------------------------
     def subscribe(self, fn: StepCallback, name: str | None = None) -> Callable[[], None]:
@@ -323,7 +322,6 @@ def _engine_step_wrapper(clock: StepClock, original: Any) -> Any:
                 clock._on_step(opt, args, kwargs, skipped=stepped is None)
         return result
 
-    wrapped.__probe_clock__ = clock  # type: ignore[attr-defined]
     return wrapped
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from . import patches
 from .collectors.torch_import import imported
 
 #: The evaluator's thread name (evaluator.py); step-boundary actions run on the training thread.
@@ -44,11 +45,15 @@ def install() -> bool:
         return False
     for name, noop_when in _TRANSITIONS.items():
         original = getattr(cls, name, None)
-        if original is None or getattr(original, "_probe_guarded", False):
+        if original is None or patches.ours(original) is not None:
             continue
         if not isinstance(getattr(cls, noop_when, None), property):
             continue
-        setattr(cls, name, _guarded(original, noop_when))
+        patches.replace(
+            cls, name, _guarded(original, noop_when), by="eval guard",
+            why="refuses an immediate eval's mid-step FSDP2 reshard", restorable=False,
+            why_kept="kept for the process: it passes through on every thread but the agent's "
+            "eval thread, and an eval of a later agent (re-injection) needs the same guard")
     return True
 
 
@@ -58,7 +63,6 @@ def _guarded(original: Any, noop_when: str) -> Any:
             raise MidStepReshard(MESSAGE)
         return original(self)
 
-    transition._probe_guarded = True  # type: ignore[attr-defined]
     transition.__name__ = original.__name__
     transition.__doc__ = original.__doc__
     return transition

@@ -23,9 +23,15 @@ import threading
 import time
 from typing import Any
 
+from . import patches
+
 _lock = threading.Lock()
 #: Seconds: long enough that no thread is preempted while a scan holds the list.
 _HOLD_S = 60.0
+#: In the patch ledger (patches.py): `probe info` shows how many heap walks held the others.
+_WINDOW = patches.window("sys.setswitchinterval", f"{_HOLD_S} s during a heap walk",
+                         by="heap scan", why="no other thread runs while gc.get_objects()'s "
+                         "list exists (a tuple another thread still builds must not be seen)")
 
 
 def live_objects(groups: dict[str, tuple[type, ...]]) -> dict[str, list[Any]]:
@@ -43,6 +49,7 @@ def live_objects(groups: dict[str, tuple[type, ...]]) -> dict[str, list[Any]]:
     if not every:
         return out
     with _lock:
+        _WINDOW.uses += 1
         old = sys.getswitchinterval()
         sys.setswitchinterval(_HOLD_S)
         try:

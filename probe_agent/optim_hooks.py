@@ -19,6 +19,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from . import patches
+
 _lock = threading.Lock()
 
 
@@ -26,10 +28,12 @@ class GlobalHook:
     """One hook in ``torch.optim.optimizer._global_optimizer_{kind}_hooks``; ``remove()`` is
     idempotent and safe from any thread."""
 
-    def __init__(self, module: Any, name: str, key: int) -> None:
+    def __init__(self, module: Any, name: str, key: int, record: patches.Setting) -> None:
         self._module, self._name, self._key = module, name, key
+        self._record = record
 
     def remove(self) -> None:
+        self._record.done()
         with _lock:
             old = getattr(self._module, self._name)
             if self._key in old:
@@ -47,7 +51,11 @@ def register(module: Any, kind: str, hook: Any) -> GlobalHook:
         key = module.hooks.RemovableHandle(new).id  # torch's own id counter: no clash
         new[key] = hook
         setattr(module, name, new)
-    return GlobalHook(module, name, key)
+    # In the patch ledger (patches.py): `probe info` lists the hook while it is there.
+    record = patches.setting(
+        f"torch.optim.optimizer.{name}[{key}]", getattr(hook, "__qualname__", repr(hook)),
+        by="optimizer hooks", why="a global optimizer step hook, the dict rebound copy-on-write")
+    return GlobalHook(module, name, key, record)
 
 
 def on_thread(module: Any, thread: int | None, fn: Any) -> None:

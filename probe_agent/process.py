@@ -13,7 +13,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from . import roles
+from . import patches, roles
 from .agent import Agent
 from .config import AgentConfig
 from .errors import AgentStateError
@@ -49,6 +49,15 @@ def start(config: AgentConfig | None = None, environ: Mapping[str, str] | None =
             os.register_at_fork(after_in_child=_after_fork_in_child)
             atexit.register(stop)
             _fork_handler_registered = True
+            patches.setting("os.register_at_fork(after_in_child)", "process._after_fork_in_child",
+                            by="agent", why="a forked child (DataLoader worker) stops its "
+                            "copy of the agent and closes the inherited sockets",
+                            restorable=False, why_kept="os.register_at_fork has no unregister; "
+                            "with no agent running it does nothing")
+            patches.setting("atexit", "probe_agent.stop", by="agent",
+                            why="the agent stops (and the post-mortem copy is written) at exit",
+                            restorable=False, why_kept="registered once per process; with no "
+                            "agent running it does nothing")
         return agent
 
 

@@ -30,7 +30,6 @@ from typing import Any
 
 # Only os and sys at import: every deferred process (spawn DataLoader workers too) loads this
 # module at start-up. The rest is imported when torch is.
-_MARK = "__probe_wrapped__"
 _armed = False
 #: What runs after ``init_process_group`` returns (with the group's rank and world size) and
 #: before ``start_processes`` starts children: the agent's process-level handlers, given to
@@ -81,9 +80,11 @@ def _log() -> Any:
 def _wrap(home: str, name: str, prefix: str, hook: Any, before: bool = False) -> None:
     import functools
 
+    from . import patches
+
     mod = sys.modules.get(home)
     original = getattr(mod, name, None)
-    if original is None or getattr(original, _MARK, False):
+    if original is None or patches.ours(original) is not None:
         return
 
     @functools.wraps(original)
@@ -95,12 +96,18 @@ def _wrap(home: str, name: str, prefix: str, hook: Any, before: bool = False) ->
             _quietly(hook)
         return result
 
-    setattr(wrapper, _MARK, True)
     # Every module that bound the function at import (torch.distributed re-exports it,
     # device_mesh imports it by name) gets the wrapper, so each way of calling it is seen.
     for mod_name, module in list(sys.modules.items()):
         if mod_name.startswith(prefix) and getattr(module, name, None) is original:
-            setattr(module, name, wrapper)
+            patches.replace(
+                module, name, wrapper, by="roles",
+                why=("takes the rank the process group gives (the agent's rows carry it)"
+                     if not before else "stops the agent of a process that starts ranks with "
+                     "torch.multiprocessing: a launcher, not a rank"),
+                restorable=False,
+                why_kept="armed once per process: an agent started later (re-injection, "
+                "start after stop) learns its rank from it; with no agent it only calls through")
 
 
 def _quietly(hook: Any) -> None:
@@ -154,6 +161,11 @@ def write_launcher_record(run_dir: str, pid: int, host: str) -> None:
     try:
         write_record(path, record)
         atexit.register(_unlink, path)
+        from . import patches
+
+        patches.setting("atexit", f"remove {path}", by="roles",
+                        why="the launcher's record goes when the launcher exits",
+                        restorable=False, why_kept="it removes the record at exit")
     except OSError as e:
         _log().warning("probe agent: could not write %s: %s", path, e)
 

@@ -17,8 +17,14 @@ import sys
 import threading
 from types import FrameType
 
+from . import patches
+
 _lock = threading.Lock()  # gc.disable/enable is process-wide: one read at a time flips it
 _SAFE = sys.version_info >= (3, 12)
+#: In the patch ledger (patches.py): `probe info` shows how many reads turned the collector off.
+_WINDOW = None if _SAFE else patches.window(
+    "gc.disable()", "around each sys._current_frames()", by="stack reads",
+    why="CPython gh-106883: a collection inside sys._current_frames() hangs 3.11")
 
 
 def current_frames() -> dict[int, FrameType]:
@@ -26,6 +32,7 @@ def current_frames() -> dict[int, FrameType]:
     if _SAFE:
         return sys._current_frames()
     with _lock:
+        _WINDOW.uses += 1  # type: ignore[union-attr]
         was = gc.isenabled()
         gc.disable()
         try:

@@ -49,6 +49,14 @@ class InfoBody(WireBody):
     hot_path: str | None = None
     """The tracer's hot path: ``native`` or ``python (building, 40 s)``, ``python (no compiler:
     ...)``, ``python (build failed: see FILE)``..."""
+    patches: tuple[dict[str, Any], ...] = ()
+    """What the agent replaced in the process now (probe_agent/patches.py): ``target``
+    (``torch.nn.modules.module.Module.__call__``), ``by``, ``why``, ``restorable`` and, for one
+    kept for the life of the process, ``why_kept``."""
+    settings: tuple[dict[str, Any], ...] = ()
+    """Process-wide settings the agent changed (a signal handler, faulthandler, atexit, fork
+    hooks) or changes for a moment now and then (``temporary``, ``uses``: the switch interval
+    during heap walks, the collector off around stack reads)."""
 
     @property
     def now(self) -> float | None:

@@ -40,6 +40,7 @@ import time
 from collections import deque
 from typing import Any
 
+from .. import patches
 from . import Guard, Sink
 from .collective_names import OP_NAMES, callsite, fr_op, user_frame
 from .registry import CollectorSpec
@@ -80,7 +81,7 @@ class CollectiveRecorder:
         self.guard = Guard("collective recorder")
         self._local = threading.local()
         self._seq: dict[str, int] = {}
-        self._patched: list[tuple[Any, str, Any]] = []
+        self._patched: list[patches.Patch] = []
         self._armed = False
         self._stopped = False
         self._lock = threading.Lock()
@@ -109,8 +110,8 @@ class CollectiveRecorder:
             # The writer keeps calling tick() until the store stops: it must not re-install.
             self._stopped = True
             try:
-                for module, name, original in reversed(self._patched):
-                    setattr(module, name, original)
+                for patch in reversed(self._patched):
+                    patches.restore(patch)
             finally:
                 self._patched.clear()
                 self._armed = False
@@ -134,13 +135,14 @@ class CollectiveRecorder:
     def _install(self, c10d: Any, dist: Any) -> None:
         for op in WRAPPED:
             original = getattr(c10d, op, None)
-            if original is None or getattr(original, "__probe_wrapped__", False):
+            if original is None or patches.ours(original) is not None:
                 continue
             wrapper = self._wrap(op, original)
             for module in (c10d, dist):
                 if getattr(module, op, None) is original:
-                    setattr(module, op, wrapper)
-                    self._patched.append((module, op, original))
+                    self._patched.append(patches.replace(
+                        module, op, wrapper, by="collectives",
+                        why="records each collective call (python.collectives)"))
 
     # -- the training-thread side --------------------------------------------------------------
     def _wrap(self, op: str, fn: Any) -> Any:
@@ -193,7 +195,6 @@ class CollectiveRecorder:
                 recorder._put(rec)
             return out
 
-        wrapper.__probe_wrapped__ = True  # type: ignore[attr-defined]
         return wrapper
 
     def _put(self, rec: list[Any]) -> None:

@@ -40,6 +40,7 @@ import sys
 import threading
 from typing import Any
 
+from .. import patches
 from . import Guard
 from .torch_import import imported
 
@@ -59,7 +60,7 @@ class LossMeter:
         self._depth = 0  # inside a framework's own backward / training_step
         self._thread: int | None = None
         self._scaled: tuple[Any, Any] | None = None  # (scaler.scale() output, its input)
-        self._wrapped: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+        self._wrapped: list[patches.Patch] = []  # in the patch ledger (patches.py)
         self._lock = threading.Lock()
         #: the agent's own re-runs (nan_hunt.py) set this: their backward is not the job's
         self.paused = False
@@ -90,25 +91,22 @@ class LossMeter:
     def _wrap(self, owner: Any, name: str, make: Any, source: str) -> None:
         original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(
             owner, name, None)
-        if original is None or getattr(original, "__probe_loss__", None) is not None:
+        if original is None or patches.ours(original) is not None:
             return
         wrapper = make(original)
-        wrapper.__probe_loss__ = self
         wrapper.__wrapped__ = original
-        setattr(owner, name, wrapper)
-        self._wrapped.append((owner, name, original))
+        self._wrapped.append(patches.replace(
+            owner, name, wrapper, by="numerics (loss)",
+            why=f"reads the loss of each step ({source}): python.steps.loss"))
 
     def uninstall(self) -> None:
         with self._lock:
             wrapped, self._wrapped = self._wrapped, []
-            for owner, name, original in reversed(wrapped):
-                current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(
-                    owner, name, None)
-                if getattr(current, "__probe_loss__", None) is self:
-                    setattr(owner, name, original)
+            for patch in reversed(wrapped):
+                patches.restore(patch)
 
     def installed(self) -> list[str]:
-        return [f"{getattr(o, '__name__', o)}.{n}" for o, n, _ in self._wrapped]
+        return [f"{getattr(p.owner, '__name__', p.owner)}.{p.attribute}" for p in self._wrapped]
 
     # -- the wrappers (training thread) --------------------------------------------------------
     def _plain_backward(self, original: Any) -> Any:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .. import optim_hooks
+from .. import optim_hooks, patches
 from . import Guard, Sink
 from .loss import LossMeter, to_float
 from .module_stats import ActivationHook, ModuleMap, StepStats, grad_norms, total_norm, unwrap
@@ -86,7 +86,7 @@ class NumericsRecorder:
         self._handle: Any = None
         self._unsubscribe: Any = None
         self._torch: Any = None
-        self._dl: tuple[Any, Any] | None = None
+        self._dl: patches.Patch | None = None
         self._lock = threading.Lock()
         self._stopped = False
         self._found: Any = None  # the model a heap walk found (_find_model)
@@ -144,8 +144,7 @@ class NumericsRecorder:
             if self._root_hook is not None:
                 self._root_hook.remove()
             if self._dl is not None:
-                cls, orig = self._dl
-                cls._next_index = orig
+                patches.restore(self._dl)
                 self._dl = None
         finally:
             self.flush()
@@ -164,8 +163,9 @@ class NumericsRecorder:
                 cls = dl._BaseDataLoaderIter
                 orig = cls.__dict__.get("_next_index")
                 if orig is not None:
-                    cls._next_index = _keep_indices(orig)
-                    self._dl = (cls, orig)
+                    self._dl = patches.replace(
+                        cls, "_next_index", _keep_indices(orig), by="numerics",
+                        why="keeps the sample indices of each batch, for a NaN's origin")
         try:
             self._find_model()
         except Exception as e:  # noqa: BLE001 - writer thread: counted

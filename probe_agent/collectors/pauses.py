@@ -30,6 +30,7 @@ import threading
 import time
 from typing import Any
 
+from .. import patches
 from .torch_import import imported
 
 #: (module, attribute) of the save functions to time.
@@ -51,9 +52,9 @@ class PauseMeter:
         self._eval_t0: float | None = None
         self._ckpt_in_eval = 0.0
         self._train_depth = 0
-        self._saves: dict[tuple[str, str], tuple[Any, Any]] = {}  # -> (module, original)
+        self._saves: dict[tuple[str, str], patches.Patch] = {}
         self._module_cls: Any = None
-        self._train_orig: Any = None
+        self._train_patch: patches.Patch | None = None
         self.stopped = False
 
     def _mine(self) -> bool:
@@ -69,13 +70,13 @@ class PauseMeter:
             if (name, attr) in self._saves or (mod := imported(name)) is None:
                 continue
             orig = getattr(mod, attr, None)
-            if orig is None or getattr(orig, "_probe_pause", False):
+            if orig is None or patches.ours(orig) is not None:
                 continue
             # torch.save and torch.serialization.save are one function: wrap it once
-            same = next((w for (m, o) in self._saves.values() if o is orig
-                         for w in [getattr(m, attr, None)] if w is not None), None)
-            setattr(mod, attr, same or self._wrap_save(orig))
-            self._saves[(name, attr)] = (mod, orig)
+            same = next((p.wrapper for p in self._saves.values() if p.original is orig), None)
+            self._saves[(name, attr)] = patches.replace(
+                mod, attr, same or self._wrap_save(orig), by="loop monitor",
+                why="times checkpoint saves on the training thread (python.step_stats)")
         if self._module_cls is None and (mm := imported(_MODULE)) is not None:
             cls = mm.Module
             orig_train = cls.__dict__["train"]
@@ -94,8 +95,10 @@ class PauseMeter:
                 finally:
                     meter._train_depth -= 1
 
-            self._module_cls, self._train_orig = cls, orig_train
-            cls.train = train
+            self._module_cls = cls
+            self._train_patch = patches.replace(
+                cls, "train", train, by="loop monitor",
+                why="times eval passes between steps (model.eval() .. model.train())")
 
     def _wrap_save(self, orig: Any) -> Any:
         meter = self
@@ -115,7 +118,6 @@ class PauseMeter:
                 if meter._eval_t0 is not None:
                     meter._ckpt_in_eval += dt
 
-        save._probe_pause = True  # type: ignore[attr-defined]
         return save
 
     def _switch(self, module: Any, mode: bool) -> None:
@@ -139,10 +141,9 @@ class PauseMeter:
 
     def uninstall(self) -> None:
         self.stopped = True
-        for (name, attr), (mod, orig) in self._saves.items():
-            if getattr(getattr(mod, attr, None), "_probe_pause", False):
-                setattr(mod, attr, orig)
+        for patch in self._saves.values():
+            patches.restore(patch)
         self._saves.clear()
         if self._module_cls is not None:
-            self._module_cls.train = self._train_orig
+            patches.restore(self._train_patch)
             self._module_cls = None

@@ -11,6 +11,8 @@ import importlib.abc
 import sys
 from typing import Any
 
+from .. import patches
+
 
 class TorchImportWatcher(importlib.abc.MetaPathFinder):
     """Calls ``fire`` right after ``import torch`` finishes, then removes itself.
@@ -22,6 +24,7 @@ class TorchImportWatcher(importlib.abc.MetaPathFinder):
     def __init__(self, fire: Any) -> None:
         self.fire = fire
         self._busy = False
+        self._record: patches.Setting | None = None
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "torch" or self._busy:
@@ -42,29 +45,35 @@ class TorchImportWatcher(importlib.abc.MetaPathFinder):
             return spec
         original = loader.exec_module
         watcher = self
+        patch: list[patches.Patch] = []
 
         def exec_module(module: Any) -> None:
             try:
                 original(module)
             finally:
-                try:
-                    del loader.exec_module  # back to the class's method
-                except AttributeError:
-                    pass
+                patches.restore(patch[0])  # back to the class's method
             watcher.remove()
             watcher.fire()
 
-        loader.exec_module = exec_module
+        patch.append(patches.replace(
+            loader, "exec_module", exec_module, by="torch import watcher",
+            why="arms the agent's torch wrappers right after `import torch` finishes"))
         return spec
 
     def install(self) -> None:
         sys.meta_path.insert(0, self)
+        self._record = patches.setting(
+            "sys.meta_path", "TorchImportWatcher first", by="torch import watcher",
+            why="finds the loader of `import torch` (the finders after it still find it)")
 
     def remove(self) -> None:
         try:
             sys.meta_path.remove(self)
         except ValueError:
             pass
+        record, self._record = self._record, None
+        if record is not None:
+            record.done()
 
 
 def imported(name: str) -> Any:

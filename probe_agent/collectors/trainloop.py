@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from .. import patches
 from . import Guard, Sink
 from .pauses import PauseMeter
 from .registry import CollectorSpec
@@ -108,12 +109,12 @@ class LoopMonitor:
         #: called with the iterator after each batch it hands out (numerics.py)
         self.on_batch: Any = None
         self._scaler_cls: Any = None
-        self._scale_orig: Any = None
+        self._scale_patch: patches.Patch | None = None
         self._pending: GradCheck | None = None
         self._dl_cls: Any = None
-        self._dl_orig: Any = None
+        self._dl_patch: patches.Patch | None = None
         self._clip_mod: Any = None
-        self._clip_orig: Any = None
+        self._clip_patch: patches.Patch | None = None
         self._unsubscribe: Any = None
         self._stopped = False
         self._install_lock = threading.Lock()  # writer tick and the first step both install
@@ -137,15 +138,9 @@ class LoopMonitor:
             if self._unsubscribe is not None:
                 self._unsubscribe()
         finally:
-            if self._dl_cls is not None:
-                self._dl_cls.__next__ = self._dl_orig
-                self._dl_cls = None
-            if self._clip_mod is not None:
-                self._clip_mod._clip_grads_with_norm_ = self._clip_orig
-                self._clip_mod = None
-            if self._scaler_cls is not None:
-                self._scaler_cls.scale = self._scale_orig
-                self._scaler_cls = None
+            for patch in (self._dl_patch, self._clip_patch, self._scale_patch):
+                patches.restore(patch)
+            self._dl_cls = self._clip_mod = self._scaler_cls = None
             self.pauses.uninstall()
             pending, self._pending = self._pending, None
             if pending is not None:
@@ -179,8 +174,10 @@ class LoopMonitor:
                 return batch
 
             __next__.__wrapped__ = orig  # type: ignore[attr-defined]
-            self._dl_orig, self._dl_cls = orig, cls
-            cls.__next__ = __next__
+            self._dl_cls = cls
+            self._dl_patch = patches.replace(
+                cls, "__next__", __next__, by="loop monitor",
+                why="times the DataLoader wait of each step (python.step_stats)")
         if self._clip_mod is None and (cg := imported(_CLIP_MODULE)) is not None:
             orig_clip = getattr(cg, "_clip_grads_with_norm_", None)
             if orig_clip is not None:
@@ -194,8 +191,10 @@ class LoopMonitor:
                     return orig_clip(parameters, max_norm, total_norm, *args, **kwargs)
 
                 _clip_grads_with_norm_.__wrapped__ = orig_clip  # type: ignore[attr-defined]
-                self._clip_orig, self._clip_mod = orig_clip, cg
-                cg._clip_grads_with_norm_ = _clip_grads_with_norm_
+                self._clip_mod = cg
+                self._clip_patch = patches.replace(
+                    cg, "_clip_grads_with_norm_", _clip_grads_with_norm_, by="loop monitor",
+                    why="reads the gradient norm and max_norm of each clip (doctor's LR check)")
         if self._scaler_cls is None and (gs := imported(_SCALER_MODULE)) is not None:
             scaler_cls = getattr(gs, "GradScaler", None)
             orig_scale = getattr(scaler_cls, "scale", None)
@@ -212,8 +211,10 @@ class LoopMonitor:
                     return result
 
                 scale.__wrapped__ = orig_scale  # type: ignore[attr-defined]
-                self._scale_orig, self._scaler_cls = orig_scale, scaler_cls
-                scaler_cls.scale = scale
+                self._scaler_cls = scaler_cls
+                self._scale_patch = patches.replace(
+                    scaler_cls, "scale", scale, by="loop monitor",
+                    why="finds the job's GradScaler (its scale goes into checkpoints)")
 
     def scaler(self) -> Any:
         """The job's GradScaler (the last one seen scaling a loss), or None."""

@@ -37,6 +37,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .. import patches
 from ..thread_frames import current_frames
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -84,6 +85,8 @@ class EndHooks:
         self._lock = threading.Lock()
         self._prev_hook: Any = None
         self._prev: dict[int, Any] = {}
+        self._hook_patch: patches.Patch | None = None
+        self._signals: patches.Setting | None = None
         self._handled: dict[int, threading.Event] = {}
         self._pipe: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
@@ -129,7 +132,9 @@ class EndHooks:
     # -- install ----------------------------------------------------------------------------
     def install(self) -> None:
         self._prev_hook = sys.excepthook
-        sys.excepthook = self._excepthook
+        self._hook_patch = patches.replace(
+            sys, "excepthook", self._excepthook, by="post-mortem",
+            why="records how the rank ended (the exception) before the previous hook runs")
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
         orphan = _ORPHAN
@@ -142,6 +147,11 @@ class EndHooks:
             self._prev[sig] = prev
             self._handled[sig] = threading.Event()
             signal.signal(sig, self._on_signal)
+        if self._prev:
+            self._signals = patches.setting(
+                "signal handlers", ", ".join(signal.Signals(s).name for s in self._prev),
+                by="post-mortem", why="records a fatal signal, then hands it to the handler "
+                "that was there (or the default action)")
         self._watch_wakeup()
 
     def _watch_wakeup(self) -> None:
@@ -168,8 +178,7 @@ class EndHooks:
 
     def uninstall(self) -> None:
         global _ORPHAN
-        if sys.excepthook == self._excepthook:
-            sys.excepthook = self._prev_hook
+        patches.restore(self._hook_patch)
         self.active = False
         if threading.current_thread() is not threading.main_thread():
             if self._prev or self._pipe is not None:
@@ -180,6 +189,8 @@ class EndHooks:
         for sig, prev in self._prev.items():
             if signal.getsignal(sig) == self._on_signal:
                 signal.signal(sig, prev)
+        if self._signals is not None:
+            self._signals.done()
         if self._pipe is not None:
             old = signal.set_wakeup_fd(-1)
             if old != self._pipe[1]:

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import cpu_priority
+from .. import cpu_priority, patches
 from .memory import give_back, rss_mib
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,9 @@ class ProfileWindow:
         # stops it at exit; any other training thread when it ends, from its thread-local
         # storage, which CPython clears on that very thread.
         atexit.register(self._at_exit)
+        self._exit_record = patches.setting(
+            "atexit", f"profile window {self.id} stops its profiler", by="profiling",
+            why="a program that exits with the profiler on crashed the interpreter (torch 2.13)")
         self._tls = threading.local()
         self._tls.guard = _OwnerExit(self)
         self._timer = threading.Timer(self.max_seconds, self._ceiling)
@@ -260,6 +263,8 @@ class ProfileWindow:
             if self._stop_hook is not None:
                 self._stop_hook.remove()
             atexit.unregister(self._at_exit)
+            if self._exit_record is not None:
+                self._exit_record.done()
             self._tls = None  # its guard goes now (the state is no longer "recording")
             t0 = time.perf_counter()
             try:

@@ -25,6 +25,8 @@ from typing import IO, Any
 
 from probe_protocol.runfiles import RunFiles
 
+from .. import patches
+
 
 def _free_signal(candidates: list[int]) -> int | None:
     """The first signal nobody handles (Python's view; None = a C handler we must not clobber)."""
@@ -48,6 +50,7 @@ class Forensics:
         self._files: list[IO[bytes]] = []
         self._registered: list[int] = []
         self._fatal_enabled = False
+        self._records: list[patches.Setting] = []
 
     def register(self) -> None:
         self.dump_signal = _free_signal([signal.SIGUSR2, signal.SIGRTMIN + 5])
@@ -65,6 +68,16 @@ class Forensics:
             faulthandler.register(signal.SIGTERM, file=self._open(self.files.term),
                                   all_threads=True, chain=True)
             self._registered.append(signal.SIGTERM)
+        if self._registered:
+            self._records.append(patches.setting(
+                "faulthandler.register", ", ".join(signal.Signals(s).name
+                                                   for s in self._registered),
+                by="watchdog", why="the watchdog's out-of-process backtrace: the signal makes "
+                "the rank dump every thread's stack into its run-dir file (SIGTERM chains on)"))
+        if self._fatal_enabled:
+            self._records.append(patches.setting(
+                "faulthandler.enable", self.files.crash, by="watchdog",
+                why="a fatal signal (SIGSEGV...) leaves every thread's stack for the report"))
 
     def _open(self, path: str) -> IO[bytes]:
         f = open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb", buffering=0)
@@ -91,6 +104,9 @@ class Forensics:
         if self._fatal_enabled:
             faulthandler.disable()
             self._fatal_enabled = False
+        for record in self._records:
+            record.done()
+        self._records.clear()
         for f in self._files:
             f.close()
         self._files.clear()

@@ -7,6 +7,7 @@ import click
 from probe_protocol.bodies import InfoBody
 
 from ..outcome import Outcome, finish
+from ..render.patches import patch_lines
 from ..render.text import format_csv, format_duration, info_rows, render_info
 from ..result import RankResult
 from ..transport.client import ProbeClient
@@ -18,13 +19,15 @@ from . import pass_session
 @click.command("info")
 @pass_session
 def command(session: Session) -> Outcome:
-    """Every rank's host, pid, Python, torch and probe versions, and agent uptime."""
+    """Every rank's host, pid, Python, torch and probe versions, and agent uptime; then what
+    the agent changed in each process: the torch and stdlib attributes it replaced (and which
+    stay for the life of the process, and why) and the process-wide settings it set."""
     results = run_on_ranks(session, ProbeClient.info)
 
     def render(ok: list[RankResult]) -> list[str]:
         if session.output == "csv":
             return format_csv(*info_rows(ok, raw=True))
-        return render_info(ok, session.colour)
+        return render_info(ok, session.colour) + patch_lines(ok, session.colour)
 
     out = finish(session, results, render)
     out.stderr[:0] = [n for r in results if r.ok and (n := watchdog_note(r))]

@@ -186,8 +186,13 @@ def test_a_build_others_could_have_replaced_is_not_loaded(tmp_path, monkeypatch,
 def test_probe_info_and_trace_say_which_hot_path_and_why(make_agent, capsys):
     from probe_cli.main import main
 
-    # GIVEN an agent whose C++ hot path is switched off
+    # GIVEN an agent whose C++ hot path is switched off, tracing a few steps
     agent = make_agent(trace="on")
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
     where = agent.url.removeprefix("http://")
     # WHEN `probe info` and `probe trace` ask it, THEN both say the Python path runs, and why
     for command in ("info", "trace"):
@@ -195,3 +200,8 @@ def test_probe_info_and_trace_say_which_hot_path_and_why(make_agent, capsys):
         out = capsys.readouterr().out
         assert "hot_path" in out.splitlines()[0], out
         assert "python (off: PROBE_TRACE_NATIVE=off)" in out, out
+        if command == "info":
+            # AND `probe info` lists what the agent replaced in the process, and by which part
+            assert "What probe changed in the process (rank 0):" in out, out
+            assert "torch.nn.modules.module.Module.__call__  [tracer]" in out, out
+            assert "torch.optim.optimizer._global_optimizer_post_hooks[" in out, out

@@ -41,7 +41,7 @@ from array import array
 from collections.abc import Iterator
 from typing import Any
 
-from ... import optim_hooks
+from ... import optim_hooks, patches
 
 #: (time, bytes, kind) records buffered between two writer resolves; beyond it they are dropped.
 SV_MAX = 600_000
@@ -140,15 +140,17 @@ class SavedBytes:
         hooks are pushed: lift ours around it (looked up on the module at each call)."""
         graph = torch.autograd.graph
         orig = graph.disable_saved_tensors_hooks
-        if getattr(orig, "probe_wrapped", False):
+        kept = patches.ours(orig)
+        if kept is not None:
             # wrapped once per process: it serves the newest tracer's accounting (an agent
             # started again after a stop, or after `probe inject` re-attached)
-            orig.probe_owner = self
+            kept.state = self
             return
+        record: list[patches.Patch] = []
 
         @contextlib.contextmanager
         def disable_saved_tensors_hooks(error_message: str) -> Iterator[None]:
-            saved = disable_saved_tensors_hooks.probe_owner  # type: ignore[attr-defined]
+            saved = record[0].state
             lifted = False
             if saved.pushed:
                 saved._pop(torch)
@@ -163,9 +165,15 @@ class SavedBytes:
                 if lifted and saved.enabled:
                     saved._push(torch)
 
-        disable_saved_tensors_hooks.probe_wrapped = True  # type: ignore[attr-defined]
-        disable_saved_tensors_hooks.probe_owner = self  # type: ignore[attr-defined]
-        graph.disable_saved_tensors_hooks = disable_saved_tensors_hooks
+        record.append(patches.replace(
+            graph, "disable_saved_tensors_hooks", disable_saved_tensors_hooks,
+            by="tracer (saved bytes)",
+            why="lifts the saved-bytes pack hook around torch.func's transforms, which refuse "
+            "to run while any saved-tensor hook is pushed", restorable=False,
+            why_kept="kept for the process: a stopped agent's pack hook stays pushed on the "
+            "training thread until that thread's next optimizer step (only it can pop it), and "
+            "torch.func must find it lifted until then; with counting off it passes through"))
+        record[0].state = self
 
     def _pop(self, torch: Any) -> None:
         autograd = torch._C._autograd

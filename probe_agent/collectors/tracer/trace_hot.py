@@ -19,6 +19,7 @@ import sys
 from collections import OrderedDict
 from typing import Any
 
+from ... import patches
 from .trace_columns import BW_MAX, FORWARD, FW_MAX, PASS_END, RECOMPUTE, pack_bw, pack_fw
 
 #: The key of the tracer's pre-hook in a node's hook dict. torch's RemovableHandle ids count up
@@ -34,7 +35,8 @@ _Tensor: Any = None
 _current_node: Any = None  # torch._C._current_autograd_node
 _Function: Any = None  # torch.autograd.Function, whose _register_hook we stand in for
 _torch_register_hook: Any = None  # the function it stands in for, which gets every other hook
-_own_register_hook: Any = None  # what Function's own __dict__ held (None: it inherits it)
+_call_patch: Any = None  # the ledger's record of our nn.Module.__call__ (patches.py)
+_hook_patch: Any = None  # ... and of our Function._register_hook
 _clock: Any = None
 _native: Any = None  # the C++ hot path while bound to it (trace_native.py), else None
 _native_call_c: Any = None  # its ``call``
@@ -91,34 +93,35 @@ def install(torch: Any, native: bool = False) -> None:
     """Wrap ``nn.Module.__call__`` and, on the Python path, stand in for
     ``Function._register_hook``; on the native path add its backward callback instead (``bind``,
     and ``bind_native``, first). Only while steps are traced: with tracing off torch stays as
-    it was."""
-    global _own_register_hook, _torch_register_hook
+    it was. Both go through the patch ledger (patches.py)."""
+    global _call_patch, _hook_patch, _torch_register_hook
     call = native_call if native else traced_call
     if torch.nn.Module.__call__ is not call:
         if torch.nn.Module.__call__ in (traced_call, native_call):
             uninstall(torch)
-        torch.nn.Module.__call__ = call
+        _call_patch = patches.replace(
+            torch.nn.Module, "__call__", call, by="tracer",
+            why="times every module call on traced steps (python.torch_trace)")
     if native:
         _native.backward(True)
     elif _Function.__dict__.get("_register_hook") is not _REGISTER:
-        # torch's is inherited (from _HookMixin): uninstall deletes ours rather than copy it in
-        _own_register_hook = _Function.__dict__.get("_register_hook")
+        # torch's is inherited (from _HookMixin): restoring deletes ours rather than copy it in
         _torch_register_hook = _Function._register_hook
-        _Function._register_hook = _REGISTER
+        _hook_patch = patches.replace(
+            _Function, "_register_hook", _REGISTER, by="tracer",
+            why="adds the tracer's backward pre-hook to a node without a RemovableHandle")
 
 
 def uninstall(torch: Any) -> None:
     """Undo ``install``, except what someone replaced since: a wrapper of our wrapper stays
     (``recording``/``unbind`` turn it off), and so does their own ``_register_hook``."""
-    if torch.nn.Module.__call__ in (traced_call, native_call):
-        torch.nn.Module.__call__ = _orig_call
+    global _call_patch, _hook_patch
+    if torch.nn.Module.__call__ in (traced_call, native_call) and patches.restore(_call_patch):
+        _call_patch = None
     if _native is not None:
         _native.backward(False)
-    if _Function is not None and _Function.__dict__.get("_register_hook") is _REGISTER:
-        if _own_register_hook is None:
-            del _Function._register_hook
-        else:
-            _Function._register_hook = _own_register_hook
+    if _Function is not None and patches.restore(_hook_patch):
+        _hook_patch = None
 
 
 def skip_in_dynamo(own: tuple[Any, ...] = ()) -> bool:
@@ -307,3 +310,7 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+patches.setting("os.register_at_fork(after_in_child)", "trace_hot._after_fork_in_child",
+                by="tracer", why="a forked child (DataLoader worker) records nothing",
+                restorable=False, why_kept="os.register_at_fork has no unregister; it only "
+                "clears the tracer's globals in the child")

@@ -160,9 +160,15 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
+    # (the patch ledger lists what it replaced, for `probe info`)
+    listed = {p["target"] for p in agent.info().patches}
+    assert {"torch.nn.modules.module.Module.__call__",
+            "torch.utils.data.dataloader._BaseDataLoaderIter.__next__",
+            "torch.nn.utils.clip_grad._clip_grads_with_norm_"} <= listed, listed
     ref = weakref.ref(agent)
     # WHEN it stops (its writer's last flush runs after the collectors stopped)
     probe_agent.stop()
+    report = agent.stop_report
     del agent
     # THEN the wrapped functions are the originals again, no hook is left on the model, and
     # nothing keeps the agent (and its DuckDB) alive
@@ -170,6 +176,11 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
     assert clip_grad._clip_grads_with_norm_ is clip_before
     assert nn.Module.__call__ is call_before
     assert dict(torch.autograd.Function.__dict__) == function_dict_before
+    # AND the ledger holds nothing restorable; what stays for the process says why
+    from probe_agent import patches
+
+    assert not [p.target for p in patches.active() if p.restorable]
+    assert report is not None and all(k["why"] for k in report["kept"]), report
     from probe_agent.collectors.tracer.trace_native import LOADER
 
     assert LOADER.module is None or LOADER.module.state()[2] is False  # no backward callback
