@@ -153,7 +153,14 @@ def skip_in_dynamo(own: tuple[Any, ...] = ()) -> bool:
             if code is not None:
                 eval_frame.set_code_exec_strategy(code, strategy(action.SKIP, action.SKIP))
     except (AttributeError, TypeError):
-        pass  # a torch without per-code strategies: nothing to tell it
+        return True  # a torch without per-code strategies: nothing to tell it
+    if any(x.name == "torch._dynamo code strategies" for x in patches.settings()):
+        return True  # recorded by an earlier tracer of this process
+    patches.setting("torch._dynamo code strategies", "SKIP for the tracer's wrappers and hooks",
+                    by="tracer", why="dynamo never compiles the agent's frames (they gathered "
+                    "a cache entry per module type: recompiles, then the cache limit)",
+                    restorable=False, why_kept="dynamo has no way to unset a code's strategy; "
+                    "it only concerns the agent's own code objects")
     return True
 
 
