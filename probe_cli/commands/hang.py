@@ -12,7 +12,8 @@ from ..diagnose.ends import ages_lines, ends_lines, timeout_line
 from ..diagnose.hang import HangVerdict, diagnose, rank_state
 from ..gather.evidence import hang_evidence_by_node
 from ..gather.postmortem import session_job
-from ..outcome import Outcome, verdict_outcome
+from ..errors import EXIT_FAILURE
+from ..outcome import Outcome, failure_summary, verdict_outcome
 from ..render.verdicts import hang_json, render_verdict
 from ..result import RankResult
 from ..transport.fanout import resolve_ranks
@@ -37,14 +38,22 @@ def command(session: Session, min_wait: float | None) -> Outcome:
     the odd ranks are instead.
 
     Exit code 0: nothing stuck; 4: a problem was found (a hang, a failed collective, a rank
-    that did not answer: the verdict names it).
+    that did not answer: the verdict names it); 1: nothing reachable (a job that has ended).
     """
     verdict, results = gather_hang(session, min_wait)
+    job = session_job(session)
+    if job is None and not any(r.ok for r in results) and not any(
+            (rank_state(r).error or "").startswith("is dead") for r in results):
+        # Nothing reachable and no watchdog reporting a death (a finished job, a wrong
+        # address): no verdict to give, exit 1 as for any command ("rank -1 did not answer",
+        # exit 4, was printed for a job that had ended).
+        out = Outcome(exit_code=EXIT_FAILURE)
+        out.stderr = failure_summary(results, session.timeout, session.target_note)
+        return out
     if session.output == "json":
         lines = [hang_json(verdict, results)]
     else:
         lines = render_verdict(verdict)
-    job = session_job(session)
     if job is not None and session.output != "json":  # a dead job: how each rank ended
         lines += [x for x in [timeout_line(job, verdict.waiting, verdict.mismatch)] if x]
         lines += ages_lines(job) + ends_lines(job)

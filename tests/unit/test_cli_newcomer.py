@@ -77,3 +77,14 @@ def test_the_license_file_pyproject_declares_exists():
     for name in files:
         text = (ROOT / name).read_text()
         assert "Apache License" in text and "Version 2.0" in text
+
+
+def test_hang_on_a_job_that_has_ended_exits_1_naming_the_address(capsys):
+    # GIVEN nothing listens at the target (the job finished)
+    port = closed_port()
+    code = main(["-t", f"127.0.0.1:{port}", "hang"])
+    out, err = capsys.readouterr()
+    # THEN nothing reachable: exit 1 with the address, not "rank -1 did not answer" (exit 4)
+    assert code == 1, (out, err)
+    assert "rank -1" not in out + err
+    assert f"127.0.0.1:{port}" in err and "connection refused" in err
