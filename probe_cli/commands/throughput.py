@@ -56,9 +56,11 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
     collective | host | small_ops | checkpoint | eval), share, evidence, next}; checkpoint_share
     and eval_share: the pauses' share of the window's wall time, checkpoint_steps and
     eval_steps: the steps that had one; on_cuda: the stage times are GPU time, so host is the
-    GPU outside the model's spans) and "job" (ranks, dp_world, dp_source, tp, pp,
-    tokens_per_s, samples_per_s, gb_tok, micro_batch, accumulation, context_len, flops_per_s,
-    peak_flops, mfu, schedule), the same in every rank's object.
+    GPU outside the model's spans) and "job" (ranks: those that answered, world, and
+    estimated_ranks: the others, each counted as the median of those that answered in the sums;
+    dp_world, dp_source, tp, pp, tokens_per_s, samples_per_s, gb_tok, micro_batch,
+    accumulation, context_len, flops_per_s, peak_flops, mfu, schedule), the same in every
+    rank's object.
 
     The LR schedule (job "schedule": a list, one object per LR scheduler of the stepping
     optimizers, as the lowest rank read it): scheduler, location, kind, method (read from its

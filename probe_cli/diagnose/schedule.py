@@ -139,7 +139,9 @@ def check_schedule(report: Report, docs: list[RankDoc]) -> None:
         return
     b = hits[0]
     evidence = [f"{b['scheduler']} ({b.get('location')}), {b.get('method')}: warmup "
-                f"{b.get('warmup_steps')} steps, decay ends at step {b.get('end_step')}"
+                f"{b.get('warmup_steps') or 0} steps, "
+                + (f"decay ends at step {b['end_step']}" if b.get("end_step") is not None
+                   else "no decay end known")
                 + (f" = {b['end_tokens']:,} tokens" if b.get("end_tokens") else "")
                 + (f"; job total {b['total_steps']} ({b.get('total_source')})"
                    if b.get("total_steps") is not None else "")]

@@ -237,9 +237,15 @@ class JobThroughput:
     def to_json(self) -> dict[str, Any]:
         rs = self.ranks
 
+        missing = max(self.world - len(rs), 0)
+
         def total(key: str) -> float | None:
+            # A rank that did not answer counts as the median of those that did (as in GB_tok):
+            # the sum of the answering ranks alone printed half a 2-rank job as "job:".
             vals = [v for r in rs if (v := _f(r.row.get(key))) is not None]
-            return sum(vals) if vals and len(vals) == len(rs) else None
+            if not vals or len(vals) != len(rs):
+                return None
+            return sum(vals) + sorted(vals)[len(vals) // 2] * missing
 
         tokens = [int(v) for r in rs if (v := _f(r.row.get("tokens"))) is not None]
         dp, tp, pp, dp_source = self.data_parallel()
@@ -256,13 +262,15 @@ class JobThroughput:
                 gb = sum(tokens) + med * max(self.world - len(tokens), 0)
         fps = total("flops_per_s")
         peaks = [r.peak for r in rs]
-        peak = sum(p for p in peaks if p) if all(peaks) and peaks else None
+        peak = sum(p for p in peaks if p) * self.world / len(peaks) \
+            if all(peaks) and peaks else None
         mb = [_f(r.row.get("micro_batches")) for r in rs]
         first = rs[0].row if rs else {}
         samples = _f(first.get("samples"))
         micro = _f(first.get("micro_batches"))
         return {
-            "ranks": len(rs), "dp_world": dp, "dp_source": dp_source, "tp": tp, "pp": pp,
+            "ranks": len(rs), "world": self.world, "estimated_ranks": missing,
+            "dp_world": dp, "dp_source": dp_source, "tp": tp, "pp": pp,
             "tokens_per_s": total("tokens_per_s"),
             "samples_per_s": total("samples_per_s"), "gb_tok": gb,
             "micro_batch": samples / micro if samples and micro else None,

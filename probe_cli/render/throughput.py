@@ -29,14 +29,36 @@ def pct(v: Any) -> str:
     return "?" if x is None else f"{100 * x:.1f}%"
 
 
+#: Why there is no token figure: the two ways tokens are known (collectors/throughput.py).
+NO_TOKENS = ("no token count: the model's inputs seen on traced steps are not integer token ids, "
+             "and the loop logs none (`probe_agent.log(tokens=N)` each step gives them)")
+
+
+def _or(v: Any, unknown: str = "?") -> str:
+    """A value as text; None (not recorded) as ``unknown``, never as "None"."""
+    return unknown if v is None else str(v)
+
+
+def _gb_tok(job: dict[str, Any]) -> str:
+    if job.get("gb_tok") is None and job.get("context_len") is None:
+        return f"  GB_tok: {NO_TOKENS}"
+    return (f"  GB_tok {si(job.get('gb_tok'), 'tokens')} = micro-batch "
+            f"{_or(job.get('micro_batch'))} x accumulation {_or(job.get('accumulation'))} x "
+            f"data-parallel ranks {_or(job.get('dp_world'))} x context "
+            f"{_or(job.get('context_len'))}")
+
+
 def render_throughput(ranks: list[RankThroughput], job: dict[str, Any]) -> list[str]:
+    tokens = (f"{si(job.get('tokens_per_s'), 'tokens/s')}, "
+              if job.get("tokens_per_s") is not None else "")
+    est = job.get("estimated_ranks") or 0
+    head = (f"job (estimated: {job.get('ranks')}/{job.get('world')} ranks answered, each of "
+            f"the other {est} counted as their median)" if est else "job")
     lines = [
-        f"job: {si(job.get('tokens_per_s'), 'tokens/s')}, "
+        f"{head}: {tokens}"
         f"{si(job.get('samples_per_s'), 'samples/s')}, {si(job.get('flops_per_s'), 'FLOP/s')}, "
-        f"MFU {pct(job.get('mfu'))}",
-        f"  GB_tok {si(job.get('gb_tok'), 'tokens')} = micro-batch {job.get('micro_batch')} x "
-        f"accumulation {job.get('accumulation')} x data-parallel ranks {job.get('dp_world')} x "
-        f"context {job.get('context_len')}",
+        f"MFU {pct(job.get('mfu'))}" + ("" if tokens else " (tokens/s: see GB_tok)"),
+        _gb_tok(job),
         f"  data-parallel world {job.get('dp_world')}: {job.get('dp_source')}"
         + (f" (tensor-parallel {job.get('tp')}, pipeline-parallel {job.get('pp')})"
            if (job.get("tp") or 1) * (job.get("pp") or 1) > 1 else ""),
@@ -47,12 +69,16 @@ def render_throughput(ranks: list[RankThroughput], job: dict[str, Any]) -> list[
         lines += [
             "",
             f"rank {t.rank} (last {r.get('steps')} steps to step {r.get('last_step')}, median "
-            f"{r.get('step_ms')} ms): {si(r.get('tokens_per_s'), 'tokens/s')}, "
-            f"{si(r.get('samples_per_s'), 'samples/s')}, {r.get('tokens')} tokens/step "
-            f"({r.get('tokens_source')})",
-            f"  FLOPs/token {si(r.get('flops_per_token'))} measured vs "
-            f"{si(r.get('flops_6n_per_token'))} 6N; achieved {si(r.get('flops_per_s'), 'FLOP/s')}"
-            f" in {r.get('compute_dtype')}; MFU {pct(t.mfu)} of {si(t.peak, 'FLOP/s')} "
+            f"{_or(r.get('step_ms'))} ms): "
+            + (f"{si(r.get('tokens_per_s'), 'tokens/s')}, "
+               if r.get("tokens_per_s") is not None else "")
+            + f"{si(r.get('samples_per_s'), 'samples/s')}, "
+            + (f"{r.get('tokens')} tokens/step ({_or(r.get('tokens_source'))})"
+               if r.get("tokens") is not None else "no token count (see GB_tok)"),
+            (f"  FLOPs/token {si(r.get('flops_per_token'))} measured vs "
+             f"{si(r.get('flops_6n_per_token'))} 6N; " if r.get("tokens") is not None else "  ")
+            + f"achieved {si(r.get('flops_per_s'), 'FLOP/s')}"
+            f" in {_or(r.get('compute_dtype'), 'an unknown dtype')}; MFU {pct(t.mfu)} of {si(t.peak, 'FLOP/s')} "
             f"({t.peak_source or 'no peak known: --peak-tflops'})",
         ]
         if r.get("measured_step") is not None:
@@ -119,6 +145,9 @@ def _observed_line(o: dict[str, Any] | None) -> str:
     if not o:
         return " (no LR recorded yet)"
     first, peak, last = o["lr_first"], o["lr_peak"], o["lr_last"]
+    if first == peak == last:  # held: nothing sets it, the loop included
+        return (f"; the LR is constant: {first:.3g} from step {o['lr_first_step']} to step "
+                f"{o['lr_last_step']}")
     text = f"; the loop sets the LR itself: {first:.3g} at step {o['lr_first_step']}"
     if o.get("warmup_steps"):
         seen = _steps_tokens(o["warmup_steps"], o.get("warmup_tokens"))

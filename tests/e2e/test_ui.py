@@ -77,15 +77,30 @@ new MutationObserver(() => {
 """
 
 
+#: Records every Content-Security-Policy violation the page causes (the server's policy stays
+#: on in these tests: with it off, the stacked bars' blocked inline styles went unseen).
+RECORD_CSP = """
+window.__csp = [];
+document.addEventListener("securitypolicyviolation",
+  (e) => window.__csp.push(e.violatedDirective + " " + (e.blockedURI || e.sample || "")));
+"""
+
+
+def wait_js(page: object, expr: str, timeout_s: float) -> object:
+    """Poll a JS expression from here (``page.evaluate``, which the page's CSP does not
+    govern; ``wait_for_function`` compiles its string in the page, which the CSP refuses)."""
+    return wait_until(lambda: page.evaluate(expr), timeout_s, f"never true: {expr}")
+
+
 @contextmanager
 def page_at(url: str, tmp: Path, init_script: str | None = None) -> Iterator[object]:
     sync_api = _need_browser()
     with sync_api.sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
             str(tmp / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=ARGS,
-            viewport={"width": 1400, "height": 1300},
-            bypass_csp=True)  # wait_for_function evaluates strings; the page itself needs no eval
+            viewport={"width": 1400, "height": 1300})  # the page's own CSP applies
         try:
+            ctx.add_init_script(RECORD_CSP)
             if init_script:
                 ctx.add_init_script(init_script)
             page = ctx.new_page()
@@ -107,17 +122,26 @@ def test_tiles_advance_and_sql_console_returns_rows(tmp_path):
                       env={"PROBE_TRACE": "on"}) as (_, infos), \
             dashboard(infos[0]["url"]) as url, page_at(url, tmp_path) as page:
         # GIVEN the page of a healthy 2-rank job: both tiles show a step
-        page.wait_for_function(
-            "document.querySelectorAll('.tile[data-rank] .step').length === 2 && "
+        wait_js(page, "document.querySelectorAll('.tile[data-rank] .step').length === 2 && "
             "[...document.querySelectorAll('.tile[data-rank] .step')]"
-            ".every(e => /^[0-9]+$/.test(e.textContent))", timeout=30_000)
+            ".every(e => /^[0-9]+$/.test(e.textContent))", 30)
         first = [_step(page, r) for r in (0, 1)]
         # WHEN the job trains on, THEN both tiles' steps advance (the page refreshes itself)
-        page.wait_for_function(
-            f"+document.querySelector('.tile[data-rank=\"0\"] .step').textContent > {first[0]}"
-            f" && +document.querySelector('.tile[data-rank=\"1\"] .step').textContent > "
-            f"{first[1]}", timeout=20_000)
+        wait_js(page,
+                f"+document.querySelector('.tile[data-rank=\"0\"] .step').textContent > "
+                f"{first[0]} && +document.querySelector('.tile[data-rank=\"1\"] .step')"
+                f".textContent > {first[1]}", 20)
         assert page.locator(".tile.training[data-rank], .tile.waiting[data-rank]").count() == 2
+        # AND the throughput bars are drawn under the page's own CSP: coloured segments that
+        # take room (style attributes in markup were blocked, leaving empty frames)
+        wait_js(page, "document.querySelectorAll('#throughput .tpbar .seg').length >= 2", 90)
+        widths = page.evaluate("[...document.querySelectorAll('#throughput .tpbar .seg')]"
+                               ".map(e => e.getBoundingClientRect().width)")
+        assert sum(widths) > 50, widths
+        colours = page.evaluate("[...document.querySelectorAll('#throughput .kind i')]"
+                                ".map(e => getComputedStyle(e).backgroundColor)")
+        assert colours and all(c not in ("", "rgba(0, 0, 0, 0)") for c in colours), colours
+        assert page.evaluate("window.__csp") == []
         # AND the SQL console answers from every rank, as `probe query`
         page.fill("#sql", "SELECT count(*) AS n FROM python.steps")
         page.click("#run")
@@ -239,7 +263,5 @@ def _hang_banner_checks(page, tmp_path):
     assert seen and seen[0].startswith("Checking the job"), seen
     assert not any("No hang" in t for t in seen), seen
     # AND once the doctor and straggler round is in, no straggler is named under the hang
-    page.wait_for_function(
-        "!document.getElementById('findings').textContent.startsWith('waiting')",
-        timeout=60_000)
+    wait_js(page, "!document.getElementById('findings').textContent.startsWith('waiting')", 60)
     assert page.locator("#banner-straggler").count() == 0

@@ -145,3 +145,37 @@ def test_on_cuda_the_host_lever_is_the_gpu_outside_the_model():
     assert lv["next"].startswith("probe profile")
     lv = from_rows({0: row(host_share=0.5, forward_share=0.2, backward_share=0.2)}, 1)[0][0]
     assert "host code outside the modules" in lv.lever()[2]
+
+
+def test_a_silent_rank_is_estimated_not_left_out_of_the_job_headline():
+    from probe_cli.render.throughput import render_throughput
+
+    # GIVEN a 2-rank job where rank 1 did not answer
+    ranks, job = from_rows({0: row()}, 2)
+    j = job.to_json()
+    # THEN the job's tokens/s count the silent rank as the answering one (not half the job)
+    assert j["tokens_per_s"] == 2 * 2560.0 and j["estimated_ranks"] == 1
+    head = render_throughput(ranks, j)[0]
+    assert head.startswith("job (estimated: 1/2 ranks answered"), head
+    assert "5.12 ktokens/s" in head
+
+
+def test_no_token_count_says_why_and_prints_no_none():
+    from probe_cli.render.throughput import render_throughput
+
+    # GIVEN a job whose inputs are images (no token ids) and no logged tokens
+    no_tok = row(tokens=None, tokens_per_s=None, context_len=None, tokens_source=None)
+    ranks, job = from_rows({0: no_tok, 1: no_tok}, 2)
+    text = "\n".join(render_throughput(ranks, job.to_json()))
+    # THEN no "?"/None stands in for the figure: the text says why there is none
+    assert "None" not in text and "? tokens/s" not in text and "GB_tok ?" not in text, text
+    assert "no token count" in text and "probe_agent.log(tokens=N)" in text
+
+
+def test_a_constant_lr_is_not_the_loop_setting_it():
+    from probe_cli.render.throughput import schedule_lines
+
+    held = {"lr_first": 1e-3, "lr_first_step": 1, "lr_peak": 1e-3, "lr_peak_step": 1,
+            "lr_last": 1e-3, "lr_last_step": 200, "warmup_steps": None}
+    [line] = schedule_lines([{"scheduler": None, "observed": held}])
+    assert "sets the LR itself" not in line and "constant" in line, line

@@ -161,6 +161,16 @@ const KINDS = [["parameters", "#4e79a7"], ["gradients", "#f28e2b"], ["optimizer"
 
 // One stacked bar per rank (doctor's memory_use finding: the breakdown of every rank), scaled to
 // the largest total (or device capacity, drawn as the bar's frame on CUDA).
+// The server's CSP (style-src 'self') drops style attributes in markup, which left every
+// stacked bar an empty frame: sizes and colours travel as data-w (a width in %) and data-c (a
+// colour) and are set here through the CSSOM, which the policy allows.
+function applyStyles(root) {
+  for (const el of root.querySelectorAll("[data-w], [data-c]")) {
+    if (el.dataset.w) el.style.width = el.dataset.w + "%";
+    if (el.dataset.c) el.style.background = el.dataset.c;
+  }
+}
+
 function renderMemKinds(doc) {
   const f = (doc && doc.findings || []).find((x) => x.check === "memory_use");
   const bds = ((f && f.detail && f.detail.breakdown) || []).slice().sort((a, b) => a.rank - b.rank);
@@ -168,15 +178,16 @@ function renderMemKinds(doc) {
   if (!bds.length) { $("memkinds").textContent = "no traced step counted yet (memory by kind is taken on traced steps: probe trace every 10)"; return; }
   const scale = Math.max(...bds.map((b) => Math.max(b.total_mib || 0, b.capacity_mib || 0))) || 1;
   const mib = (v) => (v >= 1024 ? (v / 1024).toFixed(1) + " GiB" : v >= 1 ? v.toFixed(1) + " MiB" : (v * 1024).toFixed(0) + " KiB");
-  const legend = KINDS.map(([k, c]) => `<span class="kind"><i style="background:${c}"></i>${k}</span>`).join(" ");
+  const legend = KINDS.map(([k, c]) => `<span class="kind"><i data-c="${c}"></i>${k}</span>`).join(" ");
   $("memkinds").innerHTML = `<div class="kinds-legend">${legend}</div>` + bds.map((b) => {
     const segs = KINDS.map(([k, c]) => { const v = b[k + "_mib"] || 0;
-      return `<span class="seg" data-kind="${k}" style="width:${(100 * v / scale).toFixed(3)}%;background:${c}" title="${k} ${mib(v)}"></span>`; }).join("");
+      return `<span class="seg" data-kind="${k}" data-w="${(100 * v / scale).toFixed(3)}" data-c="${c}" title="${k} ${mib(v)}"></span>`; }).join("");
     const cap = b.capacity_mib ? ` of ${mib(b.capacity_mib)} (${Math.round(100 * (b.used_share || 0))}%)` : "";
     const top = (b.top_activations || [])[0];
     const note = top ? ` · top activations: ${esc(top.module)} ${Math.round(100 * (top.share || 0))}%` : "";
-    return `<div class="membar" data-rank="${b.rank}"><span class="who">rank ${b.rank}</span><span class="bar"${b.capacity_mib ? ` style="width:${(100 * b.capacity_mib / scale).toFixed(3)}%"` : ""}>${segs}</span><span class="tot">${mib(b.total_mib || 0)}${cap}${note}</span></div>`;
+    return `<div class="membar" data-rank="${b.rank}"><span class="who">rank ${b.rank}</span><span class="bar"${b.capacity_mib ? ` data-w="${(100 * b.capacity_mib / scale).toFixed(3)}"` : ""}>${segs}</span><span class="tot">${mib(b.total_mib || 0)}${cap}${note}</span></div>`;
   }).join("");
+  applyStyles($("memkinds"));
 }
 
 const PARTS = [["forward", "#4e79a7"], ["backward", "#59a14f"], ["optimizer", "#edc948"],
@@ -191,13 +202,18 @@ function renderThroughput(tp) {
   const pct = (v) => (v == null ? "?" : (100 * v).toFixed(1) + "%");
   const num = (v) => (v == null ? "?" : v >= 1e3 ? (v / 1e3).toFixed(1) + "k" : v.toFixed(1));
   const job = tp.job || {};
-  const legend = PARTS.map(([k, c]) => `<span class="kind"><i style="background:${c}"></i>${k}</span>`).join(" ");
-  $("throughput").innerHTML = `<div class="kinds-legend">job: ${num(job.tokens_per_s)} tokens/s · GB_tok ${esc(job.gb_tok ?? "?")} · MFU ${pct(job.mfu)} · ${legend}</div>` + rs.map((r) => {
+  // no "? tokens/s": say why there is no figure (the inputs are not token ids, none logged)
+  const tokens = job.tokens_per_s == null
+    ? "no token count (inputs are not token ids; probe_agent.log(tokens=N) gives one)"
+    : `${num(job.tokens_per_s)} tokens/s · GB_tok ${esc(job.gb_tok ?? "?")}`;
+  const legend = PARTS.map(([k, c]) => `<span class="kind"><i data-c="${c}"></i>${k}</span>`).join(" ");
+  $("throughput").innerHTML = `<div class="kinds-legend">job: ${tokens} · MFU ${pct(job.mfu)} · ${legend}</div>` + rs.map((r) => {
     const segs = PARTS.map(([k, c]) => { const v = r[k + "_share"] || 0;
-      return `<span class="seg" data-part="${k}" style="width:${(100 * v).toFixed(3)}%;background:${c}" title="${k} ${pct(v)}"></span>`; }).join("");
+      return `<span class="seg" data-part="${k}" data-w="${(100 * v).toFixed(3)}" data-c="${c}" title="${k} ${pct(v)}"></span>`; }).join("");
     const lever = r.lever ? ` · lever: ${esc(r.lever.lever)} ${pct(r.lever.share)}` : "";
-    return `<div class="membar tpbar" data-rank="${r.rank}"><span class="who">rank ${r.rank}</span><span class="bar">${segs}</span><span class="tot">${num(r.tokens_per_s)} tokens/s · MFU ${pct(r.mfu)}${lever}</span></div>`;
+    return `<div class="membar tpbar" data-rank="${r.rank}"><span class="who">rank ${r.rank}</span><span class="bar">${segs}</span><span class="tot">${r.tokens_per_s == null ? "" : num(r.tokens_per_s) + " tokens/s · "}MFU ${pct(r.mfu)}${lever}</span></div>`;
   }).join("");
+  applyStyles($("throughput"));
 }
 
 function renderStacks(tiles) {
