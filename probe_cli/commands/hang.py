@@ -10,9 +10,9 @@ import click
 
 from ..diagnose.ends import ages_lines, ends_lines, timeout_line
 from ..diagnose.hang import HangVerdict, diagnose, rank_state
+from ..errors import EXIT_FAILURE
 from ..gather.evidence import hang_evidence_by_node
 from ..gather.postmortem import session_job
-from ..errors import EXIT_FAILURE
 from ..outcome import Outcome, failure_summary, verdict_outcome
 from ..render.verdicts import hang_json, render_verdict
 from ..result import RankResult

@@ -78,7 +78,8 @@ def render_throughput(ranks: list[RankThroughput], job: dict[str, Any]) -> list[
             (f"  FLOPs/token {si(r.get('flops_per_token'))} measured vs "
              f"{si(r.get('flops_6n_per_token'))} 6N; " if r.get("tokens") is not None else "  ")
             + f"achieved {si(r.get('flops_per_s'), 'FLOP/s')}"
-            f" in {_or(r.get('compute_dtype'), 'an unknown dtype')}; MFU {pct(t.mfu)} of {si(t.peak, 'FLOP/s')} "
+            f" in {_or(r.get('compute_dtype'), 'an unknown dtype')}; MFU {pct(t.mfu)} of "
+            f"{si(t.peak, 'FLOP/s')} "
             f"({t.peak_source or 'no peak known: --peak-tflops'})",
         ]
         if r.get("measured_step") is not None:
