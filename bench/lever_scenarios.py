@@ -7,6 +7,8 @@ Each scenario is scored as verdicts.py scores every other: the verdict kinds eac
 name (and nothing else), plus ``lever`` (the LOW THROUGHPUT finding's lever, "none" = no such
 finding), ``quiet`` (doctor checks that may not appear at all, not even as information) and
 ``says`` (text a command's answer must hold: the straggler's why, the MoE layer and expert).
+The healthy runs' lever is not scored ("host" is the largest share on 2 busy cores: DDP's wait
+at the end of backward); none of this issue's levers or findings may appear there.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ def lever_scenarios(scenario: Any) -> list[Any]:
     """The scenarios, built with verdicts.py's ``Scenario`` (passed in: no import cycle)."""
     none = {"hang": frozenset(), "straggler": frozenset(), "doctor": frozenset()}
     quiet = frozenset({"host_syncs", "moe"})
+    #: a healthy loop: none of this issue's verdicts, and no small-ops false alarm (the lever
+    #: itself is not scored: on 2 busy cores DDP's wait makes "host" the largest share)
+    healthy = quiet | {"small_ops", "module_host", "graph_breaks"}
 
     def lv(name: str, **kw: Any) -> Any:
         kw.setdefault("expect", none)
@@ -34,7 +39,7 @@ def lever_scenarios(scenario: Any) -> list[Any]:
            says=(("doctor", ": expert 0 gets"),)),
         lv("lv_uneven", expect={"hang": frozenset(), "straggler": frozenset({"straggler"}),
                                 "doctor": frozenset({"straggler"})},
-           says=(("straggler", "its batch is 3.0x"),)),
-        lv("lv_healthy", lever="none", quiet=quiet, healthy=True),
-        lv("lv_moe_even", quiet=quiet, healthy=True),
+           says=(("doctor", "its batch is 3.0x"),)),
+        lv("lv_healthy", quiet=healthy, healthy=True),
+        lv("lv_moe_even", quiet=healthy, healthy=True),
     ]

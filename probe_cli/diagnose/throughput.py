@@ -139,23 +139,28 @@ class RankThroughput:
         compute = sum(self.shares.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
         if pause and (share < LEVER_SHARE or self._pause_wins(pause[0], share)):
             return self._pause(pause)
-        if share >= LEVER_SHARE:
-            if name == "host" and ex.syncs is not None and ex.syncs.many:
-                return "host_syncs", share, (f"{share:.0%} of the step in host code outside "
-                                             f"the modules, with {self._sync_text(ex)}")
+        if share >= LEVER_SHARE and name != "host":
             return name, share, (f"{share:.0%} of the step {self.what(name)}; compute "
                                  f"(forward+backward+optimizer) {compute:.0%}")
-        if ex.module is not None:
+        host = share if name == "host" and share >= LEVER_SHARE else 0.0
+        # A module that waits on host code, or compute spread over many small ops, is a more
+        # precise lever than the host remainder when it takes more of the step (the remainder
+        # also holds DDP's wait at the end of backward and the gaps between modules).
+        if ex.module is not None and ex.module.share >= host:
             m = ex.module
             return "module_host", m.share, (
                 f"{m.module}: {m.ms:.1f} ms per step with no tensor work ({m.flops_share:.1%} "
                 f"of the step's FLOPs, {m.op_ms:.1f} ms in its own ops): host code in its "
                 "forward")
+        if host and ex.syncs is not None and ex.syncs.many:
+            return "host_syncs", host, (f"{host:.0%} of the step in host code outside the "
+                                        f"modules, with {self._sync_text(ex)}")
         cfs, peak = _f(self.row.get("compute_flops_per_s")), self.peak
         step_ms = _f(self.row.get("step_ms")) or 0.0
         fb = self.shares.get("forward", 0.0) + self.shares.get("backward", 0.0)
         small, ops_text = small_ops(ex.ops, fb * step_ms)
-        if cfs is not None and peak and cfs / peak < HOST_EFFICIENCY and small:
+        if cfs is not None and peak and cfs / peak < HOST_EFFICIENCY and small and \
+                compute > host:
             base = (f"compute is {compute:.0%} of the step but reaches {cfs / 1e9:.2f} GFLOP/s, "
                     f"{cfs / peak:.1%} of the peak ({peak / 1e12:.2f} TFLOP/s, "
                     f"{self.peak_source}); {ops_text}: the time goes {self.what('small_ops')}")
@@ -167,6 +172,9 @@ class RankThroughput:
                 return "small_ops", compute, f"{base}; {c.what()}"
             return "small_ops", compute, f"{base}; the model is not compiled: torch.compile " \
                 "fuses them into fewer kernels"
+        if host:
+            return "host", host, (f"{host:.0%} of the step {self.what('host')}; compute "
+                                  f"(forward+backward+optimizer) {compute:.0%}")
         return self._syncs(ex)
 
     def _sync_text(self, ex: Extras) -> str:

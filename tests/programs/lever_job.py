@@ -85,6 +85,9 @@ def build(sc: str) -> nn.Module:
         return nn.Sequential(nn.Linear(16, 256), SlowHost(256), nn.Linear(256, 1))
     if sc in ("lv_moe", "lv_moe_even"):
         return MoeNet(skew=4.0 if sc == "lv_moe" else 0.0)
+    if sc == "lv_uneven":  # compute that grows with the batch: 3x the batch, ~3x the step
+        return nn.Sequential(nn.Linear(16, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                             nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1))
     return nn.Sequential(nn.Linear(16, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                          nn.Linear(512, 1))
 
@@ -103,8 +106,13 @@ def main() -> None:
     sc = args.scenario
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(build(sc))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    batch = 64 * (3 if sc == "lv_uneven" and odd else 1)
+    # fault_job.py's optimizer: a 300-layer model still learns (doctor's numerics stay quiet)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    batch = 16 if sc == "lv_small_ops" else 64 * (3 if sc == "lv_uneven" and odd else 1)
+    if sc == "lv_healthy":
+        batch = 256  # tp_healthy's: large matmuls, compute dominates
+    if sc == "lv_uneven":
+        batch *= 2
     gen = torch.Generator().manual_seed(rank)
     step = 0
     total = 0.0

@@ -161,3 +161,28 @@ def test_the_straggler_headline_says_why():
     assert v.problem and v.culprits == [1], v.headline
     assert v.headline.endswith("; why: its batch is 3.0x the others' (48 vs 16 samples per "
                                "step)")
+
+
+def test_a_waiting_module_beats_the_host_remainder_it_is_larger_than():
+    # host outside modules 40% (DDP's wait, gaps), but one module waits 50% of the step
+    slow = [{"module": "1", "fwd_self_ms": 20.0, "self_ms": 20.0, "pct": 90.0}]
+    mf = flops(30, [{"module": "0", "flops": 1e9, "ops": 30, "op_ms": 1.0}])
+    d = doc(tp={"step_ms": 40.0, "host_share": 0.4, "forward_share": 0.5,
+                "backward_share": 0.05}, slow=slow, module_flops=mf)
+    report = Report()
+    check_throughput(report, [d])
+    assert report.findings[0].detail["lever"] == "module_host"
+
+
+def test_small_ops_beat_a_smaller_host_remainder():
+    d = doc(tp={"compute_flops_per_s": 1e8, "step_ms": 80.0, "host_share": 0.35,
+                "forward_share": 0.3, "backward_share": 0.3}, module_flops=flops(1500))
+    report = Report()
+    check_throughput(report, [d])
+    assert report.findings[0].detail["lever"] == "small_ops"
+    # ...and lose to a larger one
+    d = doc(tp={"compute_flops_per_s": 1e8, "step_ms": 80.0, "host_share": 0.6,
+                "forward_share": 0.2, "backward_share": 0.15}, module_flops=flops(1500))
+    report = Report()
+    check_throughput(report, [d])
+    assert report.findings[0].detail["lever"] == "host"
