@@ -78,6 +78,12 @@ def ends_lines(job: Any, now: float | None = None) -> list[str]:
                          + (f"; copy of {time.strftime('%H:%M:%S', time.localtime(copied))}"
                             if copied else "") + (f", step {step}" if step is not None else ""))
             continue
+        elsewhere = getattr(rank, "maybe_running_on", None)
+        if elsewhere:
+            lines.append(f"  rank {rank.rank}: no end recorded; its copy was refreshed "
+                         f"{now - float(rank.copied_at or now):.0f} s ago on {elsewhere} "
+                         "(still running there?)" + (f", step {step}" if step is not None else ""))
+            continue
         lines.append(f"  rank {rank.rank}: {describe_end(rank.end, rank.death)}{when}"
                      + (f", step {step}" if step is not None else ""))
         # an exception's traceback, or where a signal (torchrun's SIGTERM) found the rank

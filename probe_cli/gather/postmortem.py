@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,16 @@ class RankCopy:
                 self.end or self.death:
             return False
         return runfiles.runs(pid, float(started) if isinstance(started, (int, float)) else 0.0)
+
+    @property
+    def maybe_running_on(self) -> str | None:
+        """Another host, when this rank left no end and its copy is fresher than two refresh
+        periods: it may be running there (a pid on another host cannot be checked)."""
+        host, every, copied = (self.meta.get(k) for k in ("host", "every_s", "refreshed_at"))
+        if self.end or self.death or not isinstance(host, str) or host == socket.gethostname() \
+                or not isinstance(every, (int, float)) or not isinstance(copied, (int, float)):
+            return None
+        return host if time.time() - copied < 2 * every + 1 else None
 
     @property
     def died_at(self) -> float | None:

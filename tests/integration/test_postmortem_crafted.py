@@ -145,6 +145,10 @@ def test_postmortem_lists_a_running_job_as_running(capsys, tmp_path):
     code, out, err = _cli(capsys, "postmortem", str(tmp_path / "pm"))
     assert f"rank 0: running (pid {os.getpid()}), not ended" in out, out
     assert "killed (no trace)" not in out
+    (job / "rank-0" / "meta.json").write_text(json.dumps({  # a node of a shared filesystem
+        **meta, "pid": 1, "host": "another-node", "refreshed_at": time.time() - 3}))
+    code, out, err = _cli(capsys, "postmortem", str(tmp_path / "pm"))
+    assert "rank 0: no end recorded; its copy was refreshed 3 s ago on another-node" in out, out
 
 
 def test_postmortem_does_not_ask_which_live_job(capsys, tmp_path, monkeypatch):
