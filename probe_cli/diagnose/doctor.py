@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import (
+    isolated,
     lever_checks,
     memory_use,
     number_checks,
@@ -24,7 +25,7 @@ from .hang import HangVerdict, RankState
 #: The modules whose ``CHECKS`` doctor runs (checks.py). A new check is a module of its own
 #: and one line here.
 DEFAULT_CHECKS = (time_checks, number_checks, numerics, memory_use, schedule, throughput,
-                  lever_checks)
+                  lever_checks, isolated)
 
 
 def doctor_checks() -> list[DoctorCheck]:

@@ -60,3 +60,18 @@ def test_doctor_lists_the_slow_module_first(tmp_path: Path):
     assert modules["severity"] == "info"
     assert modules["title"] == "slowest modules: slow first", modules
     assert modules["evidence"][0].startswith("slow: "), modules
+
+
+def test_doctor_says_when_ranks_never_communicate(tmp_path: Path):
+    # GIVEN 2 ranks of one torchrun job that never all-reduce (a model not wrapped in DDP)
+    with training_job(tmp_path, "toy_train.py", ("--no-sync", "--step-sleep", "0.005"),
+                      nproc=2) as (_, infos):
+        target = ["-t", infos[0]["url"].removeprefix("http://")]
+        # WHEN doctor runs once they have stepped enough to judge
+        out, body = doctor_until(target, {}, lambda o, b: "isolated" in _checks(b))
+    # THEN it says so, naming both ranks, as a warning (exit 4)
+    found = _checks(body).get("isolated")
+    assert found is not None, out.stdout + out.stderr
+    assert found["ranks"] == [0, 1] and found["severity"] == "warning"
+    assert found["title"].startswith("RANKS NEVER COMMUNICATE: 2 ranks, 0 collectives in ")
+    assert out.returncode == 4

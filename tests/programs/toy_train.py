@@ -52,7 +52,7 @@ def train(trainer: Trainer, loader: DataLoader, args: argparse.Namespace) -> Non
             optimizer.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
-            if torch.distributed.is_initialized():
+            if torch.distributed.is_initialized() and not args.no_sync:
                 for p in model.parameters():
                     torch.distributed.all_reduce(p.grad)
             optimizer.step()
@@ -77,6 +77,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--scope", choices=["module", "local"], default="module")
     p.add_argument("--start-agent", action="store_true")
+    p.add_argument("--no-sync", action="store_true",
+                   help="never all-reduce: each rank trains its own copy (imagenet on CPU)")
     args = p.parse_args()
     if args.start_agent:
         import probe_agent

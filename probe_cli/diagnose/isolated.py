@@ -1,0 +1,63 @@
+"""`probe doctor`'s check of ranks that never communicate: a job of several ranks in which no
+rank recorded a single collective over many steps. Each rank then trains a copy of its own
+(pytorch/examples' imagenet on CPU never wraps the model in DDP): the job is not data-parallel,
+whatever its launcher says, and its checkpoints are one rank's model. Pure.
+
+Collectives are counted from the explicit calls and the Flight Recorder (which sees DDP's
+gradient all-reduces), so a DDP or FSDP job is never flagged while the recorder is on (it is by
+default on gloo and NCCL in torch 2.13; ``TORCH_FR_BUFFER_SIZE=0`` turns it off).
+"""
+
+from __future__ import annotations
+
+from .checks import DoctorCheck, Evidence
+from .findings import WARNING, Finding, RankDoc, Report, num, unrecorded
+
+#: Steps every rank must have recorded before "no collective" means anything (the first
+#: collective of a DDP job is in its first backward; an eval-only warm-up has none).
+MIN_STEPS = 20
+
+
+def check_isolated(report: Report, docs: list[RankDoc]) -> None:
+    if len(docs) < 2:
+        return
+    answers = {d.rank: d.rows("comm") for d in docs}
+    if not all(answers.values()):
+        report.unchecked.append(f"ranks communicating: {unrecorded(docs, 'comm')}")
+        return
+    rows = {r: x[0] for r, x in answers.items() if x}
+    colls = {r: int(num(x.get("collectives")) or 0) for r, x in rows.items()}
+    steps = {r: int(num(x.get("steps")) or 0) for r, x in rows.items()}
+    if any(colls.values()):
+        report.fine.append(f"ranks communicate: {min(colls.values())}-{max(colls.values())} "
+                           "collectives recorded per rank")
+        return
+    if min(steps.values()) < MIN_STEPS:
+        report.unchecked.append(f"ranks communicating: no collective yet, after "
+                                f"{min(steps.values())} steps (judged after {MIN_STEPS})")
+        return
+    n = len(docs)
+    fewest = min(steps.values())
+    evidence = [f"rank {r}: 0 collectives in {steps[r]} steps recorded (last step "
+                f"{rows[r].get('last_step')})" for r in sorted(rows)]
+    evidence += [
+        "no all_reduce, broadcast or barrier on any rank, in the explicit calls or in the "
+        "Flight Recorder (which records DDP's gradient all-reduces)",
+        "each rank trains a model of its own: the job is not data-parallel (GB_tok and the "
+        "memory levers assume it is), and a checkpoint saved by rank 0 holds rank 0's model "
+        "only",
+    ]
+    report.findings.append(Finding(
+        WARNING, "isolated", f"RANKS NEVER COMMUNICATE: {n} ranks, 0 collectives in {fewest} "
+        "steps: each trains its own copy (is the model wrapped in DistributedDataParallel or "
+        "FSDP on this device?)", evidence,
+        "wrap the model: model = torch.nn.parallel.DistributedDataParallel(model) (CPU: no "
+        "device_ids), or run one process if the copies are meant",
+        sorted(rows), score=0.6))
+
+
+#: The checks of this module, for doctor.py's registry (checks.py).
+CHECKS = (
+    DoctorCheck("isolated", 65, lambda report, ctx: check_isolated(report, ctx.docs),
+                evidence=(Evidence("comm", "doctor_comm"),)),
+)

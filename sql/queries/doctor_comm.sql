@@ -1,0 +1,6 @@
+-- name: doctor_comm
+-- description: Whether this rank ever communicated: the collectives it recorded (explicit calls and the Flight Recorder's entries, which include DDP's gradient all-reduces), the optimizer steps it recorded and its last step. `probe doctor` reads it: ranks of one job that never communicate each train a copy of their own.
+-- params:
+SELECT (SELECT count(*) FROM python.collectives) AS collectives,
+       (SELECT count(*) FROM python.steps)       AS steps,
+       (SELECT max(step) FROM python.steps)      AS last_step
