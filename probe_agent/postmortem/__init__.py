@@ -6,6 +6,10 @@ refresh thread, installs the end hooks and leaves ``<pid>.postmortem`` in the ru
 of this rank's directory) for the watchdog, which records the death there. ``close`` at the
 agent's stop: one last copy, and a clean end removes the directory unless PROBE_POSTMORTEM=always
 (at interpreter exit with a watchdog, the watchdog decides: it knows the exit status).
+
+Where: only under a root nobody else controls, and only proven copies are swept or removed
+(probe_protocol/owned_tree.py). Named per run: a run the launcher did not name starts under its
+launcher's name and moves once to the name its ranks agree on in the job's store (launch.py).
 """
 
 from __future__ import annotations
@@ -72,8 +76,9 @@ class Postmortem:
                 pass
 
     def _agree(self) -> None:
-        """Before each refresh until done: the name every rank of the run agreed on, and this
-        rank's directory moved there if its own name lost (ranks on other nodes)."""
+        """Before each refresh until done: the name every rank of the run agreed on (the first
+        offer in the job's store), and this rank's directory moved there unless it is already
+        (every rank but the one whose offer won moves once, when the process group is up)."""
         if self._offer is None or self.hooks.ended is not None:
             return  # at an end the copy goes where it is: no store call then
         try:
