@@ -228,8 +228,7 @@ def check_lr_clip(report: Report, docs: list[RankDoc], clip_said: bool | None = 
     lines = {d.rank: _optimizer_line(d.state) for d in docs if d.state}
     lines = {r: x for r, x in lines.items() if x}
     if not lines:
-        report.unchecked.append("learning rate: no optimizer has stepped yet (or torch.optim "
-                                "is not used)")
+        report.unchecked.append("learning rate: " + _no_settings(docs))
         return
     evidence = [f"{rank_label(rs)}: {x}" for x, rs in _by_value(lines)]
     problems, ranks, scaled = [], set(), {}
@@ -296,6 +295,22 @@ def check_lr_clip(report: Report, docs: list[RankDoc], clip_said: bool | None = 
         report.findings.append(Finding(INFO, "lr", "learning rate and clipping", evidence,
                                        _OWN_LR_NEXT if own else "" if said else
                                        "probe lr --scale 0.5   # to lower it mid-run"))
+
+
+def _no_settings(docs: list[RankDoc]) -> str:
+    """Why no optimizer settings were read. A post-mortem copy (or a rank whose live state did
+    not answer) has no settings, but its steps may be many: "no optimizer has stepped yet"
+    was printed after 216-4731 recorded steps."""
+    stepped = [(d, first_loop(d)) for d in docs if num(first_loop(d).get("steps"))]
+    if not stepped:
+        return "no optimizer has stepped yet (or torch.optim is not used)"
+    d, loop = stepped[0]
+    why = d.errors.get("state") or "the optimizers' settings are read live, not kept in a copy"
+    a, b = num(loop.get("lr_first")), num(loop.get("lr_last"))
+    lr = (f"; the LR recorded went {a:.4g} -> {b:.4g}" if a is not None and b is not None
+          else "")
+    return (f"optimizer settings not read ({why}); rank {d.rank} recorded "
+            f"{int(num(loop.get('steps')) or 0)} steps to step {loop.get('last_step')}{lr}")
 
 
 #: What to change when the loop computes its LR itself (`probe lr` would be undone next step).

@@ -341,3 +341,16 @@ def test_ranks_blamed_for_a_held_gil_that_stopped_stepping_stay_stuck():
                                          doc(1, last_step_at=NOW - 60)], 5.0)
     hang = next(f for f in report.findings if f.check == "hang")
     assert hang.severity == "critical" and hang.title.startswith("STUCK")
+
+
+def test_a_copy_without_optimizer_settings_but_with_steps_does_not_say_none_stepped():
+    # GIVEN a post-mortem rank: no live state (refused), 216 steps recorded with their LR
+    d = doc(0, loop={"steps": 216, "last_step": 4731, "lr_first": 3e-4, "lr_last": 1e-4})
+    d.state = None
+    d.errors["state"] = "the live loop state is not in a post-mortem copy"
+    report = diagnose(NO_HANG, [d], 5.0)
+    line = next(u for u in report.unchecked if u.startswith("learning rate: "))
+    # THEN it says why the settings are missing and what was recorded, not "no optimizer"
+    assert "no optimizer has stepped yet" not in line, line
+    assert "not in a post-mortem copy" in line and "216 steps to step 4731" in line
+    assert "0.0003 -> 0.0001" in line
