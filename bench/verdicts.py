@@ -35,6 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.collective_scenarios import SCENARIOS as COLLECTIVE_SCENARIOS  # noqa: E402
 from bench.lever_scenarios import lever_scenarios  # noqa: E402
 from tests.e2e.procs import SPIN_C, kill_all  # noqa: E402 - the same GIL-holding C loop as the tests
 from tests.support import PROGRAMS, kill_tree, python_env  # noqa: E402
@@ -127,6 +128,7 @@ SCENARIOS = [
              healthy=True),
 ]
 SCENARIOS += lever_scenarios(Scenario)  # noqa: E305 - host syncs, compile, MoE, uneven batches
+SCENARIOS += COLLECTIVE_SCENARIOS  # type: ignore[arg-type]  # each runs its own job (run())
 QUICK = ("healthy", "leak", "hang_gil", "slow_rank")
 
 
@@ -209,6 +211,8 @@ def score(sc: Scenario, o: Outcome) -> None:
 def run(sc: Scenario, work: Path, lib: str | None, repeat: int = 0) -> list[Outcome]:
     """One run of ``sc``; repeats of a long healthy scenario are judged at different ages
     (x1, x0.5, x1.5 its ready step), where warm-up memory growth would fool a weak check."""
+    if hasattr(sc, "run"):  # a scenario module's own job (bench/collective_scenarios.py)
+        return sc.run(work, lib, repeat)
     if sc.healthy and sc.ready_step >= 100:
         sc = replace(sc, ready_step=int(sc.ready_step * (1.0, 0.5, 1.5)[repeat % 3]))
     ready, stop = work / "ready", work / "stop"

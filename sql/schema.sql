@@ -676,4 +676,21 @@ CREATE TABLE IF NOT EXISTS python.moe_load (
     tokens        BIGINT  NOT NULL,
     experts       INTEGER,
     top_k         INTEGER
+-- python.unused_params: the parameters that got no gradient, per rank and step
+-- (probe_agent/collectors/unused_params.py), read right before optimizer.step() on traced steps
+-- and on the first 5 steps of a job of more than one rank. Not a step table: a few rows a run.
+-- step: the optimizer step (the one about to finish). param: the parameter's qualified name in
+--   the job's model (a DDP wrapper's "module." prefix taken off), or NULL on a recorded step
+--   where every parameter got a gradient (one row then). module: its module's qualified name
+--   ('' for a parameter of the root). numel: its elements. params: the stepping optimizer's
+--   parameter count. find_unused: the job's DDP find_unused_parameters (NULL: no DDP found).
+CREATE TABLE IF NOT EXISTS python.unused_params (
+    timestamp    DOUBLE  NOT NULL,
+    rank         INTEGER NOT NULL,
+    step         BIGINT  NOT NULL,
+    param        VARCHAR,
+    module       VARCHAR,
+    numel        BIGINT,
+    params       BIGINT,
+    find_unused  BOOLEAN
 );

@@ -46,6 +46,7 @@ DEFAULT_COLLECTORS = (
     "trainloop",
     "numerics",
     "schedule",
+    "unused_params",
     "parallel",
     "stacks",
     "host_syncs",

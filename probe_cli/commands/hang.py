@@ -6,6 +6,8 @@ Data (``/v1/backtrace`` + ``/v1/collectives`` of every rank, asked one node at a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
 from ..diagnose.ends import ages_lines, ends_lines, timeout_line
@@ -24,7 +26,11 @@ from . import pass_session
 def gather_hang(session: Session,
                 min_wait: float | None) -> tuple[HangVerdict, list[RankResult]]:
     results = hang_evidence_by_node(session, resolve_ranks(session))
-    return diagnose([rank_state(r) for r in results], min_wait_s=min_wait), results
+    states = [rank_state(r) for r in results]
+    # ranks found up on this machine but not in the rank list never joined the group
+    states = [replace(s, unjoined_pid=session.unjoined[s.rank]) if s.rank in session.unjoined
+              and s.answered else s for s in states]
+    return diagnose(states, min_wait_s=min_wait), results
 
 
 @click.command("hang")

@@ -17,6 +17,7 @@ from . import (
     schedule,
     throughput,
     time_checks,
+    unused_params,
 )
 from .checks import Context, DoctorCheck, Evidence
 from .findings import RankDoc, Report
@@ -25,7 +26,7 @@ from .hang import HangVerdict, RankState
 #: The modules whose ``CHECKS`` doctor runs (checks.py). A new check is a module of its own
 #: and one line here.
 DEFAULT_CHECKS = (time_checks, number_checks, numerics, memory_use, schedule, throughput,
-                  lever_checks, isolated)
+                  lever_checks, isolated, unused_params)
 
 
 def doctor_checks() -> list[DoctorCheck]:

@@ -70,6 +70,9 @@ class RankState:
     coll_error: str | None = None
     #: which route read the stack ("watchdog": from outside the process), when it says.
     route: str | None = None
+    #: its agent is up on this machine but not in the job's rank list: it never joined the
+    #: process group (transport/unjoined.py); the pid.
+    unjoined_pid: int | None = None
 
     @property
     def answered(self) -> bool:
@@ -233,6 +236,10 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
             rule = WaitRule(0.0, f"{_ranks_word([s.rank for s in stuck])}'s Python has not run "
                             "in time to answer (its GIL is held; read from outside)", rule.gaps)
 
+    unjoined = [s for s in answered if s.unjoined_pid is not None]
+    if unjoined and not waits:
+        return _unjoined_verdict(unjoined, answered, rule)
+
     mismatch = (find_mismatch({s.rank: s.collectives for s in answered})
                 if waits or failed or silent or stuck else None)
     if mismatch is not None and (mismatch.kind != "op" or not waits):
@@ -324,6 +331,51 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
                        f"{rule.wait_s:.1f} s or more in a collective", [f"based on: {rule.basis}"],
                        confidence="high" if rule.gaps >= MIN_GAPS else "medium",
                        basis=rule.basis, threshold_s=round(rule.wait_s, 3))
+
+
+_INIT_FUNCS = ("init_process_group", "rendezvous", "_store_based_barrier", "barrier",
+               "next_rendezvous", "_rendezvous_helper")
+
+
+def _in_init(frames: tuple[dict[str, Any], ...]) -> dict[str, Any] | None:
+    """The frame of ``init_process_group`` (or the rendezvous under it) on the stack, if any."""
+    return next((f for f in frames if f.get("func") in _INIT_FUNCS and "distributed" in
+                 str(f.get("file"))), None)
+
+
+def _unjoined_verdict(unjoined: list[RankState], answered: list[RankState],
+                      rule: WaitRule) -> HangVerdict:
+    """Ranks whose agent answers but that never registered: they never reached (or never
+    finished) ``init_process_group``; the others wait for them there."""
+    details, phrases = [], []
+    for s in unjoined:
+        place, frames = where(s.frames)
+        at_init = _in_init(s.frames)
+        what = ("is inside init_process_group and never finished it" if at_init else
+                "never reached init_process_group")
+        phrase = (f"rank {s.rank} {what}; it is {place} (its agent is up, pid {s.unjoined_pid}, "
+                  "found through this machine's run dir, not in the job's rank list)")
+        phrases.append(phrase)
+        details += [phrase, *(f"    {line}" for line in frames)]
+    waiting = [s.rank for s in answered if s.unjoined_pid is None and _in_init(s.frames)]
+    others = [s.rank for s in answered if s.unjoined_pid is None and s.rank not in waiting]
+    if waiting:
+        details.insert(0, f"{_ranks_word(waiting)} {'waits' if len(waiting) == 1 else 'wait'} "
+                       "in init_process_group for the rest of the job")
+    if others:
+        details.append(f"{_ranks_word(others)} answered and are not in init_process_group")
+    wait_part = (f". {len(waiting)} rank{'s' if len(waiting) != 1 else ''} "
+                 f"{'waits' if len(waiting) == 1 else 'wait'} for "
+                 f"{'it' if len(unjoined) == 1 else 'them'} in init_process_group"
+                 if waiting else "")
+    head = phrases[0].split(" (its agent")[0] if len(unjoined) == 1 else (
+        f"{_ranks_word([s.rank for s in unjoined])} never joined the process group")
+    basis = ("the rank's own agent answers (its socket in the run dir) but the job's rank "
+             "list does not name it; its main thread's stack")
+    details.append(f"confidence: high; based on: {basis}")
+    return HangVerdict(True, f"HANG: {head}{wait_part}", details,
+                       [s.rank for s in unjoined], None, confidence="high", basis=basis,
+                       threshold_s=round(rule.wait_s, 3))
 
 
 def _mismatch_verdict(m: Mismatch, by_rank: dict[int, RankState],

@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from probe_protocol.bodies import RanksBody
+from probe_protocol.bodies import InfoBody, RanksBody
 from probe_protocol.envelope import Envelope
 
 from ..errors import (
@@ -46,8 +46,9 @@ from ..group import compact_ranges
 from ..result import RankResult, result_order
 from .client import ProbeClient
 from .session import Session
-from .targets import Endpoint
+from .targets import Endpoint, default_run_dir
 from .trust import rank_entry_problem
+from .unjoined import find_unjoined
 
 #: Requests in flight at once. 64 keeps a 512-rank job to 8 waves of short requests while
 #: staying far below a login node's file-descriptor limit.
@@ -148,6 +149,12 @@ def _expand(session: Session, ep: Endpoint) -> list[RankTarget]:
     if me is not None and all(t.rank != me for t in out):
         out.append(RankTarget(me, ep))
     found = {t.rank for t in out}
+    missing = sorted(set(range(body.world_size or 0)) - found)
+    if missing:  # up on this machine but never joined (transport/unjoined.py)
+        for rank, where in _unjoined(session, ep, missing).items():
+            out.append(RankTarget(rank, where, pid=where.pid))
+            session.unjoined[rank] = where.pid or 0
+        found = {t.rank for t in out}
     note = _missing_ranks_note(body, ep, found)
     if note:
         session.notes.append(note)
@@ -162,6 +169,14 @@ def _expand(session: Session, ep: Endpoint) -> list[RankTarget]:
             out.append(RankTarget(rank, Endpoint(f"http://rank-{rank}.unregistered"),
                                   error=err))
     return _dedupe(out) or [RankTarget(None, ep)]
+
+
+def _unjoined(session: Session, ep: Endpoint, missing: list[int]) -> dict[int, Endpoint]:
+    try:
+        me = InfoBody.from_wire(session.client(ep).info())
+    except RankError:
+        return {}
+    return find_unjoined(session.run_dir or default_run_dir(), me, missing)
 
 
 def _missing_ranks_note(body: RanksBody | dict[str, Any], ep: Endpoint,

@@ -48,6 +48,9 @@ class Session:
     raw: bool = False
     """``--raw``: the agents' strings keep their control characters (untrusted_text.py)."""
     run_dir: str | None = None
+    unjoined: dict[int, int] = field(default_factory=dict)
+    """rank -> pid of ranks whose agent is up on this machine but not in the job's rank list
+    (they never joined the process group: transport/unjoined.py)."""
     """``--run-dir`` (or $PROBE_RUN_DIR, else the default): where local agents and the
     post-mortem copies are looked for."""
     _clients: dict[Endpoint, ProbeClient] = field(default_factory=dict, repr=False)
