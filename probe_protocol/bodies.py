@@ -16,11 +16,23 @@ from .envelope import Body, WireBody, as_bool, as_dict, as_dicts, as_int, as_str
 @dataclass(frozen=True, slots=True)
 class HealthBody(WireBody):
     """``GET /v1/health``: ``proof`` only when asked with ``?challenge`` and the agent has a
-    token (docs/http-api.md, "Access")."""
+    token (docs/http-api.md, "Access"). With ``?status`` (a liveness probe, `probe health`):
+    ``state`` healthy | starting | hung | dead, ``reason``, the last optimizer ``step``,
+    ``step_age_s`` (since it last changed), ``heartbeat_age_s`` (since the rank's Python last
+    ran) and ``typical_step_s`` (the median gap between steps seen); the HTTP status is 503
+    for hung and dead, so a Kubernetes liveness probe or torchelastic can poll it as is."""
 
     rank: int | None
     status: str = "ok"
     proof: str | None = sometimes()
+    state: str | None = sometimes()
+    reason: str | None = sometimes()
+    step: int | None = sometimes()
+    step_age_s: float | None = sometimes()
+    heartbeat_age_s: float | None = sometimes()
+    typical_step_s: float | None = sometimes()
+    host: str | None = sometimes()
+    pid: int | None = sometimes()
 
 
 @dataclass(frozen=True, slots=True)

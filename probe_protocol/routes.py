@@ -73,6 +73,7 @@ MEMORY_TENSORS = _r("GET", "/memory/tensors", "live tensors by device, dtype and
 MEMORY_SNAPSHOT = _r("POST", "/memory/snapshot",
                      "the CUDA allocator's history over the next N steps (memory_viz pickle)")
 METRICS = _r("GET", "/metrics", "Prometheus text exposition of this rank's live numbers")
+POSTMORTEM_NOW = _r("POST", "/postmortem", "write this rank's post-mortem copy now")
 ACCESS_REFUSALS = _r("POST", "/access/refusals",
                      "the watchdog reports the requests it refused (private socket only)")
 
@@ -82,7 +83,7 @@ ROUTES: tuple[Route, ...] = (
     QUERIES, CANNED_QUERY, TRACE, SET_TRACE, DOCTOR, DOCTOR_GRADS, NUMERICS, SET_NUMERICS, STEP,
     ACTIONS, SUBMIT_ACTION, ACTION, CANCEL_ACTION, RESUME,
     PROFILE, PROFILE_TRACE, START_FLAME, FLAME, MEMORY_TENSORS, MEMORY_SNAPSHOT, METRICS,
-    ACCESS_REFUSALS,
+    POSTMORTEM_NOW, ACCESS_REFUSALS,
 )
 
 #: Served by the watchdog only (not by the agent's app): one rank per node asks the node's

@@ -676,6 +676,8 @@ CREATE TABLE IF NOT EXISTS python.moe_load (
     tokens        BIGINT  NOT NULL,
     experts       INTEGER,
     top_k         INTEGER
+);
+
 -- python.unused_params: the parameters that got no gradient, per rank and step
 -- (probe_agent/collectors/unused_params.py), read right before optimizer.step() on traced steps
 -- and on the first 5 steps of a job of more than one rank. Not a step table: a few rows a run.

@@ -62,6 +62,7 @@ class Watchdog:
         loop.add_signal_handler(signal.SIGUSR1, self._release_port)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.rank.start(loop)
+        self.proxy.health.start(loop)
         self._record()
         snapshots = asyncio.ensure_future(self.rank.snapshot_loop(
             self.proxy.fetch_in_process, self.cfg["snapshot_s"], self.proxy.deadline_s))

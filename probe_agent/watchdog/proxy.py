@@ -38,6 +38,7 @@ from ..access import (
     overload_message,
     reserve_refusal,
 )
+from .health import HealthWatch, http_status
 from .httpwire import BadRequest, Request, error_response, json_response, read_request
 from .liveness import LoopCheck
 from .nodefan import NodeRelay
@@ -57,6 +58,14 @@ MAX_WAIT_S = 600.0
 #: A /v1/ranks answer up to this size is read whole to refresh the watchdog's copy;
 #: 512 ranks take about 50 KB.
 RANKS_MAX_BYTES = 4 * 1024 * 1024
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < 1e7 else None
 
 
 async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -94,6 +103,8 @@ class Proxy:
                                       lambda: rank.alive, self.deadline_s)
         #: What is answered while the agent cannot answer, the last /v1/ranks included.
         self.stand_in = StandIn(self.rank_no, self.pid, self.host, rank, reader)
+        #: healthy / starting / hung / dead for schedulers (health.py); started by main.py
+        self.health = HealthWatch(rank)
         self.node = NodeRelay(os.path.dirname(self.inner), cfg.get("token"), self.host,
                               self.rank_no)
 
@@ -168,6 +179,15 @@ class Proxy:
                                      headers=refusal.headers))
             return False
         client = peer.label()
+        if HEALTH.matches(req.method, req.path) and "status" in req.query:
+            # A scheduler's liveness probe: answered here, within milliseconds, whatever the
+            # rank's Python is doing, and after it died (health.py).
+            st = self.health.state(_number((req.query.get("stall") or [""])[-1]))
+            code = http_status(st["state"])
+            writer.write(json_response(code, HealthBody(
+                self.rank_no, status="ok" if code == 200 else "unhealthy", host=self.host,
+                pid=self.pid, **st).to_wire()))
+            return True
         if HEALTH.matches(req.method, req.path) and req.query.get("challenge"):
             # The proof is the watchdog's to give: it holds the token and the port, and must
             # give it while the agent's Python is frozen too.

@@ -21,7 +21,7 @@ from probe_protocol.bodies import EvalRequest, TraceRequest
 from probe_protocol.query import ArrowBody, CannedRequest, QueryRequest
 from probe_protocol.routes import Route
 
-from ..errors import AgentUnreachableError, ProtocolError, UsageProblemError
+from ..errors import AgentHTTPError, AgentUnreachableError, ProtocolError, UsageProblemError
 from .failures import decode_body, http_error, protocol_error, transport_error
 from .guard import Dialled, install
 from .targets import Endpoint
@@ -119,6 +119,24 @@ class ProbeClient:
             raise ProtocolError(f"{self.endpoint.label} answered /v1/health with no probe body",
                                 url=self.endpoint.label, reason="not a probe answer")
         return body
+
+    def health_status(self, stall: float | None = None) -> dict[str, Any]:
+        """``/v1/health?status``: the rank's state for a scheduler (healthy, starting, hung,
+        dead), answered 503 for hung and dead: that answer is the body, not a failure."""
+        params: dict[str, Any] = {"status": "1"}
+        if stall:
+            params["stall"] = stall
+        try:
+            return self._decode(self._send(routes.HEALTH, params=params, anonymous=True)) or {}
+        except AgentHTTPError as e:
+            if e.status == 503 and isinstance(e.body, dict) and e.body.get("state"):
+                return e.body
+            raise
+
+    def postmortem_now(self) -> dict[str, Any]:
+        """Ask the rank to write its post-mortem copy now (every rank at once: the copies
+        then describe one moment)."""
+        return self._json(routes.POSTMORTEM_NOW)
 
     def info(self) -> dict[str, Any]:
         return self._json(routes.INFO)

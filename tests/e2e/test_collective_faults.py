@@ -41,7 +41,16 @@ def _start(tmp: Path, name: str, scenario: str, *args: str) -> dict:
 def jobs(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("collective-faults")
     started = {"rank0_only": _start(tmp, "rank0", "rank0_only"),
-               "stall": _start(tmp, "stall", "stall", "--timeout-s", "10")}
+               "stall": _start(tmp, "stall", "stall", "--timeout-s", "15")}
+    # While rank 1 stalls (before the timeout kills the job): what a scheduler's poll sees.
+    ready = started["stall"]["base"] / "ready"
+    wait_until(lambda: all((ready / f"rank{r}.json").exists() for r in range(2)), 120,
+               "the stall job's ranks never became ready")
+    url = json.loads((ready / "rank0.json").read_text())["url"].removeprefix("http://")
+    started["stall"]["health"] = wait_until(
+        lambda: (h := probe("-t", url, "--json", "health", "--stall", "2", "--no-straggler",
+                            "--exclude-file", str(tmp / "exclude"))).returncode == 4 and h,
+        12, "probe health never said the stalled job was unhealthy")
     yield started
     for job in started.values():
         kill_all(job["proc"], job["base"] / "run")
@@ -93,6 +102,17 @@ def test_rank0_only_collective_is_named_from_the_copies_after_gloo_aborted_it(jo
     assert doc.returncode == 4, doc.stdout + doc.stderr
     assert "no problem found" not in doc.stdout, doc.stdout
     assert "[critical] COLLECTIVE MISMATCH (different sizes)" in doc.stdout, doc.stdout
+
+
+def test_health_says_hung_and_every_rank_writes_its_copy_at_once(jobs):
+    health = jobs["stall"]["health"]
+    body = json.loads(health.stdout)
+    assert body["job"] == "hung", body
+    # rank 1 sleeps; rank 0 waits for it in all_reduce (hung too once its own limit passes:
+    # each watchdog measures its own rank's steps)
+    assert [r["rank"] for r in body["ranks"]] == [0, 1] and body["ranks"][1]["state"] == "hung"
+    assert "no optimizer step for" in body["ranks"][1]["reason"]
+    assert body["copies_written"] == [0, 1] and body["exclude_hosts"] == []
 
 
 def test_stall_until_the_timeout_names_the_rank_that_never_arrived(jobs):

@@ -65,6 +65,17 @@ def test_gil_held_backtrace_answers_out_of_process_then_in_process_again(gil_ran
         q, took = _timed_get(client, "/v1/info")
         assert q["status"] == 504 and "GIL" in q["error"] and took <= 2.0, q
 
+        # AND the health route a scheduler polls answers within 1 s, from the watchdog: with a
+        # 1 s stall limit the rank is hung (its Python has not run), 503 for a liveness probe
+        t0 = time.monotonic()
+        h = client.get("/v1/health", params={"status": 1, "stall": 1})
+        took = time.monotonic() - t0
+        assert took <= 1.0, f"health took {took:.2f} s"
+        assert h.status_code == 503 and h.json()["state"] == "hung", h.text
+        assert "has not run" in h.json()["reason"] and h.json()["heartbeat_age_s"] > 1.0
+        h = client.get("/v1/health", params={"status": 1})  # the default limit: not hung
+        assert h.status_code == 200 and h.json()["state"] in ("starting", "healthy"), h.text
+
         # AND stuck requests do not exhaust anything: 16 evals in flight, backtrace still quick
         async def flood() -> list[int]:
             async with httpx.AsyncClient(base_url=info["url"], timeout=10) as ac:

@@ -76,15 +76,53 @@ def _client(request: Request) -> str:
 
 
 @router.get(routes.HEALTH.path)
-async def health(request: Request, challenge: str | None = None) -> dict[str, Any]:
+async def health(request: Request, challenge: str | None = None,
+                 status: str | None = None) -> Any:
     """Open to anyone. With ``challenge``, an agent that has a token proves it for the address
-    the client reached (probe_protocol.tokens.proof) before the client sends it the token."""
+    the client reached (probe_protocol.tokens.proof) before the client sends it the token.
+    With ``status``: the rank's state for a scheduler. The watchdog answers that itself (it
+    answers while the GIL is held); this is the agent without a watchdog."""
     agent = _agent(request)
+    if status is not None:
+        return _health_status(agent)
     server = request.scope.get("server")
     reached = (server[0], agent.tcp_port) if isinstance(server, tuple | list) and server[0] \
         and agent.tcp_port else None
     proof = agent.gate.policy.health_extra({"challenge": challenge or ""}, reached)
     return HealthBody(agent.rank, proof=proof.get("proof")).to_wire()
+
+
+def _health_status(agent: Any) -> Any:
+    from ...watchdog.health import STALL_S, http_status
+
+    clock = agent.stepclock
+    last = getattr(clock, "last_step_at", None)
+    age = time.time() - last if last else None
+    step = clock.current_step if clock.seen_step else None
+    if step is None:
+        state, reason = "starting", "no optimizer step yet"
+    elif age is not None and age > STALL_S:
+        state, reason = "hung", f"no optimizer step for {age:.0f} s (stall limit {STALL_S:.0f} s)"
+    else:
+        state, reason = "healthy", "stepping"
+    body = HealthBody(agent.rank, status="ok" if http_status(state) == 200 else "unhealthy",
+                      state=state, reason=reason, step=step,
+                      step_age_s=round(age, 3) if age is not None else None, heartbeat_age_s=0.0,
+                      pid=agent.identity.pid, host=agent.identity.host)
+    return JSONResponse(body.to_wire(), status_code=http_status(state))
+
+
+@router.post(routes.POSTMORTEM_NOW.path)
+async def postmortem_now(request: Request) -> dict[str, Any]:
+    """Write the post-mortem copy now (`probe health` asks every rank at once when one turns
+    unhealthy, so the copies describe one moment); returns at once, the copy thread writes."""
+    agent = _agent(request)
+    pm = getattr(agent, "postmortem", None)
+    if pm is None:
+        return {"ok": True, "rank": agent.rank, "copy": None,
+                "note": "no post-mortem copy (PROBE_POSTMORTEM=off)"}
+    await asyncio.to_thread(pm.copy.refresh_soon, 0.0)
+    return {"ok": True, "rank": agent.rank, "copy": pm.path, "requested_at": time.time()}
 
 
 @router.get(routes.INFO.path)
