@@ -36,6 +36,17 @@ class HealthBody(WireBody):
 
 
 @dataclass(frozen=True, slots=True)
+class PostmortemNowBody(WireBody):
+    """``POST /v1/postmortem``: this rank's post-mortem directory (None when the copy is off,
+    ``note`` says why) and when the copy was asked for; the copy thread writes it now."""
+
+    rank: int | None
+    copy: str | None = None
+    requested_at: float | None = None
+    note: str | None = sometimes()
+
+
+@dataclass(frozen=True, slots=True)
 class InfoBody(WireBody):
     """``GET /v1/info``: who the rank is (also written to the run dir as ``<pid>.json``)."""
 

@@ -37,6 +37,7 @@ from probe_protocol.bodies import (
     GradsBody,
     HealthBody,
     InfoBody,
+    PostmortemNowBody,
     QueriesBody,
     RanksBody,
     RecordedBody,
@@ -144,7 +145,8 @@ BODY_OF = {
     routes.DOCTOR: DoctorBody, routes.DOCTOR_GRADS: GradsBody,
     routes.MEMORY_TENSORS: TensorsBody, routes.STEP: StepBody, routes.ACTIONS: ActionListBody,
     routes.SUBMIT_ACTION: ActionBody, routes.ACTION: ActionBody, routes.CANCEL_ACTION: ActionBody,
-    routes.RESUME: ResumeBody, routes.PROFILE: ProfileBody, routes.START_FLAME: FlameBody,
+    routes.RESUME: ResumeBody, routes.POSTMORTEM_NOW: PostmortemNowBody,
+    routes.PROFILE: ProfileBody, routes.START_FLAME: FlameBody,
     routes.FLAME: FlameBody, routes.ACCESS_REFUSALS: RecordedBody,
 }
 #: Routes whose answer is not a JSON body: a file stream, the Prometheus text, and the CUDA
@@ -236,6 +238,7 @@ def test_every_route_answers_exactly_its_bodys_wire_form(trained_agent):
     ask(routes.CANCEL_ACTION, ids={"action_id": "later"})
     ask(routes.ACTIONS)
     ask(routes.RESUME, json=ResumeRequest("contract-test").to_wire())
+    ask(routes.POSTMORTEM_NOW)
     ask(routes.SUBMIT_ACTION, json={"kind": "profile", "profile": {"steps": 1}, "id": "p1"})
     # the action becomes a profile window at the next step boundary: until then it is 404
     wait_until(lambda: _ask(agent, {"profile_id": "p1"}, routes.PROFILE).status_code == 200,

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from probe_protocol import routes
-from probe_protocol.bodies import BacktraceBody, EvalBody, HealthBody, RanksBody
+from probe_protocol.bodies import BacktraceBody, EvalBody, HealthBody, PostmortemNowBody, RanksBody
 from probe_protocol.query import ArrowBody, QueryBody
 
 from ...collectors import stacks
@@ -119,10 +119,10 @@ async def postmortem_now(request: Request) -> dict[str, Any]:
     agent = _agent(request)
     pm = getattr(agent, "postmortem", None)
     if pm is None:
-        return {"ok": True, "rank": agent.rank, "copy": None,
-                "note": "no post-mortem copy (PROBE_POSTMORTEM=off)"}
+        return PostmortemNowBody(agent.rank, note="no post-mortem copy (PROBE_POSTMORTEM=off "
+                                 "or it could not start)").to_wire()
     await asyncio.to_thread(pm.copy.refresh_soon, 0.0)
-    return {"ok": True, "rank": agent.rank, "copy": pm.path, "requested_at": time.time()}
+    return PostmortemNowBody(agent.rank, copy=pm.path, requested_at=time.time()).to_wire()
 
 
 @router.get(routes.INFO.path)
