@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from tests.e2e.training import probe, training_job
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+# `cuda`: bench/gpu_check.py selects the CUDA tests by this marker (conftest skips it on CPU)
+pytestmark = [pytest.mark.e2e, pytest.mark.cuda]
 
 HOST_MS = 30.0
 

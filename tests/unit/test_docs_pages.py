@@ -14,7 +14,8 @@ DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text()
 #: The pages the README's settings, security, benchmark and fault-suite sections became.
 PAGES = ("settings.md", "security.md", "benchmarks.md", "fault-suite.md", "frameworks.md",
-         "troubleshooting.md", "http-api.md", "known-issues.md", "design-decisions.md")
+         "troubleshooting.md", "http-api.md", "known-issues.md", "design-decisions.md",
+         "gpu-check.md")
 CITED = re.compile(r"\b((?:docs|docker)/[\w./-]+\.md)\b")
 #: Where citations are looked for: everything a reader or a maintainer opens.
 SOURCES = ("probe_agent", "probe_cli", "probe_protocol", "tests", "bench", "docs", "docker",
