@@ -27,12 +27,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Set
 from typing import Any
 
 from probe_protocol.runfiles import RunFiles
 
+from .. import heapscan
 from ..clock import StepClock
 from ..config import AgentConfig
 from ..errors import BindError
@@ -104,6 +106,7 @@ class WatchdogLink:
         self._fallback: Any = None
         self._fallback_starting = False
         self._check: WatchdogCheck | None = None  # is the living watchdog serving?
+        self._busy_until_ns = 0  # the heartbeat's busy_until (busy())
         self._seq = itertools.count()
         self._unsubscribe: Any = None
         self.stopping = False
@@ -126,6 +129,7 @@ class WatchdogLink:
         self.forensics.register()
         self._beat_fd = os.open(self.files.beat, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         beat.write(self._beat_fd, next(self._seq), self._step())
+        heapscan.busy_hook = self.busy  # a heap walk holds the GIL on purpose: say so
         # Exact last step for crash reports: one 32-byte pwrite per step (~2 us).
         self._unsubscribe = self.clock.subscribe(self._on_step, name="watchdog heartbeat")
         try:
@@ -209,14 +213,26 @@ class WatchdogLink:
         if fd is None or self._stop.is_set():
             return
         try:
-            beat.write(fd, next(self._seq), self._step())
+            beat.write(fd, next(self._seq), self._step(), self._busy_until_ns)
         except OSError:
             pass
 
     def _on_step(self, step: int, _optimizer: Any) -> None:
         fd = self._beat_fd
         if fd is not None:
-            beat.write(fd, next(self._seq), step)
+            beat.write(fd, next(self._seq), step, self._busy_until_ns)
+
+    def busy(self, seconds: float) -> None:
+        """The rank's Python will hold the GIL on purpose for up to ``seconds`` (0: no longer):
+        said in the heartbeat, so the watchdog waits for the answer instead of a 504
+        (heapscan.busy_hook)."""
+        self._busy_until_ns = time.monotonic_ns() + int(seconds * 1e9) if seconds > 0 else 0
+        fd = self._beat_fd
+        if fd is not None and not self._stop.is_set():
+            try:
+                beat.write(fd, next(self._seq), self._step(), self._busy_until_ns)
+            except OSError:
+                pass
 
     def check_watchdog(self, proc: subprocess.Popen[bytes]) -> str | None:
         """Why the living watchdog ``proc`` must be taken over (stopped, hung), or None; on
@@ -315,6 +331,8 @@ class WatchdogLink:
         exiting = not threading.main_thread().is_alive()
         self.stopping = True
         self._stop.set()
+        if heapscan.busy_hook == self.busy:
+            heapscan.busy_hook = None
         with self._spawning:  # a watchdog being restarted right now is stopped below too
             pass
         if self._unsubscribe is not None:

@@ -220,11 +220,17 @@ class Proxy:
 
     # -- forwarding -------------------------------------------------------------------------
     def _stale(self) -> float | None:
-        """Seconds since the agent's Python last ran, when that is past the deadline."""
+        """Seconds since the agent's Python last ran, when that is past the deadline and the
+        agent did not say it would be busy until now (a heap walk: beat.py)."""
         hb = self.rank.heartbeat()
-        if hb is not None and hb[0] > self.deadline_s:
+        if hb is not None and hb[0] > self.deadline_s and not hb[2]:
             return hb[0]
         return None
+
+    def _busy(self) -> bool:
+        """The agent holds the GIL on purpose for a while yet (its heartbeat says so)."""
+        hb = self.rank.heartbeat()
+        return hb is not None and hb[2] > 0
 
     async def forward(self, req: Request, writer: asyncio.StreamWriter, client: str) -> bool:
         task = asyncio.ensure_future(self.upstream.ask(req, client))
@@ -243,7 +249,8 @@ class Proxy:
                 if done:
                     break
                 waited = time.monotonic() - started
-                if not is_ranks and loop_check.wedged(waited) and self.rank.alive:
+                if not is_ranks and not self._busy() and loop_check.wedged(waited) and \
+                        self.rank.alive:
                     task.cancel()
                     writer.write(self._error(
                         504, f"rank {self.rank_no}'s agent did not answer: its event loop has "

@@ -164,7 +164,7 @@ class RankWatch:
         elif self.alive:
             self._exited(loop)
 
-    def heartbeat(self) -> tuple[float, int | None] | None:
+    def heartbeat(self) -> tuple[float, int | None, float] | None:
         hb = beat.read(self.files.beat)
         if hb is not None:
             self.last_step = hb[1] if hb[1] is not None else self.last_step

@@ -247,6 +247,32 @@ def test_a_stopped_watchdog_is_taken_over_and_the_rank_answers_again(train_rank,
     assert wd["last_death"].startswith("stopped (SIGSTOP"), wd
 
 
+def test_the_watchdog_waits_for_a_heap_walk_instead_of_a_504(train_rank, tmp_path):
+    """Before, `probe memory --tensors` on a large heap held the GIL longer than the watchdog's
+    deadline, and the watchdog answered 504 "GIL held" instead of the census it had asked
+    for. The agent now says in its heartbeat that it is busy on purpose."""
+    info = train_rank(PROBE_BACKTRACE_DEADLINE_MS="300")
+    with httpx.Client(base_url=info["url"], timeout=60) as c:
+        # GIVEN a heap of 1.5 million objects (a walk takes well over 300 ms + one 250 ms beat
+        # here), made a bit at a time
+        for _ in range(10):  # a 504 here (a held GIL) is fine: that eval still runs
+            c.post("/v1/eval", json={"code": (
+                "import builtins\nbuiltins.probe_heap = getattr(builtins, 'probe_heap', [])\n"
+                "builtins.probe_heap += [{} for _ in range(150_000)]")})
+
+        def heap() -> bool:
+            r = c.post("/v1/eval", json={"code": "import builtins\n"
+                                         "len(getattr(builtins, 'probe_heap', ()))"})
+            return r.status_code == 200 and int(r.json()["result"]) >= 1_500_000
+
+        wait_until(heap, 60, "the heap was never made")
+        # WHEN the tensor census walks it, through the watchdog
+        answers = [c.get("/v1/memory/tensors", params={"top": 3}) for _ in range(3)]
+    # THEN each census is answered, not refused as a held GIL
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text[:300] for a in answers]
+    assert max(a.json()["census_ms"] for a in answers) > 300  # the walk did outlast a deadline
+
+
 def test_watchdog_that_keeps_dying_is_replaced_by_in_process_serving(train_rank, tmp_path):
     from probe_agent.serving.watchdog_restarts import MAX_RESTARTS
 
