@@ -60,6 +60,17 @@ def busy_not_stuck(verdict: HangVerdict, docs: list[RankDoc], min_wait: float) -
         threshold_s=verdict.threshold_s)
 
 
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of ``intervals`` (start, end)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
 def check_hang(report: Report, verdict: HangVerdict) -> None:
     if verdict.problem:
         report.findings.append(Finding(
@@ -153,11 +164,15 @@ def check_collective_wait(report: Report, docs: list[RankDoc]) -> None:
         report.unchecked.append("collective wait: needs collectives from 2 or more ranks")
         return
     span = max(max(t.values()) for t in window) - min(min(t.values()) for t in window)
-    waited = {r: 0.0 for r in rows}
+    # A rank's waits are intervals [entered, last member entered]; collectives in flight at
+    # once (DDP's bucketed async all-reduces) overlap, and summed they counted the same time
+    # twice ("105% of the time waiting"): the union of the intervals is what was lost.
+    spans: dict[int, list[tuple[float, float]]] = {r: [] for r in rows}
     for times in window:
         last = max(times.values())
         for r, t in times.items():
-            waited[r] += last - t
+            spans[r].append((t, last))
+    waited = {r: _union(iv) for r, iv in spans.items()}
     shares = {r: w / span for r, w in waited.items()} if span > 0 else {}
     high = {r: s for r, s in shares.items() if s >= COLLECTIVE_SHARE}
     summary = ", ".join(f"rank {r} {s:.0%}" for r, s in sorted(shares.items()))

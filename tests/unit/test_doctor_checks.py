@@ -354,3 +354,24 @@ def test_a_copy_without_optimizer_settings_but_with_steps_does_not_say_none_step
     assert "no optimizer has stepped yet" not in line, line
     assert "not in a post-mortem copy" in line and "216 steps to step 4731" in line
     assert "0.0003 -> 0.0001" in line
+
+
+def test_overlapping_collectives_never_wait_more_than_the_window():
+    # GIVEN DDP-style buckets: 3 all-reduces in flight at once each step; rank 0 enters them
+    # 1 ms apart, rank 1 enters them 90 ms later (rank 1 is slow)
+    def coll(seq, t):
+        return {"pg": "0", "seq": seq, "op": "allreduce", "state": "done", "start_time": t,
+                "group_ranks": [0, 1]}
+    r0, r1 = [], []
+    for step in range(1, 15):
+        for b in range(3):
+            seq = step * 3 + b
+            r0.append(coll(seq, step * 0.1 + b * 0.001))
+            r1.append(coll(seq, step * 0.1 + 0.09 + b * 0.001))
+    report = diagnose(NO_HANG, [doc(0, collectives=r0), doc(1, collectives=r1)], 5.0)
+    found = {f.check: f for f in report.findings}
+    # THEN rank 0's wait is a share of the window it can be: at most 100%
+    text = " ".join([found["collectives"].title, *found["collectives"].evidence])
+    import re
+    shares = [int(x) for x in re.findall(r"(\d+)% of the time", text)]
+    assert shares and max(shares) <= 100, text
