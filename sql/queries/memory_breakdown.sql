@@ -1,5 +1,5 @@
 -- name: memory_breakdown
--- description: Where each rank's memory goes, from its last $last traced steps (medians, MiB): parameters, gradients and optimizer state this rank holds (the local shard under FSDP2), activations saved for backward in a step's largest forward pass, and the rest (CUDA: allocated minus the three, as the allocator saw it after the step; CPU: the job's memory, python.job_memory's job_mib, minus the three: on CPU that includes the interpreter and torch's libraries). total_mib = the five: about the step's peak, since activations are freed by the time the row is taken. On CUDA also allocated, reserved, the allocator's peak and the device's capacity. params_fp32_mib: the float32 part of the parameters; sharded: parameters are DTensors (FSDP2).
+-- description: Where each rank's memory goes, from its last $last traced steps (medians, MiB): parameters, gradients and optimizer state this rank holds (the local shard under FSDP2), activations saved for backward in a step's largest forward pass, and the rest (CUDA: allocated minus the three, as the allocator saw it after the step; CPU: the job's memory, python.job_memory's job_mib, minus the three: on CPU that includes the interpreter and torch's libraries). total_mib = the five: about the step's peak, since activations are freed by the time the row is taken. On CUDA also allocated, reserved, the allocator's peak and the device's capacity. params_fp32_mib: the float32 part of the parameters; sharded: parameters are DTensors (FSDP2). params_bytes, grads_bytes, optimizer_bytes, activations_bytes: the same medians in exact bytes (the _mib columns are rounded to 0.01 MiB).
 -- params: last
 WITH m AS (
     SELECT *, job_mib AS job FROM python.job_memory WHERE params_mib IS NOT NULL
@@ -22,5 +22,9 @@ SELECT rank, device, step, traced_steps,
              + greatest(job - params - grads - optim, 0), 2) AS total_mib,
        round(job, 2) AS job_mib, round(p32, 2) AS params_fp32_mib, sharded,
        round(allocated, 2) AS allocated_mib, round(reserved, 2) AS reserved_mib,
-       round(peak, 2) AS peak_mib, round(capacity, 1) AS capacity_mib
+       round(peak, 2) AS peak_mib, round(capacity, 1) AS capacity_mib,
+       CAST(round(params * 1048576) AS BIGINT) AS params_bytes,
+       CAST(round(grads * 1048576) AS BIGINT) AS grads_bytes,
+       CAST(round(optim * 1048576) AS BIGINT) AS optimizer_bytes,
+       CAST(round(act * 1048576) AS BIGINT) AS activations_bytes
 FROM k ORDER BY rank, device

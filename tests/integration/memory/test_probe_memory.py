@@ -33,6 +33,12 @@ def test_breakdown_names_the_attention_block_and_the_levers(make_agent, capsys):
     assert bd["parameters_mib"] == pytest.approx(p_mib, abs=0.01)
     assert bd["gradients_mib"] == pytest.approx(p_mib, abs=0.01)
     assert bd["optimizer_mib"] == pytest.approx(2 * p_mib, abs=0.01)
+    # AND --json carries them in exact bytes too (0.01 MiB rounding was 3% of a small model)
+    p_bytes = sum(p.numel() * 4 for p in model.parameters())
+    assert bd["bytes"]["parameters"] == p_bytes and bd["bytes"]["gradients"] == p_bytes
+    # AdamW: exp_avg and exp_avg_sq, and one float32 `step` scalar per parameter
+    n_params = len(list(model.parameters()))
+    assert bd["bytes"]["optimizer"] == 2 * p_bytes + 4 * n_params
     assert bd["activations_mib"] > bd["optimizer_mib"]
     assert bd["cause"] == "activations" and bd["capacity_mib"] is None
     assert "columns" in body and "mem_mib_per_step" in body["columns"]
