@@ -7,7 +7,8 @@ process. One row per finding: what the attacker got. Run it on two checkouts to 
     sudo PROBE_SRC=/path/to/old/checkout python bench/security_findings.py
     sudo python bench/security_findings.py pm copy native runs  # only the findings named so
 
-The post-mortem, native-build and copy-reading findings are in bench/findings_disk.py.
+The post-mortem, native-build and copy-reading findings are in bench/findings_disk.py; the c10d
+store's and the dashboard's of the third pass in bench/findings_serving.py.
 
 Needs root (setuid to 65534) and torch (the c10d store row).
 """
@@ -277,7 +278,7 @@ def main() -> None:
                      ("c10d store", lambda: store(None)), ("c10d store", store),
                      ("relayed proof", relay), ("run-dir link flip", flip),
                      ("escapes", escapes), ("-o symlink", planted_link),
-                     *_findings("findings_disk")]:
+                     *_findings("findings_disk"), *_findings("findings_serving")]:
         if only and not any(name.startswith(o) for o in only):
             continue
         try:
