@@ -10,7 +10,11 @@ shape depends on the data (``nonzero``, ``torch.where`` with one argument, ``mas
 ``unique``, ``bincount``, ``argwhere``), and ``torch.cuda.synchronize``/``Stream.synchronize``/
 ``Event.synchronize``. On CPU the same calls are counted (on a GPU they would sync); ``.cpu()``
 and ``.numpy()`` of a CPU tensor are counted only while the process has no CUDA context (on a
-CUDA job a CPU tensor's ``.numpy()`` waits for nothing).
+CUDA job a CPU tensor's ``.numpy()`` waits for nothing). Likewise any call on a CPU tensor counts
+only in a process with no CUDA context, and only when the job's own code makes it: torch keeps
+some tensors on the CPU on purpose (Adam reads each parameter's step count with ``.item()``: 28
+"syncs" a step at ``optimizer.step()`` on build-nanogpt before this rule), and those do not sync
+on a GPU either.
 
 Only the training thread (the one that steps the optimizer) is counted, and only calls that
 come from outside torch and the agent: a call made inside torch (``GradScaler.step``'s
@@ -110,8 +114,15 @@ def _wrap(kind: str, rule: str | None, original: Any) -> Any:
             return original(*args, **kwargs)
         if rule is not None and not _wanted(rule, c, args, kwargs):
             return original(*args, **kwargs)
+        caller = _getframe(1)
+        if args and isinstance(t := args[0], _Tensor) and t.is_cpu and rule != "to_host" and (
+                not c.cpu_only or caller.f_code.co_filename.startswith(c._torch_dir)):
+            # A CPU tensor syncs with nothing on a CUDA job; and torch's own code keeps some
+            # tensors on the CPU on purpose (Adam's step counts, read with .item() per
+            # parameter), which would not sync on a GPU either.
+            return original(*args, **kwargs)
         c.inside = True
-        key = c.hit(kind, _getframe(1))
+        key = c.hit(kind, caller)
         t0 = _perf_ns()
         try:
             return original(*args, **kwargs)

@@ -166,3 +166,19 @@ def test_compile_state_recorded_without_recompiles(make_agent):
     finally:
         torch._dynamo.reset()
         counters.clear()
+
+
+def test_torchs_own_cpu_tensors_are_no_sync(make_agent):
+    """Adam reads each parameter's step count (a CPU tensor, on a GPU job too) with .item():
+    not a sync, not counted; the same .item() in the job's code is."""
+    agent = make_agent(trace="off")
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    for _ in range(4):
+        loss = model(torch.randn(4, 8)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        loss.item()
+    rows = _rows(agent, "SELECT kind, line, sum(calls) FROM python.host_syncs GROUP BY ALL")
+    assert [(k, n) for k, _, n in rows] == [("item", 3)], rows  # steps 2-4: the loop's own
