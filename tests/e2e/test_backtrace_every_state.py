@@ -230,27 +230,14 @@ def test_killed_watchdog_is_restarted_and_probe_info_says_so(train_rank, tmp_pat
     assert wd["restarts"] == 1 and wd["in_process_fallback"] is False, wd
 
 
-def test_a_stopped_watchdog_is_taken_over_and_the_rank_answers_again(train_rank, tmp_path):
-    """Before, a SIGSTOPped watchdog kept the rank's sockets and the agent took over only from
-    a dead one: every request waited in the backlog for good."""
+def test_the_watchdog_waits_for_a_heap_walk_and_a_stopped_one_is_taken_over(train_rank,
+                                                                           tmp_path):
+    """One rank for two findings (suite time). Before, `probe memory --tensors` on a large heap
+    held the GIL longer than the watchdog's deadline, and the watchdog answered 504 "GIL held"
+    instead of the census it had asked for: the agent now says in its heartbeat that it is
+    busy on purpose. And a SIGSTOPped watchdog kept the rank's sockets, the agent taking over
+    only from a dead one: every request waited in the backlog for good."""
     run = tmp_path / "run"
-    info = train_rank()
-    old = _watchdog_pid(run, info["pid"])
-    assert old is not None
-    # WHEN someone stops the watchdog (kill -STOP)
-    os.kill(old, signal.SIGSTOP)
-    # THEN the agent kills it and a new one serves the same sockets, within seconds
-    _restarted(run, info["pid"], old, info["url"], 1)
-    res = probe("-t", _target(info), "backtrace", run_dir=run, timeout=30)
-    assert res.returncode == 0 and "train_forever" in res.stdout, res
-    wd = httpx.get(f"{info['url']}/v1/info", timeout=10).json()["watchdog"]
-    assert wd["last_death"].startswith("stopped (SIGSTOP"), wd
-
-
-def test_the_watchdog_waits_for_a_heap_walk_instead_of_a_504(train_rank, tmp_path):
-    """Before, `probe memory --tensors` on a large heap held the GIL longer than the watchdog's
-    deadline, and the watchdog answered 504 "GIL held" instead of the census it had asked
-    for. The agent now says in its heartbeat that it is busy on purpose."""
     info = train_rank(PROBE_BACKTRACE_DEADLINE_MS="300")
     with httpx.Client(base_url=info["url"], timeout=60) as c:
         # GIVEN a heap of 1.5 million objects (a walk takes well over 300 ms + one 250 ms beat
@@ -268,9 +255,21 @@ def test_the_watchdog_waits_for_a_heap_walk_instead_of_a_504(train_rank, tmp_pat
         wait_until(heap, 60, "the heap was never made")
         # WHEN the tensor census walks it, through the watchdog
         answers = [c.get("/v1/memory/tensors", params={"top": 3}) for _ in range(3)]
-    # THEN each census is answered, not refused as a held GIL
-    assert [a.status_code for a in answers] == [200, 200, 200], [a.text[:300] for a in answers]
-    assert max(a.json()["census_ms"] for a in answers) > 300  # the walk did outlast a deadline
+        # THEN each census is answered, not refused as a held GIL
+        assert [a.status_code for a in answers] == [200, 200, 200], \
+            [a.text[:300] for a in answers]
+        assert max(a.json()["census_ms"] for a in answers) > 300  # it outlasted a deadline
+        c.post("/v1/eval", json={"code": "import builtins\ndel builtins.probe_heap"})
+    old = _watchdog_pid(run, info["pid"])
+    assert old is not None
+    # WHEN someone stops the watchdog (kill -STOP)
+    os.kill(old, signal.SIGSTOP)
+    # THEN the agent kills it and a new one serves the same sockets, within seconds
+    _restarted(run, info["pid"], old, info["url"], 1)
+    res = probe("-t", _target(info), "backtrace", run_dir=run, timeout=30)
+    assert res.returncode == 0 and "train_forever" in res.stdout, res
+    wd = httpx.get(f"{info['url']}/v1/info", timeout=10).json()["watchdog"]
+    assert wd["last_death"].startswith("stopped (SIGSTOP"), wd
 
 
 def test_watchdog_that_keeps_dying_is_replaced_by_in_process_serving(train_rank, tmp_path):
