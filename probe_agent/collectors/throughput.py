@@ -74,12 +74,14 @@ class ThroughputMeter:
         shapes = tuple(batch.shapes) if batch is not None and batch.shapes else None
         mode = str(getattr(tracer, "mode", "off"))
         next_traced = bool(tracer is not None and tracer.traced(step + 1))
+        # Before the meter's boundary: on CPU the first call measures the peak with matmuls,
+        # which the FLOP counter entered there would count as the next step's (~70x its FLOPs).
+        peak = self.peaks.get(torch, b.device, b.dtype) if b is not None else None
         flops = self.meter.boundary(torch, step, shapes, next_traced, mode != "off")
         if flops is not None or self._params is None:
             params = tracer.trained_params(optimizer) if tracer is not None else [
                 p for g in getattr(optimizer, "param_groups", ()) for p in g.get("params", ())]
             self._params = trainable_params(params) or None
-        peak = self.peaks.get(torch, b.device, b.dtype) if b is not None else None
         return StepWork(
             tokens=b.tokens if b is not None else None, source=source if b else None,
             micro_batches=b.micro_batches if b is not None else None,
