@@ -68,6 +68,8 @@ class PostmortemCopy:
         self._warned = False
         self._made = False
         self.failed_refreshes = 0
+        #: rows the store trimmed before they were copied (see _copy_table)
+        self.lost_rows = 0
         self.failing_since: float | None = None
         self.last_error: str | None = None
         #: Called first in every refresh, under its lock (Postmortem: the run's name).
@@ -154,9 +156,14 @@ class PostmortemCopy:
         data = self.store.export_arrow(table, after_rowid=mark)
         if not whole and mark is not None and data.num_rows == 0:
             return
-        top = int(max(data.column("_rowid").to_pylist())) if data.num_rows else None
+        ids = data.column("_rowid").to_pylist() if data.num_rows else []
+        top = int(max(ids)) if ids else None
         if top is not None and mark is not None and top <= mark:
             return
+        # Rows appended and trimmed by the store's retention before any refresh saw them (a
+        # copy failing on a full disk meanwhile, or a retention budget smaller than a period's
+        # rows): rowids only grow on append, so the gap below the first new one is their count.
+        gap = (int(min(ids)) - (mark + 1 if mark is not None else 0)) if ids and not whole else 0
         data = data.drop_columns(["_rowid"])
         old = layout.table_files(self.path).get(short, [])
         if not whole and data.num_rows == 0 and old:
@@ -165,6 +172,7 @@ class PostmortemCopy:
         self._write(os.path.join(self.path, f"{short}.{self._seq}{layout.PARQUET}"), data)
         if top is not None:
             self._marks[table] = top
+            self.lost_rows += max(0, gap)
         if whole:
             for path in old:
                 os.unlink(path)
@@ -178,7 +186,8 @@ class PostmortemCopy:
             **self.meta(), "refreshed_at": self.refreshed_at, "refreshes": self.refreshes + 1,
             "every_s": self.every_s, "budget_bytes": self.budget_bytes,
             "bytes": self._parquet_bytes(), "bytes_written": self.bytes_written,
-            "truncated": self.dropped_bytes > 0, "dropped_bytes": self.dropped_bytes,
+            "truncated": self.dropped_bytes > 0 or self.lost_rows > 0,
+            "dropped_bytes": self.dropped_bytes, "lost_rows": self.lost_rows,
             "failed_refreshes": self.failed_refreshes, "failing_since": self.failing_since,
             "last_error": self.last_error})
 

@@ -158,7 +158,12 @@ def missing_lines(job: Any) -> list[str]:
                        f"{str(rank.meta.get('last_error'))[:200]}): rows after that are missing")
         for problem in getattr(rank, "problems", ()):
             out.append(f"  rank {rank.rank}: {problem}")
-        if rank.meta.get("truncated"):
+        lost = rank.meta.get("lost_rows")
+        if isinstance(lost, int) and lost > 0:
+            out.append(f"  rank {rank.rank}: {lost} rows were trimmed by the agent's retention "
+                       "before a refresh copied them (PROBE_RETENTION_MB, "
+                       "PROBE_POSTMORTEM_EVERY_S)")
+        if rank.meta.get("truncated") and rank.meta.get("dropped_bytes"):
             out.append(f"  rank {rank.rank}: the copy hit its budget "
                        f"({int(rank.meta.get('budget_bytes', 0)) >> 20} MiB): "
                        f"{int(rank.meta.get('dropped_bytes', 0)) >> 10} KiB of the oldest rows "

@@ -128,3 +128,28 @@ def test_a_zero_length_part_does_not_break_the_copy(store, tmp_path: Path):
     assert body.records() == [{"n": 10}]
     lines = missing_lines(job)
     assert any("metrics.999.parquet is not a whole Parquet file" in ln for ln in lines), lines
+
+
+def test_rows_trimmed_before_a_refresh_are_counted_not_hidden(store, tmp_path: Path):
+    """The store's retention (1 MB here) trims rows a slow or failing copy never saw: the copy
+    says how many, and that it is truncated, instead of truncated: false."""
+    import pyarrow.parquet as pq
+
+    from tests.support import wait_until
+
+    rank_dir = tmp_path / "j" / "rank-0"
+    copy = _copy(store, rank_dir, 1 << 30)
+    _metrics(store, 0, 100)
+    copy.refresh()
+    for first in range(100, 60100, 20000):
+        _metrics(store, first, 20000)
+    store.flush(10)
+    wait_until(lambda: store.query("SELECT min(step) FROM python.metrics").rows[0][0] > 100,
+               60, "the store's retention never trimmed the metrics")
+    copy.refresh()  # one refresh after the trim: the rows it never saw are gone
+    copied = sum(pq.read_table(p).num_rows for p in layout.table_files(str(rank_dir))["metrics"])
+    job = find_job(str(tmp_path / "j"))
+    meta = job.ranks[0].meta
+    assert meta["lost_rows"] > 0 and meta["truncated"] is True, meta
+    assert copied + meta["lost_rows"] == 60100, (copied, meta["lost_rows"])
+    assert any("trimmed by the agent's retention" in line for line in missing_lines(job))
