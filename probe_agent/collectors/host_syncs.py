@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from .. import patches
 from . import Guard, Sink
 from .registry import CollectorSpec
 
@@ -135,7 +136,6 @@ def _wrap(kind: str, rule: str | None, original: Any) -> Any:
     counted.__qualname__ = getattr(original, "__qualname__", counted.__name__)
     counted.__doc__ = getattr(original, "__doc__", None)
     counted.__wrapped__ = original  # type: ignore[attr-defined]
-    counted._probe_host_sync = True  # type: ignore[attr-defined]
     # What dynamo traces in its place (it unwraps this attribute, as for its own wrappers), so
     # a compiled frame sees the plain call: the same graphs and breaks as without the agent.
     counted._torchdynamo_inline = original  # type: ignore[attr-defined]
@@ -155,6 +155,13 @@ def _skip_in_dynamo(torch: Any) -> None:
     skip = ef._FrameExecStrategy(ef._FrameAction.SKIP, ef._FrameAction.SKIP)
     code = _wrap("item", None, len).__code__
     ef.set_code_exec_strategy(code, skip)
+    if not any(x.name == "torch._dynamo code strategy: host syncs" for x in patches.settings()):
+        patches.setting("torch._dynamo code strategy: host syncs",
+                        "SKIP (recursive) for the host-sync stand-ins", by="host sync counter",
+                        why="dynamo traces the plain call where a stand-in is called, and never "
+                            "compiles the stand-in's own frame",
+                        restorable=False, why_kept="dynamo has no way to unset a code's "
+                        "strategy; it only concerns the agent's own code object")
 
 
 def _wanted(rule: str, c: HostSyncCounter, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -187,7 +194,7 @@ class HostSyncCounter:
         self.sink: Sink | None = None
         self._schema: pa.Schema | None = None
         self._unsubscribe: Any = None
-        self._patched: list[tuple[Any, str, Any, bool]] = []  # (owner, name, original, own)
+        self._patched: list[patches.Patch] = []
         self._where: dict[Any, int] = {}  # code object -> 0 the job's, 1 torch's, 2 the agent's
         self._torch_dir = self._agent_dir = "\0"
         self._steps = 0
@@ -210,7 +217,8 @@ class HostSyncCounter:
 
     # -- patches -----------------------------------------------------------------------------
     def install(self, torch: Any) -> None:
-        """Put the counting stand-ins in place (training thread, at the first step)."""
+        """Put the counting stand-ins in place (training thread, at the first step), each
+        through the patch ledger (`probe info` lists them)."""
         global _counter, _is_compiling, _Tensor
         _is_compiling = torch.compiler.is_compiling
         _Tensor = torch.Tensor
@@ -220,12 +228,12 @@ class HostSyncCounter:
             owner = _owner(torch, where)
             if owner is None:
                 continue
-            own = name in vars(owner)
             original = getattr(owner, name, None)
-            if original is None or getattr(original, "_probe_host_sync", False):
-                continue
-            setattr(owner, name, _wrap(kind, rule, original))
-            self._patched.append((owner, name, original, own))
+            if original is None or patches.ours(original) is not None:
+                continue  # absent in this torch, or an earlier agent's stand-in still there
+            self._patched.append(patches.replace(
+                owner, name, _wrap(kind, rule, original), by="host sync counter",
+                why=f"counts {KIND_LABEL[kind]} calls per step with their call sites"))
         try:
             _skip_in_dynamo(torch)
         except (AttributeError, TypeError, RuntimeError) as e:  # an older or newer torch
@@ -236,14 +244,8 @@ class HostSyncCounter:
     def uninstall(self) -> None:
         """Put every original back, newest first (what was inherited is inherited again)."""
         patched, self._patched = self._patched, []
-        for owner, name, original, own in reversed(patched):
-            try:
-                if own:
-                    setattr(owner, name, original)
-                else:
-                    delattr(owner, name)
-            except (AttributeError, TypeError) as e:
-                self.guard.failed(e)
+        for p in reversed(patched):
+            patches.restore(p)
 
     # -- training thread ---------------------------------------------------------------------
     def hit(self, kind: str, frame: Any) -> tuple[str, Any, int] | None:

@@ -69,8 +69,9 @@ def test_counts_and_sites_exact(make_agent):
 def test_other_threads_and_stop(make_agent):
     agent = make_agent(trace="off")
     _loop(2, items=1)
-    original = torch.Tensor.__dict__["item"]
-    assert getattr(original, "_probe_host_sync", False)
+    from probe_agent import patches
+
+    assert patches.ours(torch.Tensor.__dict__["item"]) is not None
     done = threading.Event()
 
     def other() -> None:
@@ -88,7 +89,7 @@ def test_other_threads_and_stop(make_agent):
     # none of the other thread's 50
     assert rows[0][0] == 2, rows
     agent.stop()
-    assert not getattr(torch.Tensor.item, "_probe_host_sync", False)
+    assert patches.ours(torch.Tensor.item) is None
     assert "__bool__" not in torch.Tensor.__dict__  # inherited again, as before
 
 
@@ -112,7 +113,9 @@ def test_no_recompile_or_graph_break_added(make_agent):
     plain = compiled_counts()
     agent = make_agent(trace="off")
     _loop(2, items=0)  # the counter is installed at the first step
-    assert getattr(torch.Tensor.item, "_probe_host_sync", False)
+    from probe_agent import patches
+
+    assert patches.ours(torch.Tensor.item) is not None
     try:
         assert compiled_counts() == plain
     finally:
