@@ -6,11 +6,12 @@ Data (``/v1/backtrace`` + ``/v1/collectives`` of every rank, asked one node at a
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import click
 
-from ..diagnose.ends import ages_lines, ends_lines, timeout_line
+from ..diagnose.ends import ages_lines, ends_lines, evidence_at, timeout_line
 from ..diagnose.hang import HangVerdict, diagnose, rank_state
 from ..errors import EXIT_FAILURE
 from ..gather.evidence import hang_evidence_by_node
@@ -58,6 +59,11 @@ def command(session: Session, min_wait: float | None) -> Outcome:
         return out
     if session.output == "json":
         lines = [hang_json(verdict, results)]
+        if job is not None:  # a dead job: when each rank's account was taken (ages_lines)
+            body = json.loads(lines[0])
+            body["copies_taken_at"] = {str(r.rank): evidence_at(r)
+                                       for r in sorted(job.ranks.values(), key=lambda r: r.rank)}
+            lines = [json.dumps(body, indent=2)]
     else:
         lines = render_verdict(verdict)
     if job is not None and session.output != "json":  # a dead job: how each rank ended

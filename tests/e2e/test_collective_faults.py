@@ -95,6 +95,7 @@ def test_rank0_only_collective_is_named_from_the_copies_after_gloo_aborted_it(jo
     body = json.loads(probe("-t", str(job_dir), "--json", "hang").stdout)
     m = body["mismatch"]
     assert m["kind"] == "sizes" and m["odd_ranks"] == [0] and body["culprits"] == [0]
+    assert set(body["copies_taken_at"]) == {"0", "1"} and all(body["copies_taken_at"].values())
     sites = {tuple(s["ranks"]): s["callsite"] for s in m["sides"]}
     assert sites[(0,)].endswith("log_metric") and sites[(1,)].endswith(" main"), sites
     # doctor: the same culprit, and a summary line that counts it (exit 4)
