@@ -303,6 +303,10 @@ def _no_settings(docs: list[RankDoc]) -> str:
     was printed after 216-4731 recorded steps."""
     stepped = [(d, first_loop(d)) for d in docs if num(first_loop(d).get("steps"))]
     if not stepped:
+        asked = sorted({e for d in docs for e in (d.errors.get("state"), d.errors.get("loop"))
+                        if e})
+        if asked:  # the ranks did not answer (a timeout on a busy node): nothing is known
+            return f"optimizer settings and steps not read ({asked[0]})"
         return "no optimizer has stepped yet (or torch.optim is not used)"
     d, loop = stepped[0]
     why = d.errors.get("state") or "the optimizers' settings are read live, not kept in a copy"

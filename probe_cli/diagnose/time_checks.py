@@ -208,7 +208,10 @@ def check_collective_wait(report: Report, docs: list[RankDoc]) -> None:
 def check_data_wait(report: Report, docs: list[RankDoc]) -> None:
     got = {d.rank: first_loop(d) for d in docs if d.loop and num(first_loop(d).get("steps"))}
     if not got:
-        report.unchecked.append("DataLoader wait: no steps in python.step_stats yet")
+        # the ranks did not answer the loop query (a timeout on a busy node): nothing is known
+        errs = sorted({d.errors["loop"] for d in docs if d.loop is None and d.errors.get("loop")})
+        why = f"not read ({errs[0]})" if errs else "no steps in python.step_stats yet"
+        report.unchecked.append(f"DataLoader wait: {why}")
         return
     shares = {r: (num(x.get("data_wait_share")) or 0.0, x) for r, x in got.items()}
     high = {r: s for r, s in shares.items() if s[0] >= DATA_WAIT_SHARE}

@@ -356,6 +356,23 @@ def test_a_copy_without_optimizer_settings_but_with_steps_does_not_say_none_step
     assert "0.0003 -> 0.0001" in line
 
 
+def test_ranks_whose_answers_timed_out_are_not_said_to_have_no_steps():
+    """A busy node: the second round's state and loop queries timed out on every rank. Seen on
+    the demo job with 274 rows in python.step_stats: "no optimizer has stepped yet" and "no
+    steps in python.step_stats yet"."""
+    # GIVEN ranks that answered neither their live state nor the loop query
+    docs = [doc(r) for r in (0, 1)]
+    for d in docs:
+        d.state, d.loop = None, None
+        d.errors.update(state="timeout 5 s", loop="timeout 5 s")
+    report = diagnose(NO_HANG, docs, 5.0)
+    # THEN "not checked" says they were not read, and why
+    lr = next(u for u in report.unchecked if u.startswith("learning rate: "))
+    data = next(u for u in report.unchecked if u.startswith("DataLoader wait: "))
+    assert "not read (timeout 5 s)" in lr and "stepped yet" not in lr, lr
+    assert data == "DataLoader wait: not read (timeout 5 s)", data
+
+
 def test_overlapping_collectives_never_wait_more_than_the_window():
     # GIVEN DDP-style buckets: 3 all-reduces in flight at once each step; rank 0 enters them
     # 1 ms apart, rank 1 enters them 90 ms later (rank 1 is slow)
