@@ -305,6 +305,11 @@ def report(error: ProbeCLIError) -> None:
         click.echo(f"hint: {error.help_text}", err=True)
 
 
+#: Set when Ctrl-C ended the command: the console script then exits at once instead of
+#: joining the fan-out's threads, which wait for their requests (an eval: until it ends).
+INTERRUPTED = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `probe` and return its exit code (0, 1, 2 or 3; see probe_cli/errors.py)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -315,8 +320,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProbeCLIError as e:
         report(e)
         return e.exit_code
-    except click.exceptions.Abort:
-        click.echo("Aborted!", err=True)
+    except click.exceptions.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)
+        click.echo("probe: interrupted; what was already sent to the ranks (an eval, an "
+                   "action) keeps running there", err=True)
+        global INTERRUPTED
+        INTERRUPTED = True
         return EXIT_FAILURE
     except click.ClickException as e:
         e.show()

@@ -110,3 +110,35 @@ def test_wrong_token_against_the_real_agent(make_agent, capsys):
     assert code == 1 and "HTTP 401" in err and "PROBE_TOKEN" in err
     code, _, err = run(capsys, address(agent), "--token", "s3cret", "info")
     assert code == 0, err
+
+
+def test_ctrl_c_during_a_long_eval_ends_the_cli_at_once(agent, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.support import python_env, wait_until
+
+    # GIVEN `probe eval` running code that takes 20 s on the rank
+    started, done = tmp_path / "started", tmp_path / "done"
+    code = (f"import time; open({str(started)!r}, 'w').close(); time.sleep(20); "
+            f"open({str(done)!r}, 'w').close()")
+    proc = subprocess.Popen([sys.executable, "-m", "probe_cli", "-t", address(agent),
+                             "--timeout", "60", "eval", code], env=python_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(started.exists, 60, "the eval never started on the rank")
+        # WHEN the operator presses Ctrl-C
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        waited = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # THEN the CLI is gone long before the eval ends, and says the eval goes on
+    assert not done.exists() and waited < 12, f"Ctrl-C took {waited:.1f} s"
+    assert proc.returncode == 1 and "interrupted" in err and "keeps running" in err, err
+    wait_until(done.exists, 60, "the eval did not finish on the rank")  # before teardown
