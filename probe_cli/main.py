@@ -37,8 +37,9 @@ from .transport.targets import (
 )
 
 #: Commands that reach no job through the session's targets (they find local processes, or
-#: read post-mortem copies): two live agents in the run dir must not make them ask for -t.
-_LOCAL_COMMANDS = frozenset({"ps", "launch", "inject", "postmortem"})
+#: read post-mortem copies, or build locally): two live agents in the run dir must not make
+#: them ask for -t.
+_LOCAL_COMMANDS = frozenset({"ps", "launch", "inject", "postmortem", "build-native"})
 
 CONTEXT_SETTINGS = {
     # PROBE_TARGET, PROBE_TOKEN, PROBE_TIMEOUT... for every option, new commands included.

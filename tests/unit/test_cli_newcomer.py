@@ -88,3 +88,24 @@ def test_hang_on_a_job_that_has_ended_exits_1_naming_the_address(capsys):
     assert code == 1, (out, err)
     assert "rank -1" not in out + err
     assert f"127.0.0.1:{port}" in err and "connection refused" in err
+
+
+def test_build_native_runs_with_several_jobs_in_the_run_dir(capsys, tmp_path):
+    # GIVEN a run dir with the agents of two jobs (two live processes, each its own job)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        for p in procs:
+            (run_dir / f"{p.pid}.sock").write_text("")
+            (run_dir / f"{p.pid}.json").write_text(json.dumps({"rank": 0}))
+        # WHEN `probe build-native` runs (with an interpreter that fails at once)
+        code = main(["--run-dir", str(run_dir), "build-native", "--python", "/bin/false"])
+        _, err = capsys.readouterr()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    # THEN it is not refused for want of -t: it ran the build (which failed here)
+    assert "jobs have agents" not in err, err
+    assert code == 1 and "the build exited" in err, err
