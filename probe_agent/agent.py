@@ -23,6 +23,7 @@ from typing import Any
 from probe_protocol.bodies import InfoBody, RankEntry
 from probe_protocol.runfiles import RunFiles
 from probe_protocol.tokens import sign_entry
+from probe_protocol.version import FORMAT
 
 from . import patches, rundir
 from ._version import __version__
@@ -352,6 +353,7 @@ class Agent:
             serve_cpu=self.config.serve_cpu,
             access=self.access_info(),
             queued_s=round(getattr(self.serve_budget, "waited_s", 0.0), 3),
+            format=FORMAT,
             patches=tuple(p.describe() for p in patches.active()),
             settings=tuple(s.describe() for s in patches.settings()),
         )

@@ -8,9 +8,10 @@ keys the page lists): renderers walk them as mappings.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .envelope import Body, WireBody, as_dict, as_int, as_str, sometimes
+from .requests import ID_PATTERN, Request, arg
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,17 +85,69 @@ class FinishedAction:
 
 
 @dataclass(frozen=True, slots=True)
-class ResumeRequest:
+class ResumeRequest(Request):
     """What ``POST /v1/resume`` takes: who asked, for the audit row."""
 
-    requested_by: str | None = None
+    requested_by: str | None = arg("str", max_length=200, description="user@host, for audit")
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"requested_by": self.requested_by}
 
-    @classmethod
-    def from_wire(cls, body: Body | None) -> ResumeRequest:
-        return cls(as_str((body or {}).get("requested_by")))
+#: The flame ceiling the agent applies when the request names none (`probe flame --max-seconds`).
+FLAME_MAX_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRequest(Request):
+    """What ``POST /v1/actions`` takes: a kind of step-boundary action, the step, and the
+    kind's own arguments. The agent's kind (probe_agent/actions/kinds/) checks the arguments
+    belong together; keys no field here names travel in ``extra`` (a newer kind's
+    arguments). A profile window's length is ``profile.ahead`` (``--for N``; an older CLI sent
+    ``steps``, still read)."""
+
+    EXTRA: ClassVar[str | None] = "extra"
+
+    kind: str = arg("str", "step-eval",
+                    description="step-eval runs `code`; the others are built-in actions")
+    step: int | None = arg("int", ge=0, description="Run right after optimizer step N; null = "
+                           "this rank's next step")
+    code: str = arg("str", "", description="Python source for step-eval")
+    scale: float | None = arg("number", ge=0, description="lr: multiply every LR by this (0 "
+                              "or above 10 only with force)")
+    set: float | None = arg("number", ge=0, description="lr: set every LR to this (0 or above "
+                            "10x the current largest LR only with force)")
+    force: bool = arg("bool", False, description="lr: allow 0 and changes above 10x")
+    path: str | None = arg("str", description="checkpoint: where to write (absolute)")
+    overwrite: bool = arg("bool", False, description="checkpoint: replace an existing file "
+                          "(or sharded: an existing checkpoint directory)")
+    model: str | None = arg("str", description="checkpoint: the model's name (dotted) to save")
+    profile: dict[str, Any] | None = arg(
+        "object", description="profile: ahead, max_steps, max_seconds, max_mb, record_shapes, "
+        "with_stack; checked by probe_agent/actions/profile.py")
+    guard: dict[str, Any] | None = arg(
+        "object", description="guard: skip_nonfinite, skip_spike K, lower_lr F, checkpoint "
+        "PATH, skip (false: record only), or off; checked by probe_agent/actions/kinds/guard.py")
+    id: str | None = arg("str", pattern=ID_PATTERN,
+                         description="Action id; the CLI sends the same one to every rank")
+    group: list[int] | None = arg("ints", description="Ranks the action was sent to; they "
+                                  "must all reach the step for it to run (default: every rank "
+                                  "of the job)")
+    requested_by: str | None = arg("str", max_length=200, description="user@host, for audit")
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FlameRequest(Request):
+    """What ``POST /v1/flame`` takes: how long and how often to sample the rank's stacks."""
+
+    seconds: float = arg("number", 10.0, gt=0, description="How long to sample")
+    rate: float = arg("number", 100.0, gt=0, description="Samples per second")
+    max_seconds: float = arg("number", FLAME_MAX_SECONDS, gt=0,
+                             description="Ceiling; seconds above it are refused")
+    sampler: str = arg("str", "auto", choices=("auto", "py-spy", "in-process"),
+                       description="py-spy record --nonblocking (auto: when it can read this "
+                       "process), or the in-process sampler")
+    id: str | None = arg("str", pattern=ID_PATTERN,
+                         description="Session id; the CLI sends the same one to every rank")
+    requested_by: str | None = arg("str", max_length=200)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .envelope import Body, WireBody, as_bool, as_dict, as_dicts, as_int, as_str, sometimes
+from .requests import ID_PATTERN, Request, arg
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,8 @@ class InfoBody(WireBody):
     hot_path: str | None = None
     """The tracer's hot path: ``native`` or ``python (building, 40 s)``, ``python (no compiler:
     ...)``, ``python (build failed: see FILE)``..."""
+    format: int | None = None
+    """The agent's probe format (probe_protocol/version.py); None from an agent older than it."""
     patches: tuple[dict[str, Any], ...] = ()
     """What the agent replaced in the process now (probe_agent/patches.py): ``target``
     (``torch.nn.modules.module.Module.__call__``), ``by``, ``why``, ``restorable`` and, for one
@@ -146,19 +149,15 @@ class RanksBody(WireBody):
 
 
 @dataclass(frozen=True, slots=True)
-class EvalRequest:
+class EvalRequest(Request):
     """What ``POST /v1/eval`` takes. ``id`` names the eval (the CLI sends one id to every
     rank, so that a runaway eval is cancelled everywhere by the id it names)."""
 
-    code: str
-    id: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"code": self.code} if self.id is None else {"code": self.code, "id": self.id}
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> EvalRequest:
-        return cls(as_str((body or {}).get("code")) or "")
+    code: str = arg("str", required=True,
+                    description="Python source; the repr of a trailing expression is returned")
+    id: str | None = arg("str", pattern=ID_PATTERN,
+                         description="The eval's job id (the CLI sends the same one to every "
+                         "rank); default E1, E2…")
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,17 +270,12 @@ class QueriesBody(WireBody):
 
 
 @dataclass(frozen=True, slots=True)
-class TraceRequest:
+class TraceRequest(Request):
     """What ``POST /v1/trace`` takes: ``on``, ``off`` or ``every:N``."""
 
-    mode: str
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"mode": self.mode}
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> TraceRequest:
-        return cls(as_str((body or {}).get("mode")) or "")
+    mode: str = arg("str", required=True, pattern=r"^(on|off|every:[1-9][0-9]*)$",
+                    description="on (every module, every step), off, or every:N (every module "
+                    "on steps whose number is a multiple of N)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,24 +368,37 @@ class TensorsBody(WireBody):
 
 
 @dataclass(frozen=True, slots=True)
-class RefusalReport:
+class NumericsRequest(Request):
+    """What ``POST /v1/numerics`` takes: thresholds to change while the job runs
+    (``{"thresholds": {"spike_factor": 3}}``); the agent names an unknown one."""
+
+    thresholds: dict[str, Any] = arg("object", required=True,
+                                     description="NAME: VALUE, each a finite number >= 0")
+
+
+#: A refused request as the watchdog lists it: each key and its longest text.
+REFUSAL_KEYS = {"client": 200, "what": 300, "reason": 40, "message": 1000}
+
+
+@dataclass(frozen=True, slots=True)
+class RefusalReport(Request):
     """``POST /v1/access/refusals`` (watchdog -> its agent, private socket): the requests the
     watchdog refused since its last report, and how many more it only counted. ``id`` is the
     same on every resend of one report (one sent during a GIL hold arrives but is answered
-    late); the agent applies each id once."""
+    late); the agent applies each id once. Each refusal has ``REFUSAL_KEYS``, all text."""
 
-    refusals: tuple[dict[str, Any], ...] = ()
-    unlisted: int = 0
-    id: str = ""
+    refusals: tuple[dict[str, Any], ...] = arg("objects", (), max_length=1000)
+    unlisted: int = arg("int", 0, ge=0, description="refusals counted but not listed")
+    id: str = arg("str", "", max_length=64,
+                  description="the same on every resend; applied once")
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"id": self.id, "refusals": list(self.refusals), "unlisted": self.unlisted}
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> RefusalReport:
-        b = body or {}
-        return cls(as_dicts(b.get("refusals")), as_int(b.get("unlisted")) or 0,
-                   str(b.get("id") or ""))
+    def check(self) -> str | None:
+        for i, r in enumerate(self.refusals):
+            for key, most in REFUSAL_KEYS.items():
+                v = r.get(key)
+                if not isinstance(v, str) or len(v) > most:
+                    return f"refusals.{i}.{key}: give text of at most {most} characters"
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,25 +14,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .envelope import Body, WireBody, as_dict, as_int, as_str, sometimes
+from .envelope import Body, WireBody, as_int, sometimes
+from .requests import Request, arg
 from .routes import RANK_HEADER
 
 
 @dataclass(frozen=True, slots=True)
-class QueryRequest:
+class QueryRequest(Request):
     """What ``POST /v1/query`` takes: one read-only statement and an optional row cap."""
 
-    sql: str
-    max_rows: int | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"sql": self.sql} if self.max_rows is None else {"sql": self.sql,
-                                                                 "max_rows": self.max_rows}
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> QueryRequest:
-        b = body or {}
-        return cls(as_str(b.get("sql")) or "", as_int(b.get("max_rows")))
+    sql: str = arg("str", required=True,
+                   description="One read-only statement (SELECT, DESCRIBE, SHOW, EXPLAIN…)")
+    max_rows: int | None = arg("int", ge=1, description="Row cap; at most PROBE_MAX_ROWS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,17 +60,11 @@ class QueryBody(WireBody):
 
 
 @dataclass(frozen=True, slots=True)
-class CannedRequest:
+class CannedRequest(Request):
     """What ``POST /v1/queries/{name}`` takes: values for the query's ``-- params:`` names."""
 
-    params: dict[str, Any]
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"params": self.params}
-
-    @classmethod
-    def from_wire(cls, body: Body | None) -> CannedRequest:
-        return cls(as_dict((body or {}).get("params")))
+    params: dict[str, Any] = arg("object", {},
+                                 description="values for the query's `-- params:` names")
 
 
 #: Response headers of an Arrow answer (the body is the stream itself), besides RANK_HEADER.

@@ -36,7 +36,6 @@ HARD_MAX_SECONDS = 3600.0
 #: The RSS a window may add before it ends itself (profiling/memory.py), and its ceiling.
 MAX_MB = 512.0
 HARD_MAX_MB = 65536.0
-FLAME_MAX_SECONDS = 60.0
 FLAME_HARD_MAX_SECONDS = 600.0
 FLAME_MAX_RATE = 1000.0
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from probe_protocol import owned_tree
 from probe_protocol import postmortem as layout
+from probe_protocol.version import FORMAT
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,8 @@ class PostmortemCopy:
         if self.failing_since is None:
             self.refreshed_at = time.time()
         layout.write_json(os.path.join(self.path, layout.META), {
-            **self.meta(), "refreshed_at": self.refreshed_at, "refreshes": self.refreshes + 1,
+            **self.meta(), "format": FORMAT, "refreshed_at": self.refreshed_at,
+            "refreshes": self.refreshes + 1,
             "every_s": self.every_s, "budget_bytes": self.budget_bytes,
             "bytes": self._parquet_bytes(), "bytes_written": self.bytes_written,
             "truncated": self.dropped_bytes > 0 or self.lost_rows > 0,

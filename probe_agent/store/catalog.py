@@ -1,7 +1,7 @@
 """Loads the SQL that ships with the agent: ``schema.sql`` and the canned ``queries/*.sql``.
 
-In a wheel the files live in ``probe_agent/sql`` (hatch force-include); in a source checkout or
-an editable install they are read from the repository's ``sql/`` directory.
+Where the files are is probe_protocol/sqlfiles.py's to say (the CLI's post-mortem reader uses
+the same finder): ``probe_agent/sql`` in a wheel, the repository's ``sql/`` in a checkout.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
+
+from probe_protocol import sqlfiles
 
 _HEADER = re.compile(r"^--\s*(name|description|params)\s*:\s*(.*)$")
 
@@ -24,17 +25,9 @@ class CannedQuery:
 
 
 def sql_dir() -> Path:
-    """The directory holding schema.sql, wherever this install keeps it."""
-    packaged = resources.files("probe_agent") / "sql"
-    if packaged.is_dir():
-        return Path(str(packaged))
-    source = Path(str(resources.files("probe_agent"))).parent / "sql"  # a source checkout
-    if source.is_dir():
-        return source
-    raise FileNotFoundError(
-        "probe_agent cannot find its sql/ directory; "
-        "reinstall with: pip install 'probe-torch[agent]'"
-    )
+    """The directory holding schema.sql, wherever this install keeps it (one finder for the
+    agent and the CLI: probe_protocol/sqlfiles.py)."""
+    return sqlfiles.sql_dir()
 
 
 def load_schema() -> str:

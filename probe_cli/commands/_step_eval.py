@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from probe_protocol.actions import FinishedAction
+from probe_protocol.actions import ActionRequest, FinishedAction
 
 from ..outcome import Outcome
 from ..render.text import render_eval, render_eval_failures
@@ -12,7 +12,7 @@ from ._step_options import step_outcome
 
 
 def step_eval(session: Session, code: str, at_step: int | None, wait_s: float) -> Outcome:
-    so = run_step_action(session, {"kind": "step-eval", "code": code}, at_step=at_step,
+    so = run_step_action(session, ActionRequest(kind="step-eval", code=code), at_step=at_step,
                          wait_s=wait_s)
     many = len(so.results) > 1
     return step_outcome(

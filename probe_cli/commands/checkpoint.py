@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import click
 
-from probe_protocol.actions import FinishedAction
+from probe_protocol.actions import ActionRequest, FinishedAction
 
 from ..outcome import Outcome
 from ..render.actions import render_checkpoint
@@ -60,11 +60,8 @@ def command(session: Session, path: str, model_name: str | None, overwrite: bool
     written and the size needed is said. Prints every file and its size.
     """
     absolute, said = resolve(path)
-    body: dict[str, object] = {"kind": "checkpoint", "path": absolute}
-    if model_name:
-        body["model"] = model_name
-    if overwrite:
-        body["overwrite"] = True
+    body = ActionRequest(kind="checkpoint", path=absolute, model=model_name or None,
+                         overwrite=overwrite)
     so = run_step_action(session, body, at_step=at_step, wait_s=wait_s)
     out = step_outcome(session, so, lambda ok: render_checkpoint(ok, session.colour)
                        + _framework(ok))

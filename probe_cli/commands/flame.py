@@ -25,6 +25,8 @@ from typing import Any
 
 import click
 
+from probe_protocol.actions import FlameRequest
+
 from ..errors import EXIT_USAGE, ProbeCLIError, RankError
 from ..export.flame import flame_tables, folded_lines, merge_folded, to_speedscope
 from ..export.flame_svg import to_html, to_svg
@@ -75,8 +77,8 @@ def command(session: Session, seconds: float, rate: float, max_seconds: float, s
     if out_base:  # before sampling, not after it
         for suffix in SUFFIXES:
             refuse_existing(out_base + suffix, overwrite)
-    body = {"id": flame_id, "seconds": seconds, "rate": rate, "max_seconds": max_seconds,
-            "sampler": sampler, "requested_by": requested_by()}
+    body = FlameRequest(seconds=seconds, rate=rate, max_seconds=max_seconds, sampler=sampler,
+                        id=flame_id, requested_by=requested_by())
     targets = resolve_ranks(session)
     started = fan_out(session, targets, lambda c, t: c.start_flame(body))
     ok_urls = {r.url for r in started if r.ok}

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from probe_protocol.actions import FinishedAction
+from probe_protocol.actions import ActionRequest, FinishedAction
 
 from ..errors import EXIT_USAGE, ProbeCLIError
 from ..group import rank_label
@@ -67,7 +67,7 @@ def command(session: Session, skip_nonfinite: bool, skip_spike: float | None,
         rules["checkpoint"] = os.path.abspath(os.path.expanduser(ckpt))
     if record_only:
         rules["skip"] = False
-    so = run_step_action(session, {"kind": "guard", "guard": rules}, at_step=at_step,
+    so = run_step_action(session, ActionRequest(kind="guard", guard=rules), at_step=at_step,
                          wait_s=wait_s)
     return step_outcome(session, so, _render)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from probe_protocol.bodies import InfoBody
+from probe_protocol.version import disagreement
 
 from ..outcome import Outcome, finish
 from ..render.patches import patch_lines
@@ -31,6 +32,8 @@ def command(session: Session) -> Outcome:
 
     out = finish(session, results, render)
     out.stderr[:0] = [n for r in results if r.ok and (n := watchdog_note(r))]
+    out.stderr[:0] = [f"note: {n}" for r in results if r.ok and (n := disagreement(
+        InfoBody.from_wire(r.data).format, f"rank {r.rank}'s agent"))]
     return out
 
 

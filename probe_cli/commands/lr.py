@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from probe_protocol.actions import ActionBody, FinishedAction
+from probe_protocol.actions import ActionBody, ActionRequest, FinishedAction
 
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ProbeCLIError
 from ..group import rank_label
@@ -90,9 +90,8 @@ def command(session: Session, scale: float | None, set_to: float | None, force: 
     if scale is not None and scale > MAX_FACTOR and not force:
         raise ProbeCLIError(f"lr --scale {scale:g} refused: more than {MAX_FACTOR:g}x the "
                             "current LR; " + _FORCE, exit_code=EXIT_USAGE)
-    body: dict[str, Any] = {"kind": "lr", ("scale" if scale is not None else "set"): value}
-    if force:
-        body["force"] = True
+    body = ActionRequest(kind="lr", scale=scale, set=set_to if scale is None else None,
+                         force=force)
     so = run_step_action(session, body, at_step=at_step, wait_s=wait_s)
     watched = [r for r in so.results
                if r.ok and FinishedAction.from_wire(r.data).data.get("watch_next_step")]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from probe_protocol.actions import ActionRequest
+
 from ..outcome import Outcome, finish
 from ..render.actions import render_paused, render_resumed
 from ..transport.client import ProbeClient
@@ -26,7 +28,7 @@ def pause(session: Session, at_step: int | None, wait_s: float) -> Outcome:
     sits in a collective meanwhile, so collective timeouts do not fire. `probe resume`
     releases every rank.
     """
-    so = run_step_action(session, {"kind": "pause"}, at_step=at_step, wait_s=wait_s)
+    so = run_step_action(session, ActionRequest(kind="pause"), at_step=at_step, wait_s=wait_s)
     return step_outcome(session, so, lambda ok: render_paused(ok, session.colour))
 
 

@@ -1,5 +1,5 @@
 """`probe postmortem`: the post-mortem copies on this machine (or under DIR): job, ranks, when,
-and how each rank ended. `probe -t DIR COMMAND` then reads one (gather/postmortem.py)."""
+and how each rank ended. `probe -t DIR COMMAND` then reads one (transport/postmortem.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from probe_protocol import postmortem as layout
 
 from ..diagnose.ends import ends_lines
 from ..errors import ProbeCLIError
-from ..gather.postmortem import find_job, jobs_in
 from ..outcome import Outcome
+from ..transport.postmortem import find_job, jobs_in
 from ..transport.session import Session
 from ..transport.untrusted_text import escape_controls
 from . import pass_session

@@ -20,6 +20,8 @@ from typing import Any
 
 import click
 
+from probe_protocol.actions import ActionRequest
+
 from ..errors import EXIT_USAGE, ProbeCLIError
 from ..export.trace_merge import RankTrace, merge_traces
 from ..outcome import Outcome
@@ -92,9 +94,9 @@ def command(session: Session, ahead: int, max_steps: int, max_seconds: float, ne
             f"profile --for {ahead} refused: above the ceiling of {max_steps} steps (each "
             f"profiled step costs extra time and trace size); pass --max-steps {ahead} to raise "
             "it", exit_code=EXIT_USAGE)
-    body = {"kind": "profile", "profile": {
-        "steps": ahead, "max_steps": max_steps, "max_seconds": max_seconds,
-        "record_shapes": record_shapes, "with_stack": with_stack}}
+    body = ActionRequest(kind="profile", profile={
+        "ahead": ahead, "max_steps": max_steps, "max_seconds": max_seconds,
+        "record_shapes": record_shapes, "with_stack": with_stack})
     so = run_step_action(session, body, at_step=at_step, wait_s=wait_s)
     started = [r for r in so.results if r.ok]
     if len(started) < len(so.results) or not started:

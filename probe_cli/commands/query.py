@@ -57,7 +57,7 @@ def schema_tables() -> list[str]:
     """The tables and views of sql/schema.sql, in its order (``python.`` names)."""
     import re
 
-    from ..gather.postmortem import schema_text
+    from ..transport.postmortem import schema_text
 
     try:
         text = schema_text()

@@ -1,5 +1,5 @@
 """How each rank of a dead job ended, first to go wrong first, and what the copy lacks. Pure:
-from a post-mortem JobCopy's records (gather/postmortem.py) to lines."""
+from a post-mortem JobCopy's records (transport/postmortem.py) to lines."""
 
 from __future__ import annotations
 

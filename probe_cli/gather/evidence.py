@@ -17,11 +17,12 @@ from probe_protocol.query import QueryBody
 from ..diagnose.doctor import evidence
 from ..diagnose.levers import LEVER_EVIDENCE
 from ..diagnose.straggler import StragglerVerdict, diagnose_stragglers
-from ..errors import RankError
+from ..errors import AgentHTTPError, RankError
 from ..result import RankResult
 from ..transport.client import ProbeClient
 from ..transport.fanout import Call, RankTarget
 from ..transport.nodetree import NodeCall, fan_out_nodes
+from ..transport.postmortem import NOT_RECORDED
 from ..transport.session import Session
 
 #: Recent collectives asked of each rank: enough to see the last done and every pending one.
@@ -125,12 +126,16 @@ def doctor_evidence(last: int, grad_wait: float) -> Call:
 
 
 def _short(e: RankError) -> str:
-    """'Catalog Error: Table with name metrics does not exist!...' -> 'not recorded by ...'."""
-    msg = getattr(e, "body", {}).get("error") if hasattr(e, "body") else None
-    text = str(msg or e.reason)
-    if "does not exist" in text or "unknown canned query" in text.lower() or "404" in text:
+    """Why a rank gave no rows for one piece of evidence, in one line. A query the agent does
+    not know (404: an agent older than this CLI) or a table a post-mortem copy does not hold
+    (the reader's own ``NOT_RECORDED``, with the copy's format when it differs) is "not
+    recorded", never a failed rank; anything else is its first line."""
+    if isinstance(e, AgentHTTPError) and e.status == 404:
         return "not recorded by this agent version"
-    return text.split("\n")[0][:160]
+    if e.reason.startswith(NOT_RECORDED):
+        return e.reason
+    msg = getattr(e, "body", {}).get("error") if hasattr(e, "body") else None
+    return str(msg or e.reason).split("\n")[0][:160]
 
 
 def straggler_evidence(last: int) -> Call:

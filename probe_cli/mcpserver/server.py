@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..errors import EXIT_FAILURE, EXIT_FINDING, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
-from ..gather.postmortem import schema_text
+from ..transport.postmortem import schema_text
 from .runner import DEFAULT_MAX_BYTES, GroupOptions, parse_json, run_command
 
 EXIT_MEANING = {

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 
 from probe_protocol import routes
-from probe_protocol.actions import ResumeRequest
-from probe_protocol.bodies import EvalRequest, TraceRequest
+from probe_protocol.actions import ActionRequest, FlameRequest, ResumeRequest
+from probe_protocol.bodies import EvalRequest, NumericsRequest, TraceRequest
 from probe_protocol.query import ArrowBody, CannedRequest, QueryRequest
 from probe_protocol.routes import Route
 
@@ -203,11 +203,11 @@ class ProbeClient:
     def memory_tensors(self, top: int) -> dict[str, Any]:
         return self._json(routes.MEMORY_TENSORS, params={"top": top})
 
-    def memory_snapshot(self, steps: int, *, wait: float = 60.0) -> dict[str, Any]:
-        """Record the CUDA allocator's history for ``steps`` steps; returns ``{"ok", "rank",
-        "content" (the pickle's bytes), "bytes", "steps"}`` (the command writes the file)."""
+    def memory_snapshot(self, ahead: int, *, wait: float = 60.0) -> dict[str, Any]:
+        """Record the CUDA allocator's history for the next ``ahead`` steps; returns ``{"ok",
+        "rank", "content" (the pickle's bytes), "bytes", "steps"}`` (the command writes it)."""
         timeout = httpx.Timeout(self.timeout, read=wait + self.timeout)
-        resp = self._send(routes.MEMORY_SNAPSHOT, params={"steps": steps, "wait": wait},
+        resp = self._send(routes.MEMORY_SNAPSHOT, params={"ahead": ahead, "wait": wait},
                           timeout=timeout)
         if not resp.headers.get("content-type", "").startswith("application/octet-stream"):
             raise protocol_error(resp, self.endpoint.label, "a snapshot pickle")
@@ -219,7 +219,7 @@ class ProbeClient:
         return self._json(routes.NUMERICS)
 
     def set_numerics(self, thresholds: dict[str, float]) -> dict[str, Any]:
-        return self._json(routes.SET_NUMERICS, json={"thresholds": thresholds})
+        return self._json(routes.SET_NUMERICS, json=NumericsRequest(thresholds).to_wire())
 
     def doctor_grads(self, wait: float) -> dict[str, Any]:
         return self._json(routes.DOCTOR_GRADS, params={"wait": wait})
@@ -227,9 +227,9 @@ class ProbeClient:
     def step(self) -> dict[str, Any]:
         return self._json(routes.STEP)
 
-    def submit_action(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Queue a step-boundary action (the ``POST /v1/actions`` body, id and step included)."""
-        return self._json(routes.SUBMIT_ACTION, json=request)
+    def submit_action(self, request: ActionRequest) -> dict[str, Any]:
+        """Queue a step-boundary action (id and step included)."""
+        return self._json(routes.SUBMIT_ACTION, json=request.to_wire())
 
     def actions(self) -> dict[str, Any]:
         return self._json(routes.ACTIONS)
@@ -275,9 +275,9 @@ class ProbeClient:
         rank = ArrowBody.from_headers(resp.headers, b"").rank
         return {"ok": True, "rank": rank, "path": dest, "bytes": n}
 
-    def start_flame(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Start sampling Python stacks (the ``POST /v1/flame`` body)."""
-        return self._json(routes.START_FLAME, json=request)
+    def start_flame(self, request: FlameRequest) -> dict[str, Any]:
+        """Start sampling Python stacks."""
+        return self._json(routes.START_FLAME, json=request.to_wire())
 
     def flame(self, flame_id: str, *, wait: float | None = None) -> dict[str, Any]:
         params = None if wait is None else {"wait": wait}

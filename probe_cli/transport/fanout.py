@@ -91,9 +91,9 @@ def resolve_ranks(session: Session) -> list[RankTarget]:
 
 
 def _postmortem_ranks(ep: Endpoint) -> list[RankTarget]:
-    """A post-mortem copy's ranks (gather/postmortem.py); one without a directory is a
+    """A post-mortem copy's ranks (transport/postmortem.py); one without a directory is a
     failed rank, listed like a silent one."""
-    from ..gather.postmortem import PREFIX, find_job
+    from .postmortem import PREFIX, find_job
 
     job = find_job(ep.postmortem or "")
     out = [RankTarget(r, Endpoint(PREFIX + c.path, postmortem=c.path),
@@ -335,7 +335,7 @@ def fan_out_target_first(session: Session, call: Call, spread: Spread | None = N
 def calling(method: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> Call:
     """A fan-out call from a ``ProbeClient`` method and its arguments:
     ``calling(ProbeClient.canned, "slow_modules", steps=20)`` sends that on every rank."""
-    # By name, not the function itself: a post-mortem copy's client (gather/postmortem.py)
+    # By name, not the function itself: a post-mortem copy's client (transport/postmortem.py)
     # answers the same methods from files.
     name = method.__name__
     return lambda client, _target: getattr(client, name)(*args, **kwargs)

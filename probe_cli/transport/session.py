@@ -68,13 +68,13 @@ class Session:
             if c is None and endpoint.postmortem is not None:
                 from probe_protocol import postmortem as layout
 
-                from ..gather.postmortem import PostmortemClient, find_job
+                from .postmortem import PostmortemClient, find_job
 
                 job = find_job(os.path.dirname(endpoint.postmortem))
                 rank = layout.rank_of(os.path.basename(endpoint.postmortem))
-                # It stands in for a ProbeClient: its read methods answer from the copy, and
-                # every other method refuses (PostmortemClient.__getattr__). Until the two share
-                # a typed client protocol (issue 39 item 3), the stand-in is cast, not checked.
+                # It stands in for a ProbeClient: the read methods of RankClient (rank_client.py,
+                # which mypy checks both classes against) answer from the copy; every live-only
+                # method refuses with a line saying so (PostmortemClient.__getattr__).
                 c = self._clients[endpoint] = cast(
                     ProbeClient, PostmortemClient(job.ranks[rank or 0], raw=self.raw))
             elif c is None:

@@ -26,12 +26,12 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
-from probe_protocol.actions import ActionBody, StepBody
+from probe_protocol.actions import ActionBody, ActionRequest, StepBody
 
 from ..errors import AgentHTTPError, AgentTimeoutError, AgentUnreachableError, RankError
 from ..group import rank_label
@@ -115,9 +115,9 @@ def _body(r: RankResult) -> ActionBody:
 
 
 def run_step_action(
-    session: Session, request: dict[str, Any], *, at_step: int | None, wait_s: float,
+    session: Session, request: ActionRequest, *, at_step: int | None, wait_s: float,
 ) -> StepOutcome:
-    """Queue ``request`` (an /v1/actions body without id/step) on every rank; see module doc."""
+    """Queue ``request`` (without id/step) on every rank; see module doc."""
     targets = resolve_ranks(session)
     reachable = [t for t in targets if t.error is None]
     unreachable = [RankResult(t.rank, t.endpoint.label, False, None, t.error) for t in targets
@@ -141,8 +141,8 @@ def run_step_action(
                 # Steps faster than our round trip: lead by 2, 4, 8 steps on the retries.
                 target += 2 ** attempt - 1
         action_id = uuid.uuid4().hex[:12]
-        body = {**request, "id": action_id, "step": target, "group": group,
-                "requested_by": requested_by()}
+        body = replace(request, id=action_id, step=target, group=group,
+                       requested_by=requested_by())
         posted = _submit(session, targets, body)
         if all(r.ok for r in posted):
             return _wait(session, targets, action_id, target, wait_s)
@@ -186,7 +186,7 @@ def answer_lost(r: RankResult) -> bool:
 
 
 def _submit(session: Session, targets: list[RankTarget],
-            body: dict[str, Any]) -> list[RankResult]:
+            body: ActionRequest) -> list[RankResult]:
     """POST the action to every target; a rank whose answer was lost (``_may_have_arrived``)
     gets the same body again, a few times over a few seconds. The agents treat the action id
     as an idempotency key, so a request that did arrive is answered with its action and never

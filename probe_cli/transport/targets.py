@@ -132,7 +132,7 @@ def parse_endpoint(
     text = text.strip()
     kind = _kind(text)
     if kind is None and os.path.isdir(text):
-        from ..gather.postmortem import PREFIX, find_job
+        from .postmortem import PREFIX, find_job
 
         job = find_job(text)  # a usage error when it is no copy, or not ours
         return Endpoint(PREFIX + job.path, postmortem=job.path)

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from probe_agent.postmortem.copy import PostmortemCopy
 from probe_cli.diagnose.ends import missing_lines
-from probe_cli.gather.postmortem import PostmortemClient, find_job
+from probe_cli.transport.postmortem import PostmortemClient, find_job
 from probe_protocol import postmortem as layout
 from probe_protocol.query import QueryBody
 

@@ -1,6 +1,6 @@
 """A post-mortem copy is files someone may have packed: reading one must not run its SQL, reach
-other files, print its escapes raw, or hang on what it holds (gather/copy_db.py,
-gather/postmortem.py). Real DuckDB, real Parquet, the real CLI in this process."""
+other files, print its escapes raw, or hang on what it holds (transport/copy_db.py,
+transport/postmortem.py). Real DuckDB, real Parquet, the real CLI in this process."""
 
 from __future__ import annotations
 

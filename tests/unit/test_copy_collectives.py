@@ -1,10 +1,10 @@
-"""A dead rank's collectives brought up to its end (gather/copy_collectives.py, pure): the black
+"""A dead rank's collectives brought up to its end (transport/copy_collectives.py, pure): the black
 box's calls, the end record's last rows, and the last collective marked by a collective
 exception (gloo's recorder calls a timed-out all-reduce completed)."""
 
 from __future__ import annotations
 
-from probe_cli.gather.copy_collectives import mark_end, merge_end_rows, merge_strip
+from probe_cli.transport.copy_collectives import mark_end, merge_end_rows, merge_strip
 
 
 def row(seq, state="done", start=None, source="flight_recorder", shapes="[[577]]"):

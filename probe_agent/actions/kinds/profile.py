@@ -28,7 +28,16 @@ def _describe(fields: Fields) -> str:
                                                                .items()))
 
 
+def _args(fields: Fields) -> dict[str, Any]:
+    """The window's settings; its length is ``ahead`` on the wire (``--for N``), ``steps``
+    here (and on the wire from a CLI older than that spelling)."""
+    args = dict(fields.get("profile") or {})
+    if "ahead" in args:
+        args["steps"] = args.pop("ahead")
+    return args
+
+
 KIND = ActionKind(
     "profile", run, describe=_describe, check=_check,
     validate=lambda f: None if f.get("profile") else "profile needs profile: {\"steps\": N}",
-    args=lambda f: dict(f.get("profile") or {}))
+    args=_args)

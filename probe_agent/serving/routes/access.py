@@ -8,31 +8,19 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
 
 from probe_protocol import routes
-from probe_protocol.bodies import RecordedBody
+from probe_protocol.bodies import RecordedBody, RefusalReport
 
 from ...errors import ForbiddenError
+from .bodies import read_body
 
 router = APIRouter()
 
 
-class RefusedRequest(BaseModel):
-    client: str = Field(max_length=200)
-    what: str = Field(max_length=300, description="METHOD /path")
-    reason: str = Field(max_length=40)
-    message: str = Field(max_length=1000)
-
-
-class RefusalReport(BaseModel):
-    id: str = Field("", max_length=64, description="the same on every resend; applied once")
-    refusals: list[RefusedRequest] = Field(default_factory=list, max_length=1000)
-    unlisted: int = Field(0, ge=0, description="refusals counted but not listed")
-
-
 @router.post(routes.ACCESS_REFUSALS.path, include_in_schema=False)
-async def report_refusals(request: Request, body: RefusalReport) -> dict[str, Any]:
+async def report_refusals(request: Request) -> dict[str, Any]:
+    body = await read_body(request, RefusalReport, text_cap=2 * 1024 * 1024)
     agent = request.app.state.agent
     # The watchdog sends these itself (x-probe-client: watchdog) over the private socket; it
     # strips that header from what clients send, so a token holder cannot forge audit rows.
@@ -40,6 +28,6 @@ async def report_refusals(request: Request, body: RefusalReport) -> dict[str, An
             request.headers.get(routes.CLIENT_HEADER) != "watchdog":
         raise ForbiddenError("only the rank's watchdog reports refusals")
     applied = agent.refusals.apply_report(
-        body.id, [(r.client, r.what, r.reason, r.message) for r in body.refusals],
+        body.id, [(r["client"], r["what"], r["reason"], r["message"]) for r in body.refusals],
         body.unlisted, time.time())
     return RecordedBody(agent.rank, len(body.refusals) if applied else 0).to_wire()

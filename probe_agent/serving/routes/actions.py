@@ -8,89 +8,32 @@ takes the queue's lock; ``wait`` is the job table's long-poll (jobs.py).
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, BeforeValidator, Field, StrictBool, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from probe_protocol import routes
-from probe_protocol.actions import ActionBody, ActionListBody, ResumeBody, StepBody
+from probe_protocol.actions import (
+    ActionBody,
+    ActionListBody,
+    ActionRequest,
+    ResumeBody,
+    ResumeRequest,
+    StepBody,
+)
 
 from ...actions.kinds import KINDS
 from ...errors import ForbiddenError
+from .bodies import MalformedRequestError, openapi_body, read_body
 from .core import _agent, _client
 
 if TYPE_CHECKING:
     from ..parts import AgentParts
 
 router = APIRouter()
-
-
-def _json_number(v: Any) -> Any:
-    """pydantic's lax mode reads ``true`` as 1 and ``"0.5"`` as 0.5; an LR or a step must be a
-    JSON number (``{"set": true}`` set every LR to 1.0)."""
-    if isinstance(v, (bool, str)):
-        raise ValueError(f"give a JSON number, not {type(v).__name__} {v!r}")
-    if isinstance(v, float) and not math.isfinite(v):
-        raise ValueError(f"give a finite number, not {v!r}")
-    return v
-
-
-Number = Annotated[float, BeforeValidator(_json_number)]
-Integer = Annotated[int, BeforeValidator(_json_number)]
-
-
-class ActionRequest(BaseModel):
-    kind: str = Field(
-        "step-eval", description="step-eval runs `code`; the others are built-in actions",
-        json_schema_extra={"enum": list(KINDS)},
-    )
-    step: Integer | None = Field(
-        None, ge=0, description="Run right after optimizer step N; null = this rank's next step"
-    )
-    code: str = Field("", description="Python source for step-eval")
-    scale: Number | None = Field(None, ge=0, description="lr: multiply every LR by this (0 or "
-                                 "above 10 only with force)")
-    set: Number | None = Field(None, ge=0, description="lr: set every LR to this (0 or above 10x "
-                               "the current largest LR only with force)")
-    force: StrictBool = Field(False, description="lr: allow 0 and changes above 10x")
-    path: str | None = Field(None, description="checkpoint: where to write (absolute)")
-    overwrite: StrictBool = Field(False, description="checkpoint: replace an existing file (or "
-                                  "sharded: an existing checkpoint directory)")
-    model: str | None = Field(None, description="checkpoint: the model's name (dotted) to save")
-    profile: dict[str, Any] | None = Field(
-        None, description="profile: steps, max_steps, max_seconds, record_shapes, "
-        "with_stack; checked by probe_agent/actions/profile.py")
-    guard: dict[str, Any] | None = Field(
-        None, description="guard: skip_nonfinite, skip_spike K, lower_lr F, checkpoint PATH, "
-        "skip (false: record only), or off; checked by probe_agent/actions/kinds/guard.py")
-    id: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
-        description="Action id; the CLI sends the same one to every rank",
-    )
-    group: list[Integer] | None = Field(
-        None, description="Ranks the action was sent to; they must all reach the step for it "
-        "to run (default: every rank of the job)",
-    )
-    requested_by: str | None = Field(None, max_length=200, description="user@host, for audit")
-
-    @model_validator(mode="after")
-    def _check(self) -> ActionRequest:
-        kind = KINDS.get(self.kind)
-        if kind is None:
-            raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
-        problem = kind.validate(self.model_dump())
-        if problem:
-            raise ValueError(problem)
-        return self
-
-
-class ResumeRequest(BaseModel):
-    requested_by: str | None = Field(None, max_length=200)
 
 
 def require_eval_rights(request: Request, what: str) -> None:
@@ -122,11 +65,19 @@ async def list_actions(request: Request) -> dict[str, Any]:
                           actions=tuple(a.to_wire() for a in agent.actions.actions())).to_wire()
 
 
-@router.post(routes.SUBMIT_ACTION.path)
-async def submit(request: Request, body: ActionRequest) -> dict[str, Any]:
+@router.post(routes.SUBMIT_ACTION.path, openapi_extra=openapi_body(ActionRequest))
+async def submit(request: Request) -> dict[str, Any]:
     agent = _agent(request)
+    body = await read_body(request, ActionRequest, "code", agent.config.max_eval_bytes,
+                           "PROBE_MAX_EVAL_BYTES")
+    kind, fields = KINDS.get(body.kind), body.fields()
+    if kind is None:
+        raise MalformedRequestError(f"malformed request: kind: Input should be "
+                                    f"{', '.join(repr(k) for k in KINDS)}")
+    problem = kind.validate(fields)
+    if problem:  # the kind's own arguments do not belong together
+        raise MalformedRequestError(f"malformed request: Value error, {problem}")
     require_eval_rights(request, f"{body.kind} action")
-    kind, fields = KINDS[body.kind], body.model_dump()
     # In a worker thread: a checkpoint's path is checked with lstat/stat, which a hung network
     # filesystem can block for minutes; the event loop must keep answering backtraces.
     action = await run_in_threadpool(
@@ -153,9 +104,10 @@ async def cancel(request: Request, action_id: str) -> dict[str, Any]:
     return _action(agent, action)
 
 
-@router.post(routes.RESUME.path)
-async def resume(request: Request, body: ResumeRequest) -> dict[str, Any]:
+@router.post(routes.RESUME.path, openapi_extra=openapi_body(ResumeRequest))
+async def resume(request: Request) -> dict[str, Any]:
     """Release a paused training thread now (and cancel pauses not reached yet)."""
+    body = await read_body(request, ResumeRequest)
     agent = _agent(request)
     require_eval_rights(request, "resume")
     return ResumeBody(agent.rank, **agent.actions.resume(_client(request),

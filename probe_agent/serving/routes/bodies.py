@@ -7,7 +7,8 @@ and eval routes therefore take the raw request and call ``read_body``, which
 - refuses a declared Content-Length over the cap before reading a byte (413, naming the
   variable), and stops reading a chunked body as soon as it passes the cap;
 - parses JSON with the stdlib (a nesting too deep for it is a 400, not a 500);
-- validates with the route's pydantic model (the usual 422);
+- checks it against the route's request class, a probe_protocol dataclass (``Request``: the
+  same class the CLI builds the body with), a 422 naming every problem;
 - refuses lone surrogates (``"\\udcff"`` is valid JSON but not text: DuckDB's binding raised
   TypeError and eval's audit row UnicodeEncodeError, both 500s).
 """
@@ -19,13 +20,17 @@ import json
 from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
+
+from probe_protocol.requests import Request as WireRequest
+from probe_protocol.requests import RequestError
 
 from ...errors import ProbeAgentError, TooLargeError
 from ...store.readonly import bad_text
 
-Model = TypeVar("Model", bound=BaseModel)
+Model = TypeVar("Model", bound=WireRequest)
+#: The cap of a body that carries no text of its own cap (an action's arguments, a flame's
+#: settings, a canned query's parameters).
+SMALL_BODY = 64 * 1024
 #: JSON escapes a byte as at most six (``\u0001``); a body within this of the text cap may
 #: still hold text within it. The rest of the body (keys, max_rows) fits in the slack.
 _ESCAPE = 6
@@ -40,8 +45,17 @@ class BadBodyError(ProbeAgentError):
     status = 400
 
 
+class MalformedRequestError(ProbeAgentError):
+    """A body that does not fit its request class (probe_protocol.requests)."""
+
+    status = 422
+
+
 def _body_too_large(size: int, more: str, field: str, cap: int, limit: int,
                     var: str) -> TooLargeError:
+    if not var:
+        return TooLargeError(f"the request body is {size} bytes{more}: more than this route "
+                             f"takes (at most {limit} bytes); send less")
     return TooLargeError(
         f"the request body is {size} bytes{more}: more than '{field}' within {var}={cap} bytes "
         f"can take (at most {limit} bytes with JSON escapes); send less, or raise {var} in the "
@@ -71,19 +85,20 @@ def body_limit(text_cap: int) -> int:
     return text_cap * _ESCAPE + _SLACK
 
 
-def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
+def openapi_body(model: type[WireRequest]) -> dict[str, Any]:
     """``openapi_extra`` that documents ``model`` as the JSON body (the route reads it itself)."""
     return {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": model.model_json_schema()}}}}
+        "application/json": {"schema": model.json_schema()}}}}
 
 
-async def read_body(request: Request, model: type[Model], field: str, text_cap: int,
-                    var: str) -> Model:
-    """The body as ``model``. ``field`` is the text the cap ``var`` (``text_cap`` bytes) is for.
+async def read_body(request: Request, model: type[Model], field: str = "",
+                    text_cap: int = SMALL_BODY, var: str = "") -> Model:
+    """The body as ``model``: every route reads its body here. ``field`` is the text the cap
+    ``var`` (``text_cap`` bytes) is for; a body without one is capped at ``SMALL_BODY``.
 
     Raises:
         TooLargeError (413) over the cap, BadBodyError (400) for JSON that cannot be parsed or
-        text that is not text, RequestValidationError (422) for the wrong shape.
+        text that is not text, MalformedRequestError (422) for the wrong shape.
     """
     limit = body_limit(text_cap)
     declared = request.headers.get("content-length", "")
@@ -102,12 +117,13 @@ async def read_body(request: Request, model: type[Model], field: str, text_cap: 
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise BadBodyError(
             f"malformed request: the body is not JSON ({type(e).__name__}: "
-            f"{str(e)[:120]}); send a JSON object like {{\"{field}\": \"...\"}}") from None
+            f"{str(e)[:120]}); send a JSON object"
+            + (f" like {{\"{field}\": \"...\"}}" if field else "")) from None
     try:
-        body = model.model_validate(data)
-    except ValidationError as e:
-        raise RequestValidationError(e.errors()) from None
-    for name, value in body:
+        body = model.from_wire(data)
+    except RequestError as e:
+        raise MalformedRequestError(f"malformed request: {e}") from None
+    for name, value in body.fields().items():
         if isinstance(value, str):
             try:
                 value.encode("utf-8")

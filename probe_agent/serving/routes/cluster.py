@@ -11,13 +11,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field
 
 from probe_protocol import routes
 from probe_protocol.bodies import CollectivesBody, QueriesBody
-from probe_protocol.query import QueryBody
+from probe_protocol.query import CannedRequest, QueryBody
 
 from ...errors import NotFoundError, QueryError
+from .bodies import openapi_body, read_body
 
 if TYPE_CHECKING:
     from ..parts import AgentParts
@@ -47,11 +47,6 @@ async def collectives(
         agent.query_pool, _collective_rows, agent, state, limit
     )
     return body.to_wire()
-
-
-class CannedRequest(BaseModel):
-    params: dict[str, Any] = Field(default_factory=dict,
-                                   description="values for the query's `-- params:` names")
 
 
 #: What the look-back window was called before it was `last` in every canned query; an older
@@ -98,9 +93,10 @@ async def list_queries(request: Request) -> dict[str, Any]:
     )).to_wire()
 
 
-@router.post(routes.CANNED_QUERY.path)
-async def run_query(request: Request, name: str, body: CannedRequest) -> dict[str, Any]:
+@router.post(routes.CANNED_QUERY.path, openapi_extra=openapi_body(CannedRequest))
+async def run_query(request: Request, name: str) -> dict[str, Any]:
     """Run one canned query by name: the same body as ``POST /v1/query``."""
+    body = await read_body(request, CannedRequest)
     agent = request.app.state.agent
     res = await asyncio.get_running_loop().run_in_executor(
         agent.sql_pool, _canned, agent, name, body.params

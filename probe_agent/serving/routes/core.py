@@ -10,11 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
 
 from probe_protocol import routes
-from probe_protocol.bodies import BacktraceBody, EvalBody, HealthBody, PostmortemNowBody, RanksBody
-from probe_protocol.query import ArrowBody, QueryBody
+from probe_protocol.bodies import (
+    BacktraceBody,
+    EvalBody,
+    EvalRequest,
+    HealthBody,
+    PostmortemNowBody,
+    RanksBody,
+)
+from probe_protocol.query import ArrowBody, QueryBody, QueryRequest
 
 from ...collectors import stacks
 from ...errors import ForbiddenError
@@ -26,18 +32,6 @@ if TYPE_CHECKING:
 
 router = APIRouter()
 ARROW_STREAM = routes.ARROW_STREAM
-
-
-class QueryRequest(BaseModel):
-    sql: str = Field(description="One read-only statement (SELECT, DESCRIBE, SHOW, EXPLAIN…)")
-    max_rows: int | None = Field(None, ge=1, description="Row cap; at most PROBE_MAX_ROWS")
-
-
-class EvalRequest(BaseModel):
-    code: str = Field(description="Python source; the repr of a trailing expression is returned")
-    id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
-                           description="The eval's job id (the CLI sends the same one to every "
-                           "rank); default E1, E2…")
 
 
 def _streamed(parts: list[bytes], media_type: str, headers: dict[str, str]) -> Response:

@@ -14,14 +14,15 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Body, Query, Request
+from fastapi import APIRouter, Query, Request
 
 from probe_protocol import routes
-from probe_protocol.bodies import DoctorBody, GradsBody
+from probe_protocol.bodies import DoctorBody, GradsBody, NumericsRequest
 
 from ...collectors.trainloop import optimizer_state
 from ...errors import AgentStateError, ConfigError
 from ...jsonsafe import jsonable
+from .bodies import openapi_body, read_body
 
 if TYPE_CHECKING:
     from ..parts import AgentParts
@@ -60,7 +61,7 @@ def _state(agent: AgentParts) -> dict[str, Any]:
 
 
 def _numerics(agent: AgentParts) -> dict[str, Any] | None:
-    rec = getattr(agent.collectors, "numerics", None)
+    rec = agent.collectors.numerics
     return rec.state() if rec is not None else None
 
 
@@ -74,16 +75,16 @@ async def numerics(request: Request) -> dict[str, Any]:
     return jsonable({"ok": True, "rank": agent.rank, "numerics": _numerics(agent)})
 
 
-@router.post(routes.SET_NUMERICS.path)
-async def set_numerics(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+@router.post(routes.SET_NUMERICS.path, openapi_extra=openapi_body(NumericsRequest))
+async def set_numerics(request: Request) -> dict[str, Any]:
     """Change thresholds while the job runs: ``{"thresholds": {"spike_factor": 3}}``. An
     unknown name or a value that is not a finite number >= 0 is a 400 naming it."""
     agent = request.app.state.agent
-    rec = getattr(agent.collectors, "numerics", None)
+    rec = agent.collectors.numerics
     if rec is None:
         raise AgentStateError("the numerics recorder is not running on this rank")
-    values = body.get("thresholds")
-    if not isinstance(values, dict) or not values:
+    values = (await read_body(request, NumericsRequest)).thresholds
+    if not values:
         raise ConfigError('give {"thresholds": {NAME: VALUE, ...}}')
     try:
         rec.set_thresholds({str(k): float(v) for k, v in values.items()})

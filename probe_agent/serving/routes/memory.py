@@ -1,7 +1,7 @@
 """Memory routes: ``GET /v1/memory/tensors?top=N``, the live tensors grouped by device, dtype
 and shape (collectors/tensors.py), with each group's change in count since the previous call
 (on the query pool; holds the GIL for one pass over the GC's objects); and
-``POST /v1/memory/snapshot?steps=N&wait=S``, the CUDA allocator's history over the next N steps
+``POST /v1/memory/snapshot?ahead=N&wait=S``, the CUDA allocator's history over the next N steps
 as the pickle pytorch.org/memory_viz opens (collectors/cuda_history.py; 409 without CUDA)."""
 
 from __future__ import annotations
@@ -68,11 +68,13 @@ def _window(request: Request) -> HistoryWindow:
 @router.post(routes.MEMORY_SNAPSHOT.path)
 async def snapshot(
     request: Request,
-    steps: int = Query(1, ge=1, le=1000, description="steps to record"),
+    ahead: int | None = Query(None, ge=1, le=1000, description="steps to record (default 1)"),
+    steps: int | None = Query(None, ge=1, le=1000, description="ahead's old name (older CLIs)"),
     wait: float = Query(60.0, gt=0, le=600, description="seconds to wait for them at most"),
 ) -> Response:
-    """Record the allocator's history for ``steps`` steps and answer the snapshot pickle
-    (``application/octet-stream``; headers: the rank, ``X-Probe-Steps: first-last``)."""
+    """Record the allocator's history for the next ``ahead`` steps and answer the snapshot
+    pickle (``application/octet-stream``; headers: the rank, ``X-Probe-Steps: first-last``)."""
+    steps = ahead or steps or 1
     agent = request.app.state.agent
     window = _window(request)
     try:

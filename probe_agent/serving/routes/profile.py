@@ -17,19 +17,18 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
-from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from probe_protocol import routes
-from probe_protocol.actions import FlameBody, ProfileBody
+from probe_protocol.actions import FlameBody, FlameRequest, ProfileBody
 
-from ...actions.profile import FLAME_MAX_SECONDS, check_flame
+from ...actions.profile import check_flame
 from ...errors import ConflictError
-from .actions import Number
+from .bodies import openapi_body, read_body
 from .core import _agent, _client
 
 router = APIRouter()
@@ -62,22 +61,10 @@ async def get_profile_trace(request: Request, profile_id: str) -> FileResponse:
                         headers={routes.RANK_HEADER: str(agent.rank)})
 
 
-class FlameRequest(BaseModel):
-    seconds: Number = Field(10.0, gt=0, description="How long to sample")
-    rate: Number = Field(100.0, gt=0, description="Samples per second")
-    max_seconds: Number = Field(FLAME_MAX_SECONDS, gt=0,
-                                description="Ceiling; seconds above it are refused")
-    sampler: Literal["auto", "py-spy", "in-process"] = Field(
-        "auto", description="py-spy record --nonblocking (auto: when it can read this process), "
-        "or the in-process sampler")
-    id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
-                           description="Session id; the CLI sends the same one to every rank")
-    requested_by: str | None = Field(None, max_length=200)
-
-
-@router.post(routes.START_FLAME.path)
-async def start_flame(request: Request, body: FlameRequest) -> dict[str, Any]:
+@router.post(routes.START_FLAME.path, openapi_extra=openapi_body(FlameRequest))
+async def start_flame(request: Request) -> dict[str, Any]:
     """Start sampling this rank's Python stacks for ``seconds``; it ends by itself."""
+    body = await read_body(request, FlameRequest)
     agent = _agent(request)
     profiling = _profiling(request)
     flame_id = body.id or uuid.uuid4().hex[:12]

@@ -11,23 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
 
 from probe_protocol import routes
-from probe_protocol.bodies import TraceBody
+from probe_protocol.bodies import TraceBody, TraceRequest
 
 from ...errors import ConflictError, QueryError
+from .bodies import openapi_body, read_body
 
 router = APIRouter()
-
-
-class TraceRequest(BaseModel):
-    mode: str = Field(
-        pattern=r"^(on|off|every:[1-9][0-9]*)$",
-        description="on (every module, every step), off, or every:N (every module on steps "
-        "whose number is a multiple of N)",
-        examples=["every:10"],
-    )
 
 
 def _tracer(request: Request) -> Any:
@@ -47,9 +38,10 @@ async def get_trace(request: Request) -> dict[str, Any]:
     return TraceBody(agent.rank, **tracer.state()).to_wire()
 
 
-@router.post(routes.SET_TRACE.path)
-async def set_trace(request: Request, body: TraceRequest) -> dict[str, Any]:
+@router.post(routes.SET_TRACE.path, openapi_extra=openapi_body(TraceRequest))
+async def set_trace(request: Request) -> dict[str, Any]:
     """Change the tracing mode (takes effect at the next optimizer step boundary)."""
+    body = await read_body(request, TraceRequest)
     agent, tracer = _tracer(request)
     try:
         state = tracer.set_mode(body.mode)

@@ -1,5 +1,5 @@
 """A dead rank's collectives as it last saw them: the copied ``python.collectives`` rows, brought
-up to its end with what the copy could not hold (pure; gather/postmortem.py reads the files).
+up to its end with what the copy could not hold (pure; transport/postmortem.py reads the files).
 
 Two corrections, each from evidence the rank left:
 
