@@ -368,6 +368,16 @@ class TensorsBody(WireBody):
 
 
 @dataclass(frozen=True, slots=True)
+class NumericsBody(WireBody):
+    """``GET /v1/numerics`` and ``POST /v1/numerics``: the numerics recorder's state
+    (``thresholds``, ``last``, ``first_nonfinite``, ``anomalies``, ``loss_source``, ``guard``;
+    docs/http-api.md), or None when it is not running."""
+
+    rank: int | None
+    numerics: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NumericsRequest(Request):
     """What ``POST /v1/numerics`` takes: thresholds to change while the job runs
     (``{"thresholds": {"spike_factor": 3}}``); the agent names an unknown one."""

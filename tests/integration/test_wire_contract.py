@@ -37,6 +37,8 @@ from probe_protocol.bodies import (
     GradsBody,
     HealthBody,
     InfoBody,
+    NumericsBody,
+    NumericsRequest,
     PostmortemNowBody,
     QueriesBody,
     RanksBody,
@@ -142,7 +144,8 @@ BODY_OF = {
     routes.EVAL: EvalBody, routes.EVALS: EvalListBody, routes.EVAL_JOB: EvalJobBody,
     routes.CANCEL_EVAL: EvalJobBody, routes.BACKTRACE: BacktraceBody,
     routes.COLLECTIVES: CollectivesBody, routes.TRACE: TraceBody, routes.SET_TRACE: TraceBody,
-    routes.DOCTOR: DoctorBody, routes.DOCTOR_GRADS: GradsBody,
+    routes.DOCTOR: DoctorBody, routes.DOCTOR_GRADS: GradsBody, routes.NUMERICS: NumericsBody,
+    routes.SET_NUMERICS: NumericsBody,
     routes.MEMORY_TENSORS: TensorsBody, routes.STEP: StepBody, routes.ACTIONS: ActionListBody,
     routes.SUBMIT_ACTION: ActionBody, routes.ACTION: ActionBody, routes.CANCEL_ACTION: ActionBody,
     routes.RESUME: ResumeBody, routes.POSTMORTEM_NOW: PostmortemNowBody,
@@ -227,6 +230,8 @@ def test_every_route_answers_exactly_its_bodys_wire_form(trained_agent):
     ask(routes.TRACE)
     ask(routes.SET_TRACE, json=TraceRequest("every:10").to_wire())
     ask(routes.DOCTOR)
+    ask(routes.NUMERICS)
+    ask(routes.SET_NUMERICS, json=NumericsRequest({"spike_factor": 10.0}).to_wire())
     assert ask(routes.DOCTOR_GRADS, params={"wait": 10})["checked"] is True
     ask(routes.MEMORY_TENSORS, params={"top": 3})
     step = ask(routes.STEP)["step"]

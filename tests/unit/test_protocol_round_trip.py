@@ -78,6 +78,7 @@ EXAMPLES = [
                           requested_by="me@laptop", extra={"later": {"n": 1}}),
     actions.FlameRequest(2.0, 50.0, 60.0, "in-process", "f1", "me@laptop"),
     bodies.NumericsRequest({"spike_factor": 3.0}),
+    bodies.NumericsBody(0, {"thresholds": {"spike_factor": 3.0}, "last": None}),
     actions.ResumeBody(0, 12, ("p1",), "released at step 12", 12),
     actions.ProfileBody(0, 12, 17.5, {"id": "p1", "state": "done"}),
     actions.FlameBody(0, 12, {"id": "f1", "state": "sampling"}),

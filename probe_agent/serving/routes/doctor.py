@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Query, Request
 
 from probe_protocol import routes
-from probe_protocol.bodies import DoctorBody, GradsBody, NumericsRequest
+from probe_protocol.bodies import DoctorBody, GradsBody, NumericsBody, NumericsRequest
 
 from ...collectors.trainloop import optimizer_state
 from ...errors import AgentStateError, ConfigError
@@ -72,7 +72,7 @@ async def numerics(request: Request) -> dict[str, Any]:
     ``first_nonfinite`` (the first non-finite step and where the re-run found it born),
     ``anomalies``, ``loss_source``, ``guard`` (armed rules and firings)."""
     agent = request.app.state.agent
-    return jsonable({"ok": True, "rank": agent.rank, "numerics": _numerics(agent)})
+    return jsonable(NumericsBody(agent.rank, _numerics(agent)).to_wire())
 
 
 @router.post(routes.SET_NUMERICS.path, openapi_extra=openapi_body(NumericsRequest))
@@ -94,7 +94,7 @@ async def set_numerics(request: Request) -> dict[str, Any]:
     except (TypeError, ValueError) as e:
         raise ConfigError(f"threshold refused: {e}") from None
     agent.audit(_client(request), f"numerics thresholds {values}", "ok", None, 0.0)
-    return jsonable({"ok": True, "rank": agent.rank, "numerics": rec.state()})
+    return jsonable(NumericsBody(agent.rank, rec.state()).to_wire())
 
 
 def _client(request: Request) -> str:
