@@ -188,8 +188,8 @@ def score(sc: Scenario, o: Outcome) -> None:
     ok = want <= o.kinds <= want | sc.allow
     if o.command != "doctor" and want and o.culprits != [ODD]:
         ok = False  # the right verdict on the wrong rank is wrong
-    if o.command == "doctor" and not want:
-        ok = ok and o.exit == 0  # healthy: exit 0, nothing above info
+    if o.command == "doctor" and not want and not o.kinds & sc.allow:
+        ok = ok and o.exit == 0  # healthy: exit 0, nothing above info (an allowed kind warns)
     if o.text_exit not in (0, 3, 4):
         ok = False  # the human output crashed (or timed out) where the JSON answered
     if o.command == "doctor" and sc.lever:
