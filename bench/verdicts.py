@@ -37,6 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.collective_scenarios import SCENARIOS as COLLECTIVE_SCENARIOS  # noqa: E402
 from bench.lever_scenarios import lever_scenarios  # noqa: E402
+from bench.numerics_scenarios import KINDS as NUMERICS_KINDS  # noqa: E402
+from bench.numerics_scenarios import numerics_scenarios  # noqa: E402
 from tests.e2e.procs import SPIN_C, kill_all  # noqa: E402 - the same GIL-holding C loop as the tests
 from tests.support import PROGRAMS, kill_tree, python_env  # noqa: E402
 
@@ -102,12 +104,12 @@ SCENARIOS = [
     Scenario("slow_input", {"hang": _s(), "straggler": _s(), "doctor": _s("dataloader")},
              ready_step=60, step_s=0.0),
     Scenario("lr_high", {"hang": _s(), "straggler": _s(), "doctor": _s("lr")},
-             allow=_s("nonfinite"), ready_step=60),
+             allow=_s("nonfinite", "spike", "diverging"), ready_step=60),
     Scenario("amp_scaled", {"hang": _s(), "straggler": _s(), "doctor": _s("amp_clip")},
              ready_step=60),
     Scenario("amp_unscaled", NONE, ready_step=60),
     Scenario("own_lr", {"hang": _s(), "straggler": _s(), "doctor": _s("lr")},
-             allow=_s("nonfinite"), ready_step=60, forbid_next="probe lr"),
+             allow=_s("nonfinite", "spike", "diverging"), ready_step=60, forbid_next="probe lr"),
     # memory use on CPU is information (no device to fill), so doctor must stay quiet and
     # still name the cause and the first lever in its memory_use finding
     Scenario("mem_activations", NONE, ready_step=40, step_s=0.0, trace="every:5",
@@ -129,6 +131,8 @@ SCENARIOS = [
 ]
 SCENARIOS += lever_scenarios(Scenario)  # noqa: E305 - host syncs, compile, MoE, uneven batches
 SCENARIOS += COLLECTIVE_SCENARIOS  # type: ignore[arg-type]  # each runs its own job (run())
+SCENARIOS += numerics_scenarios(Scenario)  # loss spike, NaN origin, LR, clipping, schedule end
+KIND.update(NUMERICS_KINDS)
 QUICK = ("healthy", "leak", "hang_gil", "slow_rank")
 
 
@@ -160,11 +164,18 @@ def probe(target: str, *args: str, timeout: float = 90) -> tuple[int | None, dic
     return out.returncode, body, text or out.stderr.strip()
 
 
+def _kind(f: dict[str, Any]) -> str:
+    """A doctor finding's verdict kind; clipping's is its cause (growing norms: the LR)."""
+    if f["check"] == "clipping" and (f.get("detail") or {}).get("cause") == "lr":
+        return "lr"
+    return KIND.get(f["check"], f["check"])
+
+
 def read(command: str, code: int | None, body: dict[str, Any], text: str) -> Outcome:
     """One command's answer as verdict kinds and the ranks it blames."""
     if command == "doctor":
         bad = [f for f in body.get("findings", []) if f.get("severity") != "info"]
-        kinds = frozenset(KIND.get(f["check"], f["check"]) for f in bad)
+        kinds = frozenset(_kind(f) for f in bad)
         ranks = sorted({r for f in bad for r in f.get("ranks", [])})
         head = "; ".join(f"[{f['severity']}] {f['title']}" for f in bad) or "no problem found"
         mem = [f for f in body.get("findings", []) if f.get("check") == "memory_use"

@@ -89,6 +89,7 @@ class NumericsRecorder:
         self._dl: patches.Patch | None = None
         self._lock = threading.Lock()
         self._stopped = False
+        self._paused = False  # set_active(False)
         self._found: Any = None  # the model a heap walk found (_find_model)
         self._find_at = -1e9
         # per step (training thread)
@@ -149,10 +150,30 @@ class NumericsRecorder:
         finally:
             self.flush()
 
+    def set_active(self, active: bool) -> None:
+        """Switch the per-step capture off and on again (training thread, between steps):
+        bench/bench_numerics.py measures the recorder against the same agent without it."""
+        if not active:
+            with self._lock:
+                self._paused = True
+                if self._handle is not None:
+                    self._handle.remove()
+                    self._handle = None
+                self.loss.uninstall()
+            if self._unsubscribe is not None:
+                self._unsubscribe()
+                self._unsubscribe = None
+            return
+        with self._lock:
+            self._paused = False
+        if self._unsubscribe is None:
+            self._unsubscribe = self.clock.subscribe(self._on_step, "numerics recorder")
+        self.poll()
+
     def poll(self) -> None:
         """Writer tick and first step: wrap what the program has imported."""
         with self._lock:
-            if self._stopped:
+            if self._stopped or self._paused:
                 return
             self.loss.install()
             if self._handle is None and (mod := imported("torch.optim.optimizer")) is not None \
@@ -242,8 +263,31 @@ class NumericsRecorder:
             self._map = ModuleMap(model)
         return self._map
 
-    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         if self._begun or not self.guard.enabled:
+            return None
+        # A step given a closure (Lightning, LBFGS) runs forward and backward inside step():
+        # its loss and gradients exist only once the closure returned. The closure is
+        # wrapped (a pre-hook may return new arguments) and the check runs right after it,
+        # still before the update. ``args`` is what step() got, the optimizer first.
+        closure = (kwargs or {}).get("closure")
+        at = "kw" if closure is not None else None
+        if closure is None and len(args) > 1 and callable(args[1]):
+            closure, at = args[1], "pos"
+        if closure is not None:
+            def checked() -> Any:
+                out = closure()
+                self._begin(optimizer)
+                return out
+
+            if at == "kw":
+                return args, {**kwargs, "closure": checked}
+            return (args[0], checked, *args[2:]), kwargs
+        self._begin(optimizer)
+        return None
+
+    def _begin(self, optimizer: Any) -> None:
+        if self._begun:
             return
         self._begun = True
         try:

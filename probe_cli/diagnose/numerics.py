@@ -175,7 +175,12 @@ def _trend(report: Report, docs: list[RankDoc], t: dict[str, float]) -> None:
             return chance is not None and abs(x - chance) <= margin
         info = {"start": start, "recent": recent, "best": best, "ratio": ratio,
                 "chance": chance, "steps": (rows[0]["step"], rows[-1]["step"])}
-        rising = quarters[3] > quarters[2] > quarters[1] and recent > 1.3 * best
+        low = min(quarters[:3])
+        last_q = losses[3 * q:]
+        # A rise, not noise: the last quarter above the best earlier quarter by 30%, rising,
+        # and nearly all of its losses above that quarter's median (random batches put half)
+        above = sum(1 for x in last_q if x > low) / max(1, len(last_q))
+        rising = quarters[3] > quarters[2] and quarters[3] > 1.3 * low and above >= 0.9
         if rising or (near(recent) and not near(start) and best < 0.7 * recent):
             verdicts.setdefault("diverging", []).append((d, "rising", info))
         elif near(recent) and near(start):
@@ -230,55 +235,103 @@ def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
 
 
 def check_clipping(report: Report, docs: list[RankDoc]) -> bool:
-    """CLIPPING judged by its cause: max_norm far below the typical pre-clip norm (raise it),
-    norms growing (the LR), or a clip that trims updates a little while the loss falls (fine).
-    Returns True when it said something about clipping (then the LR check says no more)."""
+    """CLIPPING judged by its cause (one finding over the ranks; DDP ranks share gradients):
+    the LR when each clipped update is still large (update/weight ratio above ``high_ratio``),
+    the norms grow, or the loss does not fall although every update is cut; else max_norm far
+    below the typical pre-clip norm (raise it); else a trim while the loss falls (information).
+    Returns True when the ranks' per-step norms were there to judge (the LR block then says
+    nothing more about clipping)."""
     t = thresholds(docs)
-    said = False
+    judged = False
+    causes: dict[str, list[tuple[RankDoc, list[str], dict[str, Any]]]] = {}
     for d in docs:
         rows = [r for r in _rows(d) if num(r.get("clip_max_norm")) is not None]
         norms = _finite([r.get("grad_norm") for r in rows])
         if len(norms) < 5:
             continue
+        judged = True
         max_norm = _finite([r.get("clip_max_norm") for r in rows])[-1]
         clipped = sum(1 for x in norms if x > max_norm)
         share = clipped / len(norms)
         if share < t["clip_share"]:
             continue
-        said = True
         med = statistics.median(norms)
         q = max(1, len(norms) // 4)
         first, last = statistics.median(norms[:q]), statistics.median(norms[-q:])
         losses = [r for r in _rows(d) if num(r.get("loss")) is not None]
         a, b = _edge(losses, True), _edge(losses, False)
-        falls = a is not None and b is not None and b < a
+        falls = a is not None and b is not None and b < 0.95 * a
+        ratios = _finite([r.get("update_ratio") for r in _rows(d)])
+        ratio = statistics.median(ratios) if ratios else None
         ev = [f"rank {d.rank}: clip_grad_norm_(max_norm={max_norm:g}) clipped {clipped} of "
               f"{len(norms)} steps; median norm before clipping {med:.3g} (x{med / max_norm:.2g}"
               f" max_norm), {first:.3g} at the window's start and {last:.3g} at its end",
               f"rank {d.rank}: loss {_g(a)} -> {_g(b)}"]
-        detail = {"rank": d.rank, "share": round(share, 3), "median_norm": med,
-                  "max_norm": max_norm}
-        if med > t["clip_far"] * max_norm and last < GROWING * first:
-            report.findings.append(Finding(
-                WARNING, "clipping", f"CLIPPING: rank {d.rank}: max_norm {max_norm:g} is far "
-                f"below the typical pre-clip norm {med:.3g} (x{med / max_norm:.0f}): every update "
-                f"is cut to ~1/{med / max_norm:.0f}; raise max_norm, the LR is not the problem",
-                ev, f"raise max_norm in the script's clip_grad_norm_ (to about {med:.2g}); "
-                "do not lower the LR", [d.rank], score=0.7, detail={**detail, "cause": "max_norm"}))
-        elif last >= GROWING * first:
-            report.findings.append(Finding(
-                WARNING, "clipping", f"CLIPPING: rank {d.rank}: clips on {share:.0%} of steps "
-                f"and the gradient norms grew x{last / first:.1f} over the window: the LR is too "
-                "high", ev, "probe lr --scale 0.5", [d.rank], score=0.7,
-                detail={**detail, "cause": "lr"}))
+        if ratio is not None:
+            ev.append(f"rank {d.rank}: median update/weight ratio {ratio:.2g} per step (healthy "
+                      f"~1e-3; above {t['high_ratio']:g} the LR is far too high)")
+        x = {"rank": d.rank, "share": round(share, 3), "median_norm": med,
+             "max_norm": max_norm, "update_ratio": ratio, "growth": last / first if first
+             else None, "falls": falls, "own_lr": _own_lr(d)}
+        if (ratio is not None and ratio > t["high_ratio"]) or last >= GROWING * first or \
+                (not falls and med > t["clip_far"] * max_norm):
+            cause = "lr"
+        elif med > t["clip_far"] * max_norm:
+            cause = "max_norm"
         else:
-            shrink = 1 - max_norm / med if med > max_norm else 0.0
-            report.findings.append(Finding(
-                INFO, "clipping", f"clipping: rank {d.rank} clips on {share:.0%} of steps at "
-                f"median norm {med:.3g} vs max_norm {max_norm:g}: updates shrink by ~"
-                f"{shrink:.0%}" + ("; the loss falls: not a problem" if falls else ""), ev,
-                "", [d.rank], detail={**detail, "cause": "none"}))
-    return said
+            cause = "none"
+        causes.setdefault(cause, []).append((d, ev, x))
+    if "lr" in causes:  # one cause per job: the ranks share their gradients
+        causes = {"lr": [i for v in causes.values() for i in v]}
+    for cause, items in causes.items():
+        report.findings.append(_clip_finding(cause, items))
+    return judged
+
+
+def _own_lr(d: RankDoc) -> bool:
+    """No scheduler, yet the LR moved on most steps: the loop sets it (nanoGPT's get_lr)."""
+    if (d.state or {}).get("schedulers") != []:
+        return False
+    lrs = _finite([r.get("lr") for r in _rows(d)])
+    moves = sum(1 for p, n in zip(lrs, lrs[1:]) if p != n)
+    return len(lrs) >= 6 and moves >= max(3, len(lrs) // 2)
+
+
+_OWN_LR_NEXT = ("lower the peak LR the training script computes each step: the loop "
+                "overwrites an LR changed from outside at its next step")
+
+
+def _clip_finding(cause: str, items: list[tuple[RankDoc, list[str], dict[str, Any]]]
+                  ) -> Finding:
+    ranks = sorted(d.rank for d, _, _ in items)
+    ev = [e for _, lines, _ in items for e in lines]
+    _, _, x = items[0]
+    who = rank_label(ranks)
+    med, max_norm, share = x["median_norm"], x["max_norm"], x["share"]
+    detail = {**x, "cause": cause, "ranks": ranks}
+    if cause == "lr":
+        why = (f"each clipped update still moves the weights by {x['update_ratio']:.2g} of "
+               "their norm" if x["update_ratio"] is not None and x["update_ratio"] > 0.01
+               else f"the gradient norms grew x{x['growth']:.1f}" if (x["growth"] or 0) >= GROWING
+               else "the loss does not fall although every update is cut")
+        return Finding(
+            WARNING, "clipping", f"CLIPPING: {who} clip on {share:.0%} of steps (median norm "
+            f"{med:.3g}, x{med / max_norm:.0f} max_norm {max_norm:g}) and {why}: the LR is too "
+            "high", ev, _OWN_LR_NEXT if x["own_lr"] else "probe lr --scale 0.1", ranks,
+            score=0.7, detail=detail)
+    if cause == "max_norm":
+        return Finding(
+            WARNING, "clipping", f"CLIPPING: {who}: max_norm {max_norm:g} is far below the "
+            f"typical pre-clip norm {med:.3g} (x{med / max_norm:.0f}) while the loss falls: "
+            f"every update is cut to ~1/{med / max_norm:.0f}; raise max_norm, the LR is not the "
+            "problem", ev, f"raise max_norm in the script's clip_grad_norm_ (to about "
+            f"{med:.2g}); do not lower the LR", ranks, score=0.7, detail=detail)
+    shrink = 1 - max_norm / med if med > max_norm else 0.0
+    return Finding(
+        INFO, "clipping", f"clipping: {who} clip on {share:.0%} of steps at median norm "
+        f"{med:.3g} vs max_norm {max_norm:g}: updates shrink by ~{shrink:.0%}"
+        + ("; the loss falls: not a problem" if x["falls"] else ""), ev, "", ranks,
+        detail=detail)
 
 
 def legacy_clip(report: Report, rank: int, clipped: int, finite: int, med: float | None,

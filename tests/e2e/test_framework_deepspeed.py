@@ -172,6 +172,25 @@ def test_slow_names_modules_from_the_engines_module(job):
 
 
 @pytest.mark.timeout(180)
+def test_the_recorded_loss_is_the_one_given_to_engine_backward(job):
+    # GIVEN the engine's loop (2 micro-batches per step) with nothing logged to the agent
+    endpoint, tmp, _, _ = job
+    out = fc.ok(probe("-t", endpoint, *SLOW_MACHINE, "--json", "query",
+                      "SELECT step, loss, loss_source FROM python.steps ORDER BY step",
+                      timeout=120))
+    # THEN each step's loss is the mean of the losses the script gave engine.backward
+    for body in json.loads(out.stdout):
+        rank = body["rank"]
+        own = {s: r["loss"] for s, r in fc.read_log(tmp / "log", rank).items() if "loss" in r}
+        got = {s: (v, src) for s, v, src in body["rows"]}
+        both = sorted(set(own) & set(got))[1:]  # the first: before the meter wrapped the engine
+        assert len(both) >= 3, (rank, own, got)
+        for s in both:
+            assert got[s][0] == pytest.approx(own[s], rel=1e-5), (rank, s, got[s], own[s])
+            assert got[s][1] == "deepspeed"
+
+
+@pytest.mark.timeout(180)
 def test_doctor_finds_the_healthy_job_healthy(job):
     endpoint, _, _, _ = job
     out = fc.ok(probe("-t", endpoint, *SLOW_MACHINE, "doctor", timeout=180))

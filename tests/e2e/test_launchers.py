@@ -190,3 +190,11 @@ def test_step_is_the_framework_optimizer_step_under_gradient_accumulation(tmp_pa
     # AND at the end the clock and python.steps stop where the framework stopped
     assert got["framework_step"] == 5
     assert got["clock_step"] == got["steps_max"] == got["framework_step"], got
+    # AND python.steps.loss is the framework's own loss of each step (issue 40): the HF
+    # Trainer's logged loss (training_step's values summed), Lightning's training_step mean
+    own = {int(k): v for k, v in got["own_loss"].items()}
+    assert sorted(own) == [1, 2, 3, 4, 5], own
+    source = "hf_trainer" if framework == "hf" else "backward"
+    for step, want in own.items():
+        loss, src = got["loss"][str(step)]
+        assert loss == pytest.approx(want, rel=1e-5) and src == source, (step, got["loss"], own)

@@ -123,6 +123,7 @@ def train(args: argparse.Namespace) -> None:
     rank = int(os.environ.get("RANK", "0"))
     g = torch.Generator().manual_seed(rank)
     micro = 0
+    losses: list[float] = []  # the micro-batches' losses given to engine.backward this step
     while True:
         idx = torch.randint(0, VOCAB, (4, 8), generator=g)
         boundary = engine.is_gradient_accumulation_boundary()
@@ -130,6 +131,7 @@ def train(args: argparse.Namespace) -> None:
             do_hang()
         loss = engine(idx)
         engine.backward(loss)
+        losses.append(float(loss))
         engine.step()
         micro += 1
         if boundary:
@@ -137,7 +139,9 @@ def train(args: argparse.Namespace) -> None:
             if log.f is not None:
                 log.f.write(json.dumps({"global_step": engine.global_steps, "lr": lr,
                                         "param_sum": full_param_sum(engine, args.stage),
-                                        "micro": micro}) + "\n")
+                                        "micro": micro,
+                                        "loss": sum(losses) / len(losses)}) + "\n")
+            losses = []
             if not log.announced:
                 log.announced = True
                 announce(args.ready_dir)

@@ -48,6 +48,10 @@ def clock() -> int:
     return current().stepclock.current_step
 
 
+#: The framework's own loss per optimizer step: {step: loss}, filled by each runner.
+OWN_LOSS: dict[int, float] = {}
+
+
 def run_hf(steps: int, out_dir: str) -> tuple[int, list[tuple[int, int]]]:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -60,10 +64,15 @@ def run_hf(steps: int, out_dir: str) -> tuple[int, list[tuple[int, int]]]:
         def on_step_end(self, args, state, control, **kw):  # after the optimizer step
             seen.append((state.global_step, clock()))
 
+        def on_log(self, args, state, control, logs=None, **kw):  # the Trainer's own loss
+            if logs and "loss" in logs:
+                OWN_LOSS[state.global_step] = float(logs["loss"])
+
     args = TrainingArguments(
         output_dir=out_dir, max_steps=steps, per_device_train_batch_size=4,
         gradient_accumulation_steps=2, learning_rate=1e-3, lr_scheduler_type="cosine",
-        report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
+        report_to=[], save_strategy="no", logging_strategy="steps", logging_steps=1,
+        use_cpu=True,
         disable_tqdm=True, dataloader_num_workers=0,
     )
     trainer = Trainer(model=Regressor(), args=args, train_dataset=Pairs(), callbacks=[Record()])
@@ -92,6 +101,10 @@ def run_lightning(steps: int, out_dir: str) -> tuple[int, list[tuple[int, int]]]
     class Record(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             seen.append((trainer.global_step, clock()))
+            # Lightning's loss of the micro-batch, already divided by accumulate_grad_batches:
+            # the step's loss is their sum (the mean of training_step's losses)
+            step = batch_idx // 2 + 1
+            OWN_LOSS[step] = OWN_LOSS.get(step, 0.0) + float(outputs["loss"])
 
     trainer = L.Trainer(max_steps=steps, accumulate_grad_batches=2, accelerator="cpu",
                         devices=1, logger=False, enable_checkpointing=False,
@@ -117,9 +130,11 @@ def main() -> None:
     agent.collectors.steps.flush(final=True)
     agent.store.flush()
     steps_max = agent.store.query("SELECT max(step) FROM python.steps").rows[0][0]
+    recorded = agent.store.query("SELECT step, loss, loss_source FROM python.steps").rows
     with open(args.out, "w") as f:
         json.dump({"framework_step": final, "clock_step": agent.stepclock.current_step,
                    "steps_max": steps_max, "seen": seen,
+                   "own_loss": OWN_LOSS, "loss": {s: [v, src] for s, v, src in recorded},
                    "optimizers": agent.stepclock.state()["optimizers"]}, f)
 
 

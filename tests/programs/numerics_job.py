@@ -5,8 +5,8 @@ itself. The last rank is the odd one where a fault is on one rank.
 
 Scenarios: num_healthy (AdamW 1e-3), num_clip_mild (clips most steps at a max_norm a little
 below the typical norm, while the loss falls: fine), num_amp (bf16 autocast + GradScaler,
-healthy), num_spike (one batch of the odd rank at ``--fault-step`` scaled x40: a finite
-spike), num_nan (one all-zero sample of the odd rank at ``--fault-step``: the first module
+healthy), num_spike (one batch of the odd rank at ``--fault-step`` with wrong labels: a
+finite spike), num_nan (one all-zero sample of the odd rank at ``--fault-step``: the first module
 divides by its norm, 0/0), num_lr_high (AdamW at 0.3, no clipping), num_lr_low (AdamW at
 1e-7), num_clip_small (clip_grad_norm_ max_norm 0.001), num_sched_end (a cosine schedule that
 reaches 0 at step 40 while the job runs on).
@@ -100,14 +100,18 @@ def main() -> None:
     log = open(os.path.join(args.log_dir, f"rank{rank}.jsonl"), "a", buffering=1) \
         if args.log_dir else None
     while step < args.max_steps and not (args.stop_file and os.path.exists(args.stop_file)):
-        x, y = next(it)
+        try:
+            x, y = next(it)
+        except StopIteration:  # the next epoch
+            it = iter(loader)
+            x, y = next(it)
         due = step + 1 == args.fault_step if not args.fault_file else (
             fault_at is None and os.path.exists(args.fault_file))
         if due:
             fault_at = step + 1
         if odd and due:
             if sc == "num_spike":
-                x = x * 40.0
+                y = (y + 3) % CLASSES  # a batch with wrong labels: finite, confidently wrong
             elif sc == "num_nan":
                 x = x.clone()
                 x[5] = 0.0

@@ -89,7 +89,7 @@ def test_clipping_with_growing_norms_is_the_lr():
     for i, r in enumerate(rows):
         r["grad_norm"] = 1.0 + 4.0 * i / len(rows)
     clip = next(f for f in report_of(with_numerics(0, rows)).findings if f.check == "clipping")
-    assert clip.detail["cause"] == "lr" and clip.next == "probe lr --scale 0.5"
+    assert clip.detail["cause"] == "lr" and clip.next == "probe lr --scale 0.1"
 
 
 def test_a_schedule_that_ended_is_lr_zero_not_too_high():
@@ -133,3 +133,25 @@ def test_thresholds_come_from_the_ranks():
     rows[119]["loss"] = 3.2 * rows[118]["loss"]
     quiet = report_of(with_numerics(0, rows, thresholds={"spike_factor": 5.0}))
     assert "spike" not in checks(quiet)
+
+
+def test_clipping_with_a_rising_loss_is_the_lr_on_every_rank_alike():
+    # GIVEN lr_high's DDP ranks: every step clipped at ~100x max_norm and the loss rising;
+    # their windows differ (one saw the norms grow x2.2, the other x1.5)
+    def ranked(rank: int, growth: float) -> object:
+        rows = series(start=14.0, end=14.0, clip=1.0, ratio=None, seed=rank)
+        for i, r in enumerate(rows):
+            r["grad_norm"] = 74.0 * (1 + (growth - 1) * i / len(rows))
+            r["loss"] = 14.0 + 0.5 * i
+        return with_numerics(rank, rows)
+
+    report = report_of(ranked(0, 2.2), ranked(1, 1.5))
+    clips = [f for f in report.findings if f.check == "clipping"]
+    # THEN one finding, the LR, over both ranks; never "raise max_norm"
+    assert len(clips) == 1 and clips[0].ranks == [0, 1] and clips[0].detail["cause"] == "lr"
+    assert "raise max_norm" not in clips[0].next and "LR is not" not in clips[0].title
+
+
+def test_a_noisy_flat_loss_is_not_diverging():
+    rows = series(start=8.0, end=8.0, jitter=0.35, ratio=None, seed=3)
+    assert "diverging" not in checks(report_of(with_numerics(0, rows, classes=None)))
