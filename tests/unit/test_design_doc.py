@@ -14,7 +14,7 @@ PARTS_DIR = DOCS / "decisions"
 
 PARTS = ["Glossary", "Agent", "Store", "Tracer", "Collectors", "Serving", "Watchdog",
          "Post-mortem", "Actions and jobs", "Frameworks", "CLI and transport",
-         "Diagnosis (verdicts)", "Throughput", "Dashboard and metrics", "Profiling", "Security",
+         "Diagnosis (verdicts)", "Training numerics", "Throughput", "Dashboard and metrics", "Profiling", "Security",
          "Protocol", "Measurement method"]
 
 
