@@ -1,5 +1,5 @@
 """Loss spikes and a NaN, found with no line of code: a classifier whose data has one bad batch
-(step 60: wrong labels, a finite spike) and one corrupt sample (step 120: an all-zero row,
+(step 300: wrong labels, a finite spike) and one corrupt sample (step 400: an all-zero row,
 which the first layer divides by its norm: 0/0).
 
     PROBE=1 python examples/loss_spike.py
@@ -26,8 +26,8 @@ class UnitNorm(nn.Module):
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=0, help="stop after N steps (0: run until Ctrl-C)")
-p.add_argument("--spike-at", type=int, default=60)
-p.add_argument("--nan-at", type=int, default=120)
+p.add_argument("--spike-at", type=int, default=300)
+p.add_argument("--nan-at", type=int, default=400)
 args = p.parse_args()
 
 torch.manual_seed(0)

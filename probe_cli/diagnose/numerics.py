@@ -158,8 +158,11 @@ def _trend(report: Report, docs: list[RankDoc], t: dict[str, float]) -> None:
         losses = _finite([r.get("loss") for r in rows])
         if len(losses) < TREND_STEPS:
             continue
-        ratios = _finite([r.get("update_ratio") for r in rows[-len(rows) // 2:]])
+        half = rows[-(len(rows) // 2):]
+        ratios = _finite([r.get("update_ratio") for r in half])
         ratio = statistics.median(ratios) if ratios else None
+        tops = _finite([r.get("max_ratio") for r in half])
+        top = statistics.median(tops) if tops else None  # the module that moves most
         lrs = _finite([r.get("lr") for r in rows[-10:]])
         if lrs and max(lrs) == 0:
             continue  # the LR ZERO finding says it
@@ -173,21 +176,27 @@ def _trend(report: Report, docs: list[RankDoc], t: dict[str, float]) -> None:
 
         def near(x: float, chance: float | None = chance, margin: float = margin) -> bool:
             return chance is not None and abs(x - chance) <= margin
-        info = {"start": start, "recent": recent, "best": best, "ratio": ratio,
-                "chance": chance, "steps": (rows[0]["step"], rows[-1]["step"])}
+        norms = [(num(r.get("grad_norm")), num(r.get("clip_max_norm"))) for r in half]
+        clipped = [g > m for g, m in norms if g is not None and m is not None and
+                   math.isfinite(g)]
+        hard_clip = len(clipped) >= 5 and sum(clipped) >= t["clip_share"] * len(clipped)
+        info = {"start": start, "recent": recent, "best": best, "ratio": ratio, "top": top,
+                "chance": chance, "steps": (rows[0]["step"], rows[-1]["step"]),
+                "hard_clip": hard_clip}
+        high = top is not None and top > t["high_ratio"]
         low = min(quarters[:3])
         last_q = losses[3 * q:]
         # A rise, not noise: the last quarter above the best earlier quarter by 30%, rising,
         # and nearly all of its losses above that quarter's median (random batches put half)
         above = sum(1 for x in last_q if x > low) / max(1, len(last_q))
         rising = quarters[3] > quarters[2] and quarters[3] > 1.3 * low and above >= 0.9
-        if rising or (near(recent) and not near(start) and best < 0.7 * recent):
+        if rising or (near(recent) and best < 0.7 * recent):
             verdicts.setdefault("diverging", []).append((d, "rising", info))
-        elif near(recent) and near(start):
-            verdicts.setdefault("not_learning", []).append((d, "chance", info))
         elif ratio is not None and ratio < t["stall_ratio"] and recent >= 0.97 * quarters[1]:
             verdicts.setdefault("stalled", []).append((d, "flat", info))
-        if ratio is not None and ratio > t["high_ratio"]:
+        elif near(recent) and (chance is None or best >= 0.9 * chance):
+            verdicts.setdefault("not_learning", []).append((d, "chance", info))
+        if high:
             verdicts.setdefault("lr_high", []).append((d, "ratio", info))
     for kind, items in verdicts.items():
         report.findings.append(_trend_finding(kind, items, t))
@@ -205,15 +214,22 @@ def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
             f"{x['recent']:.4g} now (steps {a}-{b}, medians of 10 steps)")
     chance = (f"chance level for {round(math.exp(x['chance']))} classes: ln = {x['chance']:.4g}"
               if x["chance"] is not None else None)
-    high = ratio is not None and ratio > t["high_ratio"]
+    top = x["top"]
+    high = top is not None and top > t["high_ratio"]
     low = ratio is not None and ratio < t["stall_ratio"]
-    ev = [loss, f"rank {d.rank}: {rtext} (healthy is around 1e-3; above {t['high_ratio']:g} "
-          f"the LR is far too high, below {t['stall_ratio']:g} far too low)"]
+    ev = [loss, f"rank {d.rank}: {rtext}" + (f", {top:.2g} in the module that moves most"
+                                                if top is not None else "") +
+          f" (healthy is around 1e-3; above {t['high_ratio']:g} the LR is far too high, below "
+          f"{t['stall_ratio']:g} far too low)"]
     if chance:
         ev.append(chance)
     who = rank_label(ranks)
     if kind == "diverging":
         title = f"DIVERGING: {who}: the loss rose from {x['best']:.4g} to {x['recent']:.4g}"
+        if x.get("hard_clip") and not high:  # every update clipped, yet the loss climbs
+            ev.append(f"rank {d.rank}: clip_grad_norm_ cuts most updates, and the loss still "
+                      "climbs: each step is too big")
+            high = True
         nxt = ("probe lr --scale 0.1" if high else "the LR is not the cause (update ratios are "
                "in range): check the data and the loss since the turn; probe numerics")
         return Finding(CRITICAL if high else WARNING, kind, title + (
@@ -227,10 +243,14 @@ def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
                                                    "(the LR moves the weights normally)")
         return Finding(WARNING, kind, title, ev, nxt, ranks, score=1.0)
     if kind == "stalled":
-        title = (f"STALLED: {who}: the loss is flat at {x['recent']:.4g} and the weights barely "
-                 f"move ({rtext}): the LR is far too low")
+        at = (f" (chance level for {round(math.exp(x['chance']))} classes)"
+              if x["chance"] is not None and abs(x["recent"] - x["chance"]) <= 0.1 * x["chance"]
+              else "")
+        title = (f"STALLED: {who}: the loss is flat at {x['recent']:.4g}{at} and the weights "
+                 f"barely move ({rtext}): the LR is far too low")
         return Finding(WARNING, kind, title, ev, "probe lr --scale 10", ranks, score=0.8)
-    title = f"LR TOO HIGH: {who}: {rtext}, far above the usual ~1e-3"
+    title = (f"LR TOO HIGH: {who}: each step moves a module's weights by {top:.2g} of their "
+             "norm (median over the traced steps), far above the usual ~1e-3")
     return Finding(WARNING, "lr_high", title, ev, "probe lr --scale 0.1", ranks, score=0.9)
 
 
@@ -260,7 +280,13 @@ def check_clipping(report: Report, docs: list[RankDoc]) -> bool:
         first, last = statistics.median(norms[:q]), statistics.median(norms[-q:])
         losses = [r for r in _rows(d) if num(r.get("loss")) is not None]
         a, b = _edge(losses, True), _edge(losses, False)
-        falls = a is not None and b is not None and b < 0.95 * a
+        xs = _finite([r.get("loss") for r in losses])
+        best = min((statistics.median(xs[i:i + 10]) for i in range(0, max(1, len(xs) - 9))),
+                   default=None) if len(xs) >= 10 else None
+        # falling: below where it started and near its best (a loss that climbs back after an
+        # early drop is not falling)
+        falls = a is not None and b is not None and b < 0.95 * a and (
+            best is None or b <= 1.2 * best)
         ratios = _finite([r.get("update_ratio") for r in _rows(d)])
         ratio = statistics.median(ratios) if ratios else None
         ev = [f"rank {d.rank}: clip_grad_norm_(max_norm={max_norm:g}) clipped {clipped} of "
@@ -315,7 +341,8 @@ def _clip_finding(cause: str, items: list[tuple[RankDoc, list[str], dict[str, An
                else f"the gradient norms grew x{x['growth']:.1f}" if (x["growth"] or 0) >= GROWING
                else "the loss does not fall although every update is cut")
         return Finding(
-            WARNING, "clipping", f"CLIPPING: {who} clip on {share:.0%} of steps (median norm "
+            WARNING, "clipping", f"CLIPPING: {who} {'clips' if len(ranks) == 1 else 'clip'} on "
+            f"{share:.0%} of steps (median norm "
             f"{med:.3g}, x{med / max_norm:.0f} max_norm {max_norm:g}) and {why}: the LR is too "
             "high", ev, _OWN_LR_NEXT if x["own_lr"] else "probe lr --scale 0.1", ranks,
             score=0.7, detail=detail)
@@ -328,7 +355,8 @@ def _clip_finding(cause: str, items: list[tuple[RankDoc, list[str], dict[str, An
             f"{med:.2g}); do not lower the LR", ranks, score=0.7, detail=detail)
     shrink = 1 - max_norm / med if med > max_norm else 0.0
     return Finding(
-        INFO, "clipping", f"clipping: {who} clip on {share:.0%} of steps at median norm "
+        INFO, "clipping", f"clipping: {who} {'clips' if len(ranks) == 1 else 'clip'} on "
+        f"{share:.0%} of steps at median norm "
         f"{med:.3g} vs max_norm {max_norm:g}: updates shrink by ~{shrink:.0%}"
         + ("; the loss falls: not a problem" if x["falls"] else ""), ev, "", ranks,
         detail=detail)

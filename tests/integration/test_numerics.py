@@ -112,6 +112,15 @@ def test_a_nan_from_the_data_is_traced_to_its_sample_on_an_untraced_step(make_ag
     assert [s for s, _ in totals] == list(range(1, 13))
     assert all(math.isfinite(n) for s, n in totals if s < 9)
     assert all(isinstance(n, str) or not math.isfinite(n) for s, n in totals if s >= 9)
+    # AND the dashboard's series marks those steps non-finite (and carries the loss before)
+    import httpx
+
+    with httpx.Client(base_url=agent.url, timeout=10.0) as c:
+        body = c.post("/v1/queries/dashboard_series", json={"params": {"last": 20}}).json()
+    series = {r[body["columns"].index("step")]: dict(zip(body["columns"], r))
+              for r in body["rows"]}
+    assert series[8]["loss"] > 0 and not series[8]["nonfinite"]
+    assert series[9]["loss"] is None and series[9]["nonfinite"]
 
 
 class Blows(nn.Module):

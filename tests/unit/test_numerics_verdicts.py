@@ -24,7 +24,8 @@ def series(n: int = 200, start: float = 2.3, end: float = 1.0, jitter: float = 0
         rows.append({"step": i, "loss": loss * (1 + rng.uniform(-jitter, jitter)),
                      "grad_norm": norm * (1 + rng.uniform(-0.1, 0.1)), "clip_max_norm": clip,
                      "nonfinite": False, "lr": lr,
-                     "update_ratio": ratio if i % 5 == 0 else None})
+                     "update_ratio": ratio if i % 5 == 0 else None,
+                     "max_ratio": 2 * ratio if i % 5 == 0 and ratio is not None else None})
     return rows
 
 
@@ -155,3 +156,18 @@ def test_clipping_with_a_rising_loss_is_the_lr_on_every_rank_alike():
 def test_a_noisy_flat_loss_is_not_diverging():
     rows = series(start=8.0, end=8.0, jitter=0.35, ratio=None, seed=3)
     assert "diverging" not in checks(report_of(with_numerics(0, rows, classes=None)))
+
+
+def test_a_dead_net_at_chance_with_one_module_moving_fast_is_the_lr():
+    # GIVEN num_lr_high's job: the loss blew up, then sits at chance (dead ReLUs: their update
+    # ratio is weight decay's lr x wd), while the last layer moves 14% of its norm per step
+    rows = series(start=math.log(10), end=math.log(10), jitter=0.02, ratio=0.003)
+    for r in rows[:10]:
+        r["loss"] = 4.7
+    for r in rows:
+        if r["update_ratio"] is not None:
+            r["max_ratio"] = 0.136
+    report = report_of(with_numerics(0, rows, classes=10))
+    assert checks(report)["not_learning"] == "warning" and checks(report)["lr_high"] == "warning"
+    assert next(f for f in report.findings if f.check == "not_learning").next == \
+        "probe lr --scale 0.1"

@@ -95,6 +95,30 @@ function lineChart(target, tiles, key, unit, fmt, markOutliers) {
   }
 }
 
+// The loss chart's marks: the agent's spikes (orange) and non-finite steps (red, on the axis:
+// a NaN has no height). Positions use the same scale lineChart drew with.
+function markLoss(target, tiles) {
+  const s = $(target).querySelector("svg");
+  if (!s) return;
+  const W = 520, H = 180, L = 52, B = 18;
+  const pts = [];
+  tiles.forEach((t) => (t.series || []).forEach((p) => { if (p.step != null) pts.push({ rank: t.rank, p }); }));
+  const ys = pts.map((q) => q.p.loss).filter((y) => typeof y === "number");
+  if (!pts.length) return;
+  const xs = pts.map((q) => q.p.step);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1), y1 = (ys.length ? Math.max(...ys) : 1) * 1.1 || 1;
+  const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - 6), Y = (y) => H - B - (y / y1) * (H - B - 6);
+  for (const { rank, p } of pts) {
+    if (p.nonfinite) {
+      const c = el("rect", { x: X(p.step) - 2, y: H - B - 6, width: 4, height: 6, fill: "#d64545", class: "nonfinite" }, s);
+      el("title", {}, c).textContent = `rank ${rank} step ${p.step}: loss or gradients NaN/Inf`;
+    } else if (p.spike && typeof p.loss === "number") {
+      const c = el("circle", { cx: X(p.step), cy: Y(p.loss), r: 3.5, fill: "#e08a1e", class: "spike" }, s);
+      el("title", {}, c).textContent = `rank ${rank} step ${p.step}: loss ${p.loss.toPrecision(4)}, x${p.spike} its recent median`;
+    }
+  }
+}
+
 function renderHeatmap(slow, at) {
   const box = $("heatmap"); box.innerHTML = "";
   const ranks = Object.keys(slow || {}).map(Number).sort((a, b) => a - b);
@@ -245,6 +269,8 @@ async function refresh() {
     $("updated").textContent = snap.refreshed_at ? `updated ${new Date(snap.refreshed_at * 1000).toLocaleTimeString()} · fan-out ${snap.fanout_ms} ms` : "first refresh…";
     renderTiles(tiles);
     lineChart("steptime", tiles, "duration", "s", fmtMs, true);
+    lineChart("loss", tiles, "loss", "", (v) => v.toPrecision(4), false);
+    markLoss("loss", tiles);
     const cuda = tiles.some((t) => (t.series || []).some((p) => p.allocated));
     $("memkind").textContent = cuda ? "(CUDA allocated, MiB)" : "(job memory: RSS less agent and free heap, MiB)";
     lineChart("memory", tiles, cuda ? "allocated" : "job_mib", "MiB", (v) => v.toFixed(0) + " MiB", false);
