@@ -1,7 +1,8 @@
 """The cost of the numerics recorder (issue 40): the per-step capture (the loss from backward(),
 the total gradient norm, the finite check: collectors/numerics.py, loss.py) and the per-module
 statistics of traced steps (module_stats.py), as ratios against the same agent without them,
-measured side by side in one process (both arms load the agent: DESIGN.md's glibc note).
+measured side by side in one process (both arms load the agent:
+docs/decisions/measurement-method.md).
 
     .venv/bin/python bench/bench_numerics.py                       # ~5 ms and ~50 ms steps
     .venv/bin/python bench/bench_numerics.py --blocks 40 --steps 20
