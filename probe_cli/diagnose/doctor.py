@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import (
+    clipping,
     isolated,
     lever_checks,
     memory_use,
@@ -25,8 +26,8 @@ from .hang import HangVerdict, RankState
 
 #: The modules whose ``CHECKS`` doctor runs (checks.py). A new check is a module of its own
 #: and one line here.
-DEFAULT_CHECKS = (time_checks, number_checks, numerics, memory_use, schedule, throughput,
-                  lever_checks, isolated, unused_params)
+DEFAULT_CHECKS = (time_checks, number_checks, numerics, clipping, memory_use, schedule,
+                  throughput, lever_checks, isolated, unused_params)
 
 
 def doctor_checks() -> list[DoctorCheck]:

@@ -10,8 +10,9 @@ from typing import Any
 
 from ..group import rank_label
 from .checks import DoctorCheck, Evidence
+from .clipping import legacy_clip
 from .findings import CRITICAL, INFO, WARNING, Finding, RankDoc, Report, first_loop, num, unrecorded
-from .numerics import TREND_WINDOW, legacy_clip, origin_lines
+from .numerics import TREND_WINDOW, origin_lines
 
 #: Steps each rank recorded first that the memory check leaves out (or the first quarter of
 #: what it recorded, when longer; memory_growth.sql): optimizer state, caches and the
