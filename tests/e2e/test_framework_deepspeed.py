@@ -175,6 +175,7 @@ def test_slow_names_modules_from_the_engines_module(job):
 def test_the_recorded_loss_is_the_one_given_to_engine_backward(job):
     # GIVEN the engine's loop (2 micro-batches per step) with nothing logged to the agent
     endpoint, tmp, _, _ = job
+    fc.wait_for_step(tmp / "log", 6, ranks=2, timeout=150)  # run alone, the job has just begun
     out = fc.ok(probe("-t", endpoint, *SLOW_MACHINE, "--json", "query",
                       "SELECT step, loss, loss_source FROM python.steps ORDER BY step",
                       timeout=120))
