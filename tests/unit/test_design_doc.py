@@ -14,8 +14,8 @@ PARTS_DIR = DOCS / "decisions"
 
 PARTS = ["Glossary", "Agent", "Store", "Tracer", "Collectors", "Serving", "Watchdog",
          "Post-mortem", "Actions and jobs", "Frameworks", "CLI and transport",
-         "Diagnosis (verdicts)", "Training numerics", "Throughput", "Dashboard and metrics", "Profiling", "Security",
-         "Protocol", "Measurement method"]
+         "Diagnosis (verdicts)", "Training numerics", "Throughput", "Dashboard and metrics",
+         "Profiling", "Security", "Protocol", "Measurement method"]
 
 
 def _linked_parts() -> list[tuple[str, Path]]:
