@@ -85,8 +85,8 @@ def test_max_norm_far_below_the_norm_is_raise_max_norm_never_an_lr_cut():
     assert "raise max_norm" in clip.next and no_lr_cut(report)
 
 
-def test_clipping_with_growing_norms_is_the_lr():
-    rows = series(clip=1.0)
+def test_clipping_with_growing_norms_and_a_flat_loss_is_the_lr():
+    rows = series(start=2.0, end=2.0, clip=1.0)
     for i, r in enumerate(rows):
         r["grad_norm"] = 1.0 + 4.0 * i / len(rows)
     clip = next(f for f in report_of(with_numerics(0, rows)).findings if f.check == "clipping")
@@ -171,3 +171,12 @@ def test_a_dead_net_at_chance_with_one_module_moving_fast_is_the_lr():
     assert checks(report)["not_learning"] == "warning" and checks(report)["lr_high"] == "warning"
     assert next(f for f in report.findings if f.check == "not_learning").next == \
         "probe lr --scale 0.1"
+
+
+def test_norms_that_grow_while_the_loss_falls_are_not_the_lr():
+    # GIVEN num_clip_small: max_norm 0.001, norms 0.45 -> 1.0 as a healthy loss falls
+    rows = series(clip=0.001, norm=0.7)
+    for i, r in enumerate(rows):
+        r["grad_norm"] = 0.45 + 0.55 * i / len(rows)
+    clip = next(f for f in report_of(with_numerics(0, rows)).findings if f.check == "clipping")
+    assert clip.detail["cause"] == "max_norm" and "raise max_norm" in clip.next
