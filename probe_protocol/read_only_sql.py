@@ -66,3 +66,14 @@ def _one(count: int) -> None:
     if count != 1:
         raise SqlRefusedError(f"send exactly one statement (got {count}); "
                               "run several queries as separate requests")
+
+
+def one_line(e: Exception) -> str:
+    """A SQL engine's message up to its ``LINE n:`` excerpt or an embedded traceback, on one
+    line: what the agent's 400s and the CLI's post-mortem queries both print."""
+    kept = []
+    for line in str(e).splitlines():
+        if not line.strip() or line.startswith(("LINE ", "Traceback")):
+            break
+        kept.append(line.strip())
+    return " ".join(kept) or type(e).__name__

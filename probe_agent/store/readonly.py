@@ -22,7 +22,12 @@ from typing import Any
 
 import duckdb
 
-from probe_protocol.read_only_sql import CLASSIFY_SQL, SqlRefusedError, check_read_only
+from probe_protocol.read_only_sql import (
+    CLASSIFY_SQL,
+    SqlRefusedError,
+    check_read_only,
+    one_line,
+)
 
 from ..errors import QueryError, TooLargeError
 
@@ -95,12 +100,3 @@ class ReadOnlyCheck:
                 raise SqlRefusedError(one_line(e)) from None
         return [st.type.name for st in statements]
 
-
-def one_line(e: Exception) -> str:
-    """DuckDB's message up to the query excerpt or an embedded traceback, on one line."""
-    kept = []
-    for line in str(e).splitlines():
-        if not line.strip() or line.startswith(("LINE ", "Traceback")):
-            break
-        kept.append(line.strip())
-    return " ".join(kept) or type(e).__name__

@@ -25,7 +25,12 @@ import stat
 from typing import Any
 
 from probe_protocol import postmortem as layout
-from probe_protocol.read_only_sql import CLASSIFY_SQL, SqlRefusedError, check_read_only
+from probe_protocol.read_only_sql import (
+    CLASSIFY_SQL,
+    SqlRefusedError,
+    check_read_only,
+    one_line,
+)
 
 from ..transport.untrusted_text import escape_controls
 
@@ -134,12 +139,3 @@ def check(db: Any, sql: str) -> None:
 
     check_read_only(sql, classify, kinds, tables="a post-mortem copy's tables")
 
-
-def one_line(e: Exception) -> str:
-    """DuckDB's message up to its ``LINE n:`` excerpt, on one line."""
-    kept = []
-    for line in str(e).splitlines():
-        if not line.strip() or line.startswith(("LINE ", "Traceback")):
-            break
-        kept.append(line.strip())
-    return " ".join(kept) or type(e).__name__
