@@ -11,13 +11,13 @@ taken ``--ready-after`` steps.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from ready import announce  # tests/programs/ready.py, beside this script
 
 
 class Block(nn.Module):
@@ -67,10 +67,7 @@ def main() -> None:
         optimizer.step()
         step += 1
         if step == args.ready_after:
-            path = os.path.join(args.ready_dir, f"rank{rank}.json")
-            with open(path + ".tmp", "w") as f:
-                json.dump({"rank": rank, "pid": os.getpid()}, f)
-            os.replace(path + ".tmp", path)
+            announce(args.ready_dir, rank)
 
 
 if __name__ == "__main__":
