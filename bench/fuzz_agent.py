@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -76,7 +77,10 @@ def run_once(token: str | None, max_examples: int, seed: int = 1) -> tuple[bool,
         tmp = Path(d)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE")}
         env.update(PYTHONPATH=str(ROOT), PROBE="1", PROBE_PORT="0", PROBE_WATCHDOG="0",
-                   PROBE_RUN_DIR=str(tmp / "run"), PROBE_EVAL_TIMEOUT_S="2")
+                   PROBE_RUN_DIR=str(tmp / "run"), PROBE_EVAL_TIMEOUT_S="2",
+                   # no serving budget (as the agent fixtures): a thousand fuzzed requests in a
+                   # row used it up and queued a plain query past the client's 30 s timeout
+                   PROBE_SERVE_CPU="1")
         if token:
             env["PROBE_TOKEN"] = token
         # The output goes to a file, not a pipe nobody reads (a full pipe would stall the
@@ -119,9 +123,13 @@ def run_once(token: str | None, max_examples: int, seed: int = 1) -> tuple[bool,
             exe = str(local) if local.exists() else shutil.which("schemathesis") or "schemathesis"
             cmd = [exe, "run", f"{url}/openapi.json",
                    "--checks", "not_a_server_error", "--max-examples", str(max_examples),
-                   "--workers", "1", "--request-timeout", "30", "--seed", str(seed)]
+                   "--workers", "1", "--request-timeout", "60", "--seed", str(seed)]
             if token:
                 cmd += ["-H", f"Authorization: Bearer {token}"]
+            # 60 s per request: SQL runs at idle priority and its deadline counts its own CPU
+            # time (at most 4 x PROBE_QUERY_TIMEOUT_MS of wall time, 40 s), so on a saturated
+            # machine a query can take that long to answer its 408; it must not read as a
+            # network error
             fz = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             hostile = send_hostile(url, headers) if proc.poll() is None else []
             alive = proc.poll() is None
@@ -150,7 +158,15 @@ def run_once(token: str | None, max_examples: int, seed: int = 1) -> tuple[bool,
             log_file.close()
 
 
+def _exit_on_term(signum: int, _frame: object) -> None:
+    # SIGTERM (a test's timeout) must end this run like an error, so that subprocess.run kills
+    # schemathesis and run_once's finally stops the training job: a bare SIGTERM left both
+    # running, a paused job among them, long after the test had failed.
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _exit_on_term)
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-examples", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
