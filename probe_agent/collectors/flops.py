@@ -81,6 +81,11 @@ class FlopMeter:
         #: the measured step's work per module: [(name or None, flops, ops, op_ms)]
         self.by_module: list[tuple[str | None, float, int, float]] = []
 
+    @property
+    def measuring(self) -> bool:
+        """A step is being counted now: any op run on this thread lands in its FLOPs."""
+        return self._mode is not None
+
     def boundary(self, torch: Any, step: int, shapes: Any, next_traced: bool,
                  tracing: bool) -> float | None:
         """Step ``step`` just finished (training thread). Returns its FLOPs when it was the

@@ -74,10 +74,16 @@ class ThroughputMeter:
         shapes = tuple(batch.shapes) if batch is not None and batch.shapes else None
         mode = str(getattr(tracer, "mode", "off"))
         next_traced = bool(tracer is not None and tracer.traced(step + 1))
-        # Before the meter's boundary: on CPU the first call measures the peak with matmuls,
-        # which the FLOP counter entered there would count as the next step's (~70x its FLOPs).
-        peak = self.peaks.get(torch, b.device, b.dtype) if b is not None else None
+        # Only while no step is being counted: on CPU the first call measures the peak with
+        # matmuls, which a FLOP counter on the stack would count as that step's (~70x-100x its
+        # FLOPs): before the boundary the measured step's counter may still be on, after it
+        # the next step's may be. When both are, the peak waits for a later boundary.
+        peak = None
+        if b is not None and not self.meter.measuring:
+            peak = self.peaks.get(torch, b.device, b.dtype)
         flops = self.meter.boundary(torch, step, shapes, next_traced, mode != "off")
+        if peak is None and b is not None and not self.meter.measuring:
+            peak = self.peaks.get(torch, b.device, b.dtype)
         if flops is not None or self._params is None:
             params = tracer.trained_params(optimizer) if tracer is not None else [
                 p for g in getattr(optimizer, "param_groups", ()) for p in g.get("params", ())]
