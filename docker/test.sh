@@ -9,4 +9,4 @@ echo "test.sh: ruff check ." >&2
 .venv/bin/ruff check .
 echo "test.sh: mypy probe_agent probe_cli probe_protocol" >&2
 .venv/bin/mypy probe_agent probe_cli probe_protocol
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 "$@"

@@ -18,6 +18,10 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=None,
                help="stop after N steps (default: until OOM on CUDA, 600 on CPU)")
 p.add_argument("--mib-per-step", type=int, default=None, help="default: 64 on CUDA, 2 on CPU")
+p.add_argument("--hold-s", type=float, default=0.0,
+               help="after the last step, stay alive this long with the tensors still kept, so "
+                    "the guide's commands can look at them (the guide's test uses this: on a slow "
+                    "machine 600 steps may end before its second command runs)")
 args = p.parse_args()
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -37,3 +41,4 @@ while steps == 0 or step < steps:
     kept.append(torch.ones(mib << 18, device=device))  # the bug: "kept for debugging"
     step += 1
     time.sleep(0.05)  # the rest of a real step
+time.sleep(args.hold_s)

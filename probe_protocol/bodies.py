@@ -365,6 +365,8 @@ class TensorsBody(WireBody):
     groups: tuple[dict[str, Any], ...] = ()
     census_ms: float | None = sometimes()
     note: str | None = sometimes()
+    #: tensors left out: torch.compile's fake tensors, and any whose size raised
+    skipped: int | None = sometimes()
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,7 @@ class CompileWatcher:
                 self._next_read = max(10, 10 * step)
             if changed and counts[0] and counts[1] and self._scans < SCANS and (
                     self._scans == 0 or step >= self._next_scan):
-                self._scan()
+                self._scan(optimizer)
                 self._next_scan = max(10, 10 * step)
             self._last = counts
             if len(self.rows) < 1000:
@@ -122,7 +122,7 @@ class CompileWatcher:
                 self._recompiles += 1
                 self._last_reason = str(reason).strip().splitlines()[0][:200]
 
-    def _scan(self) -> None:
+    def _scan(self, optimizer: Any) -> None:
         torch = sys.modules.get("torch")
         if torch is None:
             return
@@ -130,6 +130,7 @@ class CompileWatcher:
 
         self._scans += 1
         scan = ModelScan(torch)
+        trained = _trained_params(optimizer)
         root = False
         names: list[str] = []
         for m in scan.modules:
@@ -138,6 +139,10 @@ class CompileWatcher:
             if not compiled:
                 continue
             inner = getattr(m, "_orig_mod", m)
+            # only the model being trained: another compiled model alive in the process (a
+            # frozen teacher, an earlier run's) says nothing about this one's steps
+            if trained and not any(id(p) in trained for p in inner.parameters()):
+                continue
             if scan.is_root(m):
                 root = True
             else:
@@ -156,3 +161,11 @@ class CompileWatcher:
 #: The collector of this module, for registry.py.
 COLLECTOR = CollectorSpec("compile_state", 86, lambda b: CompileWatcher(b.clock, b.rank),
                           tables=(TABLE,))
+
+
+def _trained_params(optimizer: Any) -> set[int]:
+    """ids of the parameters ``optimizer`` steps (empty when it has none we can read)."""
+    try:
+        return {id(p) for g in optimizer.param_groups for p in g["params"]}
+    except (AttributeError, KeyError, TypeError):
+        return set()

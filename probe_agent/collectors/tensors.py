@@ -66,15 +66,21 @@ class TensorCensus:
         del mods
         holders = _holders(torch, self.stepclock.training_thread)
         groups: dict[tuple[str, str, str, str], list[Any]] = {}
-        n = 0
+        n = skipped = 0
+        fake = getattr(getattr(getattr(torch, "_subclasses", None), "fake_tensor", None),
+                       "FakeTensor", None)  # already imported when torch.compile ran
         for o in found:
             kind, holder = labels.get(id(o), ("other", None))
+            if type(o) is not tensor and fake is not None and isinstance(o, fake):
+                skipped += 1  # torch.compile's fake tensors: no storage, symbolic shapes
+                continue
             try:
                 key = (str(o.device), str(o.dtype).removeprefix("torch."), str(tuple(o.shape)),
                        kind)
                 size = o.numel() * o.element_size()
-            except (RuntimeError, NotImplementedError, TypeError):
-                continue  # a subclass without a size (fake, meta wrappers)
+            except Exception:  # noqa: BLE001 - any subclass may raise anything from a size
+                skipped += 1  # (a symbolic shape raised AssertionError): the census goes on
+                continue
             n += 1
             g = groups.get(key)
             if g is None:
@@ -92,7 +98,7 @@ class TensorCensus:
                          "count_change": None if self._prev_step is None
                          else count - (prev or 0)})
         rows.sort(key=lambda r: -r["mib"])
-        body = {"step": step, "previous_step": self._prev_step, "tensors": n,
+        body = {"step": step, "previous_step": self._prev_step, "tensors": n, "skipped": skipped,
                 "total_mib": round(sum(r["mib"] for r in rows), 3), "groups": rows[:top],
                 "census_ms": round(1e3 * (time.perf_counter() - t0), 1)}
         self._prev = {(r["device"], r["dtype"], r["shape"], r["kind"]): r["count"] for r in rows}

@@ -145,6 +145,8 @@ def test_compile_state_recorded_without_recompiles(make_agent):
     torch._dynamo.utils.clear_compilation_metrics()  # earlier tests' compilations
     try:
         agent = make_agent(trace="off")
+        # (another compiled model alive in the process, not trained: not this job's root)
+        teacher = torch.compile(nn.Linear(8, 8), backend="eager")
         model = nn.Sequential(Block(), nn.Linear(8, 1))
         model[0].compile(backend="eager")
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -166,6 +168,7 @@ def test_compile_state_recorded_without_recompiles(make_agent):
         for _ in range(3):
             step(6)
         assert dict(counters["frames"]) == frames  # the watcher compiled nothing
+        del teacher
     finally:
         torch._dynamo.reset()
         counters.clear()

@@ -104,3 +104,26 @@ def test_tensors_name_a_growing_list_and_the_parameters(make_agent, capsys):
     assert code == 0, err
     line = next(ln for ln in out.splitlines() if "(256, 256)" in ln and "other" in ln)
     assert " +1 " in line and "leaked[" in line, out
+
+
+def test_a_census_skips_torch_compiles_fake_tensors(make_agent, capsys):
+    """A job that ran torch.compile keeps fake tensors with symbolic shapes alive (dynamo's
+    caches); summing their sizes raised inside sympy and the census answered 500."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    # GIVEN a fake tensor of shape (s0, s1) alive beside a real one
+    agent = make_agent(trace="off")
+    ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.DYNAMIC])
+    fake = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(torch.randn(5, 3),
+                                                            symbolic_context=ctx)
+    real = torch.randn(123, 7)
+    # WHEN the census is taken
+    code, out, err = run(capsys, agent, "--json", "memory", "--tensors", "--top", "10000")
+    # THEN it answers, counts the real tensor, and says it left the fake one out
+    assert code == 0, err
+    [body] = json.loads(out)
+    shapes = {g["shape"] for g in body["groups"]}
+    assert "(123, 7)" in shapes and not any("s" in s for s in shapes), shapes
+    assert body["skipped"] >= 1, body
+    del fake, real
