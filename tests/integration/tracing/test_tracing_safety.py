@@ -147,6 +147,11 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
     clip_before = clip_grad._clip_grads_with_norm_
     call_before = nn.Module.__call__
     function_dict_before = dict(torch.autograd.Function.__dict__)
+    from probe_agent import patches
+
+    # (earlier agents' excepthooks that torch.distributed's init_process_group wrapped since
+    # stay under its wrapper, listed: not this agent's to restore)
+    left_before = set(patches.active())
     # GIVEN an agent that traced a loop with a DataLoader and gradient clipping
     agent = make_agent(trace="on")
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
@@ -176,10 +181,8 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
     assert clip_grad._clip_grads_with_norm_ is clip_before
     assert nn.Module.__call__ is call_before
     assert dict(torch.autograd.Function.__dict__) == function_dict_before
-    # AND the ledger holds nothing restorable; what stays for the process says why
-    from probe_agent import patches
-
-    assert not [p.target for p in patches.active() if p.restorable]
+    # AND the ledger holds nothing restorable of this agent's; what stays for the process says why
+    assert not [p.target for p in patches.active() if p.restorable and p not in left_before]
     assert report is not None and all(k["why"] for k in report["kept"]), report
     from probe_agent.collectors.tracer.trace_native import LOADER
 
