@@ -48,7 +48,7 @@ class Postmortem:
         #: A run the launcher did not name: its ranks agree on one name (launch.py).
         self._offer = offer
         self._agree_failures = 0
-        if offer is not None:
+        if offer is not None:  # "" too: a process that started with no rendezvous
             self.copy.before = self._agree
         #: called at the end for more of the rank's last state (agent.py: its last
         #: collectives, as the recorder sees them then; the table copy may not get that far)

@@ -47,13 +47,22 @@ def launched(lone: bool) -> str:
 
 
 def job_of(environ: Mapping[str, str], pid: int) -> tuple[str, str | None]:
-    """This rank's job directory name for now, and, for a run with a rendezvous address and
-    no run id, the name it offers the other ranks (``agree``), else None."""
+    """This rank's job directory name for now, and, for a run with no run id, the name it
+    offers the other ranks (``agree``), else None. A process that starts with no rendezvous
+    address offers too (``""``: its name is made when the group is up, ``offer_now``):
+    Lightning's launcher is rank 0 itself, sets MASTER_ADDR/PORT in its own environment after
+    it started, and starts the other ranks as its children, which offer theirs."""
     lone = not (environ.get("MASTER_ADDR") and environ.get("MASTER_PORT"))
     name = layout.job_name(environ, pid, launched(lone))
-    if lone or layout.run_id(environ) is not None:
+    if layout.run_id(environ) is not None:
         return name, None
-    return name, layout.job_name(environ, pid, launched(lone=True))
+    return name, "" if lone else layout.job_name(environ, pid, launched(lone=True))
+
+
+def offer_now(offer: str, pid: int) -> str:
+    """``offer``, or for a process that started alone (``""``) its name from the rendezvous
+    its environment names now (``<addr>-<port>-<its start>-<its pid>``, as its peers')."""
+    return offer or layout.job_name(os.environ, pid, launched(lone=True))
 
 
 def agree(offer: str) -> str | None:
@@ -62,6 +71,7 @@ def agree(offer: str) -> str | None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not getattr(dist, "is_initialized", lambda: False)():
         return None
+    offer = offer_now(offer, os.getpid())
     store: Any = dist.distributed_c10d._get_default_store()
     base = getattr(store, "_underlying_non_prefix_store", None) or store
     try:

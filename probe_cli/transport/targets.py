@@ -233,10 +233,14 @@ def default_endpoint(run_dir: str, scheme: str = "http") -> tuple[Endpoint, str]
 def local_jobs(run_dir: str, socks: list[str]) -> list[list[tuple[int, int]]]:
     """The live agents of ``run_dir`` that wrote their ``<pid>.json``, as jobs: lists of
     (rank, pid) by rank. Ranks of one job share the rendezvous torchrun (or the user) gave
-    them (MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID); a process without one is a job."""
+    them (MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID); a process without one is a job.
+    An agent started by another agent of the run dir belongs to its parent's job: Lightning's
+    launcher is rank 0 itself and sets the rendezvous in its own ``os.environ`` after it
+    started (its /proc environ has none), then starts the other ranks as its children."""
     import json
 
-    jobs: dict[tuple[str, ...], list[tuple[int, int]]] = {}
+    keys: dict[int, tuple[str, ...]] = {}
+    ranks: dict[int, int] = {}
     for name in socks:
         pid = runfiles.pid_of(name)
         if pid is None or not os.path.exists(f"/proc/{pid}"):
@@ -248,8 +252,30 @@ def local_jobs(run_dir: str, socks: list[str]) -> list[list[tuple[int, int]]]:
             continue
         env = _environ(pid)
         key = tuple(env.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"))
-        jobs.setdefault(key if key[1] else ("pid", str(pid)), []).append((rank, pid))
+        keys[pid], ranks[pid] = key if key[1] else ("pid", str(pid)), rank
+    joined = {key: key for key in keys.values()}
+
+    def top(key: tuple[str, ...]) -> tuple[str, ...]:
+        while joined[key] != key:
+            key = joined[key]
+        return key
+
+    for pid in keys:
+        parent = _parent(pid)
+        if parent in keys and top(keys[pid]) != top(keys[parent]):
+            joined[top(keys[pid])] = top(keys[parent])
+    jobs: dict[tuple[str, ...], list[tuple[int, int]]] = {}
+    for pid, key in keys.items():
+        jobs.setdefault(top(key), []).append((ranks[pid], pid))
     return sorted((sorted(j) for j in jobs.values()), key=lambda j: j[0][1])
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _environ(pid: int) -> dict[str, str]:

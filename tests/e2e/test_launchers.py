@@ -45,6 +45,13 @@ def both_ranks(target: str) -> list[dict]:
     return got if out.returncode == 0 and len(got) == 2 else []
 
 
+def both_ranks_plain(run) -> bool:  # noqa: ANN001
+    """Plain `probe --run-dir RUN info` (no -t) answered by ranks 0 and 1 of one job."""
+    out = probe("--json", "--run-dir", str(run), "info")
+    assert "jobs have agents" not in out.stderr, out.stderr
+    return out.returncode == 0 and [g["rank"] for g in json.loads(out.stdout)] == [0, 1]
+
+
 @pytest.mark.timeout(180)
 def test_mp_spawn_ranks_carry_agents_and_the_parent_is_a_launcher(tmp_path):
     # GIVEN a 2-rank mp.spawn DDP job with PROBE=1 and a base port
@@ -82,11 +89,23 @@ def test_mp_spawn_ranks_carry_agents_and_the_parent_is_a_launcher(tmp_path):
 def test_lightning_ddp_both_ranks_carry_agents_and_hang_names_the_callback(tmp_path):
     # GIVEN Lightning's own DDP launcher (rank 1 re-runs the script with LOCAL_RANK=1), rank 1
     # stuck in on_train_batch_end after 3 optimizer steps
-    with training_job(tmp_path, "lightning_ddp_stuck.py", ranks=2, timeout=150) as (_, infos):
+    env = {"PROBE_POSTMORTEM_EVERY_S": "1"}
+    with training_job(tmp_path, "lightning_ddp_stuck.py", ranks=2, timeout=150,
+                      env=env) as (_, infos):
         # THEN both ranks carry an agent that knows its rank
         assert [(i["rank"], i["agent_rank"]) for i in infos] == [(0, 0), (1, 1)]
         assert all(i["url"] for i in infos)
         url = infos[0]["url"]
+        # AND they are one job: the launcher is rank 0 itself and set the rendezvous in its
+        # own environment after it started (its /proc environ has none), so plain `probe`
+        # reaches both ranks (it refused: "2 jobs have agents ... say which one with -t")
+        run = tmp_path / "run"
+        wait_until(lambda: both_ranks_plain(run), 30, "plain `probe info` did not reach both")
+        # AND their post-mortem copies share one job directory (they were two half-jobs,
+        # each calling the other rank alive but silent after a crash)
+        copies = lambda: sorted((p.parent.name, p.name) for p in run.glob("postmortem/*/rank-*"))  # noqa: E731
+        wait_until(lambda: len({job for job, _ in copies()}) == 1 and len(copies()) == 2, 30,
+                   "the ranks' post-mortem copies are not in one job directory")
         # AND rank 0, started with no RANK or WORLD_SIZE, took its identity from the group
         got = wait_until(lambda: both_ranks(url.removeprefix("http://")), 30,
                          "rank 1 not discovered through rank 0")
