@@ -11,6 +11,7 @@ from typing import Any
 
 from probe_protocol.query import QueryBody
 
+from ..errors import RankError
 from ..outcome import Outcome, finish
 from ..render.text import query_notes, render_query_csv, render_query_table
 from ..result import RankResult
@@ -41,3 +42,13 @@ def canned_outcome(session: Session, name: str, empty_hint: str, **params: Any) 
     if ok and not any(QueryBody.from_wire(r.data).rows for r in ok) and session.output == "text":
         out.stderr.insert(0, f"probe: no rows yet: {empty_hint}")
     return out
+
+
+def comm_row(client: ProbeClient) -> dict[str, Any] | None:
+    """This rank's ``doctor_comm`` row (collectives and steps recorded), None when unread: a
+    job whose ranks never communicate is not data-parallel (GB_tok, the memory levers)."""
+    try:
+        rows = QueryBody.from_wire(client.canned("doctor_comm")).records()
+    except RankError:  # an agent without the query: the job is taken as it says it is
+        return None
+    return rows[0] if rows else None

@@ -57,8 +57,9 @@ def command(session: Session, code: str | None, at_step: int | None, next_step: 
         return step_eval(session, code, at_step, wait_s)
     # One id on every rank: a runaway eval is then cancelled everywhere with the id it names,
     # and a rank whose answer was lost is asked again under it (never run twice).
-    results = _eval_everywhere(session, code, uuid.uuid4().hex[:8])
-    return finish(
+    eval_id = uuid.uuid4().hex[:8]
+    results = _eval_everywhere(session, code, eval_id)
+    out = finish(
         session,
         results,
         lambda ok: render_eval(ok, session.colour),
@@ -66,6 +67,24 @@ def command(session: Session, code: str | None, at_step: int | None, next_step: 
             failed, session.colour, labels=len(results) > 1
         ),
     )
+    out.stderr.extend(still_running_lines(results, eval_id, session.timeout))
+    return out
+
+
+def still_running_lines(results: list[RankResult], eval_id: str, timeout: float) -> list[str]:
+    """For the ranks the CLI stopped waiting for: the eval's id, which the agents keep it
+    under, so that the operator can stop it or see how it ended (it was not cancelled)."""
+    from ..outcome import who
+    from ..transport.step_actions import answer_lost
+
+    lost = [r for r in results if not r.ok and answer_lost(r)]
+    if not lost:
+        return []
+    return [f"probe: eval {eval_id} may still be running on {who(lost)}: the CLI stopped "
+            f"waiting after {timeout:g} s (--timeout), the agent stops it after "
+            "PROBE_EVAL_TIMEOUT_S",
+            f"hint: `probe eval --cancel {eval_id}` stops it now; GET /v1/evals/{eval_id} on "
+            "the rank says how it ended; a longer --timeout waits for it"]
 
 
 def _eval_everywhere(session: Session, code: str, eval_id: str) -> list[RankResult]:

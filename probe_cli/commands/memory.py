@@ -22,7 +22,7 @@ from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
 from ..transport.session import Session
 from . import pass_session
-from ._canned import canned_outcome, render_rows
+from ._canned import canned_outcome, comm_row, render_rows
 from ._window import last_option
 
 
@@ -111,7 +111,11 @@ def command(session: Session, last: int | None, by_module: bool, limit: int,
         )
     growth = {"last": last or MEMORY_WINDOW_STEPS, "warmup": warmup}
     results = fan_out(session, resolve_ranks(session), _gather(growth))
-    world = len(results)
+    from ..diagnose.isolated import not_data_parallel
+
+    comm = {r.rank: r.data.pop("_comm", None) if r.ok and r.data else None for r in results}
+    alone = not_data_parallel(comm)
+    world = 1 if alone else len(results)  # ranks of their own model each: nothing to shard
     bds: dict[Any, Breakdown] = {}
     for r in results:
         if r.ok and r.data is not None:
@@ -146,6 +150,7 @@ def _gather(growth: dict[str, Any]) -> Any:
         rank = target.rank if rank is None else rank
         body["_breakdown"] = (breakdown(rank, rows[0], acts)
                               if rows and rank is not None else None)
+        body["_comm"] = comm_row(client)
         return body
 
     return call

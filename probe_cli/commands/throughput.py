@@ -10,6 +10,7 @@ import click
 from probe_protocol.query import QueryBody
 
 from ..diagnose.findings import num
+from ..diagnose.isolated import not_data_parallel
 from ..diagnose.levers import extras_of
 from ..diagnose.schedule import schedules
 from ..diagnose.throughput import RankThroughput, from_rows
@@ -23,6 +24,7 @@ from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
 from ..transport.session import Session
 from . import pass_session
+from ._canned import comm_row
 from ._window import last_option
 
 
@@ -49,7 +51,9 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
     The data-parallel world is the ranks reached unless tensor or pipeline groups are detected
     (a DeviceMesh with dims named tp/pp, Megatron's parallel_state, DeepSpeed's pipeline
     engine): then it is world / (tp x pp), and each replica's tokens count once in GB_tok.
-    The output says which ("assumed = ranks reached" when none was found).
+    The output says which ("assumed = ranks reached" when none was found). Ranks that never
+    communicate (0 collectives recorded on each over 20+ steps) each train a model of their
+    own: the data-parallel world is 1 and GB_tok one rank's tokens ("not data-parallel").
 
     --json: one object per rank: its "throughput" (the throughput query's columns; mfu,
     peak_flops and peak_source after --peak-tflops; "lever": null or {lever (input |
@@ -82,7 +86,8 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
               for r in results if r.ok and r.data and r.rank in rows}
     layout = next((r.data["_parallel"] for r in sorted(results, key=lambda r: str(r.rank))
                    if r.ok and r.data and r.data.get("_parallel")), None)
-    ranks, job = from_rows(rows, world, peak_tflops, layout, extras)
+    comm = {r.rank: r.data.pop("_comm", None) if r.ok and r.data else None for r in results}
+    ranks, job = from_rows(rows, world, peak_tflops, layout, extras, not_data_parallel(comm))
     by_rank = {t.rank: t for t in ranks}
     job_json = job.to_json()
     # The schedule is the job's: the lowest rank that has read one speaks for it.
@@ -98,6 +103,7 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
             r.data.pop("_schedule", None)
             r.data.pop("_parallel", None)
             r.data.pop("_levers", None)
+            r.data.pop("_comm", None)
             t = by_rank.get(r.rank)
             r.data["throughput"] = t.to_json() if t is not None else None
             r.data["job"] = job_json
@@ -127,6 +133,7 @@ def _gather(last: int) -> Any:
             lay = []
         body["_parallel"] = lay[0] if lay else None
         body["_levers"] = lever_answers(client, last)
+        body["_comm"] = comm_row(client)
         return body
 
     return call

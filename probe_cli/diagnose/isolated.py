@@ -10,12 +10,35 @@ default on gloo and NCCL in torch 2.13; ``TORCH_FR_BUFFER_SIZE=0`` turns it off)
 
 from __future__ import annotations
 
+from typing import Any
+
 from .checks import DoctorCheck, Evidence
 from .findings import WARNING, Finding, RankDoc, Report, num, unrecorded
 
 #: Steps every rank must have recorded before "no collective" means anything (the first
 #: collective of a DDP job is in its first backward; an eval-only warm-up has none).
 MIN_STEPS = 20
+
+
+def not_data_parallel(comm: dict[Any, dict[str, Any] | None]) -> str | None:
+    """Why the job is not data-parallel, from each rank's ``doctor_comm`` row: every rank of a
+    multi-rank job recorded 0 collectives over at least ``MIN_STEPS`` steps. None when it may
+    be (a rank unanswered or unrecorded counts as "may communicate": no guess)."""
+    if len(comm) < 2 or any(not row for row in comm.values()):
+        return None
+    rows = [row for row in comm.values() if row]
+    if any(int(num(x.get("collectives")) or 0) for x in rows):
+        return None
+    fewest = min(int(num(x.get("steps")) or 0) for x in rows)
+    if fewest < MIN_STEPS:
+        return None
+    return (f"not data-parallel: the {len(rows)} ranks never communicate (0 collectives in "
+            f"{fewest} steps): each trains its own model")
+
+
+def docs_not_data_parallel(docs: list[RankDoc]) -> str | None:
+    """``not_data_parallel`` over doctor's answers (the ``comm`` evidence of each rank)."""
+    return not_data_parallel({d.rank: next(iter(d.rows("comm") or []), None) for d in docs})
 
 
 def check_isolated(report: Report, docs: list[RankDoc]) -> None:

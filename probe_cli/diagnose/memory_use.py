@@ -246,7 +246,11 @@ def check_memory_use(report: Any, docs: list[Any]) -> None:
         report.unchecked.append("memory use: no traced step counted yet (memory by kind is "
                                 "taken on traced steps; `probe trace every 10` for one in 10)")
         return
-    world = len(docs)
+    from .isolated import docs_not_data_parallel
+
+    # ranks that never communicate each hold a model of their own: nothing to shard across
+    alone = docs_not_data_parallel(docs)
+    world = 1 if alone else len(docs)
     bds = [breakdown(d.rank, r, d.activations or []) for d, r in rows]
     worst = max(bds, key=lambda b: (b.pressure or 0.0, b.total))
     lv = levers(worst, world)
@@ -264,6 +268,8 @@ def check_memory_use(report: Any, docs: list[Any]) -> None:
         evidence.append(f"... {len(bds) - len(shown)} more ranks (`probe memory` lists all)")
     evidence.append(cause_line(worst))
     evidence += [f"lever: {x.lever} saves ~{mib(x.saves_mib)} ({x.basis})" for x in lv]
+    if alone:
+        evidence.append(f"no optimizer sharding lever: {alone}")
     first = f"; first lever: {lv[0].lever} (-{mib(lv[0].saves_mib)})" if lv else ""
     if pressed:
         title = (f"MEMORY PRESSURE: rank {worst.rank} {worst.device} at "

@@ -16,6 +16,7 @@ from typing import Any
 
 from .checks import DoctorCheck, Evidence
 from .findings import INFO, Finding, RankDoc, Report
+from .isolated import docs_not_data_parallel
 from .throughput import from_rows
 
 #: How far the scheduler's own count may be from the optimizer's and still be "per step".
@@ -115,7 +116,8 @@ def job_schedules(docs: list[RankDoc]) -> list[dict[str, Any]]:
     layout = next((d.parallel[0] for d in sorted(docs, key=lambda d: d.rank) if d.parallel),
                   None)
     tput = {d.rank: d.throughput[0] for d in docs if d.throughput}
-    job = from_rows(tput, len(docs), layout=layout)[1].to_json() if tput else {}
+    job = from_rows(tput, len(docs), layout=layout, isolated=docs_not_data_parallel(docs)
+                    )[1].to_json() if tput else {}
     now = max((int(r["last_step"]) for r in tput.values() if r.get("last_step") is not None),
               default=None)
     return schedules(rows, job.get("gb_tok"), now)

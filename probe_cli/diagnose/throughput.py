@@ -232,9 +232,13 @@ class JobThroughput:
     ranks: list[RankThroughput]
     world: int
     layout: dict[str, Any] | None = None
+    #: isolated.not_data_parallel's reason: the ranks never communicate (one model each)
+    isolated: str | None = None
 
     def data_parallel(self) -> tuple[int, int, int, str]:
         """(dp world, tp, pp, how it was known)."""
+        if self.isolated:  # each rank's model sees its own tokens only: a replica of one
+            return 1, 1, 1, self.isolated
         lay = self.layout or {}
         tp, pp = int(_f(lay.get("tp")) or 1), int(_f(lay.get("pp")) or 1)
         world = int(_f(lay.get("world")) or self.world)
@@ -264,7 +268,7 @@ class JobThroughput:
         gb = None
         if tokens:
             med = sorted(tokens)[len(tokens) // 2]
-            if tp * pp > 1:
+            if tp * pp > 1 or self.isolated:
                 gb = med * dp
             else:
                 gb = sum(tokens) + med * max(self.world - len(tokens), 0)
@@ -290,11 +294,11 @@ class JobThroughput:
 
 def from_rows(rows: dict[Any, dict[str, Any]], world: int, peak_tflops: float | None = None,
               layout: dict[str, Any] | None = None, extras: dict[Any, Extras] | None = None,
-              ) -> tuple[list[RankThroughput], JobThroughput]:
+              isolated: str | None = None) -> tuple[list[RankThroughput], JobThroughput]:
     override = peak_tflops * 1e12 if peak_tflops else None
     ranks = [RankThroughput(r, row, override, (extras or {}).get(r))
              for r, row in sorted(rows.items())]
-    return ranks, JobThroughput(ranks, world, layout)
+    return ranks, JobThroughput(ranks, world, layout, isolated)
 
 
 def doc_answers(d: RankDoc) -> dict[str, list[dict[str, Any]] | None]:

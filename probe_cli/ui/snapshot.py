@@ -23,6 +23,7 @@ from ..diagnose.doctor import diagnose as diagnose_doctor
 from ..diagnose.doctor import rank_doc
 from ..diagnose.hang import diagnose as diagnose_hang
 from ..diagnose.hang import rank_state
+from ..diagnose.isolated import docs_not_data_parallel
 from ..diagnose.rhythm import FALLBACK_WAIT_S
 from ..diagnose.throughput import from_rows
 from ..errors import ProbeCLIError, RankError
@@ -201,7 +202,7 @@ class Snapshotter:
         slow = {d.rank: d.slow or [] for d in docs}
         # `probe throughput`'s numbers per rank, from the same answers doctor judged
         ranks, job = from_rows({d.rank: d.throughput[0] for d in docs if d.throughput},
-                               len(targets))
+                               len(targets), isolated=docs_not_data_parallel(docs))
         throughput = {"ranks": [t.to_json() for t in ranks], "job": job.to_json()}
         return {"verdicts": {"doctor": report.to_dict(), "straggler": straggler.to_dict()},
                 "slow": slow, "throughput": throughput, "at": time.time()}

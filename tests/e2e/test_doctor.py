@@ -69,6 +69,11 @@ def test_doctor_says_when_ranks_never_communicate(tmp_path: Path):
         target = ["-t", infos[0]["url"].removeprefix("http://")]
         # WHEN doctor runs once they have stepped enough to judge
         out, body = doctor_until(target, {}, lambda o, b: "isolated" in _checks(b))
+        # AND `probe throughput` does not count them as data-parallel ranks (GB_tok)
+        tput = probe(*target, "--json", "throughput")
+    jobs = [r["job"] for r in json.loads(tput.stdout)]
+    assert jobs and all(j["dp_world"] == 1 for j in jobs), tput.stdout
+    assert jobs[0]["dp_source"].startswith("not data-parallel: the 2 ranks never communicate")
     # THEN it says so, naming both ranks, as a warning (exit 4)
     found = _checks(body).get("isolated")
     assert found is not None, out.stdout + out.stderr

@@ -142,3 +142,17 @@ def test_ctrl_c_during_a_long_eval_ends_the_cli_at_once(agent, tmp_path):
     assert not done.exists() and waited < 12, f"Ctrl-C took {waited:.1f} s"
     assert proc.returncode == 1 and "interrupted" in err and "keeps running" in err, err
     wait_until(done.exists, 60, "the eval did not finish on the rank")  # before teardown
+
+
+def test_an_eval_the_cli_stopped_waiting_for_is_named_by_its_id(agent, capsys):
+    import re
+
+    # GIVEN an eval that outlasts the CLI's --timeout (the agent's own limit is longer)
+    code, _, err = run(capsys, address(agent), "--timeout", "0.5", "eval",
+                       "import time\nfor _ in range(600): time.sleep(0.05)")
+    # THEN the CLI names the eval's id and how to stop it
+    m = re.search(r"eval ([0-9a-f]{8}) may still be running", err)
+    assert code == 1 and m and f"probe eval --cancel {m.group(1)}" in err, err
+    # AND that id is the one the agent runs it under: cancelling it by that id stops it
+    code, out, err = run(capsys, address(agent), "eval", "--cancel", m.group(1))
+    assert code == 0, err
