@@ -11,8 +11,8 @@ import click
 from probe_protocol.envelope import Envelope
 from probe_protocol.query import QueryBody
 
+from ..diagnose.memory_growth import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
 from ..diagnose.memory_use import BREAKDOWN_STEPS, TOP_ACTIVATIONS, Breakdown, breakdown
-from ..diagnose.number_checks import MEMORY_WARMUP_STEPS, MEMORY_WINDOW_STEPS
 from ..errors import RankError
 from ..outcome import Outcome, finish
 from ..render.memory import render_breakdown

@@ -20,7 +20,7 @@ from probe_protocol.query import QueryBody
 
 from ..diagnose.clipping import check_clipping, check_lr_zero
 from ..diagnose.findings import RankDoc, Report, num
-from ..diagnose.number_checks import check_nonfinite
+from ..diagnose.nonfinite import check_nonfinite
 from ..diagnose.numerics import TREND_WINDOW, check_guard, check_numerics, spikes, thresholds
 from ..errors import EXIT_USAGE, ProbeCLIError, RankError
 from ..outcome import Outcome, verdict_outcome

@@ -10,7 +10,7 @@ verdict's ``problem`` into the exit code.
 - ``straggler``: which rank arrives last at collectives, and what it costs (``StragglerVerdict``)
 - ``doctor``: every check in order -> ``findings.Report``; the checks are in ``time_checks``
   (hang, stall, straggler, collective and DataLoader wait, slowest modules) and
-  ``number_checks`` (memory, NaN/Inf, learning rate and clipping)
+  the numbers (``nonfinite``, ``memory_growth``, ``lr_checks``, ``numerics``, ``clipping``)
 
 The JSON form (stable; `--json` prints it and the dashboard renders the same dicts)
 ---------------------------------------------------------------------------------

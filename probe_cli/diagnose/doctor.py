@@ -12,8 +12,10 @@ from . import (
     clipping,
     isolated,
     lever_checks,
+    lr_checks,
+    memory_growth,
     memory_use,
-    number_checks,
+    nonfinite,
     numerics,
     schedule,
     throughput,
@@ -26,8 +28,8 @@ from .hang import HangVerdict, RankState
 
 #: The modules whose ``CHECKS`` doctor runs (checks.py). A new check is a module of its own
 #: and one line here.
-DEFAULT_CHECKS = (time_checks, number_checks, numerics, clipping, memory_use, schedule,
-                  throughput, lever_checks, isolated, unused_params)
+DEFAULT_CHECKS = (time_checks, nonfinite, memory_growth, lr_checks, numerics, clipping,
+                  memory_use, schedule, throughput, lever_checks, isolated, unused_params)
 
 
 def doctor_checks() -> list[DoctorCheck]:

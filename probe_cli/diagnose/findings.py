@@ -1,7 +1,7 @@
 """`probe doctor`'s verdict objects: a ``Finding`` (something to look at, with its evidence and
 the next command to run), the ``Report`` that ranks them, and ``RankDoc``, what one rank
-answered. Pure data; the checks are in time_checks.py and number_checks.py, the order they run
-in is doctor.py, and render/doctor.py turns a Report into text or JSON.
+answered. Pure data; each check is in a module of its own (doctor.py lists them and the order
+they run in), and render/doctor.py turns a Report into text or JSON.
 
 Severity: ``critical`` (the job is stuck or its numbers are garbage: a hang, a stalled rank,
 NaN/Inf, CUDA OOMs), ``warning`` (it runs, but worse than it should: a straggler, data-bound or

@@ -1,6 +1,8 @@
-"""`probe doctor`'s checks of the numbers: memory growth and OOMs, NaN/Inf in gradients and
-logged metrics, the learning rate and gradient clipping. Pure; see time_checks.py for the shape
-of a check.
+"""`probe doctor`'s learning-rate block: each rank's optimizer settings and clipping as evidence;
+problems: ranks that disagree, a DeepSpeed fp16 scaler that skips most steps, a non-finite or
+zero LR nobody explained, clip_grad_norm_ called on still-scaled gradients (CLIPPING SCALED
+GRADIENTS), a loop that sets its own LR. Clipping by cause is clipping.py's. Pure; see
+time_checks.py for the shape of a check.
 """
 
 from __future__ import annotations
@@ -11,189 +13,12 @@ from typing import Any
 from ..group import rank_label
 from .checks import DoctorCheck, Evidence
 from .clipping import legacy_clip
-from .findings import CRITICAL, INFO, WARNING, Finding, RankDoc, Report, first_loop, num, unrecorded
-from .numerics import TREND_WINDOW, origin_lines
+from .findings import INFO, WARNING, Finding, RankDoc, Report, first_loop, num
 
-#: Steps each rank recorded first that the memory check leaves out (or the first quarter of
-#: what it recorded, when longer; memory_growth.sql): optimizer state, caches and the
-#: allocator's arenas grow there, and would read as a leak in a young job (`probe memory`
-#: leaves out the same by default).
-MEMORY_WARMUP_STEPS = 10
-#: The memory check looks at this many steps (after warm-up): a long window, because over 50
-#: steps a healthy job's RSS wanders by tens of MiB (measured: 418.7 -> 456.4 MiB over 50 steps,
-#: flat at 440-459 MiB over 1,800).
-MEMORY_WINDOW_STEPS = 1000
-#: Steps needed in the window before growth can be judged at all.
-MEMORY_MIN_STEPS = 60
-#: Memory growth is a finding only when it adds up to this many MiB over the window (robust
-#: slope x steps), and this fraction of the start ...
-GROWTH_MIB = 24.0
-GROWTH_FRACTION = 0.03
-#: ... at a robust slope of at least this many MiB per step (a healthy 2-rank job, measured by
-#: bench/verdicts.py: ~35 KiB/step at step 300 after its first quarter is left out; the leak
-#: the suite plants: 256 KiB) ...
-MIN_SLOPE_MIB = 3 / 32
-#: ... and keeps up: the second half's slope at least this share of the whole window's, and
-#: the medians of the window's 4 quarters rising one after the other (warm-up flattens out;
-#: allocator noise goes up and down; a leak does neither).
-LATE_SHARE = 0.5
 #: Clipping on at least this share of the steps that clipped at all: the LR may be too high.
 CLIP_SHARE = 0.9
 #: The LR moved on at least this share of the steps, with no scheduler: the loop sets it.
 OWN_LR_SHARE = 0.5
-#: CUDA: warn when fewer than this many steps of growth are left before the device is full.
-OOM_STEPS = 1000
-
-
-def _memory_line(d: RankDoc, row: dict[str, Any]) -> tuple[str, float, bool]:
-    """One rank/device's evidence line, its robust slope and whether it is a leak."""
-    dev = row.get("device") or "?"
-    first, last = num(row.get("mem_first_mib")), num(row.get("mem_last_mib"))
-    slope = num(row.get("mem_mib_per_step")) or 0.0
-    late = num(row.get("late_mib_per_step"))
-    rising = int(num(row.get("rising_quarters")) or 0)
-    steps = int(num(row.get("steps")) or 0)
-    span = (num(row.get("last_step")) or 0) - (num(row.get("first_step")) or 0)
-    grown = slope * span
-    line = (f"rank {d.rank} {dev}: {row.get('measure')} {first:.1f} -> {last:.1f} MiB over steps "
-            f"{row.get('first_step')}-{row.get('last_step')}, robust slope {slope:+.3f} MiB/step "
-            f"({grown:+.1f} MiB), second half {late if late is not None else 0:+.3f}, "
-            f"{rising}/3 quarters rising")
-    a0, a1 = num(row.get("agent_first_mib")), num(row.get("agent_last_mib"))
-    if a0 is not None and a1 is not None:
-        line += f"; the agent's own (DuckDB, Arrow) {a0:.1f} -> {a1:.1f} MiB, left out"
-    free = num(row.get("heap_free_mib"))
-    if free is not None and str(dev).startswith("cpu"):
-        line += f"; malloc's free heap ({free:.1f} MiB at the end), left out"
-    near_oom = False
-    total = num(((d.state or {}).get("cuda_total_mib") or {}).get(dev))
-    reserved = num(row.get("reserved_mib"))
-    if dev.startswith("cuda") and total and reserved is not None:
-        left = total - reserved
-        line += f"; headroom {left:.0f} of {total:.0f} MiB"
-        if slope > 0:
-            line += f", full in ~{left / slope:.0f} steps at this rate"
-            near_oom = left / slope < OOM_STEPS
-    sustained = (late is not None and late >= LATE_SHARE * slope and rising == 3)
-    big = grown >= GROWTH_MIB and grown >= GROWTH_FRACTION * max(first or 0.0, 1.0)
-    leak = steps >= MEMORY_MIN_STEPS and sustained and (
-        (big and slope >= MIN_SLOPE_MIB) or (near_oom and slope > 0))
-    return line, slope, leak
-
-
-def check_memory(report: Report, docs: list[RankDoc]) -> None:
-    have = [d for d in docs if d.memory]
-    if not have:
-        report.unchecked.append(f"memory: python.memory has no rows ({unrecorded(docs, 'memory')})"
-                                if any(d.memory is None for d in docs) else
-                                f"memory: no steps past the first {MEMORY_WARMUP_STEPS} yet "
-                                "(warm-up is left out)")
-        return
-    grows: list[tuple[int, float, str]] = []  # (rank, slope MiB/step, evidence line)
-    fine: list[tuple[int, float, str]] = []
-    ooms: list[str] = []
-    young: list[int] = []
-    for d in have:
-        for row in d.memory or []:
-            dev = row.get("device") or "?"
-            if int(num(row.get("ooms")) or 0) > 0:
-                ooms.append(f"rank {d.rank} {dev}: {int(num(row['ooms']) or 0)} CUDA OOMs, "
-                            f"{int(num(row.get('alloc_retries')) or 0)} allocator retries")
-            if num(row.get("mem_first_mib")) is None or num(row.get("mem_last_mib")) is None:
-                continue
-            if int(num(row.get("steps")) or 0) < MEMORY_MIN_STEPS:
-                young.append(d.rank)
-                continue
-            line, slope, leak = _memory_line(d, row)
-            (grows if leak else fine).append((d.rank, slope, line))
-    if ooms:
-        report.findings.append(Finding(
-            CRITICAL, "oom", "CUDA OOM: the allocator ran out of memory", ooms,
-            'probe query "SELECT step, device, allocated, reserved, peak, ooms FROM '
-            'python.memory ORDER BY step DESC LIMIT 10"', score=1e7))
-    if grows:
-        ranks = sorted({r for r, _, _ in grows})
-        top = max(s for _, s, _ in grows)
-        report.findings.append(Finding(
-            WARNING, "memory",
-            f"MEMORY GROWTH: {rank_label(ranks)} {_verb(ranks, 'grows', 'grow')} "
-            f"{_size(top)} every step, steadily",
-            [line for _, _, line in grows] + [
-                "something keeps tensors alive across steps: a list of losses or outputs "
-                "(append loss.item(), not loss), a cache, or a growing batch",
-                "first lever: find the holder: `probe memory --tensors` twice, some steps "
-                "apart; the group whose count grows names its list or attribute"],
-            "probe memory --tensors", ranks, score=top))
-    elif fine:
-        report.fine.append("memory: no sustained growth; " + fine[0][2])
-    elif young:
-        report.unchecked.append(f"memory: fewer than {MEMORY_MIN_STEPS} steps past warm-up yet")
-
-
-def check_nonfinite(report: Report, docs: list[RankDoc]) -> None:
-    evidence: list[str] = []
-    ranks: set[int] = set()
-    first: list[int] = []
-    for d in docs:
-        for m in d.metrics or []:
-            last_ok = num(m.get("last_finite"))
-            before = f" (last finite value {last_ok:.4g})" if last_ok is not None else ""
-            evidence.append(f"rank {d.rank}: logged {m.get('name')} is NaN/Inf at "
-                            f"{m.get('nonfinite')} of {m.get('logged')} steps, first at step "
-                            f"{m.get('first_step')}{before}")
-            ranks.add(d.rank)
-            first.append(int(num(m.get("first_step")) or 0))
-        loop = first_loop(d)
-        if int(num(loop.get("nonfinite_grad_steps")) or 0):
-            evidence.append(f"rank {d.rank}: clip_grad_norm_ saw a NaN/Inf gradient norm on "
-                            f"{loop['nonfinite_grad_steps']} of the last {loop.get('steps')} "
-                            f"steps (steps {loop.get('first_nonfinite_step')}-"
-                            f"{loop.get('last_nonfinite_step')})")
-            ranks.add(d.rank)
-            first.append(int(num(loop.get("first_nonfinite_step")) or 0))
-        g = d.grads or {}
-        if g.get("checked") and g.get("nonfinite"):
-            evidence.append(f"rank {d.rank}: {g['nonfinite']} of {g.get('params')} parameters "
-                            f"have NaN/Inf gradients at step {g.get('step')}")
-            ranks.add(d.rank)
-        bad = [r for r in d.rows("numerics") or [] if r.get("nonfinite") or
-               (num(r.get("loss")) is not None and not math.isfinite(num(r.get("loss")) or 0))]
-        if bad:
-            evidence.append(f"rank {d.rank}: loss or gradient norm NaN/Inf at {len(bad)} "
-                            f"recorded steps, first at step {bad[0]['step']} (loss "
-                            f"{bad[0].get('loss')}, gradient norm {bad[0].get('grad_norm')})")
-            ranks.add(d.rank)
-            first.append(int(bad[0]["step"]))
-    lines, born, tail, nxt = origin_lines(docs)
-    if lines:
-        ranks.update(int(x) for x in (born or []))
-    if evidence or lines:
-        since = f" since step {min(first)}" if first else ""
-        title = (f"NaN/Inf: {tail}" if tail else f"NaN/Inf: {rank_label(sorted(ranks))} "
-                 f"{_verb(ranks, 'trains', 'train')} on NaN/Inf values{since}")
-        received = sorted(ranks - set(born)) if born else []
-        if born and received:
-            lines.append(f"{rank_label(received)} received it (the gradient all-reduce "
-                         "spreads a NaN to every rank in the same step)")
-        report.findings.append(Finding(
-            CRITICAL, "nonfinite", title, lines + evidence, nxt or
-            'probe query "SELECT step, module, stage, role, op, samples, note FROM '
-            "python.numerics WHERE kind IN ('origin', 'anomaly') ORDER BY step LIMIT 20\"",
-            sorted(born) if born else sorted(ranks), score=1e6,
-            detail={"born": sorted(born), "first_step": min(first) if first else None}))
-        return
-    checked = [d for d in docs if (d.grads or {}).get("checked")]
-    sources = []
-    if checked:
-        sources.append(f"gradients finite at step {checked[0].grads['step']}")  # type: ignore
-    if any(d.metrics is not None for d in docs):
-        sources.append("no NaN/Inf in logged metrics")
-    if sources:
-        report.fine.append("NaN/Inf: " + "; ".join(sources))
-    else:
-        why = next(((d.grads or {}).get("reason") for d in docs if d.grads), None)
-        report.unchecked.append(f"NaN/Inf: {why or 'no gradients or metrics to check'}")
-
 
 def _optimizer_line(state: dict[str, Any]) -> str:
     parts = []
@@ -438,10 +263,6 @@ def _settings_disagree(docs: list[RankDoc], loop_sets_lr: bool = False) -> set[i
     return out
 
 
-def _size(mib: float) -> str:
-    return f"{mib:.1f} MiB" if mib >= 1 else f"{mib * 1024:.0f} KiB"
-
-
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
@@ -457,17 +278,9 @@ def _by_value(values: dict[int, str]) -> list[tuple[str, list[int]]]:
     return list(out.items())
 
 
-_LOOP = Evidence("loop", "doctor_loop", lambda last: {"last": last})
 
-#: The checks of this module, for doctor.py's registry (checks.py).
+#: The check of this module, for doctor.py's registry (checks.py).
 CHECKS = (
-    DoctorCheck("nonfinite", 30, lambda report, ctx: check_nonfinite(report, ctx.docs),
-                evidence=(_LOOP, Evidence("metrics", "doctor_metrics"),
-                          Evidence("numerics", "numerics", lambda last: {
-                              "window": max(last, TREND_WINDOW)}))),
-    DoctorCheck("memory", 40, lambda report, ctx: check_memory(report, ctx.docs),
-                evidence=(Evidence("memory", "memory_growth", lambda _: {
-                    "last": MEMORY_WINDOW_STEPS, "warmup": MEMORY_WARMUP_STEPS}),)),
     DoctorCheck("lr_clip", 90, lambda report, ctx: check_lr_clip(report, ctx.docs),
-                evidence=(_LOOP,)),
+                evidence=(Evidence("loop", "doctor_loop", lambda last: {"last": last}),)),
 )
