@@ -27,8 +27,16 @@ The job's state is left as it was: the random number generators, the buffers (Ba
 statistics), ``.grad`` and the autocast state; the loss meter is paused so the re-run's backward
 is not recorded. Under DDP every rank sees the NaN in the same step (the gradient all-reduce
 spreads it), re-runs its own batch, and only the rank the value came from finds it; the others
-report that they received it. Parameters that are DTensors (FSDP2) cannot be re-run on one rank
-(the forward all-gathers): the rank's own loss and gradients are reported instead.
+report that they received it.
+
+Sharded parameters (FSDP2): the forward all-gathers each sharded module's weights, so the
+re-run runs on every rank at once (``collective``: the ranks agreed that the step was
+non-finite, sharded.py) and runs the same calls on each: every micro-batch's forward, to the
+end, whatever one rank found (a rank stopping early would leave the others waiting in an
+all-gather), under ``no_grad``, then every FSDP2 module is resharded. The backward is not
+re-run there: FSDP2's gradients flow to weights gathered for the step only, not to the
+parameters ``torch.autograd.grad`` could be asked about, so a NaN born in the backward is
+reported as not found in the forward.
 """
 
 from __future__ import annotations
@@ -42,16 +50,19 @@ MAX_SAMPLES = 16
 
 
 def hunt(torch: Any, model: Any, calls: list[tuple[Any, Any, Any]], sample_ids: list[Any],
-         names: dict[int, str]) -> dict[str, Any]:
+         names: dict[int, str], collective: bool = False) -> dict[str, Any]:
     """Re-run ``calls`` (``(args, kwargs, autocast)`` of each root call of the bad step, the
-    autocast ``(device type, dtype)`` it ran under or None) on ``model``.
+    autocast ``(device type, dtype)`` it ran under or None) on ``model``; ``collective``: every
+    rank does the same at once (sharded parameters, see the module docstring).
 
     Returns a dict: ``stage`` ('input' | 'forward' | 'backward' | 'none'), ``role``
     ('produced' | 'received' | None), ``module``, ``op``, ``micro_batch``, ``samples`` (batch
     rows, as DataLoader indices when ``sample_ids`` has them), ``note``."""
+    if collective:
+        return _hunt_sharded(torch, model, calls, sample_ids, names)
     if any(type(p).__name__ == "DTensor" for p in model.parameters()):
-        return {"stage": "none", "note": "parameters are DTensors (FSDP2): a re-run would "
-                "all-gather on one rank only; the rank's own loss and gradients are reported"}
+        return {"stage": "none", "note": "parameters are DTensors (FSDP2) but the ranks did "
+                "not agree on a re-run: the rank's own loss and gradients are reported"}
     saved = _save(torch, model)
     try:
         for i, (args, kwargs, amp) in enumerate(calls):
@@ -67,6 +78,30 @@ def hunt(torch: Any, model: Any, calls: list[tuple[Any, Any, Any]], sample_ids: 
                 "here (received in a collective, or made by the loss function's backward)"}
     finally:
         _restore(torch, model, saved)
+
+
+def _hunt_sharded(torch: Any, model: Any, calls: list[tuple[Any, Any, Any]],
+                  sample_ids: list[Any], names: dict[int, str]) -> dict[str, Any]:
+    from .sharded import reshard
+
+    saved = _save(torch, model)
+    first: dict[str, Any] | None = None
+    try:
+        with torch.no_grad():
+            for i, (args, kwargs, amp) in enumerate(calls):
+                found = _forward(torch, model, args, kwargs or {}, names, amp, to_end=True)
+                if first is None and found.get("stage") != "none":
+                    first = _with_samples(found, i, sample_ids)
+    finally:
+        try:
+            reshard(model)
+        finally:
+            _restore(torch, model, saved)
+    if first is not None:
+        return first
+    return {"stage": "none", "note": f"the forward re-run of this rank's {len(calls)} micro-"
+            f"batch{'es' if len(calls) != 1 else ''} stayed finite (FSDP2: the backward is not "
+            "re-run): received from another rank, or made in the backward"}
 
 
 def _save(torch: Any, model: Any) -> dict[str, Any]:
@@ -122,14 +157,16 @@ def _rows(torch: Any, x: Any, batch: int | None) -> list[int]:
 
 
 def _forward(torch: Any, model: Any, args: Any, kwargs: Any, names: dict[int, str],
-             amp: Any = None) -> Any:
+             amp: Any = None, to_end: bool = False) -> Any:
+    """One root call under the hooks and the function mode; ``to_end``: run the forward even
+    when the input is already bad (every rank must run the same collectives)."""
     from torch.overrides import TorchFunctionMode
 
     stack: list[str] = []
     found: dict[str, Any] = {}
     inputs = _tensors(torch, (args, kwargs))
     batch = next((int(t.shape[0]) for t in inputs if t.dim() > 0), None)
-    if any(_bad(torch, t) for t in inputs):
+    if any(_bad(torch, t) for t in inputs) and not to_end:
         bad = next(t for t in inputs if _bad(torch, t))
         return {"stage": "input", "role": "received", "module": names.get(id(model), ""),
                 "op": None, "rows": _rows(torch, bad, batch),
@@ -145,8 +182,12 @@ def _forward(torch: Any, model: Any, args: Any, kwargs: Any, names: dict[int, st
                     gf = getattr(t, "grad_fn", None)
                     if gf is not None and id(gf) not in node_module:
                         node_module[id(gf)] = (gf, where)
-                if "op" not in found and any(_bad(torch, t) for t in _tensors(torch, out)) and \
-                        not any(_bad(torch, t) for t in _tensors(torch, (a, kw))):
+                ins = _tensors(torch, (a, kw))
+                # a factory (torch.empty, a collective's output buffer) holds garbage: only a
+                # function of finite tensors that returns a non-finite one made the value
+                if "op" not in found and ins and not _factory(func) and \
+                        any(_bad(torch, t) for t in _tensors(torch, out)) and \
+                        not any(_bad(torch, t) for t in ins):
                     t = next(t for t in _tensors(torch, out) if _bad(torch, t))
                     found.update(op=_op_name(func), module=where, rows=_rows(torch, t, batch))
             except Exception:  # noqa: BLE001 - a check must not change the re-run's result
@@ -166,12 +207,18 @@ def _forward(torch: Any, model: Any, args: Any, kwargs: Any, names: dict[int, st
             found.update(first_module=name, first_received=received,
                          first_rows=_rows(torch, bad, batch))
 
+    if any(_bad(torch, t) for t in inputs):  # to_end: the input was already bad
+        bad = next(t for t in inputs if _bad(torch, t))
+        model(*args, **kwargs)
+        return {"stage": "input", "role": "received", "module": names.get(id(model), ""),
+                "op": None, "rows": _rows(torch, bad, batch),
+                "note": "the batch the model was given already holds NaN/Inf"}
     handles = []
     for m in model.modules():
         handles.append(m.register_forward_pre_hook(pre))
         handles.append(m.register_forward_hook(post))
     try:
-        with torch.enable_grad(), FirstBad(), (
+        with (_null() if to_end else torch.enable_grad()), FirstBad(), (
                 torch.autocast(amp[0], dtype=amp[1]) if amp else _null()):
             out = model(*args, **kwargs)
     finally:
@@ -234,6 +281,11 @@ def _backward(torch: Any, model: Any, out: Any, names: dict[int, str]) -> dict[s
     return {"stage": "backward", "role": "produced", "module": module, "op": op, "rows": [],
             "note": f"{len(bad_modules)} modules got non-finite gradients"
                     + (f", the first in forward order {bad_modules[0]!r}" if bad_modules else "")}
+
+
+def _factory(func: Any) -> bool:
+    name = getattr(func, "__name__", "") or ""
+    return "empty" in name
 
 
 def _null() -> Any:

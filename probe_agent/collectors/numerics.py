@@ -43,6 +43,7 @@ from .loss import LossMeter, to_float
 from .module_stats import ActivationHook, ModuleMap, StepStats, grad_norms, total_norm, unwrap
 from .nan_hunt import hunt
 from .registry import CollectorSpec
+from .sharded import agree, is_sharded
 from .torch_import import imported
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ class NumericsRecorder:
         self._stopped = False
         self._paused = False  # set_active(False)
         self._found: Any = None  # the model a heap walk found (_find_model)
+        self._sharded: bool | None = None  # steps DTensor parameters (sharded.py)
         self._find_at = -1e9
         # per step (training thread)
         self._begun = False
@@ -307,6 +309,13 @@ class NumericsRecorder:
         step = None
         nonfinite = (lf is not None and not math.isfinite(lf)) or \
             (gf is not None and not math.isfinite(gf))
+        if self._sharded is None:
+            self._sharded = is_sharded(optimizer)
+        rerun = True
+        if self._sharded:  # FSDP2: the whole model's norm, and every rank knows of a NaN
+            ready = self.first_nonfinite is None and self.module_map() is not None
+            gf, nonfinite, rerun = agree(torch, lf, gf, clip_max is None,
+                                         len(self.calls) if ready else 0)
         spike = self._spike(lf)
         before = list(self.recent)
         if lf is not None and math.isfinite(lf):
@@ -320,7 +329,7 @@ class NumericsRecorder:
             mm = self.module_map()
             self._anomaly(torch, step, mm, spike, nonfinite)
         if nonfinite and self.first_nonfinite is None:
-            self._hunt(torch, step, lf, gf, mm or self.module_map())
+            self._hunt(torch, step, lf, gf, mm or self.module_map(), rerun)
         if self.tracer is not None and self.tracer.recording and self._stats is None:
             mm = mm or self.module_map()
             if mm is not None and mm.params:
@@ -375,7 +384,7 @@ class NumericsRecorder:
                       grad_nonfinite=not math.isfinite(g))
 
     def _hunt(self, torch: Any, step: int | None, lf: float | None, gf: float | None,
-              mm: ModuleMap | None) -> None:
+              mm: ModuleMap | None, rerun: bool = True) -> None:
         info: dict[str, Any] = {"step": step, "loss": lf, "grad_norm": gf,
                                 "loss_finite": lf is not None and math.isfinite(lf)}
         t0 = time.perf_counter()
@@ -384,10 +393,14 @@ class NumericsRecorder:
                                      "tracer names it at the first step it wraps)"}
         elif not self.calls:
             found = {"stage": "none", "note": "the step's model inputs were not kept"}
+        elif not rerun:
+            found = {"stage": "none", "note": "FSDP2: not every rank had the step's inputs and "
+                     "model at hand, and a re-run must run on all of them at once"}
         else:
             self.loss.paused = True
             try:
-                found = hunt(torch, mm.model, self.calls, self.batch_ids, mm.modules)
+                found = hunt(torch, mm.model, self.calls, self.batch_ids, mm.modules,
+                             collective=bool(self._sharded))
             except Exception as e:  # noqa: BLE001 - the re-run failed: say so, go on
                 found = {"stage": "none", "note": f"re-run failed: {type(e).__name__}: {e}"}
             finally:

@@ -6,15 +6,20 @@ One job for the whole file: the seed playbook verbatim (``train_loader`` is the 
 the loop iterates, named ``dataloader`` there), `probe lr --scale 0.5` still holds 20 steps
 later on both ranks, `probe checkpoint` writes a sharded torch.distributed.checkpoint that a
 fresh 2-rank job loads back (each rank's shards equal the job's at that step), `probe steps`
-counts what the loop counts, `probe hang` finds none.
+counts what the loop counts, `probe hang` finds none. Last (it ruins the weights): a NaN born
+in module ``norm`` on rank 1 (``--nan-file``) is named by `probe numerics` on FSDP2 too: the
+ranks agree on the bad step and re-run its forward together.
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.e2e import framework_checks as fc
-from tests.e2e.training import training_job
+from tests.e2e.training import probe, training_job
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.frameworks]
 
@@ -37,7 +42,8 @@ JOB_START_S = 120
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp2")
-    args = ("--log-dir", str(tmp / "log"), "--step-sleep", "0.05")
+    args = ("--log-dir", str(tmp / "log"), "--step-sleep", "0.05", "--nan-file",
+            str(tmp / "nan"))
     with training_job(tmp, PROGRAM, args=args, nproc=2, env=fc.FRAMEWORK_ENV,
                       timeout=JOB_START_S) as (_, infos):
         yield infos[0]["url"].removeprefix("http://"), tmp
@@ -70,3 +76,33 @@ def test_steps_agree_with_the_loop_and_no_hang(job):
     endpoint, tmp = job
     fc.steps_agree(endpoint, tmp / "log", ranks=2)
     fc.no_hang(endpoint)
+
+
+@pytest.mark.timeout(JOB_START_S + 180)
+def test_a_nan_born_on_one_rank_is_named_with_its_module_under_fsdp2(job):
+    endpoint, tmp = job
+    # WHEN rank 1's batch holds an all-zero sample: 0/0 in module 'norm' (UnitNorm)
+    (tmp / "nan").touch()
+
+    def named() -> dict | None:
+        out = probe("-t", endpoint, "--json", "numerics")
+        try:
+            body = json.loads(out.stdout)
+        except json.JSONDecodeError:
+            return None
+        return next((f for f in body.get("findings", []) if f["check"] == "nonfinite"
+                     and "first at step" in f["title"]), None)
+
+    wait_until(named, 150, "probe numerics never named the first NaN/Inf")
+    nan = named()
+    assert nan is not None
+    # THEN both ranks re-ran the step's forward together: rank 1 produced it in 'norm', at
+    # the sample that was zero; rank 0 received it
+    assert nan["ranks"] == [1], nan
+    assert "on rank 1: produced in the forward of module 'norm' (UnitNorm)" in nan["title"], nan
+    sample = (tmp / "nan.sample").read_text()
+    assert f"sample(s) {sample} (dataloader indices" in nan["title"], (sample, nan["title"])
+    assert any("rank 0" in e and "received" in e for e in nan["evidence"]), nan["evidence"]
+    # AND the re-run left no rank behind in a collective: both go on stepping
+    step = int(nan["title"].split("first at step ")[1].split()[0])
+    fc.wait_for_step(tmp / "log", step + 3, ranks=2, timeout=60)

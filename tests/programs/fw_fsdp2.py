@@ -6,7 +6,11 @@ from a DataLoader named ``dataloader`` (not ``train_loader``: discovery must fin
 The model is ``Net``: ``embed``, ``layers.N`` (``Block``: ``attn``, ``mlp`` with ``fc1``/``fc2``),
 ``head``. A plain loop; after every optimizer step it does what fw_common.StepLog describes
 (``global_step`` is the loop's own count; ``param_sum`` is the sum of this rank's local shards).
-``--slow-module layers.1.mlp --slow-ms 20`` makes that layer's forward slow.
+``--slow-module layers.1.mlp --slow-ms 20`` makes that layer's forward slow. ``--nan-file F``:
+the model starts with ``norm`` (``UnitNorm``: each sample scaled to unit RMS, no epsilon, no
+parameters), and at the first step after ``F`` appears one sample of the last rank's batch is
+all zeros: 0/0 in ``norm``, a NaN born there on that rank (the gradient reduce-scatter then
+spreads it to every rank's shards).
 ``--verify-checkpoint DIR`` (under torchrun too) builds a fresh sharded model, optimizer and
 scheduler, loads a probe checkpoint (``torch.distributed.checkpoint``) into them, prints
 ``PROBE-VERIFY {json}`` per rank and exits.
@@ -17,6 +21,7 @@ Run: ``PROBE=1 torchrun --nproc-per-node=2 tests/programs/fw_fsdp2.py --ready-di
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import torch
@@ -43,15 +48,21 @@ class Block(nn.Module):
         return x + self.mlp(x)
 
 
+class UnitNorm(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / x.pow(2).mean(-1, keepdim=True).sqrt()
+
+
 class Net(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, norm: bool = False) -> None:
         super().__init__()
+        self.norm = UnitNorm() if norm else nn.Identity()
         self.embed = nn.Linear(DIM, DIM)
         self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
         self.head = nn.Linear(DIM, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x)
+        x = self.embed(self.norm(x))
         for layer in self.layers:
             x = layer(x)
         return self.head(x)
@@ -66,7 +77,7 @@ def warmup_then_decay(step: int) -> float:
 
 def build(args: argparse.Namespace) -> tuple[Net, torch.optim.Optimizer, Any]:
     torch.manual_seed(0)
-    model = Net()
+    model = Net(norm=bool(getattr(args, "nan_file", None)))
     make_slow(model, args.slow_module, args.slow_ms)
     for layer in model.layers:
         fully_shard(layer)
@@ -101,6 +112,8 @@ def verify(args: argparse.Namespace, path: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     add_common_args(p)
+    p.add_argument("--nan-file", help="a NaN born in module 'norm' on the last rank once this "
+                                      "file exists")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -115,13 +128,22 @@ def main() -> None:
         dataloader = DataLoader(TensorDataset(xs, xs.sum(dim=1, keepdim=True) * 0.1),
                                 batch_size=BATCH, shuffle=True, generator=g)
         batches = iter(dataloader)
-        global_step = 0
+        global_step, nan_done = 0, False
         while global_step < args.max_steps:
             try:
                 x, y = next(batches)
             except StopIteration:  # next epoch
                 batches = iter(dataloader)
                 x, y = next(batches)
+            if args.nan_file and not nan_done and os.path.exists(args.nan_file):
+                nan_done = True
+                if rank() == dist.get_world_size() - 1:
+                    # which dataset sample it was: the test checks the one probe names
+                    at = int((xs == x[3]).all(dim=1).nonzero()[0])
+                    with open(args.nan_file + ".sample", "w") as f:
+                        f.write(str(at))
+                    x = x.clone()
+                    x[3] = 0.0
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()

@@ -1,0 +1,80 @@
+"""Sharded parameters (FSDP2): the ranks agree on each step's gradient norm and on whether the
+step was non-finite, so that the NaN hunt (nan_hunt.py) can re-run the bad step on every rank
+at once.
+
+Why an agreement at all
+-----------------------
+Under DDP every rank holds every gradient: a NaN born on one rank reaches every rank's norm in
+the same all-reduce, so each rank sees it and re-runs its own batch without any collective.
+Under FSDP2 a rank holds a shard of each gradient (a DTensor's local tensor): the norm each rank
+can compute alone covers its shard only, and a NaN in one parameter's gradient reaches only the
+rank that owns that part. A re-run of the forward all-gathers every sharded module's weights,
+so it must run on every rank or on none: one rank re-running alone would wait forever.
+
+So, on sharded parameters only, one ``all_reduce(SUM)`` of two numbers per step, over the
+default group, right where the numbers are taken (the first ``optimizer.step()`` of the step,
+where every rank is by then: FSDP2's ranks step in lockstep): the squares of the local shard
+norms (their sum is the square of the whole model's gradient norm: the recorded norm is then
+the one ``clip_grad_norm_`` would print, not a shard's) and a flag per rank whose loss or
+gradients were non-finite. A NaN propagates through the sum, so every rank reads the same
+answer. That is the per-step cost on FSDP2 (a scalar collective beside the two per sharded
+module that FSDP2 runs every step anyway); without sharded parameters nothing is added.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+
+def is_sharded(optimizer: Any) -> bool:
+    """Whether the optimizer steps DTensor parameters (FSDP2) in a distributed job of 2+
+    ranks."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized() or \
+            dist.get_world_size() < 2:
+        return False
+    for g in getattr(optimizer, "param_groups", ()):
+        for p in g["params"]:
+            return type(p).__name__ == "DTensor"
+    return False
+
+
+def agree(torch: Any, loss: float | None, norm: float | None, local_norm: bool,
+          calls: int) -> tuple[float | None, bool, bool]:
+    """The whole model's gradient norm (from each rank's shard norm when ``local_norm``; a
+    clip's norm is already the whole model's), whether any rank's loss or norm was non-finite
+    this step, and whether every rank can re-run it (``calls``: the root calls this rank kept,
+    0 when it cannot re-run: all must be equal and not 0). One all_reduce over the default
+    group: call on every rank."""
+    dist = sys.modules["torch.distributed"]
+    bad = (loss is not None and not math.isfinite(loss)) or \
+        (norm is not None and not math.isfinite(norm))
+    square = norm * norm if local_norm and norm is not None and not bad else 0.0
+    dev = "cpu"
+    if "nccl" in str(dist.get_backend()):
+        dev = f"cuda:{torch.cuda.current_device()}"
+    # the calls' count and its square: equal on every rank iff n * sum(c^2) == sum(c)^2
+    t = torch.tensor([square, 1.0 if bad else 0.0, 1.0, float(calls), float(calls) ** 2],
+                     dtype=torch.float64, device=dev)
+    dist.all_reduce(t)
+    total, flags, n, c, c2 = (float(x) for x in t.tolist())
+    any_bad = flags > 0 or not math.isfinite(total)
+    rerun = c > 0 and abs(n * c2 - c * c) < 0.5 and calls > 0
+    if not local_norm or norm is None:
+        return norm, any_bad, rerun
+    return (math.nan if any_bad else math.sqrt(total)), any_bad, rerun
+
+
+def reshard(model: Any) -> None:
+    """Put every FSDP2 module's parameters back to their shards after a re-run (the root keeps
+    its weights gathered after a forward; the optimizer steps the shards, and a module left
+    gathered would run its next forward on the weights of before the step)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
