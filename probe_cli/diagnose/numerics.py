@@ -180,10 +180,14 @@ def _trend(report: Report, docs: list[RankDoc], t: dict[str, float]) -> None:
         clipped = [g > m for g, m in norms if g is not None and m is not None and
                    math.isfinite(g)]
         hard_clip = len(clipped) >= 5 and sum(clipped) >= t["clip_share"] * len(clipped)
+        blow = _blow_up(rows, losses, t)
         info = {"start": start, "recent": recent, "best": best, "ratio": ratio, "top": top,
                 "chance": chance, "steps": (rows[0]["step"], rows[-1]["step"]),
-                "hard_clip": hard_clip}
-        high = top is not None and top > t["high_ratio"]
+                "hard_clip": hard_clip, "blow_up": blow, "decay_only": _decay_only(d, ratio)}
+        # a blow-up explains a loss that does not learn (or rises) now, however still the
+        # weights are since: the units it killed move only by weight decay
+        high = (top is not None and top > t["high_ratio"]) or (
+            blow is not None and (near(recent) or recent >= 0.9 * blow["first"]))
         low = min(quarters[:3])
         last_q = losses[3 * q:]
         # A rise, not noise: the last quarter above the best earlier quarter by 30%, rising,
@@ -202,6 +206,40 @@ def _trend(report: Report, docs: list[RankDoc], t: dict[str, float]) -> None:
         report.findings.append(_trend_finding(kind, items, t))
 
 
+def _blow_up(rows: list[dict[str, Any]], losses: list[float],
+             t: dict[str, float]) -> dict[str, Any] | None:
+    """An LR far too high from the first steps: in the first quarter of the rows, a traced step
+    on which the median module moved its weights by more than ``high_ratio`` of their norm
+    (every module at once: one zero-initialised module does not count), and a loss above
+    ``spike_factor`` x the first loss recorded. Later ratios may look normal by then: the
+    weights grew (the ratio is relative) or the units died."""
+    early = rows[:max(1, len(rows) // 4)]
+    moved = [(v, r["step"]) for r in early
+             if (v := num(r.get("update_ratio"))) is not None and math.isfinite(v)]
+    first = losses[0] if losses else None
+    jumps = [(v, r["step"]) for r in early
+             if (v := num(r.get("loss"))) is not None and math.isfinite(v)]
+    if not moved or not jumps or first is None or first <= 0:
+        return None
+    ratio, at = max(moved)
+    peak, peak_at = max(jumps)
+    if ratio <= t["high_ratio"] or peak <= t["spike_factor"] * first:
+        return None
+    return {"ratio": ratio, "at": at, "first": first, "peak": peak, "peak_at": peak_at}
+
+
+def _decay_only(d: RankDoc, ratio: float | None) -> float | None:
+    """lr x weight_decay when the median update ratio equals it (within 5%): only decoupled
+    weight decay moves the weights, the gradients' part of the update is gone (dead units)."""
+    groups = [g for o in (d.state or {}).get("optimizers") or [] for g in o.get("groups") or []]
+    if ratio is None or not groups:
+        return None
+    lr, wd = num(groups[0].get("lr")), num(groups[0].get("weight_decay"))
+    if not lr or not wd:
+        return None
+    return lr * wd if abs(ratio - lr * wd) <= 0.05 * lr * wd else None
+
+
 def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
                    t: dict[str, float]) -> Finding:
     ranks = sorted(d.rank for d, _, _ in items)
@@ -215,14 +253,27 @@ def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
     chance = (f"chance level for {round(math.exp(x['chance']))} classes: ln = {x['chance']:.4g}"
               if x["chance"] is not None else None)
     top = x["top"]
-    high = top is not None and top > t["high_ratio"]
-    low = ratio is not None and ratio < t["stall_ratio"]
+    blow = x.get("blow_up")
+    high = (top is not None and top > t["high_ratio"]) or (
+        blow is not None and kind in ("lr_high", "not_learning", "diverging"))
+    low = ratio is not None and ratio < t["stall_ratio"] and blow is None
     ev = [loss, f"rank {d.rank}: {rtext}" + (f", {top:.2g} in the module that moves most"
                                                 if top is not None else "") +
           f" (healthy is around 1e-3; above {t['high_ratio']:g} the LR is far too high, below "
           f"{t['stall_ratio']:g} far too low)"]
     if chance:
         ev.append(chance)
+    if blow:
+        ev.append(f"rank {d.rank}: early on the LR blew the weights up: at step {blow['at']} the "
+                  f"median module moved by {blow['ratio']:.2g} of its norm in one step, and the "
+                  f"loss jumped to {blow['peak']:.4g} at step {blow['peak_at']} "
+                  f"(x{blow['peak'] / blow['first']:.1f} the first loss, {blow['first']:.4g})")
+    if x.get("decay_only"):
+        ev.append(f"rank {d.rank}: the median update ratio is lr x weight_decay "
+                  f"({x['decay_only']:.2g}): only weight decay moves the weights, the gradients "
+                  "vanished (dead units)")
+    restart = ("restart from before the blow-up with a 10x lower LR (or a warmup): units it "
+               "killed do not come back; probe lr --scale 0.1 only keeps it from going on")
     who = rank_label(ranks)
     if kind == "diverging":
         title = f"DIVERGING: {who}: the loss rose from {x['best']:.4g} to {x['recent']:.4g}"
@@ -238,9 +289,9 @@ def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
         title = (f"NOT LEARNING: {who}: the loss sits at chance level ({x['recent']:.4g}, "
                  f"ln of {round(math.exp(x['chance']))} classes = {x['chance']:.4g}) since "
                  f"step {a}")
-        nxt = "probe lr --scale 0.1" if high else ("probe lr --scale 10" if low else
-                                                   "check the labels and the loss function "
-                                                   "(the LR moves the weights normally)")
+        nxt = (restart if blow else "probe lr --scale 0.1") if high else (
+            "probe lr --scale 10" if low else "check the labels and the loss function (the LR "
+            "moves the weights normally)")
         return Finding(WARNING, kind, title, ev, nxt, ranks, score=1.0)
     if kind == "stalled":
         at = (f" (chance level for {round(math.exp(x['chance']))} classes)"
@@ -249,6 +300,11 @@ def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
         title = (f"STALLED: {who}: the loss is flat at {x['recent']:.4g}{at} and the weights "
                  f"barely move ({rtext}): the LR is far too low")
         return Finding(WARNING, kind, title, ev, "probe lr --scale 10", ranks, score=0.8)
+    if blow and not (top is not None and top > t["high_ratio"]):
+        title = (f"LR TOO HIGH: {who}: at step {blow['at']} one step moved the weights by "
+                 f"{blow['ratio']:.2g} of their norm (median module) and the loss jumped "
+                 f"x{blow['peak'] / blow['first']:.1f}; it has not recovered")
+        return Finding(WARNING, "lr_high", title, ev, restart, ranks, score=0.9)
     title = (f"LR TOO HIGH: {who}: each step moves a module's weights by {top:.2g} of their "
              "norm (median over the traced steps), far above the usual ~1e-3")
     return Finding(WARNING, "lr_high", title, ev, "probe lr --scale 0.1", ranks, score=0.9)

@@ -180,3 +180,41 @@ def test_norms_that_grow_while_the_loss_falls_are_not_the_lr():
         r["grad_norm"] = 0.45 + 0.55 * i / len(rows)
     clip = next(f for f in report_of(with_numerics(0, rows)).findings if f.check == "clipping")
     assert clip.detail["cause"] == "max_norm" and "raise max_norm" in clip.next
+
+
+def test_an_early_blow_up_then_a_dead_net_at_chance_is_the_lr():
+    # GIVEN num_lr_high as measured (AdamW lr 0.3, wd 0.01): the loss 2.27 -> 23.7 -> 28 in
+    # the first steps, the median module moving 0.21 of its norm at step 5; then the units
+    # are dead: the loss sits at chance, the median ratio pinned at lr x wd = 0.003 and the
+    # module that moves most at 0.007 (under high_ratio: the last-half ratios look normal)
+    rows = series(n=300, start=math.log(10), end=math.log(10), jitter=0.03, ratio=0.003,
+                  lr=0.3)
+    for r, loss in zip(rows, (2.27, 23.7, 27.96, 26.5, 15.8, 4.36, 4.98, 3.64, 2.72, 2.33)):
+        r["loss"] = loss
+    for r, ratio in zip(rows[4::5], (0.205, 0.077, 0.042, 0.025, 0.017, 0.012, 0.011)):
+        r["update_ratio"], r["max_ratio"] = ratio, 1.6 * ratio
+    for r in rows[40::5]:
+        r["max_ratio"] = 0.007
+    d = with_numerics(0, rows, classes=10)
+    d.state["optimizers"] = [{"class": "AdamW", "groups": [{"lr": 0.3, "weight_decay": 0.01}]}]
+    report = report_of(d)
+    # THEN not "check the labels": the LR, with the blow-up's step and size as evidence, and
+    # a restart (a lower LR now does not revive dead units)
+    found = checks(report)
+    assert found["not_learning"] == "warning" and found["lr_high"] == "warning", found
+    high = next(f for f in report.findings if f.check == "lr_high")
+    assert "at step 5" in high.title and "x12.3" in high.title, high.title
+    assert high.next.startswith("restart from before the blow-up with a 10x lower LR")
+    nl = next(f for f in report.findings if f.check == "not_learning")
+    assert "labels" not in nl.next and "lower LR" in nl.next
+    assert any("only weight decay moves the weights" in e for e in nl.evidence), nl.evidence
+
+
+def test_a_healthy_start_with_big_first_updates_is_not_a_blow_up():
+    # GIVEN a healthy run whose first traced steps move the median module by 0.15 (Adam's
+    # first steps, no warmup) while the loss falls from the start
+    rows = series(ratio=1e-3)
+    for r in rows[4:20:5]:
+        r["update_ratio"] = 0.15
+    report = report_of(with_numerics(0, rows, classes=10))
+    assert "lr_high" not in checks(report) and not report.problem
