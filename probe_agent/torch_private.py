@@ -151,4 +151,9 @@ TABLE: tuple[Private, ...] = (
             "an OOM is recorded from the exception only", on="cuda"),
     Private("torch._dynamo.eval_frame:OptimizedModule", "_orig_mod", "frameworks, module_stats",
             "a compiled model's modules are named under _orig_mod", on="instance"),
+    # the model found on the heap (model_scan.py): each module's children, read directly (no
+    # named_modules() walk, which a module may override); also tensors.py (model roots)
+    Private("torch.nn:Module", "_modules", "model_scan, moe.find_router, tensors",
+            "no MoE router and no compiled submodule is found (a counted failure; the "
+            "collectors switch themselves off after repeated ones)", on="instance"),
 )

@@ -36,6 +36,8 @@ def _instance(p: Private):
         return cls(opt, [a, b], milestones=[2])
     if name == "OneCycleLR":
         return cls(opt, max_lr=0.1, total_steps=10)
+    if name == "Module":
+        return torch.nn.Sequential(torch.nn.Linear(1, 1))
     if name == "OptimizedModule":
         return torch.compile(torch.nn.Linear(1, 1))
     raise AssertionError(f"no way to build a {name}: add one here")
