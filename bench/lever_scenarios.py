@@ -1,7 +1,7 @@
 """The fault suite's throughput-lever scenarios (tests/programs/lever_job.py), imported by
 bench/verdicts.py: host syncs in the loop, many small ops not compiled, host work inside one
-module, an imbalanced MoE, uneven batches between ranks, and healthy runs that must stay quiet
-(no lever, no host-sync or MoE finding).
+module, an imbalanced MoE (also expert-parallel, over all-to-all), uneven batches between ranks,
+and healthy runs that must stay quiet (no lever, no host-sync or MoE finding).
 
 Each scenario is scored as verdicts.py scores every other: the verdict kinds each command must
 name (and nothing else), plus ``lever`` (the LOW THROUGHPUT finding's lever, "none" = no such
@@ -40,6 +40,11 @@ def lever_scenarios(scenario: Any) -> list[Any]:
            says=(("doctor", "bottleneck: 1: "),)),
         lv("lv_moe", expect={**none, "doctor": frozenset({"moe"})},
            says=(("doctor", ": expert 0 gets"),)),
+        # expert parallelism: rank 0 holds the busy expert, computes most tokens and is the
+        # straggler its peer waits for in all-to-all (a right straggler verdict, tolerated)
+        lv("lv_moe_ep", expect={**none, "doctor": frozenset({"moe"})},
+           allow=frozenset({"straggler"}),
+           says=(("doctor", "; rank 0 holds it and computes"),)),
         lv("lv_uneven", expect={"hang": frozenset(), "straggler": frozenset({"straggler"}),
                                 "doctor": frozenset({"straggler"})},
            says=(("doctor", "its batch is 3.0x"),)),

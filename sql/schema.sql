@@ -666,7 +666,11 @@ CREATE TABLE IF NOT EXISTS python.module_flops (
 -- steps (PROBE_TRACE), and never under torch.compile (a hook would recompile the model).
 -- layer: the MoE block's qualified name. expert: its index. tokens: token-to-expert
 --   assignments over the step's forward calls (each token counts top_k times). experts / top_k:
---   the router's size and k.
+--   the router's size (over all ranks: an expert-parallel rank routes to every expert) and k.
+-- owner: with expert parallelism, the global rank that holds the expert (read from the experts'
+--   DTensor sharding on dim 0, as torchtitan lays them out, or from an expert-parallel process
+--   group on the block, as DeepSpeed-MoE and megablocks do: collectors/moe_layout.py); NULL
+--   when every rank holds every expert.
 CREATE TABLE IF NOT EXISTS python.moe_load (
     timestamp     DOUBLE  NOT NULL,
     rank          INTEGER NOT NULL,
@@ -675,7 +679,8 @@ CREATE TABLE IF NOT EXISTS python.moe_load (
     expert        INTEGER NOT NULL,
     tokens        BIGINT  NOT NULL,
     experts       INTEGER,
-    top_k         INTEGER
+    top_k         INTEGER,
+    owner         INTEGER
 );
 
 -- python.unused_params: the parameters that got no gradient, per rank and step

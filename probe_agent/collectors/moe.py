@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from . import Guard, Sink
+from .moe_layout import expert_owners, global_experts
 from .registry import CollectorSpec
 from .tracer.saved_bytes import compiled_here
 
@@ -53,7 +54,9 @@ BUFFER = 1000
 
 
 def find_router(module: Any, module_list: Any) -> tuple[Any, int, int] | None:
-    """(gate, experts, k) when ``module`` is a top-k MoE block, else None."""
+    """(gate, experts, k) when ``module`` is a top-k MoE block, else None. ``experts`` is the
+    layer's count over all ranks (an expert-parallel block holds only its local ones:
+    moe_layout.global_experts)."""
     mods = module._modules
     gate = mods.get("gate") if mods.get("gate") is not None else mods.get("router")
     experts = mods.get("experts")
@@ -63,6 +66,7 @@ def find_router(module: Any, module_list: Any) -> tuple[Any, int, int] | None:
         n = len(experts)
     else:
         n = next((int(v) for a in E_NAMES if isinstance(v := getattr(experts, a, None), int)), 0)
+    n = global_experts(module, gate, n) if n else n
     if n < 2:
         return None
     k = next((int(v) for obj in (module, gate) for a in K_NAMES
@@ -70,17 +74,23 @@ def find_router(module: Any, module_list: Any) -> tuple[Any, int, int] | None:
     return gate, n, max(1, min(k, n))
 
 
-def chosen_experts(torch: Any, out: Any, n: int, k: int) -> Any:
-    """The expert indices a gate's output chose (a tensor), or None when it says nothing."""
+def chosen_experts(torch: Any, out: Any, n: int, k: int) -> tuple[Any, bool] | None:
+    """What a gate's output chose: (expert indices, False), or (tokens per expert, True) when
+    it returns the counts themselves (DeepSpeed's TopKGate: ``exp_counts``, beside combine
+    weights whose last dimension is the capacity), or None when it says nothing."""
     items = out if isinstance(out, (tuple, list)) else (out,)
     tensors = [t for t in items if isinstance(t, torch.Tensor)]
     for t in tensors:
         if not t.is_floating_point() and t.dtype != torch.bool and t.dim() >= 1 \
                 and t.shape[-1] == k and not (t.dim() == 1 and t.numel() == n):
-            return t
+            return t, False
+    for t in tensors:
+        if not t.is_floating_point() and t.dtype != torch.bool and t.dim() == 1 \
+                and t.numel() == n:
+            return t, True
     for t in tensors:
         if t.is_floating_point() and t.dim() >= 1 and t.shape[-1] == n:
-            return torch.topk(t.detach(), k, dim=-1).indices
+            return torch.topk(t.detach(), k, dim=-1).indices, False
     return None
 
 
@@ -99,9 +109,10 @@ class MoeCounter:
         self.rank = rank
         self.sampled = sampled or (lambda step: step % 10 == 0)
         self.guard = Guard("MoE counter")
-        self.routers: list[tuple[str, Any, int, int]] = []  # (layer, gate, experts, k)
+        #: (layer, gate, experts, k, the global rank holding each expert or None: no EP)
+        self.routers: list[tuple[str, Any, int, int, list[int] | None]] = []
         self.rows: list[tuple[Any, ...]] = []
-        self.pending: list[tuple[int, float, list[tuple[str, Any, int, int]]]] = []
+        self.pending: list[tuple[int, float, list[tuple[str, Any, int, int, Any]]]] = []
         self.sink: Sink | None = None
         self._schema: pa.Schema | None = None
         self._unsubscribe: Any = None
@@ -157,13 +168,14 @@ class MoeCounter:
             got = find_router(m, torch.nn.ModuleList)
             if got is not None:
                 gate, n, k = got
-                found.append((scan.name(m), gate, n, k))
+                owners = expert_owners(torch, m, m._modules["experts"], n)
+                found.append((scan.name(m), gate, n, k, owners))
         self.routers = sorted(found, key=lambda r: r[0])
 
     def _hook(self, torch: Any, step: int) -> None:
         self._step = step
         self._acc = {}
-        for layer, gate, n, k in self.routers:
+        for layer, gate, n, k, _ in self.routers:
             self._handles.append(gate.register_forward_hook(self._counter(torch, layer, n, k)))
 
     def _counter(self, torch: Any, layer: str, n: int, k: int) -> Any:
@@ -171,14 +183,17 @@ class MoeCounter:
             if not self.guard.enabled:
                 return
             try:
-                idx = chosen_experts(torch, out, n, k)
-                if idx is None:
+                got = chosen_experts(torch, out, n, k)
+                if got is None:
                     return
-                flat = idx.detach().reshape(-1).long()
+                flat = got[0].detach().reshape(-1).long()
                 acc = self._acc.get(layer)
                 if acc is None:
                     acc = self._acc[layer] = torch.zeros(n, dtype=torch.long, device=flat.device)
-                acc.index_add_(0, flat.clamp(0, n - 1), torch.ones_like(flat))
+                if got[1]:  # the gate's own tokens per expert
+                    acc.add_(flat)
+                else:
+                    acc.index_add_(0, flat.clamp(0, n - 1), torch.ones_like(flat))
             except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
                 self.guard.failed(e)
 
@@ -189,7 +204,8 @@ class MoeCounter:
         acc, self._acc = self._acc, {}
         self._unhook()
         if acc and self._step == step and len(self.pending) < BUFFER:
-            got = [(layer, acc[layer], n, k) for layer, _, n, k in self.routers if layer in acc]
+            got = [(layer, acc[layer], n, k, owners) for layer, _, n, k, owners in self.routers
+                   if layer in acc]
             self.pending.append((step, time.time(), got))
 
     def _unhook(self) -> None:
@@ -203,12 +219,12 @@ class MoeCounter:
         if n:
             batch, self.pending[:n] = self.pending[:n], []
             for step, t, layers in batch:
-                for layer, counts, experts, k in layers:
+                for layer, counts, experts, k, owners in layers:
                     # .tolist() here, not on the training thread: on CUDA it waits for the
                     # step's kernels, which the writer may do
                     for expert, tokens in enumerate(counts.tolist()):
                         self.rows.append((t, self.rank, step, layer, expert, int(tokens),
-                                          experts, k))
+                                          experts, k, owners[expert] if owners else None))
         m = len(self.rows)
         if not m or self.sink is None:
             return
@@ -216,7 +232,8 @@ class MoeCounter:
         self.sink.append(TABLE, pa.table(list(map(list, zip(*rows))), schema=self._schema))
 
     def state(self) -> dict[str, Any]:
-        return {"routers": [(r[0], r[2], r[3]) for r in self.routers], "skipped": self.skipped,
+        return {"routers": [(r[0], r[2], r[3]) for r in self.routers],
+                "expert_parallel": [r[0] for r in self.routers if r[4]], "skipped": self.skipped,
                 "failures": self.guard.failures, "disabled": not self.guard.enabled}
 
 

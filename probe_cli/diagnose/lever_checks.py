@@ -9,8 +9,10 @@ MOE IMBALANCE names the layer and the expert: a layer whose busiest expert gets 
 window's sampled steps. A dead expert, or a ratio of ``MOE_DEAD_RATIO`` or more, is a warning
 (the router collapsed: the experts are not trained, and with expert parallelism the rank holding
 the busy one makes the others wait); a milder imbalance is information. With expert
-parallelism (all-to-all collectives in the window) the evidence adds each rank's time in
-all-to-all, so the overloaded rank's peers show their wait.
+parallelism (the agent read which rank holds each expert: ``owner``, collectives/moe_layout.py)
+the title names the rank that holds the busy expert and the share of the layer's tokens it gets
+from every rank's router (the tokens it computes), and the evidence adds each rank's time in
+all-to-all, so the overloaded rank's peers show their wait for it.
 """
 
 from __future__ import annotations
@@ -111,13 +113,20 @@ def check_moe(report: Report, docs: list[RankDoc]) -> None:
     dead = f", {_experts(ly['dead'])} none" if ly["dead"] else ""
     title = (f"MOE IMBALANCE: {ly['layer']}: expert {ly['busiest']} gets "
              f"{ly['busiest_share']:.0%} of tokens{dead} (max-to-ideal {ly['ratio']:.1f}x)")
+    ep = expert_ranks(docs, ly["layer"])
+    holder = ep["owners"].get(ly["busiest"]) if ep else None
+    if ep and holder is not None:
+        title += (f"; rank {holder} holds it and computes {ep['share'][holder]:.0%} of the "
+                  f"layer's tokens (an even share is {1 / len(ep['share']):.0%})")
     evidence = []
     for r, x in bad[:8]:
         evidence.append(f"rank {r}: {x['layer']}: tokens per expert over {x['steps']} sampled "
                         f"steps {[x['tokens'][e] for e in sorted(x['tokens'])]}, max-to-ideal "
                         f"{x['ratio']:.1f}x" + (f", {_experts(x['dead'])} got none"
                                                  if x["dead"] else ""))
-    evidence.extend(_all_to_all(docs))
+    if ep:
+        evidence.extend(ep["lines"])
+    evidence.extend(_all_to_all(docs, holder))
     evidence.append("the router sends most tokens to few experts: a load-balancing loss "
                     "(router_aux_loss_coef), router z-loss, capacity limits, or a higher "
                     "router learning-rate warm-up")
@@ -125,21 +134,50 @@ def check_moe(report: Report, docs: list[RankDoc]) -> None:
     report.findings.append(Finding(
         WARNING if severe else INFO, "moe", title, evidence,
         "probe query \"SELECT layer, expert, sum(tokens) AS tokens FROM python.moe_load "
-        "GROUP BY ALL ORDER BY layer, expert\"", sorted({r for r, _ in bad}),
+        "GROUP BY ALL ORDER BY layer, expert\"",
+        sorted({r for r, _ in bad} | ({holder} if holder is not None else set())),
         score=ly["ratio"] / 10, detail={"layer": ly["layer"], "expert": ly["busiest"],
-                                        "ratio": ly["ratio"], "dead": ly["dead"]}))
+                                        "ratio": ly["ratio"], "dead": ly["dead"],
+                                        "holder": holder}))
 
 
-def _all_to_all(docs: list[RankDoc]) -> list[str]:
+def expert_ranks(docs: list[RankDoc], layer: str) -> dict[str, Any] | None:
+    """With expert parallelism, where ``layer``'s tokens are computed: the rank holding each
+    expert (``owners``), the share of the tokens of every rank's router that each holder gets
+    (``share``) and evidence lines; None when the layer's experts are not spread over ranks (or
+    the agent is too old to say)."""
+    owners: dict[int, int] = {}
+    tokens: dict[int, int] = {}
+    for d in docs:
+        for r in d.rows("moe") or []:
+            if str(r.get("layer")) != layer or (o := num(r.get("owner"))) is None:
+                continue
+            e = int(num(r.get("expert")) or 0)
+            owners[e] = int(o)
+            tokens[int(o)] = tokens.get(int(o), 0) + int(num(r.get("tokens")) or 0)
+    total = sum(tokens.values())
+    if len(set(owners.values())) < 2 or not total:
+        return None
+    share = {r: tokens.get(r, 0) / total for r in sorted(set(owners.values()))}
+    lines = [f"expert parallelism ({layer}): rank {r} holds "
+             f"{_experts([e for e, o in owners.items() if o == r])} and computes "
+             f"{tokens.get(r, 0)} of the {total} tokens every rank's router sent ({share[r]:.0%})"
+             for r in share]
+    return {"owners": owners, "share": share, "lines": lines}
+
+
+def _all_to_all(docs: list[RankDoc], holder: int | None = None) -> list[str]:
     """Each rank's time in all-to-all collectives (expert parallelism), when any."""
     out = []
     for d in docs:
         a2a = [c for c in d.collectives if "all_to_all" in str(c.get("op", ""))]
         if a2a:
             secs = sum(num(c.get("duration")) or 0.0 for c in a2a)
+            why = ("the rank holding the busy expert makes its peers wait here" if holder is None
+                   else "it holds the busy expert: its peers wait for it here" if d.rank == holder
+                   else f"its wait here is for rank {holder}, which holds the busy expert")
             out.append(f"rank {d.rank}: {len(a2a)} all-to-all calls, {secs:.3f} s in them "
-                       "(expert parallelism: the rank holding the busy expert makes its peers "
-                       "wait here)")
+                       f"({why})")
     return out
 
 

@@ -107,3 +107,26 @@ def test_hf_mixtral_counts_equal_its_router_logits(make_agent):
     assert sorted({s for s, _ in got}) == [2, 3, 4]
     for (step, layer), tokens in got.items():
         assert tokens == own[step][layer], (step, layer, tokens, own[step][layer])
+
+
+def test_deepspeed_moe_counts_equal_its_gates(make_agent):
+    # GIVEN DeepSpeed-MoE's own layer (MOELayer: TopKGate + Experts), top-2 over 4 experts; its
+    # gate returns the tokens per expert (exp_counts) beside combine weights shaped by capacity
+    layer = pytest.importorskip("deepspeed.moe.layer")
+    torch.manual_seed(0)
+    moe = layer.MoE(hidden_size=16, expert=nn.Linear(16, 16), num_experts=4, ep_size=1, k=2)
+    agent = make_agent(trace="on")
+    opt = torch.optim.SGD(moe.parameters(), lr=0.01)
+    own: dict[int, list[int]] = {}
+    for step in range(1, 5):
+        out, aux, counts = moe(torch.randn(2, 12, 16))
+        (out.sum() + aux).backward()
+        opt.step()
+        opt.zero_grad()
+        own[step] = counts.tolist()
+    # THEN the agent found it with no code change and counted what the gate counted
+    got = _loads(agent)
+    assert sorted({s for s, _ in got}) == [2, 3, 4], got
+    for (step, name), tokens in got.items():
+        assert name == "deepspeed_moe" and tokens == own[step], (step, name, tokens, own[step])
+        assert sum(tokens) == 2 * 12 * 2

@@ -135,6 +135,41 @@ def test_moe_names_the_layer_and_expert():
                        "none (max-to-ideal 3.6x)")
 
 
+def test_with_expert_parallelism_the_rank_holding_the_busy_expert_is_named():
+    # GIVEN 2 ranks, each holding 2 of 4 experts, both routers sending ~90% to expert 0
+    def ep(rank: int, tokens: list[int]) -> list[dict]:
+        return [{**r, "rank": rank, "owner": r["expert"] // 2}
+                for r in moe_rows("blocks.0", tokens)]
+
+    a2a = [{"op": "all_to_all_single", "duration": 0.01}] * 10
+    docs = [RankDoc(0, answers={"moe": ep(0, [900, 50, 30, 20])}, collectives=tuple(a2a[:2])),
+            RankDoc(1, answers={"moe": ep(1, [880, 60, 40, 20])}, collectives=tuple(a2a))]
+    report = Report()
+    check_moe(report, docs)
+    [f] = report.findings
+    # THEN the title names rank 0 (it holds expert 0) and the share of all tokens it computes
+    assert f.title.endswith("; rank 0 holds it and computes 94% of the layer's tokens (an "
+                            "even share is 50%)"), f.title
+    assert f.detail["holder"] == 0 and f.ranks == [0, 1]
+    # AND the evidence says who holds what, and whose all-to-all wait is for whom
+    assert ("expert parallelism (blocks.0): rank 0 holds experts 0-1 and computes 1890 of the "
+            "2000 tokens every rank's router sent (94%)") in f.evidence
+    assert ("rank 1: 10 all-to-all calls, 0.100 s in them (its wait here is for rank 0, which "
+            "holds the busy expert)") in f.evidence
+
+
+def test_without_expert_parallelism_no_rank_is_named():
+    # GIVEN the same skew with every expert on every rank (owner NULL: no EP)
+    docs = [RankDoc(r, answers={"moe": [{**x, "rank": r, "owner": None}
+                                        for x in moe_rows("blocks.0", [900, 50, 30, 20])]})
+            for r in (0, 1)]
+    report = Report()
+    check_moe(report, docs)
+    [f] = report.findings
+    assert "holds it" not in f.title and f.detail["holder"] is None
+    assert not any("expert parallelism" in e for e in f.evidence)
+
+
 def test_a_balanced_moe_gets_nothing():
     d = RankDoc(0, answers={"moe": moe_rows("blocks.0.mlp", [250, 300, 200, 250])})
     report = Report()
