@@ -15,25 +15,34 @@ from tests.support import PROGRAMS, python_env
 pytestmark = pytest.mark.e2e
 
 
-def _digest(run_dir: Path | None) -> tuple[str, bool]:
+def _start(run_dir: Path | None) -> subprocess.Popen:
     env = python_env(PROBE="1", PROBE_PORT="0", PROBE_RUN_DIR=str(run_dir)) if run_dir \
         else python_env()
-    out = subprocess.run([sys.executable, str(PROGRAMS / "seeded_job.py"), "--steps", "24"],
-                         env=env, capture_output=True, text=True, timeout=100)
-    assert out.returncode == 0, out.stdout + out.stderr
-    line = [ln for ln in out.stdout.splitlines() if ln.startswith("DIGEST ")][-1]
+    return subprocess.Popen([sys.executable, str(PROGRAMS / "seeded_job.py"), "--steps", "24"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _digest(proc: subprocess.Popen) -> tuple[str, bool]:
+    try:
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    line = [ln for ln in out.splitlines() if ln.startswith("DIGEST ")][-1]
     _, digest, _, peak = line.split()
     return digest, peak == "True"
 
 
+@pytest.mark.timeout(360)
 def test_seeded_draws_are_the_same_with_and_without_the_agent(tmp_path):
-    # GIVEN a seeded job's draws without the agent
-    plain, _ = _digest(None)
     run_dir = tmp_path / "run"
-    # WHEN it runs under the agent in a fresh run dir (the CPU peak is measured mid-run), then
-    # again with the peak cached from the first run
-    measured, peak_written = _digest(run_dir)
-    cached, _ = _digest(run_dir)
+    # GIVEN a seeded job's draws without the agent, and WHEN it runs under the agent in a fresh
+    # run dir (the CPU peak is measured mid-run), side by side (suite time), then again with the
+    # peak cached from the first run
+    plain_job, measured_job = _start(None), _start(run_dir)
+    plain, _ = _digest(plain_job)
+    measured, peak_written = _digest(measured_job)
+    cached, _ = _digest(_start(run_dir))
     # THEN the measurement did happen, and every arm drew the same numbers
     assert peak_written, "the agent never measured the CPU peak: the test proves nothing"
     assert measured == plain
