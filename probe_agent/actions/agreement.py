@@ -18,6 +18,12 @@ default store; never a blocking ``get``):
 
 Cost when every rank arrives together (the normal case): two store round trips per rank.
 Without torch.distributed (a single process), or for a group of one rank, nothing is asked.
+
+The store has no owner check (c10d's TCPStore takes any client that reaches its port), so what
+is read back is checked: more arrivals than the group has, or a decision no rank writes (not
+``go``, not ``abort:...``, or longer than a rank's), aborts the action on every rank with a line
+saying the store was written by someone else. A forged ``go`` could start a collective on a
+subset of the ranks: a hang made by the tool.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from typing import Any
 #: Store keys live under this prefix (next to the ``probe_agent/rank{N}`` discovery entries).
 STORE_PREFIX = "probe_actions"
 _POLL_S = 0.005
+#: The longest decision a rank writes ("abort:" and one line); a longer one is not a rank's.
+MAX_DECISION = 400
 
 
 class StepAgreement:
@@ -103,7 +111,10 @@ class StepAgreement:
         key = f"{action_id}/decision"
         while True:
             vote = None
-            if arrived >= n:
+            if arrived > n:
+                vote = (f"abort:{arrived} arrivals counted for a group of {n} ranks: the job's "
+                        "store was written by someone else")
+            elif arrived == n:
                 vote = "go"
             elif cancelled():
                 vote = f"abort:cancelled while {arrived} of {n} ranks had reached step {step}"
@@ -118,6 +129,9 @@ class StepAgreement:
                 decision = _text(store.compare_set(key, "", vote))
                 if decision == "go":
                     return True, ""
+                if not decision.startswith("abort:") or len(decision) > MAX_DECISION:
+                    return False, ("skipped: the decision in the job's store was not written by "
+                                   "a rank (another user of the store?)")
                 why = decision.removeprefix("abort:")
                 return False, f"skipped on every rank: {why}"
             time.sleep(_POLL_S)
@@ -125,4 +139,6 @@ class StepAgreement:
 
 
 def _text(value: Any) -> str:
-    return bytes(value).decode() if not isinstance(value, str) else value
+    if isinstance(value, str):
+        return value
+    return bytes(value[:MAX_DECISION + 1]).decode(errors="replace")
