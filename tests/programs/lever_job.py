@@ -13,7 +13,7 @@ Scenarios:
 - lv_moe_even: a healthy MoE with a balanced router;
 - lv_moe_ep: expert parallelism over the 2 ranks (each holds 2 of 4 experts; tokens go to
   their expert's rank and back through all-to-all with uneven splits, as real EP code does),
-  the router sending ~90% of the tokens to expert 0, which rank 0 holds. Two layouts, one per
+  the router sending most tokens to expert 0, which rank 0 holds. Two layouts, one per
   layer: a plain ModuleList of the local experts with an ``ep_group`` on the block
   (DeepSpeed-MoE/megablocks-like) and stacked expert weights sharded on dim 0 as DTensors
   (torchtitan's ExpertParallel). Rank 0 computes most of every layer; rank 1 waits for it.
@@ -174,7 +174,7 @@ class EpNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.inp = nn.Linear(16, 64)
-        self.blocks = nn.ModuleList(EpMoe(64, 4, skew=4.0, sharded=i == 1) for i in range(2))
+        self.blocks = nn.ModuleList(EpMoe(64, 4, skew=2.0, sharded=i == 1) for i in range(2))
         self.head = nn.Linear(64, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
