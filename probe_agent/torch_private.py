@@ -145,7 +145,7 @@ TABLE: tuple[Private, ...] = (
     Private("torch.cuda.memory", "_snapshot", "cuda_history, oom", "no allocator history"),
     Private("torch.cuda.memory", "_record_memory_history", "cuda_history",
             "no allocator history"),
-    Private("torch._C", "_cuda_memoryStats", "tracer/trace_cuda.py (CUDA memory)",
+    Private("torch._C", "_cuda_memoryStats", "tracer/records.py (CUDA memory)",
             "CUDA memory columns stay 0", on="cuda"),
     Private("torch._C", "_cuda_attach_out_of_memory_observer", "oom",
             "an OOM is recorded from the exception only", on="cuda"),

@@ -168,7 +168,7 @@ class StepRecorder:
         torch = sys.modules.get("torch")
         if tracer is not None:
             traced = bool(tracer.recording)
-            batch = tracer.pop_batch(step)
+            batch = tracer.boundaries.pop_batch(step)
         samples = batch.samples if batch is not None else None
         work = None
         if torch is not None:
@@ -228,8 +228,8 @@ class StepRecorder:
         if torch is None or tracer is None:
             return _NO_KINDS
         try:
-            params = tracer.trained_params(optimizer)
-            opts = [optimizer, *(tracer.optimizers or ())]
+            params = tracer.boundaries.trained_params(optimizer)
+            opts = [optimizer, *(tracer.boundaries.optimizers or ())]
             # Parameters and optimizer state are counted again when the parameter list (kept
             # by the tracer for at most a second) or an optimizer's state changes: ~1 us a
             # tensor, 0.2 ms a step for 100 parameters. Gradients come and go: every step.

@@ -85,7 +85,7 @@ class ThroughputMeter:
         if peak is None and b is not None and not self.meter.measuring:
             peak = self.peaks.get(torch, b.device, b.dtype)
         if flops is not None or self._params is None:
-            params = tracer.trained_params(optimizer) if tracer is not None else [
+            params = tracer.boundaries.trained_params(optimizer) if tracer is not None else [
                 p for g in getattr(optimizer, "param_groups", ()) for p in g.get("params", ())]
             self._params = trainable_params(params) or None
         return StepWork(

@@ -1,8 +1,9 @@
 """The tracer's hot path: the ``nn.Module.__call__`` wrapper and the backward pre-hook.
 
 Everything here runs on the training thread once per module call or backward node, so every
-line is paid ~100 times a step; ``TorchTracer`` (tracer.py) owns the state and binds it here
-(``bind``). What it records and why: tracer.py; the record formats: trace_columns.py.
+line is paid ~100 times a step; ``TorchTracer`` (tracer.py) owns the per-call state and binds
+it here (``bind``); the records go into its ``Records`` (records.py). What it records and why:
+tracer.py; the record formats: trace_columns.py.
 
 Costs measured on this 2-core VM with ``timeit`` (warm caches):
 ``torch.compiler.is_compiling()`` 116 ns, ``perf_counter_ns`` 83 ns,
@@ -17,17 +18,20 @@ from __future__ import annotations
 import os
 import sys
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import patches
 from .trace_columns import BW_MAX, FORWARD, FW_MAX, PASS_END, RECOMPUTE, pack_bw, pack_fw
+
+if TYPE_CHECKING:
+    from .tracer import TorchTracer
 
 #: The key of the tracer's pre-hook in a node's hook dict. torch's RemovableHandle ids count up
 #: from 0, so a user's hook on the same node never collides with it (or removes it).
 _HOOK_KEY = -1
 
 # Module globals are the cheapest reads in Python; ``bind`` sets them.
-_tracer: Any = None  # the active TorchTracer, or None: the wrapper passes through
+_tracer: TorchTracer | None = None  # the active tracer, or None: the wrapper passes through
 _orig_call: Any = None  # nn.Module.__call__ as found (torch's, or someone's wrapper of it)
 _direct = False  # _orig_call is torch's _wrapped_call_impl: call self._call_impl directly
 _is_compiling: Any = None
@@ -43,7 +47,7 @@ _native_call_c: Any = None  # its ``call``
 _on_input: Any = None  # SavedBytes._on_input while saved bytes are counted (set_inputs), else None
 
 
-def bind(tracer: Any, torch: Any) -> None:
+def bind(tracer: TorchTracer, torch: Any) -> None:
     """Make ``tracer`` the one the hot path records into (``arm``)."""
     global _tracer, _orig_call, _direct, _is_compiling, _Tensor, _current_node, _clock
     global _Function
@@ -58,7 +62,7 @@ def bind(tracer: Any, torch: Any) -> None:
     _tracer = tracer
 
 
-def unbind(tracer: Any) -> None:
+def unbind(tracer: TorchTracer) -> None:
     """The hot path stops recording into ``tracer`` at once (``stop``, or too many failures);
     ``uninstall`` at the next step boundary puts torch back."""
     global _tracer
@@ -68,7 +72,7 @@ def unbind(tracer: Any) -> None:
             _native.unbind()
 
 
-def bind_native(tracer: Any, native: Any) -> None:
+def bind_native(tracer: TorchTracer, native: Any) -> None:
     """Make the C++ hot path (``trace_native``) record into ``tracer``'s step (``bind`` first);
     ``install(torch, native=True)`` then puts it in place."""
     global _native, _native_call_c
@@ -180,7 +184,8 @@ def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
             return _orig_call(self, *args, **kwargs)
         finally:
             tr.depth = depth
-    e0 = tr.record_event() if tr.cuda else None
+    rec = tr.records
+    e0 = rec.record_event() if tr.cuda else None
     tr.depth = depth + 1
     t0 = _clock()
     if _on_input is not None:  # inside the span: the inputs are this call's (never raises)
@@ -198,7 +203,7 @@ def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         # the record's CUDA field: 0 (none), the events until queued, then 1 (queued in fcuda)
         cuda: tuple[Any, Any, Any] | int = 0
         if e0 is not None:
-            cuda = (e0, tr.record_event(), tr.memory())
+            cuda = (e0, rec.record_event(), rec.memory())
         gseq = -1
         o = out
         if type(o) is not _Tensor:
@@ -215,17 +220,17 @@ def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
                 if gf is not tr.last_gf:  # a Sequential and its last layer share one
                     tr.hook_gfs.append(gf)
                     tr.last_gf = gf
-        fw = tr.fw
+        fw = rec.fw
         if len(fw) < FW_MAX:
             # objects first, record last: the writer takes as many objects as records
-            tr.objs.append(self)
-            tr.roots.append(tr.root)
+            rec.objs.append(self)
+            rec.roots.append(tr.root)
             if cuda:
-                tr.fcuda.append(cuda)
+                rec.fcuda.append(cuda)
                 cuda = 1
             fw.frombytes(pack_fw(t0, t1, tr.step, tr.in_backward, depth, gseq, cuda))
         else:
-            tr.dropped += 1
+            rec.dropped += 1
         if depth < 2:
             # Pre-hooks are registered in a batch when a top-level module returns: one costs
             # ~3x more between the model's kernels than in a loop of them. Backward cannot
@@ -259,10 +264,11 @@ def on_backward(grad_outputs: Any) -> None:
         return  # a node hooked before the tracer stopped
     try:
         node = _current_node()
-        bw = tr.bw
+        rec = tr.records
+        bw = rec.bw
         if node is not None and len(bw) < BW_MAX:
             if tr.cuda:
-                tr.record_bw_cuda(node._sequence_nr(), memory=True)
+                rec.record_bw_cuda(node._sequence_nr(), memory=True)
             else:
                 bw.frombytes(pack_bw(_clock(), node._sequence_nr(), 0))
         if not tr.in_backward:
@@ -279,9 +285,9 @@ def backward_done() -> None:
         return
     try:
         if tr.cuda:
-            tr.record_bw_cuda(PASS_END, memory=False)
+            tr.records.record_bw_cuda(PASS_END, memory=False)
         else:
-            tr.bw.frombytes(pack_bw(_clock(), PASS_END, 0))
+            tr.records.bw.frombytes(pack_bw(_clock(), PASS_END, 0))
     except Exception as e:  # noqa: BLE001 - an autograd queue callback: never raise
         tr.failed(e)
     finally:

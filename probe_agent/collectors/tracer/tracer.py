@@ -37,9 +37,16 @@ work leading up to optimizer step N carry step N; what happens at a step boundar
 ``trace_steps.py``. Jobs with no ``torch.optim`` optimizer: the first ``FALLBACK_AFTER`` calls
 of the root model are step 1, then each call counts as a step.
 
+State, by owner: ``TorchTracer`` keeps what the hot paths read per call (``step``,
+``recording``, ``cuda``, ``depth``, ``in_backward``, ``root``, the pending grad_fns) and the
+controls (mode, arming, installing the wrapper); ``Records`` (``records.py``) the buffers both
+hot paths and the step boundaries fill and the writer takes; ``StepBoundaries``
+(``trace_steps.py``) what is known between steps; ``Writer`` (``trace_flush.py``) the resolver
+and the store.
+
 Cost
 ----
-Records are numbers in bounded buffers (``array('q')`` here, ``std::vector`` in C++), which
+Records are numbers in bounded buffers (``array('q')`` in Python, ``std::vector`` in C++), which
 allocate nothing the garbage collector tracks (why that matters: ``trace_columns.py``); the writer
 thread resolves them in SQL (``trace_rows.py``). Failures inside the wrapper or the hooks are
 counted by a ``Guard``; after repeated failures tracing switches itself off.
@@ -52,7 +59,6 @@ import re
 import sys
 import threading
 import time
-from array import array
 from typing import TYPE_CHECKING, Any
 
 from ... import optim_hooks
@@ -60,15 +66,14 @@ from .. import Guard, Sink
 from ..registry import CollectorSpec
 from ..torch_import import TorchImportWatcher, torch_ready
 from . import trace_hot
-from .batch import StepBatch
+from .records import Records
 from .saved_bytes import SavedBytes
 from .trace_columns import FORWARD
-from .trace_cuda import CudaRecords
 from .trace_flush import TABLE as _TABLE
-from .trace_flush import WriterSide
+from .trace_flush import Writer
 from .trace_native import LOADER
 from .trace_rows import RowResolver
-from .trace_steps import StepBoundaries
+from .trace_steps import FALLBACK_AFTER, StepBoundaries
 
 if TYPE_CHECKING:
     from ...clock import StepClock
@@ -76,10 +81,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Without an optimizer step, the first FALLBACK_AFTER calls of the root model are step 1 (so
-#: gradient accumulation in the first step is not split), then every call is one step (so an
-#: inference loop still gets steps, which retention needs).
-FALLBACK_AFTER = 16
+__all__ = ["FALLBACK_AFTER", "TorchTracer", "parse_mode"]
 _MODE_RE = re.compile(r"^(on|off|every:([1-9][0-9]*))$")
 
 def parse_mode(mode: str) -> tuple[str, int]:
@@ -92,7 +94,7 @@ def parse_mode(mode: str) -> tuple[str, int]:
     return m.group(1), 1
 
 
-class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
+class TorchTracer:
     """Collector for ``python.torch_trace``; see the module docstring.
 
     Args:
@@ -107,53 +109,32 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
         self.mode = config.trace
         self._kind, self._every = parse_mode(self.mode)
         self.guard = Guard("module tracer")
-        self.sink: Sink | None = None
-        self.resolver: RowResolver | None = None  # made at start, with the sink's schema
-        # hot-path state (training thread)
+        self.clock = time.perf_counter_ns
+        # hot-path state (training thread; the C++ path reads step, recording and root too)
         self.depth = 0
         self.recording = False
         self.in_backward = FORWARD  # the kind of a forward row now: RECOMPUTE in backward
         self.step = 1
         self.root: Any = None
         self.cuda = False
-        self.fw = array("q")  # forward records (FW_*)
-        self.objs: list[Any] = []  # the module (or optimizer) of forward record i
-        self.roots: list[Any] = []  # the root module around forward record i
-        self.fcuda: list[Any] = []  # (ev0, ev1, memory) of the records flagged FW_CUDA
-        self.bw = array("q")  # backward events (BW_*)
-        self.bcuda: list[Any] = []  # (event, memory) of the events flagged BW_CUDA
-        self._events: list[Any] = []  # spare CUDA events (trace_cuda.py)
         self.last_gf: Any = None
         self.hook_gfs: list[Any] = []  # grad_fns waiting for their pre-hook (trace_hot)
-        self.dropped = 0
-        self.clock = time.perf_counter_ns
+        self.queue_callback: Any = None
+        self.records = Records(self.clock)  # filled here, taken by the writer
         # activations saved for backward (saved_bytes.py); inputs recorded in the wrapper
         self.saved = SavedBytes(self.clock, inputs=trace_hot.set_inputs)
-        self._pass_root: Any = None  # the first root called in this step: its calls are passes
-        self.optimizers: Any = None  # weakref.WeakSet of the optimizers seen stepping
+        self.boundaries = StepBoundaries(self)
+        self.writer = Writer(self.records, self.saved)
         # control state
         self.armed = False
         self.installed = False
         self._dynamo_skips = False  # trace_hot.skip_in_dynamo() done (on_root)
-        self.fallback = True  # no optimizer step seen yet: root calls count steps
-        self._batches: dict[int, StepBatch] = {}
-        self._first_root: Any = None
-        self._root_calls = 0
-        self._after_step = False
-        self._counted_opt = 0  # id() of the optimizer whose step the clock counted last
-        self._prev_recording = False
-        self._prev_cuda = False
-        self._opt_t0: dict[int, tuple[int, Any, int]] = {}
-        self._params_memo: tuple[Any, float, list[Any]] | None = None  # trained_params
         self._handles: list[Any] = []
         self._unsubscribe: Any = None
         self._watcher: TorchImportWatcher | None = None
         self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-        self._resolved_at = 0.0
         self._stopped = False
-        self._torch: Any = None
-        self.queue_callback: Any = None
+        self.torch: Any = None
         self.native_mode = config.trace_native  # auto | off, read at each step boundary
         self.db_memory_mb = config.db_memory_limit_mb  # the resolver's database's limit too
         self.native: Any = None  # the C++ hot path once bound to it (trace_native.py)
@@ -161,9 +142,8 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Sink) -> None:
-        self.sink = sink
-        self.resolver = RowResolver(self.rank, sink.arrow_schema(_TABLE),
-                                    self.stepclock.optimizers, self.db_memory_mb)
+        self.writer.start(sink, RowResolver(self.rank, sink.arrow_schema(_TABLE),
+                                            self.stepclock.optimizers, self.db_memory_mb))
         sink.add_flusher(self.tick)
         if torch_ready():
             self.arm()
@@ -185,12 +165,23 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
             self._handles.clear()
             # the hooks are on the training thread's stack: only that thread can pop them;
             # until it does they pass tensors through
-            self.saved.release(self._torch)
+            self.saved.release(self.torch)
             trace_hot.unbind(self)
             self.armed = False
             self.flush()
-            if self.resolver is not None:
-                self.resolver.close()
+            self.writer.close()
+
+    def flush(self) -> None:
+        """Resolve the buffered records into the store now. The writer thread calls ``tick``
+        every PROBE_FLUSH_MS and before every read; tests and ``stop()`` call this directly."""
+        if not self.armed and not self._stopped and self._watcher is not None and torch_ready():
+            self._on_torch_imported()  # imported by a route the watcher did not see
+        self.writer.flush(self.native)
+
+    def tick(self) -> None:
+        """The writer's pass (the sink's flusher): resolve when the writer says it is due."""
+        if self.writer.due(self.native):
+            self.flush()
 
     # -- arming ------------------------------------------------------------------------------
     def _on_torch_imported(self) -> None:
@@ -209,24 +200,23 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
             from torch.autograd.variable import Variable
             from torch.optim import optimizer as optimizer_mod
 
-            self._torch = torch
+            self.torch = self.records.torch = torch
             self.queue_callback = Variable._execution_engine.queue_callback
             # copy-on-write (optim_hooks.py): the training thread may be iterating them now
             self._handles = [
-                optim_hooks.register(optimizer_mod, "pre", self._on_opt_pre),
-                optim_hooks.register(optimizer_mod, "post", self._on_opt_post),
+                optim_hooks.register(optimizer_mod, "pre", self.boundaries.on_opt_pre),
+                optim_hooks.register(optimizer_mod, "post", self.boundaries.on_opt_post),
             ]
             clock = self.stepclock
             clock.poll()
-            self._unsubscribe = clock.subscribe(self._on_step, "module tracer")
+            self._unsubscribe = clock.subscribe(self.boundaries.on_step, "module tracer")
             if clock.seen_step:
-                self.fallback = False
-                self.step = clock.current_step + 1
-            if self.resolver is not None:
-                self.resolver.torch = torch
+                self.boundaries.start_after(clock.current_step)
+            if self.writer.resolver is not None:
+                self.writer.resolver.torch = torch
             trace_hot.bind(self, torch)
             self.armed = True
-            self._apply(self.mode, boundary=True)
+            self.apply_mode(boundary=True)
 
     # -- mode --------------------------------------------------------------------------------
     def set_mode(self, mode: str) -> dict[str, Any]:
@@ -235,8 +225,8 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
         kind, every = parse_mode(mode)
         self.mode = "on" if kind == "on" else "off" if kind == "off" else f"every:{every}"
         self._kind, self._every = kind, every
-        if self.armed and self.fallback:
-            self._apply(self.mode, boundary=False)
+        if self.armed and self.boundaries.fallback:
+            self.apply_mode(boundary=False)
         return self.state()
 
     def traced(self, step: int) -> bool:
@@ -246,13 +236,14 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
             return False
         return step % self._every == 0
 
-    def _apply(self, mode: str, boundary: bool) -> None:
+    def apply_mode(self, boundary: bool) -> None:
         """Install or remove the wrapper for the step now starting (``self.step``)."""
         want = self.traced(self.step) and self.guard.enabled
         # Before an optimizer is seen the wrapper stays on (it counts root calls as steps),
         # recording only in traced steps.
-        install = want or (self.fallback and self._kind != "off" and self.guard.enabled)
-        torch = self._torch
+        install = want or (self.boundaries.fallback and self._kind != "off"
+                           and self.guard.enabled)
+        torch = self.torch
         self.cuda = bool(want and torch is not None and torch.cuda.is_initialized())
         self.recording = want
         if boundary:
@@ -276,7 +267,7 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
 
     def _native_ready(self) -> bool:
         """The C++ hot path is loaded (its first request starts loading it) and bound here."""
-        LOADER.request(self._torch, self.native_mode)
+        LOADER.request(self.torch, self.native_mode)
         mod = LOADER.module if self.native_mode != "off" else None
         if mod is not None and self.native is not mod:
             trace_hot.bind_native(self, mod)
@@ -284,8 +275,8 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
         return mod is not None
 
     def _uninstall(self) -> None:
-        if self._torch is not None:
-            trace_hot.uninstall(self._torch)
+        if self.torch is not None:
+            trace_hot.uninstall(self.torch)
         self.installed = self.on_native = False
         self.recording = False
 
@@ -295,34 +286,12 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
         try:
             if not self._dynamo_skips and "torch._dynamo" in sys.modules:
                 self._dynamo_skips = trace_hot.skip_in_dynamo(
-                    (self.on_root, self.failed, self.record_event, self.memory,
+                    (self.on_root, self.failed, self.records.record_event, self.records.memory,
                      self.saved._on_input))
             if self.in_backward:
                 return  # activation-checkpoint recompute, not a new step
-            self._after_step = False
-            if self.fallback:
-                # Only calls of the first root seen count (a criterion module called at top
-                # level is not a new step).
-                if self._first_root is None:
-                    self._first_root = module
-                if module is self._first_root:
-                    self._root_calls += 1
-                    if self._root_calls > FALLBACK_AFTER:
-                        self.step += 1
-                        self.recording = self.traced(self.step) and self.guard.enabled
             self.root = module
-            if self.saved.pushed:
-                if self._pass_root is None:
-                    self._pass_root = module
-                elif module is self._pass_root:
-                    self.saved.new_pass()
-            # Only calls that build a graph feed training: a validation pass under no_grad
-            # inside the step (nanoGPT's every 250 steps) adds no tokens and no micro-batch.
-            if self.recording and self._torch.is_grad_enabled():
-                batch = self._batches.get(self.step)
-                if batch is None:
-                    batch = self._batches[self.step] = StepBatch()
-                batch.add(self._torch, module, args, kwargs)
+            self.boundaries.root_called(module, args, kwargs)
         except Exception as e:  # noqa: BLE001 - training thread
             self.failed(e)
 
@@ -341,11 +310,11 @@ class TorchTracer(StepBoundaries, CudaRecords, WriterSide):
             "armed": self.armed,
             "tracing_now": self.recording,
             "step": self.step,
-            "fallback_steps": self.fallback,
+            "fallback_steps": self.boundaries.fallback,
             "failures": self.guard.failures,
             "disabled": not self.guard.enabled,
             "last_error": self.guard.last_error,
-            "dropped_rows": self.dropped,
+            "dropped_rows": self.records.dropped,
             "cuda_events": self.cuda,
             "hot_path": "native" if self.on_native else "python",
             "native_build": self.hot_path_text(),
