@@ -174,6 +174,6 @@ def test_reads_resolve_the_trace_only_when_they_name_it(make_agent):
     train(model, 1)
     agent.store.query("SELECT count(*) FROM steps")
     # THEN the trace's records stay buffered (a resolve costs ~30 ms of DuckDB time) ...
-    assert len(tracer.fw) > 0
+    assert len(tracer.records.fw) > 0
     # ... and the next read that names torch_trace sees the new step at once
     assert agent.store.query("SELECT max(step) FROM torch_trace").rows == [[3]]
