@@ -15,14 +15,14 @@ from ..errors import RankError
 from ..outcome import Outcome, finish
 from ..render.text import query_notes, render_query_csv, render_query_table
 from ..result import RankResult
-from ..transport.client import ProbeClient
 from ..transport.fanout import run_on_ranks
+from ..transport.rank_client import RankClient
 from ..transport.session import Session
 
 
 def run_canned(session: Session, name: str, **params: Any) -> list[RankResult]:
     """One canned query on every rank: ``list[RankResult]`` in rank order."""
-    return run_on_ranks(session, ProbeClient.canned, name, **params)
+    return run_on_ranks(session, RankClient.canned, name, **params)
 
 
 def render_rows(session: Session, ok: list[RankResult]) -> list[str]:

@@ -8,8 +8,8 @@ import os
 from ..outcome import Outcome, finish
 from ..output_files import output_file, refuse_existing
 from ..result import RankResult
-from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.rank_client import RankClient, live
 from ..transport.session import Session
 
 
@@ -31,8 +31,8 @@ def snapshot_outcome(session: Session, steps: int, dest: str, overwrite: bool) -
     for target in targets:
         refuse_existing(rank_path(dest, target.rank, many), overwrite)
 
-    def call(client: ProbeClient, target: RankTarget) -> dict[str, object]:
-        got = client.memory_snapshot(steps, wait=wait)
+    def call(client: RankClient, target: RankTarget) -> dict[str, object]:
+        got = live(client, "memory_snapshot").memory_snapshot(steps, wait=wait)
         path = rank_path(dest, target.rank, many)
         with output_file(path, "wb", overwrite=overwrite) as f:
             f.write(got.pop("content"))

@@ -10,14 +10,14 @@ from ..outcome import Outcome, finish
 from ..render.text import format_table
 from ..result import RankResult
 from ..transport.client import ProbeClient
-from ..transport.fanout import run_on_ranks
+from ..transport.fanout import run_live_on_ranks
 from ..transport.session import Session
 
 _COLS = ("rank", "count", "change", "mib", "device", "dtype", "shape", "kind", "holder")
 
 
 def tensors_outcome(session: Session, top: int) -> Outcome:
-    results = run_on_ranks(session, ProbeClient.memory_tensors, top)
+    results = run_live_on_ranks(session, ProbeClient.memory_tensors, top)
     return finish(session, results, lambda ok: _render(ok))
 
 

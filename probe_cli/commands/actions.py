@@ -7,7 +7,7 @@ import click
 from ..outcome import Outcome, finish
 from ..render.actions import render_action_list, render_cancelled
 from ..transport.client import ProbeClient
-from ..transport.fanout import run_on_ranks
+from ..transport.fanout import run_live_on_ranks
 from ..transport.session import Session
 from . import pass_session
 
@@ -20,7 +20,7 @@ def actions(ctx: click.Context) -> Outcome | None:
         return None
     session = ctx.find_object(Session)
     assert session is not None  # main.py's group always sets it
-    results = run_on_ranks(session, ProbeClient.actions)
+    results = run_live_on_ranks(session, ProbeClient.actions)
     return finish(session, results, lambda ok: render_action_list(ok, session.colour))
 
 
@@ -32,7 +32,7 @@ def _cancel_command() -> click.Command:
     def cancel(session: Session, action_id: str) -> Outcome:
         """Cancel action ID on every rank. A queued action is dropped; one whose ranks are
         still agreeing is skipped on all of them; a running one cannot be interrupted."""
-        results = run_on_ranks(session, ProbeClient.cancel_action, action_id)
+        results = run_live_on_ranks(session, ProbeClient.cancel_action, action_id)
         return finish(session, results, lambda ok: render_cancelled(ok, session.colour))
 
     return cancel

@@ -12,7 +12,7 @@ from ..outcome import Outcome, finish
 from ..render.text import render_eval, render_eval_cancelled, render_eval_failures
 from ..result import RankResult
 from ..transport.client import ProbeClient
-from ..transport.fanout import calling, fan_out, resolve_ranks, run_on_ranks
+from ..transport.fanout import calling_live, fan_out, resolve_ranks, run_live_on_ranks
 from ..transport.session import Session
 from . import pass_session
 from ._step_options import at_step_or_now_option, check_exclusive, wait_option
@@ -44,7 +44,7 @@ def command(session: Session, code: str | None, at_step: int | None, next_step: 
     if cancel_id is not None:
         if code is not None or at_step is not None or next_step:
             raise click.UsageError("--cancel ID takes no CODE, --at-step or --next-step")
-        results = run_on_ranks(session, ProbeClient.cancel_eval, cancel_id)
+        results = run_live_on_ranks(session, ProbeClient.cancel_eval, cancel_id)
         return finish(session, results, lambda ok: render_eval_cancelled(ok, session.colour))
     if code is None:
         raise click.UsageError("give the CODE to run (or --cancel ID)")
@@ -95,7 +95,7 @@ def _eval_everywhere(session: Session, code: str, eval_id: str) -> list[RankResu
     from ..transport.step_actions import SUBMIT_RETRY_S, answer_lost
 
     targets = resolve_ranks(session)
-    call = calling(ProbeClient.eval, code, eval_id)
+    call = calling_live(ProbeClient.eval, code, eval_id)
     results = fan_out(session, targets, call)
     by_label = {t.endpoint.label: t for t in targets}
     for pause in SUBMIT_RETRY_S:

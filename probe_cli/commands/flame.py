@@ -34,7 +34,8 @@ from ..outcome import Outcome, finish
 from ..output_files import output_file, refuse_existing
 from ..render.flame import render_flame
 from ..result import RankResult
-from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.client import ProbeClient
+from ..transport.fanout import RankTarget, calling_live, fan_out, resolve_ranks
 from ..transport.session import Session
 from ..transport.step_actions import requested_by
 from . import pass_session
@@ -80,7 +81,7 @@ def command(session: Session, seconds: float, rate: float, max_seconds: float, s
     body = FlameRequest(seconds=seconds, rate=rate, max_seconds=max_seconds, sampler=sampler,
                         id=flame_id, requested_by=requested_by())
     targets = resolve_ranks(session)
-    started = fan_out(session, targets, lambda c, t: c.start_flame(body))
+    started = fan_out(session, targets, calling_live(ProbeClient.start_flame, body))
     ok_urls = {r.url for r in started if r.ok}
     running = [t for t in targets if t.endpoint.label in ok_urls]
     results = [_unfinished_fails(r) for r in _wait(session, running, flame_id, seconds)]
@@ -125,8 +126,8 @@ def _wait(session: Session, targets: list[RankTarget], flame_id: str,
     pending = list(targets)
     while pending and time.monotonic() < deadline:
         hold = round(max(0.0, min(deadline - time.monotonic(), session.timeout * 0.5, 2.0)), 2)
-        answers = {r.url: r for r in fan_out(session, pending,
-                                             lambda c, t: c.flame(flame_id, wait=hold))}
+        answers = {r.url: r for r in fan_out(
+            session, pending, calling_live(ProbeClient.flame, flame_id, wait=hold))}
         still = []
         for t in pending:
             r = final[t.endpoint.label] = answers[t.endpoint.label]

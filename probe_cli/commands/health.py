@@ -26,7 +26,8 @@ from ..errors import EXIT_FINDING, EXIT_PARTIAL
 from ..gather.evidence import straggler_evidence, straggler_verdict
 from ..outcome import Outcome
 from ..render.text import format_table
-from ..transport.fanout import fan_out, resolve_ranks
+from ..transport.client import ProbeClient
+from ..transport.fanout import calling_live, fan_out, resolve_ranks
 from ..transport.session import Session
 from . import pass_session
 
@@ -53,7 +54,7 @@ def command(session: Session, stall: float | None, exclude_file: str | None,
     scheduler or a liveness check. Exit code 0: healthy; 4: hung, dead or straggling; 3: some
     ranks did not answer."""
     targets = resolve_ranks(session)
-    results = fan_out(session, targets, lambda c, t: c.health_status(stall))
+    results = fan_out(session, targets, calling_live(ProbeClient.health_status, stall))
     ranks: list[dict[str, Any]] = []
     silent = []
     for r in sorted(results, key=lambda r: (r.rank is None, r.rank or 0)):
@@ -108,7 +109,7 @@ def _copies_now(session: Session, targets: list[Any], ranks: list[dict[str, Any]
     """Every live rank writes its post-mortem copy now; the ranks that did."""
     alive = {x["rank"] for x in ranks if x["state"] not in ("dead", "unknown")}
     asked = [t for t in targets if t.rank in alive]
-    done = fan_out(session, asked, lambda c, t: c.postmortem_now())
+    done = fan_out(session, asked, calling_live(ProbeClient.postmortem_now))
     return sorted(r.rank for r in done if r.ok and r.rank is not None)
 
 

@@ -11,8 +11,8 @@ from ..outcome import Outcome, finish
 from ..render.patches import patch_lines
 from ..render.text import format_csv, format_duration, info_rows, render_info
 from ..result import RankResult
-from ..transport.client import ProbeClient
 from ..transport.fanout import run_on_ranks
+from ..transport.rank_client import RankClient
 from ..transport.session import Session
 from . import pass_session
 
@@ -23,7 +23,7 @@ def command(session: Session) -> Outcome:
     """Every rank's host, pid, Python, torch and probe versions, and agent uptime; then what
     the agent changed in each process: the torch and stdlib attributes it replaced (and which
     stay for the life of the process, and why) and the process-wide settings it set."""
-    results = run_on_ranks(session, ProbeClient.info)
+    results = run_on_ranks(session, RankClient.info)
 
     def render(ok: list[RankResult]) -> list[str]:
         if session.output == "csv":

@@ -23,7 +23,7 @@ from ..outcome import Outcome
 from ..render.actions import render_lr
 from ..result import RankResult
 from ..transport.client import ProbeClient
-from ..transport.fanout import calling, fan_out, resolve_ranks
+from ..transport.fanout import calling_live, fan_out, resolve_ranks
 from ..transport.session import Session
 from ..transport.step_actions import run_step_action
 from . import pass_session
@@ -122,7 +122,7 @@ def _next_step(session: Session, action_id: str, watched: list[RankResult],
     seen: dict[int | None, dict[str, Any]] = {}
     deadline = time.monotonic() + wait_s
     while targets and time.monotonic() < deadline:
-        for r in fan_out(session, targets, calling(ProbeClient.action, action_id)):
+        for r in fan_out(session, targets, calling_live(ProbeClient.action, action_id)):
             action = ActionBody.from_wire(r.data).action if r.ok else None
             nxt = ((action or {}).get("data") or {}).get("next_step")
             if nxt:

@@ -9,7 +9,7 @@ from probe_protocol.actions import ActionRequest
 from ..outcome import Outcome, finish
 from ..render.actions import render_paused, render_resumed
 from ..transport.client import ProbeClient
-from ..transport.fanout import run_on_ranks
+from ..transport.fanout import run_live_on_ranks
 from ..transport.session import Session
 from ..transport.step_actions import requested_by, run_step_action
 from . import pass_session
@@ -36,5 +36,5 @@ def pause(session: Session, at_step: int | None, wait_s: float) -> Outcome:
 @pass_session
 def resume(session: Session) -> Outcome:
     """Release ranks held by `probe pause` (and cancel pauses not reached yet)."""
-    results = run_on_ranks(session, ProbeClient.resume, requested_by())
+    results = run_live_on_ranks(session, ProbeClient.resume, requested_by())
     return finish(session, results, lambda ok: render_resumed(ok, session.colour))

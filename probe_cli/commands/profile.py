@@ -36,7 +36,8 @@ from ..render.profile import (
 )
 from ..result import RankResult
 from ..transport.client import ProbeClient
-from ..transport.fanout import RankTarget, fan_out, parallel_map, resolve_ranks
+from ..transport.fanout import RankTarget, calling_live, fan_out, parallel_map, resolve_ranks
+from ..transport.rank_client import RankClient, live
 from ..transport.session import Session
 from ..transport.step_actions import (
     StepActionError,
@@ -164,7 +165,8 @@ def _wait_windows(session: Session, targets: list[RankTarget], profile_id: str,
     pending = list(targets)
     while pending and time.monotonic() < deadline:
         hold = round(max(0.0, min(deadline - time.monotonic(), session.timeout * 0.5, 2.0)), 2)
-        answers = fan_out(session, pending, lambda c, t: c.profile(profile_id, wait=hold))
+        answers = fan_out(session, pending,
+                          calling_live(ProbeClient.profile, profile_id, wait=hold))
         by_url = {r.url: r for r in answers}
         still, lost = [], 0
         for t in pending:
@@ -191,7 +193,7 @@ def _clock_offsets(session: Session, targets: list[RankTarget]) -> dict[Any, flo
     """Each rank's ``time.time()`` minus ours, from the best of 3 round trips (error <= RTT/2)."""
     def offset(t: RankTarget) -> tuple[Any, float]:
         best: tuple[float, float] | None = None
-        client = session.client(t.endpoint)
+        client = session.live_client(t.endpoint, "step")
         for _ in range(3):
             t0 = time.time()
             try:
@@ -215,9 +217,10 @@ def _gather_and_merge(session: Session, done: list[RankResult],
     parts = private_dir(path)
     by_rank = {r.rank: r for r in done}
 
-    def fetch(client: ProbeClient, t: RankTarget) -> dict[str, Any]:
-        return client.profile_trace(profile_id, os.path.join(parts, f"rank{t.rank}.json"),
-                                    read_timeout=max(session.timeout, 120.0))
+    def fetch(client: RankClient, t: RankTarget) -> dict[str, Any]:
+        return live(client, "profile_trace").profile_trace(
+            profile_id, os.path.join(parts, f"rank{t.rank}.json"),
+            read_timeout=max(session.timeout, 120.0))
 
     fetched = fan_out(session, [targets[r.url] for r in done], fetch)
     ok = [f for f in fetched if f.ok]

@@ -28,8 +28,9 @@ from ..render.text import (
 )
 from ..result import RankResult
 from ..transport.client import ProbeClient
-from ..transport.fanout import calling, fan_out, resolve_ranks
+from ..transport.fanout import calling, calling_live, fan_out, resolve_ranks
 from ..transport.nodetree import NodeCall, fan_out_nodes, stream_nodes
+from ..transport.rank_client import RankClient
 from ..transport.session import Session
 from ..transport.untrusted_text import escape_body
 from . import pass_session
@@ -116,7 +117,7 @@ def command(
     else:
         # One request per node where a host runs several ranks (nodetree.py).
         node = NodeCall("query", QueryRequest(sql, max_rows).to_wire())
-        targets, call = resolve_ranks(session), calling(ProbeClient.query, sql, max_rows)
+        targets, call = resolve_ranks(session), calling(RankClient.query, sql, max_rows)
         if fmt == "table":  # column widths need every row
             results = fan_out_nodes(session, targets, call, node)
             out = finish(session, results, lambda ok: render_query_table(ok, session.colour),
@@ -174,9 +175,8 @@ def _via_arrow(
 ) -> Outcome:
     from .. import merge  # pyarrow/duckdb stay unimported unless this path runs
 
-    results = fan_out(
-        session, resolve_ranks(session), lambda client, _: client.query_arrow(sql, max_rows)
-    )
+    results = fan_out(session, resolve_ranks(session),
+                      calling_live(ProbeClient.query_arrow, sql, max_rows))
     ok = [r for r in results if r.ok]
     out = Outcome(exit_code=exit_code(results))
     out.stderr = query_notes(ok)

@@ -12,8 +12,8 @@ from probe_protocol.query import QueryBody
 from ..outcome import Outcome, finish
 from ..render.text import render_query_table
 from ..result import RankResult
-from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.rank_client import RankClient
 from ..transport.session import Session
 from . import pass_session
 from ._window import last_option
@@ -33,7 +33,7 @@ def command(session: Session, last: int, factor: float, limit: int) -> Outcome:
     slower (trend_pct: newer half against older half) and samples/s; then the outlier steps,
     slowest first, and whether they were traced. From python.steps."""
 
-    def both(client: ProbeClient, _target: RankTarget) -> dict[str, Any]:
+    def both(client: RankClient, _target: RankTarget) -> dict[str, Any]:
         trend = client.canned(TREND, last=last)
         outliers = client.canned(OUTLIERS, last=last, factor=factor, limit=limit)
         rank = Envelope.from_wire(trend).rank

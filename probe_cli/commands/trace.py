@@ -17,7 +17,7 @@ from ..output_files import output_file, refuse_existing
 from ..render.text import format_csv, format_table, query_notes
 from ..result import RankResult
 from ..transport.client import ProbeClient
-from ..transport.fanout import run_on_ranks
+from ..transport.fanout import run_live_on_ranks
 from ..transport.session import Session
 from . import pass_session
 from ._canned import run_canned
@@ -57,10 +57,10 @@ def command(session: Session, mode: str | None, every: int | None, perfetto: boo
     if mode != "every" and every is not None:
         raise UsageProblemError(f"`{mode or 'trace'}` takes no number; did you mean every {every}?")
     if mode is None:
-        results = run_on_ranks(session, ProbeClient.trace)
+        results = run_live_on_ranks(session, ProbeClient.trace)
     else:
         wanted = f"every:{every}" if mode == "every" else mode
-        results = run_on_ranks(session, ProbeClient.set_trace, wanted)
+        results = run_live_on_ranks(session, ProbeClient.set_trace, wanted)
     return finish(session, results, lambda ok: _render_state(session, ok))
 
 

@@ -19,17 +19,17 @@ from ..diagnose.levers import LEVER_EVIDENCE
 from ..diagnose.straggler import StragglerVerdict, diagnose_stragglers
 from ..errors import AgentHTTPError, RankError
 from ..result import RankResult
-from ..transport.client import ProbeClient
 from ..transport.fanout import Call, RankTarget
 from ..transport.nodetree import NodeCall, fan_out_nodes
 from ..transport.postmortem import NOT_RECORDED
+from ..transport.rank_client import RankClient
 from ..transport.session import Session
 
 #: Recent collectives asked of each rank: enough to see the last done and every pending one.
 RECENT = 64
 
 
-def hang_evidence(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
+def hang_evidence(client: RankClient, _: RankTarget) -> dict[str, Any]:
     bt = client.backtrace()
     who = Envelope.from_wire(bt)
     out = {"ok": True, "rank": who.rank, "pid": who.pid, "host": who.host, "backtrace": bt,
@@ -81,7 +81,7 @@ def doctor_queries(last: int) -> tuple[tuple[str, str, dict[str, Any]], ...]:
     return tuple((e.key, e.query, e.params(last)) for e in evidence())
 
 
-def lever_answers(client: ProbeClient, last: int) -> dict[str, list[dict[str, Any]] | None]:
+def lever_answers(client: RankClient, last: int) -> dict[str, list[dict[str, Any]] | None]:
     """What the throughput lever reads beside the throughput row (levers.LEVER_EVIDENCE: host
     syncs, compile state, the slowest modules, the measured step's work per module), for
     `probe throughput`; doctor asks the same through its checks' evidence. A query this agent
@@ -96,7 +96,7 @@ def lever_answers(client: ProbeClient, last: int) -> dict[str, list[dict[str, An
 
 
 def doctor_evidence(last: int, grad_wait: float) -> Call:
-    def call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
+    def call(client: RankClient, target: RankTarget) -> dict[str, Any]:
         out: dict[str, Any] = {"ok": True, "rank": target.rank, "errors": {}}
         try:
             out["state"] = client.doctor()
@@ -139,7 +139,7 @@ def _short(e: RankError) -> str:
 
 
 def straggler_evidence(last: int) -> Call:
-    def call(client: ProbeClient, _: RankTarget) -> dict[str, Any]:
+    def call(client: RankClient, _: RankTarget) -> dict[str, Any]:
         coll = client.collectives(limit=min(10_000, 4 * last))
         try:
             steps: dict[str, Any] | None = client.canned("straggler_steps", last=last)

@@ -22,8 +22,8 @@ from probe_protocol.query import QueryBody
 from ..diagnose.compare import MEMORY_KINDS, SHARES, RunEvidence
 from ..errors import ProbeCLIError
 from ..result import RankResult
-from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.rank_client import RankClient
 from ..transport.session import Session
 
 STEPS_SQL = """
@@ -50,7 +50,7 @@ INFO_KEYS = ("torch", "python", "version", "world_size")
 def gather_run(session: Session, last: int, label: str) -> RunEvidence:
     """Ask every rank of ``session``'s target; a rank that fails is listed, never raised."""
 
-    def ask(client: ProbeClient, _target: RankTarget) -> dict[str, Any]:
+    def ask(client: RankClient, _target: RankTarget) -> dict[str, Any]:
         steps = client.query(STEPS_SQL.format(last=int(last)))
         body: dict[str, Any] = {"ok": True, "rank": QueryBody.from_wire(steps).rank,
                                 "steps": steps}

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from probe_protocol.bodies import InfoBody, RanksBody
 from probe_protocol.envelope import Envelope
@@ -45,6 +45,7 @@ from ..errors import (
 from ..group import compact_ranges
 from ..result import RankResult, result_order
 from .client import ProbeClient
+from .rank_client import RankClient, live
 from .session import Session
 from .targets import Endpoint, default_run_dir
 from .trust import rank_entry_problem
@@ -112,7 +113,7 @@ _NO_ANSWER = (AgentUnreachableError, AgentTimeoutError, AuthError, ForbiddenErro
 
 def _expand(session: Session, ep: Endpoint) -> list[RankTarget]:
     try:
-        raw = session.client(ep).ranks()
+        raw = session.live_client(ep, "ranks").ranks()
     except _NO_ANSWER as e:
         return [RankTarget(None, ep, error=e)]
     except RankError:
@@ -205,7 +206,7 @@ def _missing_ranks_note(body: RanksBody | dict[str, Any], ep: Endpoint,
 
 def _identify(session: Session, ep: Endpoint) -> RankTarget:
     try:
-        body = RanksBody.from_wire(session.client(ep).ranks())
+        body = RanksBody.from_wire(session.live_client(ep, "ranks").ranks())
     except _NO_ANSWER as e:
         return RankTarget(None, ep, error=e)
     except RankError:
@@ -258,7 +259,10 @@ def parallel_map(session: Session, items: list[Any], fn: Callable[[Any], T]) -> 
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-Call = Callable[[ProbeClient, RankTarget], dict[str, Any]]
+#: One rank's request: given its client (live, or a post-mortem copy's reader) and target, the
+#: wire body. A call that needs a live rank gets its ``ProbeClient`` through ``live``.
+Call = Callable[[RankClient, RankTarget], dict[str, Any]]
+P = ParamSpec("P")
 
 
 def fan_out(session: Session, targets: list[RankTarget], call: Call) -> list[RankResult]:
@@ -332,21 +336,36 @@ def fan_out_target_first(session: Session, call: Call, spread: Spread | None = N
     return sorted(results, key=result_order)
 
 
-def calling(method: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> Call:
-    """A fan-out call from a ``ProbeClient`` method and its arguments:
-    ``calling(ProbeClient.canned, "slow_modules", steps=20)`` sends that on every rank."""
-    # By name, not the function itself: a post-mortem copy's client (transport/postmortem.py)
-    # answers the same methods from files.
+def calling(method: Callable[Concatenate[RankClient, P], dict[str, Any]],
+            *args: P.args, **kwargs: P.kwargs) -> Call:
+    """A fan-out call from a ``RankClient`` method (one a post-mortem copy answers too) and its
+    arguments: ``calling(RankClient.canned, "slow_modules", steps=20)`` sends that on every
+    rank. A live-only method is a type error here: ``calling_live``."""
+    # By name: the protocol's method is a stub; each client class answers it its own way.
     name = method.__name__
     return lambda client, _target: getattr(client, name)(*args, **kwargs)
 
 
-def run_on_ranks(
-    session: Session, method: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any
-) -> list[RankResult]:
-    """The shared pipeline's first half: resolve the ranks and call one ``ProbeClient``
-    method (``ProbeClient.info``) with these arguments on each."""
+def calling_live(method: Callable[Concatenate[ProbeClient, P], dict[str, Any]],
+                 *args: P.args, **kwargs: P.kwargs) -> Call:
+    """``calling`` for a ``ProbeClient`` method only a live rank answers (``step``, actions,
+    eval): a post-mortem copy's rank fails with a line saying a live rank is needed."""
+    name = method.__name__
+    return lambda client, _target: method(live(client, name), *args, **kwargs)
+
+
+def run_on_ranks(session: Session, method: Callable[Concatenate[RankClient, P], dict[str, Any]],
+                 *args: P.args, **kwargs: P.kwargs) -> list[RankResult]:
+    """The shared pipeline's first half: resolve the ranks and call one ``RankClient``
+    method (``RankClient.info``) with these arguments on each."""
     return fan_out(session, resolve_ranks(session), calling(method, *args, **kwargs))
+
+
+def run_live_on_ranks(session: Session,
+                      method: Callable[Concatenate[ProbeClient, P], dict[str, Any]],
+                      *args: P.args, **kwargs: P.kwargs) -> list[RankResult]:
+    """``run_on_ranks`` for a live-only ``ProbeClient`` method (``calling_live``)."""
+    return fan_out(session, resolve_ranks(session), calling_live(method, *args, **kwargs))
 
 
 def call_one(session: Session, target: RankTarget, call: Call) -> RankResult:

@@ -198,7 +198,7 @@ def _ask_node(session: Session, group: list[RankTarget], node: NodeCall
     agent = min(group, key=lambda t: t.rank or 0)
     params = {**node.params, "timeout_s": round(session.timeout * NODE_SHARE, 3)}
     try:
-        body = session.client(agent.endpoint).node_fanout(
+        body = session.live_client(agent.endpoint, "node_fanout").node_fanout(
             nodefan.request(node.route, params, (t.rank for t in group if t.rank is not None)))
     except ProbeCLIError:
         return [], group  # a silent node: its ranks are asked one by one

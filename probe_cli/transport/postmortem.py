@@ -354,7 +354,6 @@ class PostmortemClient:
     def doctor_grads(self, wait: float) -> dict[str, Any]:
         raise self._fail("gradients cannot be checked on a dead rank")
 
-    def __getattr__(self, name: str) -> Any:
-        def refuse(*_: Any, **__: Any) -> Any:
-            raise self._fail(f"`{name}` needs a live rank; this is a post-mortem copy")
-        return refuse
+    def needs_live(self, name: str) -> RankError:
+        """The error for ``name``, a method only a live rank answers (rank_client.live)."""
+        return self._fail(f"`{name}` needs a live rank; this is a post-mortem copy")

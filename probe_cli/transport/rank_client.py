@@ -4,17 +4,22 @@ Two implementations: ``ProbeClient`` (client.py: HTTP to a live agent) and
 ``PostmortemClient`` (postmortem.py: the same answers from a dead rank's copy, through a local
 DuckDB). A verdict's evidence (gather/evidence.py) is gathered with these methods only, so
 `probe hang`, `doctor` and `backtrace` read a copy as they read a job. The live client has more
-(eval, actions, profiles); the copy refuses those with a line saying a live rank is needed.
-mypy checks both classes against this protocol (``_conforms`` below), so the two cannot drift:
-a method added to one and not the other is a type error, not a runtime AttributeError.
+(eval, actions, profiles): a command reaches those through ``live(client, name)``, which a
+copy answers with a rank failure saying a live rank is needed.
+
+``Session.client`` returns a ``RankClient``: mypy checks both classes against this protocol
+(``_conforms`` below), so the two cannot drift, and a command typed against it cannot call a
+live-only method on a copy without going through ``live`` (a type error, not a runtime
+AttributeError).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .client import ProbeClient
+
 if TYPE_CHECKING:
-    from .client import ProbeClient
     from .postmortem import PostmortemClient
 
 
@@ -43,3 +48,15 @@ class RankClient(Protocol):
 def _conforms(live: ProbeClient, dead: PostmortemClient) -> tuple[RankClient, RankClient]:
     """Never called: mypy checks here that both clients are RankClients."""
     return live, dead
+
+
+def live(client: RankClient, method: str) -> ProbeClient:
+    """``client`` as the live client, for ``method``, which only a live rank answers; a
+    post-mortem copy raises its ``RankError`` saying so (that rank's failure, as any other)."""
+    if isinstance(client, ProbeClient):
+        return client
+    from .postmortem import PostmortemClient
+
+    if isinstance(client, PostmortemClient):
+        raise client.needs_live(method)
+    raise TypeError(f"not a rank client: {type(client).__name__}")

@@ -1,8 +1,8 @@
 """Session: the group options of one `probe` invocation, shared by every command.
 
 main.py builds it from the command line and puts it on ``ctx.obj``; commands receive it with
-``@pass_session``. It owns the ProbeClients (one per agent address, reused between rank
-discovery and the command's own requests) and closes them when the command ends.
+``@pass_session``. It owns the rank clients (one per agent address or post-mortem copy, reused
+between rank discovery and the command's own requests) and closes them when the command ends.
 """
 
 from __future__ import annotations
@@ -11,10 +11,14 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING
 
 from .client import ProbeClient
+from .rank_client import RankClient, live
 from .targets import Endpoint
+
+if TYPE_CHECKING:
+    from .postmortem import PostmortemClient
 
 #: ``progress(done, total)`` while waiting; ``progress(total, total)`` once more at the end.
 Progress = Callable[[int, int], None]
@@ -53,7 +57,8 @@ class Session:
     (they never joined the process group: transport/unjoined.py)."""
     """``--run-dir`` (or $PROBE_RUN_DIR, else the default): where local agents and the
     post-mortem copies are looked for."""
-    _clients: dict[Endpoint, ProbeClient] = field(default_factory=dict, repr=False)
+    _clients: dict[Endpoint, ProbeClient | PostmortemClient] = field(default_factory=dict,
+                                                                     repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     rank_cache: list | None = field(default=None, repr=False)
     """Set by fanout.resolve_ranks so a command that sends two requests discovers once."""
@@ -61,8 +66,9 @@ class Session:
     """Warnings about how the ranks were found (say, ranks missing from discovery); main.py
     prints them on stderr once the command has run."""
 
-    def client(self, endpoint: Endpoint) -> ProbeClient:
-        """The (cached) client for ``endpoint``; safe to call from fan-out threads."""
+    def client(self, endpoint: Endpoint) -> RankClient:
+        """The (cached) client for ``endpoint``: the live one, or a post-mortem copy's reader
+        (what every read command needs); safe to call from fan-out threads."""
         with self._lock:
             c = self._clients.get(endpoint)
             if c is None and endpoint.postmortem is not None:
@@ -72,16 +78,18 @@ class Session:
 
                 job = find_job(os.path.dirname(endpoint.postmortem))
                 rank = layout.rank_of(os.path.basename(endpoint.postmortem))
-                # It stands in for a ProbeClient: the read methods of RankClient (rank_client.py,
-                # which mypy checks both classes against) answer from the copy; every live-only
-                # method refuses with a line saying so (PostmortemClient.__getattr__).
-                c = self._clients[endpoint] = cast(
-                    ProbeClient, PostmortemClient(job.ranks[rank or 0], raw=self.raw))
+                c = self._clients[endpoint] = PostmortemClient(job.ranks[rank or 0],
+                                                               raw=self.raw)
             elif c is None:
                 c = self._clients[endpoint] = ProbeClient(
                     endpoint, token=self.token, timeout=self.timeout, cacert=self.cacert,
                     raw=self.raw)
             return c
+
+    def live_client(self, endpoint: Endpoint, method: str) -> ProbeClient:
+        """``client(endpoint)`` for ``method``, which only a live rank answers; a post-mortem
+        copy raises a ``RankError`` saying so (rank_client.live)."""
+        return live(self.client(endpoint), method)
 
     def close(self) -> None:
         with self._lock:

@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 import httpx
 
@@ -37,7 +37,7 @@ from ..errors import AgentHTTPError, AgentTimeoutError, AgentUnreachableError, R
 from ..group import rank_label
 from ..result import RankResult
 from .client import ProbeClient, via
-from .fanout import RankTarget, calling, fan_out, resolve_ranks
+from .fanout import RankTarget, calling_live, fan_out, resolve_ranks
 from .session import Session
 
 #: --next-step retries when a rank stepped past the chosen target while it was being queued.
@@ -90,13 +90,17 @@ def choose_next_step(bodies: Sequence[Mapping[str, Any] | None]) -> int | None:
     return max(steps) + 1
 
 
-def _send(session: Session, targets: list[RankTarget], method: Callable[..., dict[str, Any]],
-          *args: Any, **kwargs: Any) -> list[RankResult]:
-    """``method`` (a ``ProbeClient`` method) on every target; the answers in the order of
-    ``targets`` (fan_out sorts by rank)."""
+P = ParamSpec("P")
+
+
+def _send(session: Session, targets: list[RankTarget],
+          method: Callable[Concatenate[ProbeClient, P], dict[str, Any]],
+          *args: P.args, **kwargs: P.kwargs) -> list[RankResult]:
+    """``method`` (a live-only ``ProbeClient`` method) on every target; the answers in the
+    order of ``targets`` (fan_out sorts by rank)."""
     if not targets:
         return []
-    answers = fan_out(session, targets, calling(method, *args, **kwargs))
+    answers = fan_out(session, targets, calling_live(method, *args, **kwargs))
     by_url = {r.url: r for r in answers}
     return [by_url[t.endpoint.label] for t in targets]
 

@@ -34,15 +34,15 @@ from ..gather.evidence import (
     straggler_verdict,
 )
 from ..result import RankResult
-from ..transport.client import ProbeClient
 from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.rank_client import RankClient
 from ..transport.session import Session
 
 #: Steps of history per rank drawn in the charts.
 HISTORY = 60
 
 
-def _fast_call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
+def _fast_call(client: RankClient, target: RankTarget) -> dict[str, Any]:
     out = hang_evidence(client, target)
     try:
         out["series"] = client.canned("dashboard_series", last=HISTORY)

@@ -64,6 +64,18 @@ def test_query_on_a_copy_is_read_only_and_sandboxed(sql, capsys, tmp_path, monke
     assert code == 0 and json.loads(out)[0]["rows"] == [[2]], out
 
 
+@pytest.mark.parametrize("argv", [("trace",), ("eval", "1"), ("actions",), ("memory",
+                                                                              "--tensors")])
+def test_a_live_only_command_on_a_copy_fails_that_rank_saying_why(argv, capsys, tmp_path):
+    # GIVEN a copy; WHEN a command that needs a live rank is pointed at it
+    job = _copy(tmp_path / "pm")
+    code, out, err = _cli(capsys, "-t", str(job), *argv)
+    # THEN its rank fails with the method that needs a live rank (rank_client.live), nothing
+    # raises past the fan-out
+    assert code != 0 and "needs a live rank; this is a post-mortem copy" in out + err, \
+        (out, err)
+
+
 def test_table_names_from_file_names_are_data(capsys, tmp_path, monkeypatch):
     job = _copy(tmp_path / "pm")
     evil = """x" AS SELECT 1; COPY (SELECT 42) TO 'pwned.csv'; CREATE VIEW "y.1.parquet"""
