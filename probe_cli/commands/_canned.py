@@ -44,7 +44,7 @@ def canned_outcome(session: Session, name: str, empty_hint: str, **params: Any) 
     return out
 
 
-def comm_row(client: ProbeClient) -> dict[str, Any] | None:
+def comm_row(client: RankClient) -> dict[str, Any] | None:
     """This rank's ``doctor_comm`` row (collectives and steps recorded), None when unread: a
     job whose ranks never communicate is not data-parallel (GB_tok, the memory levers)."""
     try:

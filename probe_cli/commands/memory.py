@@ -18,8 +18,8 @@ from ..outcome import Outcome, finish
 from ..render.memory import render_breakdown
 from ..render.text import query_notes
 from ..result import RankResult
-from ..transport.client import ProbeClient
-from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.fanout import Call, RankTarget, fan_out, resolve_ranks
+from ..transport.rank_client import RankClient
 from ..transport.session import Session
 from . import pass_session
 from ._canned import canned_outcome, comm_row, render_rows
@@ -136,8 +136,8 @@ def command(session: Session, last: int | None, by_module: bool, limit: int,
     return out
 
 
-def _gather(growth: dict[str, Any]) -> Any:
-    def call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
+def _gather(growth: dict[str, Any]) -> Call:
+    def call(client: RankClient, target: RankTarget) -> dict[str, Any]:
         body = client.canned("memory_growth", **growth)
         try:
             rows = QueryBody.from_wire(client.canned("memory_breakdown",

@@ -26,8 +26,8 @@ from ..errors import EXIT_USAGE, ProbeCLIError, RankError
 from ..outcome import Outcome, verdict_outcome
 from ..render.doctor import render
 from ..render.verdicts import rank_answers
-from ..transport.client import ProbeClient
-from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.fanout import Call, RankTarget, fan_out, resolve_ranks
+from ..transport.rank_client import RankClient, live
 from ..transport.session import Session
 from . import pass_session
 
@@ -102,12 +102,13 @@ def command(session: Session, window: int, set_: tuple[str, ...]) -> Outcome:
     return verdict_outcome(session, report, results, lines)
 
 
-def _gather(window: int, values: dict[str, float]) -> Any:
-    def call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
+def _gather(window: int, values: dict[str, float]) -> Call:
+    def call(client: RankClient, target: RankTarget) -> dict[str, Any]:
+        agent = live(client, "numerics")  # the detector's state and thresholds: a live rank's
         if values:
-            client.set_numerics(values)
+            agent.set_numerics(values)
         out: dict[str, Any] = {"ok": True, "rank": target.rank, "errors": {}}
-        out["state"] = client.numerics().get("numerics")
+        out["state"] = agent.numerics().get("numerics")
         for key, name, params in (("rows", "numerics", {"window": window}),
                                   ("events", "numerics_events", {}), ("schedule", "schedule", {})):
             try:

@@ -20,8 +20,8 @@ from ..outcome import Outcome, finish
 from ..render.text import query_notes
 from ..render.throughput import render_throughput
 from ..result import RankResult
-from ..transport.client import ProbeClient
-from ..transport.fanout import RankTarget, fan_out, resolve_ranks
+from ..transport.fanout import Call, RankTarget, fan_out, resolve_ranks
+from ..transport.rank_client import RankClient
 from ..transport.session import Session
 from . import pass_session
 from ._canned import comm_row
@@ -116,8 +116,8 @@ def command(session: Session, last: int, peak_tflops: float | None) -> Outcome:
     return out
 
 
-def _gather(last: int) -> Any:
-    def call(client: ProbeClient, target: RankTarget) -> dict[str, Any]:
+def _gather(last: int) -> Call:
+    def call(client: RankClient, target: RankTarget) -> dict[str, Any]:
         body = client.canned("throughput", last=last)
         recs = QueryBody.from_wire(body).records()
         body["_row"] = recs[0] if recs else None
