@@ -8,7 +8,10 @@ a no-agent baseline hides cost):
   the loss, a format, a nonzero: the healthy case) and on one with 300 ``.item()`` per step
   (the per-call price, reported in microseconds per sync);
 - MoE counts: a plain-code top-2 MoE (4 layers x 8 experts) with the counter on (hooks on the
-  sampled steps, every 10th) against off.
+  sampled steps, every 10th) against off;
+- ``.to()``: the stand-in a CUDA job gets in front of ``Tensor.to`` (to count ``.to("cpu")``),
+  per call on the path every batch move takes (a CPU tensor: returns to the original after one
+  ``is_cpu`` read), against the original, in nanoseconds (best of many repeats, alternated).
 
 Arms alternate in blocks of ``--block`` steps (ABAB..., the order within each round shuffled);
 each round gives one ratio of median step times (arm / off), and the report is the median
@@ -182,8 +185,15 @@ def run_moe(torch: Any, agent: Any, device: str, rounds: int, block: int, width:
             batch: int) -> dict[str, Any]:
     moe = agent.collectors.get("moe")
     step = _moe_loop(torch, device, width, batch)
-    for _ in range(25):
+    moe._scanned_at = None  # look for routers again: the model is built after the other arms
+    for _ in range(200):  # until a sampled step found them (once, at load 23, not in 25 steps)
         step()
+        if moe.routers:
+            break
+    for _ in range(10):
+        step()
+    if not moe.routers:
+        raise SystemExit("the MoE counter found no router: the moe arm would measure nothing")
 
     def on() -> None:
         moe.guard.enabled = True
@@ -196,17 +206,50 @@ def run_moe(torch: Any, agent: Any, device: str, rounds: int, block: int, width:
     return res
 
 
+def run_to(torch: Any, agent: Any, repeats: int = 30) -> dict[str, Any]:
+    import timeit
+
+    counter = agent.collectors.get("host_syncs")
+    original = torch.Tensor.to
+    counter.install_to(torch)
+    patched = torch.Tensor.to
+    x = torch.ones(64)
+    best: dict[str, list[float]] = {"original": [], "patched": []}
+    for _ in range(repeats):
+        for name, f in (("original", original), ("patched", patched)):
+            best[name].append(min(timeit.repeat(lambda f=f: f(x, "cpu"), number=2000,
+                                                repeat=3)) / 2000 * 1e9)
+    a, b = min(best["original"]), min(best["patched"])
+    return {"original_ns": round(a), "patched_ns": round(b), "added_ns": round(b - a),
+            "patched": patched is not original}
+
+
+def _loadavg() -> str | None:
+    """The machine's load when the run started (a shared machine's number needs it beside)."""
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=("syncs", "syncs300", "moe"), action="append")
+    ap.add_argument("--only", choices=("syncs", "syncs300", "moe", "to"), action="append")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--block", type=int, default=20)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1, as torchrun sets: on a shared machine "
+                         "intra-op threads that wait for a descheduled peer make a 5 ms step "
+                         "take 100s of ms, and the noise hides the cost)")
     args = ap.parse_args()
     import torch
+
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
 
     import probe_agent
     from probe_agent.config import AgentConfig
@@ -215,9 +258,10 @@ def main() -> int:
     run = tempfile.mkdtemp(prefix="probe-bl-")
     agent: Any = probe_agent.start(AgentConfig(port=0, run_dir=run, watchdog=False,
                                                trace="every:10"))
-    only = set(args.only or ("syncs", "syncs300", "moe"))
+    only = set(args.only or ("syncs", "syncs300", "moe", "to"))
     out: dict[str, Any] = {"device": args.device, "torch": torch.__version__,
-                           "rounds": args.rounds, "block": args.block}
+                           "rounds": args.rounds, "block": args.block,
+                           "threads": torch.get_num_threads(), "loadavg": _loadavg()}
     try:
         if "syncs" in only:
             out["syncs_few"] = run_syncs(torch, agent, args.device, args.rounds, args.block, 1,
@@ -233,6 +277,9 @@ def main() -> int:
             out["moe"] = run_moe(torch, agent, args.device, args.rounds, args.block,
                                  args.width // 2, args.batch)
             print(json.dumps({"moe": out["moe"]}), flush=True)
+        if "to" in only:  # last: it leaves Tensor.to patched until the agent stops
+            out["to_call"] = run_to(torch, agent)
+            print(json.dumps({"to_call": out["to_call"]}), flush=True)
     finally:
         probe_agent.stop()
     if args.json:

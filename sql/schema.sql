@@ -598,7 +598,8 @@ CREATE TABLE IF NOT EXISTS python.parallel (
 -- are one row per kind with file NULL. Calls made inside torch are attributed to the first
 -- frame outside torch that led to them; nested calls (format calling .item()) count once.
 -- kind: 'item' (.item(), bool/int/float of a tensor) | 'tolist' | 'cpu' (.cpu()/.numpy(); of a
---   CPU tensor only in a process with no CUDA context) | 'print' (repr/format of a tensor) |
+--   CPU tensor only in a process with no CUDA context; and .to("cpu") of a device tensor,
+--   not non_blocking, counted once the process has a CUDA context) | 'print' (repr/format) |
 --   'data_shape' (nonzero, argwhere, masked_select, unique, bincount, one-argument
 --   torch.where) | 'synchronize' (torch.cuda.synchronize, Stream/Event.synchronize).
 -- file / line / func: the call site. calls: how many times that site synced in that step.

@@ -3,18 +3,18 @@
 
 What counts
 -----------
-Every call that makes the host wait for the device, or turns a tensor into a Python value
-(which waits for the device on CUDA): ``.item()`` (and ``bool``/``int``/``float`` of a tensor),
-``.tolist()``, ``.cpu()``/``.numpy()``, ``print``/``repr``/format of a tensor, ops whose output
-shape depends on the data (``nonzero``, ``torch.where`` with one argument, ``masked_select``,
-``unique``, ``bincount``, ``argwhere``), and ``torch.cuda.synchronize``/``Stream.synchronize``/
-``Event.synchronize``. On CPU the same calls are counted (on a GPU they would sync); ``.cpu()``
-and ``.numpy()`` of a CPU tensor are counted only while the process has no CUDA context (on a
-CUDA job a CPU tensor's ``.numpy()`` waits for nothing). Likewise any call on a CPU tensor counts
-only in a process with no CUDA context, and only when the job's own code makes it: torch keeps
-some tensors on the CPU on purpose (Adam reads each parameter's step count with ``.item()``: 28
-"syncs" a step at ``optimizer.step()`` on build-nanogpt before this rule), and those do not sync
-on a GPU either.
+Every call that makes the host wait for the device, or turns a tensor into a Python value (which
+waits for the device on CUDA): ``.item()`` (and ``bool``/``int``/``float`` of a tensor),
+``.tolist()``, ``.cpu()``/``.numpy()``/``.to("cpu")``, ``print``/``repr``/format of a tensor,
+ops whose output shape depends on the data (``nonzero``, ``torch.where`` with one argument,
+``masked_select``, ``unique``, ``bincount``, ``argwhere``), and ``torch.cuda.synchronize``/
+``Stream.synchronize``/``Event.synchronize``. On CPU the same calls are counted (on a GPU they
+would sync); ``.cpu()`` and ``.numpy()`` of a CPU tensor are counted only while the process has
+no CUDA context (on a CUDA job a CPU tensor's ``.numpy()`` waits for nothing). Likewise any call
+on a CPU tensor counts only in a process with no CUDA context, and only when the job's own code
+makes it: torch keeps some tensors on the CPU on purpose (Adam reads each parameter's step count
+with ``.item()``: 28 "syncs" a step at ``optimizer.step()`` on build-nanogpt before this rule),
+and those do not sync on a GPU either.
 
 Only the training thread (the one that steps the optimizer) is counted, and only calls that
 come from outside torch and the agent: a call made inside torch (``GradScaler.step``'s
@@ -32,6 +32,14 @@ ops that do not sync, and about a microsecond on each one that does (bench/bench
 measures both), so counting runs on every step, traced or not. Inside code that torch.compile
 traces the wrappers call the original at once (``torch.compiler.is_compiling()``), so dynamo
 sees the plain call: no graph break and no recompile is added (tests/unit/test_host_syncs.py).
+
+``.to()`` is every batch move (``batch.to(device)``, several a step), and only the device-to-host
+ones sync, so it is patched apart (``TO_POINT``): only once the process has a CUDA context, never
+in a CPU-only job (which then pays nothing for it: a CPU-only job's ``.to("cpu")`` copies nothing
+either, so there is nothing to count). Counted: a tensor not on the CPU copied to the CPU
+(``.to("cpu")``, ``.to(torch.device("cpu"))``, ``.to(cpu_tensor)``), not with
+``non_blocking=True`` (an asynchronous copy, no wait); a batch move to the device returns to
+the original after one ``is_cpu`` read (bench/bench_levers.py measures the wrapper per call).
 
 Cost bound: at most ``MAX_SITES`` call sites per step are kept apart; the rest of the step's
 calls go into one row with ``file`` NULL, so a loop with thousands of distinct sites still
@@ -89,8 +97,10 @@ POINTS: tuple[tuple[str, str, str, str | None], ...] = (
     ("cuda.Stream", "synchronize", "synchronize", None),
     ("cuda.Event", "synchronize", "synchronize", None),
 )
+#: ``Tensor.to``: patched only in a process with a CUDA context (see the module docstring).
+TO_POINT = ("Tensor", "to", "cpu", "to_cpu")
 #: What each kind is called in a verdict.
-KIND_LABEL = {"item": ".item()", "tolist": ".tolist()", "cpu": ".cpu()/.numpy()",
+KIND_LABEL = {"item": ".item()", "tolist": ".tolist()", "cpu": '.cpu()/.numpy()/.to("cpu")',
               "print": "print/format of a tensor", "data_shape": "data-dependent shape",
               "synchronize": "synchronize"}
 
@@ -170,7 +180,25 @@ def _wanted(rule: str, c: HostSyncCounter, args: tuple[Any, ...], kwargs: dict[s
     if rule == "to_host":
         t = args[0] if args else None
         return t is not None and (c.cpu_only or getattr(t, "is_cpu", True) is False)
+    if rule == "to_cpu":
+        return bool(args) and args[0].is_cpu is False and _to_cpu(args, kwargs)
     return True
+
+
+def _to_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``Tensor.to(*args[1:], **kwargs)`` targets the CPU and waits for the copy:
+    ``to(device, dtype=None, non_blocking=False, copy=False)``, ``to(dtype, non_blocking,
+    ...)`` or ``to(other, non_blocking, ...)``."""
+    if kwargs.get("non_blocking") or any(a is True for a in args[2:]):
+        return False  # an asynchronous copy: no wait (positional non_blocking: a bool True)
+    dev = kwargs.get("device")
+    if dev is None and len(args) > 1:
+        dev = args[1]
+        if isinstance(dev, _Tensor):
+            return dev.is_cpu
+    if isinstance(dev, str):
+        return dev == "cpu" or dev.startswith("cpu:")
+    return getattr(dev, "type", None) == "cpu"
 
 
 class HostSyncCounter:
@@ -195,6 +223,7 @@ class HostSyncCounter:
         self._schema: pa.Schema | None = None
         self._unsubscribe: Any = None
         self._patched: list[patches.Patch] = []
+        self._to_patched = False
         self._where: dict[Any, int] = {}  # code object -> 0 the job's, 1 torch's, 2 the agent's
         self._torch_dir = self._agent_dir = "\0"
         self._steps = 0
@@ -224,22 +253,32 @@ class HostSyncCounter:
         _Tensor = torch.Tensor
         self._agent_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
         self._torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-        for where, name, kind, rule in POINTS:
-            owner = _owner(torch, where)
-            if owner is None:
-                continue
-            original = getattr(owner, name, None)
-            if original is None or patches.ours(original) is not None:
-                continue  # absent in this torch, or an earlier agent's stand-in still there
-            self._patched.append(patches.replace(
-                owner, name, _wrap(kind, rule, original), by="host sync counter",
-                why=f"counts {KIND_LABEL[kind]} calls per step with their call sites"))
+        for point in POINTS:
+            self._patch(torch, point)
         try:
             _skip_in_dynamo(torch)
         except (AttributeError, TypeError, RuntimeError) as e:  # an older or newer torch
             self.guard.failed(e)
         self.thread = _get_ident()
         _counter = self
+
+    def _patch(self, torch: Any, point: tuple[str, str, str, str | None]) -> None:
+        where, name, kind, rule = point
+        owner = _owner(torch, where)
+        if owner is None:
+            return
+        original = getattr(owner, name, None)
+        if original is None or patches.ours(original) is not None:
+            return  # absent in this torch, or an earlier agent's stand-in still there
+        self._patched.append(patches.replace(
+            owner, name, _wrap(kind, rule, original), by="host sync counter",
+            why=f"counts {KIND_LABEL[kind]} calls per step with their call sites"))
+
+    def install_to(self, torch: Any) -> None:
+        """Count ``.to("cpu")`` of device tensors too (once the process has a CUDA context:
+        a CPU-only job never pays for a stand-in in front of its batch moves)."""
+        self._to_patched = True
+        self._patch(torch, TO_POINT)
 
     def uninstall(self) -> None:
         """Put every original back, newest first (what was inherited is inherited again)."""
@@ -289,6 +328,8 @@ class HostSyncCounter:
             return
         cuda = getattr(torch, "cuda", None)
         self.cpu_only = not (cuda is not None and cuda.is_initialized())
+        if not self.cpu_only and not self._to_patched:
+            self.install_to(torch)
         counts, self.counts = self.counts, {}
         waits, self.wait_ns = self.wait_ns, {}
         if not counts or len(self.rows) >= BUFFER:

@@ -47,7 +47,7 @@ LEVER_EVIDENCE = (
 )
 LEVER_KEYS = tuple(e.key for e in LEVER_EVIDENCE)
 #: What each kind of sync is called, and what to do about it.
-LABEL = {"item": ".item()", "tolist": ".tolist()", "cpu": ".cpu()/.numpy()",
+LABEL = {"item": ".item()", "tolist": ".tolist()", "cpu": '.cpu()/.numpy()/.to("cpu")',
          "print": "print/format of a tensor", "data_shape": "data-dependent shape",
          "synchronize": "synchronize"}
 ADVICE = {

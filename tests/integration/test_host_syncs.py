@@ -188,3 +188,44 @@ def test_torchs_own_cpu_tensors_are_no_sync(make_agent):
         loss.item()
     rows = _rows(agent, "SELECT kind, line, sum(calls) FROM python.host_syncs GROUP BY ALL")
     assert [(k, n) for k, _, n in rows] == [("item", 3)], rows  # steps 2-4: the loop's own
+
+
+def _to_loop(steps: int) -> None:
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    dev = torch.empty(3, device="meta")  # not on the CPU: a stand-in for a CUDA tensor
+    cpu = torch.ones(3)
+    for _ in range(steps):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        for target in ("cpu", torch.device("cpu"), cpu):
+            with pytest.raises(NotImplementedError):  # a meta tensor has no data to copy
+                dev.to(target)  # SITE-TO
+        with pytest.raises(NotImplementedError):
+            dev.to("cpu", non_blocking=True)  # asynchronous: no wait, not counted
+        cpu.to("cpu")  # already on the CPU: not counted
+        dev.to("meta")  # device to device: not counted
+        dev.to(torch.float16)  # a cast: not counted
+
+
+def test_to_cpu_is_patched_only_with_cuda_and_counts_device_to_host(make_agent):
+    from probe_agent import patches
+    from probe_agent.collectors import host_syncs
+
+    # GIVEN an agent in a CPU-only process: Tensor.to (every batch move) is left alone
+    agent = make_agent(trace="off")
+    _to_loop(2)
+    assert host_syncs._counter is not None and patches.ours(torch.Tensor.to) is None
+    # WHEN the process has a CUDA context (forced: CI has no GPU), the stand-in goes in
+    host_syncs._counter.install_to(torch)
+    assert patches.ours(torch.Tensor.to) is not None
+    _to_loop(4)
+    # THEN each step counts exactly the 3 blocking device-to-host copies, at their line
+    src, first = inspect.getsourcelines(_to_loop)
+    line = first + next(i for i, t in enumerate(src) if "SITE-TO" in t)
+    rows = _rows(agent, "SELECT step, kind, line, calls FROM python.host_syncs ORDER BY step")
+    assert rows[-3:] == [(s, "cpu", line, 3) for s in (4, 5, 6)], rows
+    # AND stop puts the original back
+    agent.stop()
+    assert patches.ours(torch.Tensor.to) is None and "to" not in torch.Tensor.__dict__
