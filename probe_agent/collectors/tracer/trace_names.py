@@ -24,6 +24,13 @@ from typing import Any
 import pyarrow as pa
 
 from ...heapscan import live_objects
+from .trace_graph_names import (
+    LABEL,
+    compiled_name,
+    is_compiled_graph,
+    part_graph_name,
+    split_part,
+)
 
 #: Wrapper classes whose one child is the real model: attribute of the child.
 _WRAPPERS = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module",
@@ -80,8 +87,8 @@ class ModuleNames:
         hit = self._labels.get(id(root))
         if hit is not None and hit[0]() is root:
             return hit[1]
-        inner = getattr(root, _WRAPPERS.get(type(root).__name__, ""), root)
-        base = class_name(inner)
+        inner = _unwrapped(root)[0]
+        base = LABEL if is_compiled_graph(inner) else class_name(inner)
         n = self._label_counts.get(base, 0) + 1
         self._label_counts[base] = n
         label = base if n == 1 else f"{base}#{n}"
@@ -90,18 +97,35 @@ class ModuleNames:
 
     def _index(self, root: Any) -> None:
         label = self._label(root)
-        wrapper_attr = _WRAPPERS.get(type(root).__name__)
+        inner, prefix = _unwrapped(root)
         try:
             named = list(root.named_modules())
         except RuntimeError:  # the training thread changed the model while we walked it
             return
+        parent_of = {id(c): m for _, m in named for c in m._modules.values() if c is not None}
         for name, m in named:
-            parts = [p for p in name.split(".") if p not in _INNER]
-            if wrapper_attr == "module" and parts[:1] == ["module"]:
-                parts = parts[1:]
-            clean = ".".join(parts)
-            if m is root and wrapper_attr in ("module",):
-                clean = type(root).__name__  # DDP's own row; its inner model is the label
+            # torch.compile's graphs (and compile's wrapper around one): named by the model's
+            # modules they hold
+            graph = compiled_name(inner if m is root else m, name, parent_of.get(id(m)))
+            part = split_part(m, name, parent_of.get(id(m)))
+            if part is not None and part[2] is not None and part[2] is not m:
+                # the graph a part runs is called as a module of its own: it carries the
+                # part's time, so it gets the part's number and modules
+                self._names[id(part[2])] = (weakref.ref(part[2]), part_graph_name(*part), LABEL)
+                self._code_of.pop(id(part[2]), None)  # named on its own before: named again
+            if graph is not None:
+                self._names[id(m)] = (weakref.ref(m), graph, LABEL)
+                continue
+            parts = name.split(".") if name else []
+            k = len(parts)
+            if m is not inner and k < len(prefix) and parts == prefix[:k]:
+                # a wrapper: DDP's own row by its class (its inner model is the label);
+                # compile's OptimizedModule is the model itself
+                clean = type(m).__name__ if prefix[k] == "module" else label
+                self._names[id(m)] = (weakref.ref(m), clean, label)
+                continue
+            n = len(prefix) if parts[:len(prefix)] == prefix else 0
+            clean = ".".join(p for p in parts[n:] if p not in _INNER)
             self._names[id(m)] = (weakref.ref(m), clean or label, label)
 
     def name(self, obj: Any, root: Any) -> tuple[str, str]:
@@ -177,6 +201,18 @@ class ModuleNames:
             "root": pa.array([p[1] for p in pairs], pa.string()),
         })
 
+
+
+def _unwrapped(root: Any) -> tuple[Any, list[str]]:
+    """The model inside ``root``'s wrappers (compile over DDP over the model) and the
+    attribute path to it (``["_orig_mod", "module"]``)."""
+    m, path = root, list[str]()
+    while (attr := _WRAPPERS.get(type(m).__name__)) is not None:
+        child = getattr(m, "_modules", {}).get(attr)
+        if child is None:
+            break
+        m, path = child, [*path, attr]
+    return m, path
 
 
 def _is_wrapper(module: Any) -> bool:
