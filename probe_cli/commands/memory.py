@@ -80,7 +80,9 @@ def command(session: Session, last: int | None, by_module: bool, limit: int,
     parameters_mib, gradients_mib, optimizer_mib, activations_mib, other_mib, total_mib,
     capacity_mib and used_share (CUDA; else null), allocated_mib, reserved_mib, peak_mib,
     params_fp32_mib, sharded, bytes ({parameters, gradients, optimizer, activations}: the
-    same in exact bytes; the _mib fields are rounded to 0.01), cause (the largest of
+    same in exact bytes; the _mib fields are rounded to 0.01), activations_mib null and
+    activations_note (why) when activations were not counted (under torch.compile they cannot
+    be), cause (the largest of
     parameters, gradients, optimizer,
     activations), top_activations [{module, saved_mib, share, input_mib,
     checkpoint_saves_mib}] and advice [{lever, saves_mib, basis, action, acts_on}], most bytes

@@ -86,6 +86,27 @@ class Breakdown:
     by_checkpoint: list[dict[str, Any]] = field(default_factory=list)
     #: exact bytes of parameters, gradients, optimizer, activations (None: not recorded)
     exact: dict[str, int | None] = field(default_factory=dict)
+    #: torch.compile compiled frames on the rank: activations cannot be counted there
+    compiled: bool = False
+
+    @property
+    def uncounted(self) -> str:
+        """Why activations were not counted ("" when they were)."""
+        if self.counted_activations:
+            return ""
+        if self.compiled:
+            return ("not measurable under torch.compile (the hooks that count saved tensors "
+                    "would be traced into its graphs, so they stay off)")
+        return "not counted on these steps (the accounting switched itself off: `probe trace` " \
+               "shows why)"
+
+    def kinds_text(self, shares: bool = False) -> str:
+        """'parameters 10.0 MiB (3%), ..., activations not measurable under torch.compile'."""
+        total = self.total or 1.0
+        return ", ".join(
+            f"{k} not counted" if k == "activations" and not self.counted_activations
+            else f"{k} {mib(v)}" + (f" ({100 * v / total:.0f}%)" if shares else "")
+            for k, v in self.kinds.items())
 
     @property
     def cause(self) -> str:
@@ -105,6 +126,9 @@ class Breakdown:
         return {
             "rank": self.rank, "device": self.device, "step": self.step,
             **{f"{k}_mib": round(v, 2) for k, v in self.kinds.items()},
+            # not counted is not zero: null, and why
+            **({"activations_mib": None, "activations_note": self.uncounted}
+               if not self.counted_activations else {}),
             "total_mib": round(self.total, 2), "capacity_mib": self.capacity,
             "used_share": None if self.pressure is None else round(self.pressure, 4),
             "allocated_mib": self.allocated, "reserved_mib": self.reserved,
@@ -137,6 +161,7 @@ def breakdown(rank: int, row: dict[str, Any], acts: list[dict[str, Any]]) -> Bre
         capacity=row.get("capacity_mib"), allocated=row.get("allocated_mib"),
         reserved=row.get("reserved_mib"), peak=row.get("peak_mib"),
         params_fp32=_f(row.get("params_fp32_mib")), sharded=bool(row.get("sharded")),
+        compiled=bool(row.get("compiled")),
         top=sorted((a for a in mine if _f(a.get("by_saved")) <= TOP_ACTIVATIONS
                     and _f(a.get("saved_mib")) > 0), key=lambda a: a["by_saved"]),
         by_checkpoint=sorted((a for a in mine if a.get("by_checkpoint") is not None),
@@ -259,7 +284,7 @@ def check_memory_use(report: Any, docs: list[Any]) -> None:
     shown = sorted(sorted(bds, key=lambda b: (-(b.pressure or 0.0), -b.total))[:EVIDENCE_RANKS],
                    key=lambda b: b.rank)
     for b in shown:
-        parts = ", ".join(f"{k} {mib(v)}" for k, v in b.kinds.items())
+        parts = b.kinds_text()
         cap = f" of {mib(_f(b.capacity))} ({100 * (b.pressure or 0):.0f}% at the peak)" \
             if b.capacity else ""
         evidence.append(f"rank {b.rank} {b.device} step {b.step}: {parts}; total "
@@ -267,6 +292,8 @@ def check_memory_use(report: Any, docs: list[Any]) -> None:
     if len(bds) > len(shown):
         evidence.append(f"... {len(bds) - len(shown)} more ranks (`probe memory` lists all)")
     evidence.append(cause_line(worst))
+    if not worst.counted_activations:
+        evidence.append(f"activations {worst.uncounted}")
     evidence += [f"lever: {x.lever} saves ~{mib(x.saves_mib)} ({x.basis})" for x in lv]
     if alone:
         evidence.append(f"no optimizer sharding lever: {alone}")

@@ -8,8 +8,7 @@ from ..diagnose.memory_use import Breakdown, levers, mib
 def render_breakdown(b: Breakdown, world: int, advice: bool) -> list[str]:
     """One rank: the kinds with their shares, the total against the device, the top modules by
     saved activations and, with ``advice``, the levers ranked by bytes saved."""
-    total = b.total or 1.0
-    parts = ", ".join(f"{k} {mib(v)} ({100 * v / total:.0f}%)" for k, v in b.kinds.items())
+    parts = b.kinds_text(shares=True)
     cap = ""
     if b.capacity:
         cap = (f" of {mib(float(b.capacity))} ({100 * (b.pressure or 0):.0f}% at the peak; "
@@ -17,8 +16,7 @@ def render_breakdown(b: Breakdown, world: int, advice: bool) -> list[str]:
     lines = [f"rank {b.rank} {b.device} (traced step {b.step}): total {mib(b.total)}{cap}",
              f"  {parts}"]
     if not b.counted_activations:
-        lines.append("  activations: not counted on these steps (torch.compile in the process, "
-                     "or the accounting switched itself off: `probe trace` shows why)")
+        lines.append(f"  activations: {b.uncounted}")
     elif b.top:
         tops = ", ".join(f"{t['module']} {mib(float(t['saved_mib'] or 0))} "
                          f"({100 * float(t['share'] or 0):.0f}%)" for t in b.top)

@@ -127,3 +127,35 @@ def test_a_census_skips_torch_compiles_fake_tensors(make_agent, capsys):
     assert "(123, 7)" in shapes and not any("s" in s for s in shapes), shapes
     assert body["skipped"] >= 1, body
     del fake, real
+
+
+def test_under_torch_compile_activations_are_said_to_be_unmeasurable(make_agent, capsys):
+    """The hooks that count saved activations stay off once torch.compile compiled a frame
+    (AOTAutograd would trace them into its graphs): the breakdown said "activations 0 KiB"."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    # GIVEN a compiled model traced every step
+    agent = make_agent(trace="on")
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    model.compile(backend="eager")  # in place: torch.compile(model) warns of global hooks
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    try:
+        for _ in range(3):
+            model(torch.randn(8, 64)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        rows(agent, "SELECT 1")
+        # WHEN probe memory runs (--json, and text)
+        code, out, err = run(capsys, agent, "--json", "memory", "--warmup", "0")
+        assert code == 0, err
+        bd = json.loads(out)[0]["breakdown"]
+        code, text, err = run(capsys, agent, "memory")
+    finally:
+        torch._dynamo.reset()
+        counters.clear()  # later tests' agents would take this process for a compiled job
+    # THEN activations are not a measured zero: null, and why
+    assert bd["activations_mib"] is None and "torch.compile" in bd["activations_note"], bd
+    assert bd["parameters_mib"] > 0
+    assert "activations 0 KiB" not in text and "activations not counted" in text, text
+    assert "not measurable under torch.compile" in text, text
