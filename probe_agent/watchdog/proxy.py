@@ -38,12 +38,13 @@ from ..access import (
     overload_message,
     reserve_refusal,
 )
+from .compiling import compiling_note
 from .health import HealthWatch, http_status
 from .httpwire import BadRequest, Request, error_response, json_response, read_request
 from .liveness import LoopCheck
 from .nodefan import NodeRelay
 from .rank import RankWatch
-from .reader import StackReader, stop_note
+from .reader import ReadError, StackReader, stop_note
 from .refusal_report import RefusalReporter
 from .standin import StandIn
 from .upstream import CHUNK, RELAY_IDLE_S, Upstream
@@ -252,12 +253,16 @@ class Proxy:
                 if not is_ranks and not self._busy() and loop_check.wedged(waited) and \
                         self.rank.alive:
                     task.cancel()
+                    compiling = await self._compiling()
+                    why = ("(a route is blocking it)" if compiling is None else
+                           f"(it is compiling: {compiling}; a recompile keeps the agent's "
+                           "threads from the GIL, and the job goes on when it ends)")
                     writer.write(self._error(
                         504, f"rank {self.rank_no}'s agent did not answer: its event loop has "
-                        f"not served a request for {waited:.1f} s while its Python runs (a "
-                        "route is blocking it); `probe backtrace` still answers "
+                        f"not served a request for {waited:.1f} s while its Python runs "
+                        f"{why}; `probe backtrace` still answers "
                         f"(out-of-process){eval_note(req)}", loop_wedged=True,
-                        eval_id=eval_id(req)))
+                        eval_id=eval_id(req), compiling=compiling))
                     return True
                 if await self._gave_up(req, writer, task, started, patience, is_ranks):
                     return True
@@ -282,15 +287,31 @@ class Proxy:
             writer.write(json_response(200, self.stand_in.known_ranks()))
             return True
         stopped = stop_note(self.pid)
+        compiling = None if stopped else await self._compiling()
         what = (f"is not running: {stopped}" if stopped else
+                f"is compiling: {compiling}; the compiler has kept the agent's threads from "
+                f"the GIL for {stale:.1f} s (a recompile: the job goes on when it ends)"
+                if compiling is not None and stale is not None else
+                f"is compiling: {compiling}, and the agent did not answer within "
+                f"{MAX_WAIT_S:g} s" if compiling is not None else
                 f"has not run for {stale:.1f} s (its GIL is held, probably by a C call)"
                 if stale is not None else f"did not answer within {MAX_WAIT_S:g} s")
         writer.write(self._error(
             504, f"rank {self.rank_no}'s Python {what}; `probe backtrace` still answers "
             f"(out-of-process){eval_note(req)}", gil_held=stale is not None,
             heartbeat_age_s=round(stale, 3) if stale is not None else None,
-            eval_id=eval_id(req)))
+            eval_id=eval_id(req), compiling=compiling))
         return True
+
+    async def _compiling(self) -> str | None:
+        """Where the rank compiles (torch.compile), read from its stacks outside the process;
+        None when it does not, or they cannot be read within a deadline."""
+        try:
+            read = await asyncio.wait_for(self.stand_in.reader.read(),
+                                          max(self.deadline_s, 1.0))
+        except (ReadError, asyncio.TimeoutError, OSError):
+            return None
+        return compiling_note(read)
 
     async def _relayed(self, req: Request, writer: asyncio.StreamWriter, task: Any,
                        is_ranks: bool) -> bool:
