@@ -140,10 +140,26 @@ class Snapshotter:
         self.slow_session.close()
 
     def current(self) -> dict[str, Any]:
-        """The cached snapshot; asking for it keeps the refresh going."""
+        """The cached snapshot; asking for it keeps the refresh going. One older than
+        ``stale_after_s`` (nobody looked for a while, so nothing was asked: the job may have
+        hung since) is not shown as the job's state: its tiles and verdicts are withheld and
+        ``stale_s`` says how old it is, until a fresh round is in (a page opened during a hang
+        painted the last green snapshot, 72 s old)."""
         self.wanted_at = time.monotonic()
         self.wake.set()
-        return self.snapshot
+        snap = self.snapshot
+        at = snap.get("refreshed_at")
+        age = time.time() - at if at is not None else None
+        if age is not None and age > self.stale_after_s:
+            return {"tiles": [], "verdicts": {}, "refreshed_at": None,
+                    "stale_s": round(age, 1)}
+        return snap
+
+    @property
+    def stale_after_s(self) -> float:
+        """A snapshot this old was not being refreshed: a few missed refreshes past the idle
+        time (a slow round at scale takes seconds, and is not stale)."""
+        return self.idle_s + 4 * self.refresh_s
 
     def refresh_once(self, slow: bool = True, wait_slow: bool = True) -> dict[str, Any]:
         """One refresh; ``slow`` also starts the doctor/straggler round on its own thread (its

@@ -167,6 +167,7 @@ def test_tiles_advance_and_sql_console_returns_rows(tmp_path):
         assert Path(dl.value.path()).read_text().splitlines() == ["rank,seven", "0,7", "1,7"]
         # AND the slowest modules' heatmap fills once the doctor round has traced steps
         page.wait_for_selector("#heatmap rect", timeout=30_000)
+        _drawing_checks(page)
         # AND memory by kind is one stacked bar per rank, its parameters drawn
         page.wait_for_selector('.membar[data-rank="1"]', timeout=30_000)
         assert page.locator("#memkinds .membar").count() == 2
@@ -176,6 +177,31 @@ def test_tiles_advance_and_sql_console_returns_rows(tmp_path):
         assert page.locator('.membar[data-rank="0"] .seg[data-kind="parameters"]').count() == 1
         page.screenshot(path=str(tmp_path / "probe-ui-healthy.png"), full_page=True)
         shutil.copy(tmp_path / "probe-ui-healthy.png", "/tmp/probe-ui-healthy.png")
+
+
+def _drawing_checks(page: object) -> None:
+    """What the healthy page draws: no literal backticks, both ranks' lines over the same
+    steps, heatmap labels inside their drawing, a banner that agrees with the findings."""
+    wait_js(page, "!document.getElementById('findings').textContent.startsWith('waiting')", 60)
+    shown = page.evaluate("['banners', 'findings', 'memkinds', 'throughput', 'heatmap']"
+                          ".map(i => document.getElementById(i).innerText).join('\\n')")
+    assert "`" not in shown, shown  # commands are <code>, not backticks
+    # each rank sends its own last steps: the chart starts where every rank has one
+    starts = page.evaluate("[...document.querySelectorAll('#steptime polyline')].map(p => "
+                           "+p.getAttribute('points').split(' ')[0].split(',')[0])")
+    assert len(starts) == 2 and max(starts) - min(starts) < 0.5, starts
+    cut = page.evaluate("""(() => {
+        const s = document.querySelector('#heatmap svg').getBoundingClientRect();
+        return [...document.querySelectorAll('#heatmap svg text')]
+          .map(t => [t.textContent, t.getBoundingClientRect()])
+          .filter(([_, r]) => r.right > s.right + 0.5 || r.left < s.left - 0.5
+                              || r.top < s.top - 0.5).map(([t]) => t); })()""")
+    assert cut == [], cut
+    banner = page.locator("#banners").inner_text()
+    straggler = page.locator("#ev-straggler summary").inner_text()
+    if "no straggler" in banner:  # only when the straggler round said so
+        assert straggler.startswith("straggler: no straggler"), (banner, straggler)
+    assert not straggler.startswith("STRAGGLER:") or page.locator("#banner-straggler").count()
 
 
 @pytest.mark.timeout(120)

@@ -43,3 +43,25 @@ def test_a_wait_past_the_rhythm_is_not_training():
     states = _tiles(pending_for=30.0, gaps=2.0)
     # THEN the tiles show the stuck wait, as the hang verdict does
     assert states == ["waiting", "waiting"]
+
+
+def test_a_snapshot_nobody_refreshed_for_a_while_is_not_shown_as_the_job():
+    """The refresh stops while nobody looks (idle_s): a page opened later painted the last
+    snapshot, green, 72 s old, over a job that had hung since."""
+    import time
+
+    from probe_cli.transport.session import Session
+    from probe_cli.transport.targets import Endpoint
+    from probe_cli.ui.snapshot import Snapshotter
+
+    snaps = Snapshotter(Session(endpoints=[Endpoint("http://127.0.0.1:9")]))
+    green = {"tiles": [{"rank": 0, "state": "training"}],
+             "verdicts": {"hang": {"problem": False, "headline": "no hang"}}}
+    # GIVEN the last snapshot was taken 72 s ago
+    snaps.snapshot = {**green, "refreshed_at": time.time() - 72}
+    # WHEN the page asks for it, THEN it gets no state and how old the last answer is
+    old = snaps.current()
+    assert old["tiles"] == [] and old["verdicts"] == {} and old["stale_s"] >= 72, old
+    # AND a snapshot of the last refreshes is served as it is
+    snaps.snapshot = fresh = {**green, "refreshed_at": time.time() - 2}
+    assert snaps.current() is fresh

@@ -13,6 +13,8 @@ const $ = (id) => document.getElementById(id);
 const KEY = { "X-Probe-UI-Key": document.querySelector('meta[name="probe-ui-key"]').content };
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g,
   (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+// Findings write commands in backticks (`probe trace on`): shown as code, not as backticks.
+const rich = (s) => esc(s).replace(/`([^`\n]+)`/g, "<code>$1</code>");
 const fmtMs = (s) => (s == null ? "–" : s < 1 ? (s * 1e3).toFixed(s < 0.01 ? 1 : 0) + " ms" : s.toFixed(2) + " s");
 const openStacks = new Set();
 
@@ -55,12 +57,22 @@ function el(tag, attrs, parent) { const e = document.createElementNS(NS, tag);
   for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); parent.appendChild(e); return e; }
 const palette = (i, n) => `hsl(${Math.round((360 * i) / Math.max(n, 1))},60%,62%)`;
 
+// The steps every rank's series covers: from the latest first step of any rank on. Each rank
+// sends its own last steps; drawn as they came, one rank's line started where another's had
+// none (the charts of two ranks covered different step ranges).
+function commonFrom(tiles, key) {
+  const firsts = tiles.map((t) => (t.series || []).filter((p) => p.step != null && (key == null || p[key] != null))
+    .reduce((m, p) => Math.min(m, p.step), Infinity)).filter((x) => x !== Infinity);
+  return firsts.length ? Math.max(...firsts) : -Infinity;
+}
+
 // One line per rank over steps; points above median + 4·MAD of all points are marked outliers.
 function lineChart(target, tiles, key, unit, fmt, markOutliers) {
   const W = 520, H = 180, L = 52, B = 18;
   const pts = [];
+  const from = commonFrom(tiles, key);
   tiles.forEach((t, i) => (t.series || []).forEach((p) => {
-    if (p[key] != null && p.step != null) pts.push({ i, rank: t.rank, x: p.step, y: p[key] }); }));
+    if (p[key] != null && p.step != null && p.step >= from) pts.push({ i, rank: t.rank, x: p.step, y: p[key] }); }));
   const box = $(target); box.innerHTML = "";
   if (!pts.length) { box.textContent = "no steps recorded yet"; return; }
   const xs = pts.map((p) => p.x), ys = pts.map((p) => p.y);
@@ -72,7 +84,7 @@ function lineChart(target, tiles, key, unit, fmt, markOutliers) {
   el("text", { x: 2, y: 12 }, s).textContent = fmt(y1);
   el("text", { x: 2, y: H - B }, s).textContent = "0 " + unit;
   el("text", { x: L, y: H - 4 }, s).textContent = "step " + x0;
-  el("text", { x: W - 60, y: H - 4 }, s).textContent = "step " + x1;
+  el("text", { x: W - 2, y: H - 4, "text-anchor": "end" }, s).textContent = "step " + x1;
   const n = tiles.length;
   tiles.forEach((t, i) => {
     const mine = pts.filter((p) => p.i === i).sort((a, b) => a.x - b.x);
@@ -102,7 +114,8 @@ function markLoss(target, tiles) {
   if (!s) return;
   const W = 520, H = 180, L = 52, B = 18;
   const pts = [];
-  tiles.forEach((t) => (t.series || []).forEach((p) => { if (p.step != null) pts.push({ rank: t.rank, p }); }));
+  const from = commonFrom(tiles, "loss");
+  tiles.forEach((t) => (t.series || []).forEach((p) => { if (p.step != null && p.step >= from) pts.push({ rank: t.rank, p }); }));
   const ys = pts.map((q) => q.p.loss).filter((y) => typeof y === "number");
   if (!pts.length) return;
   const xs = pts.map((q) => q.p.step);
@@ -126,13 +139,15 @@ function renderHeatmap(slow, at) {
   for (const r of ranks) for (const row of slow[r]) total.set(row.module, (total.get(row.module) || 0) + (row.self_ms || 0));
   const mods = [...total.entries()].sort((a, b) => b[1] - a[1]).slice(0, 12).map((e) => e[0]);
   $("slow-at").textContent = at ? `(every few refreshes; ${new Date(at * 1000).toLocaleTimeString()})` : "";
-  if (!mods.length) { box.textContent = "no traced steps yet (`probe trace on` traces every step)"; return; }
-  const cell = ranks.length > 64 ? 3 : 16, L = 60, T = 110, CW = 72;
-  const s = svg(L + CW * mods.length, T + cell * ranks.length + 4);
-  s.setAttribute("width", L + CW * mods.length);
+  if (!mods.length) { box.innerHTML = rich("no traced steps yet (`probe trace on` traces every step)"); return; }
+  // a label is rotated up to the right: the last one needs room past its column (it was cut)
+  const cell = ranks.length > 64 ? 3 : 16, L = 60, T = 110, CW = 72, R = 100;
+  const s = svg(L + CW * mods.length + R, T + cell * ranks.length + 4);
+  s.setAttribute("width", L + CW * mods.length + R);
   const max = Math.max(...ranks.flatMap((r) => slow[r].map((x) => x.self_ms || 0)), 1e-9);
   mods.forEach((m, j) => { const t = el("text", { x: L + CW * j + 8, y: T - 4, transform: `rotate(-35 ${L + CW * j + 8} ${T - 4})` }, s);
-    t.textContent = m.length > 22 ? "…" + m.slice(-21) : m; });
+    t.textContent = m.length > 22 ? "…" + m.slice(-21) : m;
+    el("title", {}, t).textContent = m; });
   ranks.forEach((r, i) => {
     if (cell >= 10 || i % 32 === 0) el("text", { x: 2, y: T + cell * i + Math.min(cell, 12) }, s).textContent = "rank " + r;
     const byMod = new Map(slow[r].map((x) => [x.module, x.self_ms]));
@@ -151,30 +166,38 @@ const CHECKING = '<div class="banner checking" id="banner-checking">Checking the
 // Verdict headlines already lead with their label ("HANG: rank 1 …"); add one only if not.
 const label = (word, text) => (/^[A-Z][A-Z /]+:/.test(text || "") ? text : `${word}: ${text}`);
 
-function banners(v) {
+function banners(v, staleS) {
   const out = [];
   const hang = v.hang;
   if (!hang) {  // no snapshot yet: say nothing about the job's health before the first answer
-    $("banners").innerHTML = CHECKING;
+    // (nor from an old one: the server withholds a snapshot nobody refreshed for a while)
+    $("banners").innerHTML = staleS == null ? CHECKING
+      : CHECKING.replace("(no answer from the ranks yet)", `(the last answer is ${Math.round(staleS)} s old; asking again)`);
     return;
   }
-  if (hang && hang.problem) out.push(`<div class="banner hang" id="banner-hang">${esc(label("HANG", hang.headline))}<a href="#ev-hang">evidence</a></div>`);
+  if (hang && hang.problem) out.push(`<div class="banner hang" id="banner-hang">${rich(label("HANG", hang.headline))}<a href="#ev-hang">evidence</a></div>`);
   const st = v.straggler;
   // A straggler is not news while the job hangs: its arrivals are from before the hang.
-  if (st && st.problem && !hang.problem) out.push(`<div class="banner straggler" id="banner-straggler">${esc(label("STRAGGLER", st.headline))}<a href="#ev-straggler">evidence</a></div>`);
+  if (st && st.problem && !hang.problem) out.push(`<div class="banner straggler" id="banner-straggler">${rich(label("STRAGGLER", st.headline))}<a href="#ev-straggler">evidence</a></div>`);
+  // "no straggler" only when the straggler round said so: a round without a verdict (too few
+  // collectives) is not a clean bill, and the banner said "no straggler" above "no verdict"
+  const stOk = st && !st.problem && /^no straggler/i.test(st.headline || "");
+  const stWord = !st ? "" : stOk ? ", no straggler" : !st.problem ? ", no straggler verdict yet" : "";
   const doc = v.doctor;
   (doc && doc.findings || []).filter((f) => f.severity !== "info" && f.check !== "hang" && f.check !== "straggler")
-    .forEach((f, i) => out.push(`<div class="banner ${esc(f.severity)}">${esc(label("DOCTOR", f.title))}<a href="#ev-doctor-${i}">evidence</a></div>`));
-  if (!out.length) out.push(`<div class="banner ok">No hang${st ? ", no straggler" : ""}${doc ? ", doctor finds nothing wrong" : ""}.</div>`);
+    .forEach((f, i) => out.push(`<div class="banner ${esc(f.severity)}">${rich(label("DOCTOR", f.title))}<a href="#ev-doctor-${i}">evidence</a></div>`));
+  if (!out.length) out.push(`<div class="banner ok">No hang${stWord}${doc ? ", doctor finds nothing wrong" : ""}.</div>`);
   $("banners").innerHTML = out.join("");
   let ev = "";
-  const block = (id, title, lines, next) => `<details id="${id}" open><summary>${esc(title)}</summary><pre>${esc((lines || []).join("\n"))}${next ? "\nnext: " + esc(next) : ""}</pre></details>`;
-  if (hang) ev += block("ev-hang", label("HANG", hang.headline), hang.details, "probe hang");
-  if (st) ev += block("ev-straggler", label("STRAGGLER", st.headline), st.details, "probe straggler");
+  const block = (id, title, lines, next) => `<details id="${id}" open><summary>${rich(title)}</summary><pre>${rich((lines || []).join("\n"))}${next ? "\nnext: " + rich(next) : ""}</pre></details>`;
+  // a verdict's label in capitals only when it found one ("STRAGGLER: no verdict" read as one)
+  const named = (word, v) => (v.problem ? label(word, v.headline) : `${word.toLowerCase()}: ${v.headline}`);
+  if (hang) ev += block("ev-hang", named("HANG", hang), hang.details, "probe hang");
+  if (st) ev += block("ev-straggler", named("STRAGGLER", st), st.details, "probe straggler");
   (doc && doc.findings || []).filter((f) => f.severity !== "info" && f.check !== "hang" && f.check !== "straggler")
     .forEach((f, i) => { ev += block(`ev-doctor-${i}`, `${f.severity}: ${f.title}`, f.evidence, f.next); });
   (doc && doc.findings || []).filter((f) => f.severity === "info").forEach((f) => {
-    ev += `<details><summary><span class="sev info">info</span>${esc(f.title)}</summary><pre>${esc((f.evidence || []).join("\n"))}</pre></details>`; });
+    ev += `<details><summary><span class="sev info">info</span>${rich(f.title)}</summary><pre>${rich((f.evidence || []).join("\n"))}${f.next ? "\nnext: " + rich(f.next) : ""}</pre></details>`; });
   $("findings").innerHTML = ev || "waiting for the first doctor round…";
   const leak = (doc && doc.findings || []).find((f) => f.check === "memory");
   $("leak").textContent = leak ? leak.title : "";
@@ -275,7 +298,7 @@ async function refresh() {
     $("memkind").textContent = cuda ? "(CUDA allocated, MiB)" : "(job memory: RSS less agent and free heap, MiB)";
     lineChart("memory", tiles, cuda ? "allocated" : "job_mib", "MiB", (v) => v.toFixed(0) + " MiB", false);
     renderHeatmap(snap.slow, snap.slow_at);
-    banners(snap.verdicts || {});
+    banners(snap.verdicts || {}, snap.stale_s);
     renderMemKinds((snap.verdicts || {}).doctor);
     renderThroughput(snap.throughput);
     renderStacks(tiles);
