@@ -241,6 +241,9 @@ class BacktraceBody(WireBody):
     died_at: float | None = sometimes(_dead)
     last_backtrace: dict[str, Any] | None = sometimes(_dead)
     threads: tuple[dict[str, Any], ...] = ()
+    #: ``?children=1``: the rank's child processes read by its watchdog (pid, name, state,
+    #: kind, worker_id, route, threads, error); absent when not asked or with no watchdog.
+    children: tuple[dict[str, Any], ...] | None = sometimes()
     elapsed_ms: float | None = sometimes()
 
     @property

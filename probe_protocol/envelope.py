@@ -208,6 +208,8 @@ READERS: dict[str, Callable[[Any], Any]] = {
     "bool": as_bool, "bool | None": as_bool,
     "dict[str, Any]": as_dict, "dict[str, Any] | None": as_dict_or_none,
     "tuple[dict[str, Any], ...]": as_dicts,
+    "tuple[dict[str, Any], ...] | None": lambda value: as_dicts(value)
+    if isinstance(value, list | tuple) else None,
     "tuple[str, ...]": as_strs, "tuple[str, ...] | None": as_strs_or_none,
     "tuple[list[Any], ...]": as_rows,
     "Any": lambda value: value,

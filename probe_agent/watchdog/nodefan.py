@@ -150,7 +150,8 @@ def _request(route: str, params: dict[str, Any], auth: str | None) -> bytes:
     """The HTTP request for one rank: the read route only, with the caller's token."""
     if route == "backtrace":
         flags: dict[str, int] = {k: int(bool(params.get(k)))
-                                 for k in ("locals", "native", "all", "secrets") if k in params}
+                                 for k in ("locals", "native", "all", "secrets", "children")
+                                 if k in params}
         target, data = BACKTRACE.path + ("?" + urlencode(flags) if flags else ""), b""
         method = "GET"
     elif route == "collectives":

@@ -38,6 +38,7 @@ from ..access import (
     overload_message,
     reserve_refusal,
 )
+from .children import read_children
 from .compiling import compiling_note
 from .health import HealthWatch, http_status
 from .httpwire import BadRequest, Request, error_response, json_response, read_request
@@ -342,6 +343,12 @@ class Proxy:
 
     async def backtrace(self, req: Request, writer: asyncio.StreamWriter, client: str) -> bool:
         started = time.monotonic()
+        # ?children=1: the rank's children (DataLoader workers) are read from outside, here,
+        # beside the rank's own stack, so they come whatever the rank's GIL does (children.py)
+        kids = asyncio.ensure_future(read_children(
+            self.pid, self.stand_in.reader, want_locals=req.flag("locals"),
+            secrets=req.flag("secrets"), all_threads=req.flag("all"))) \
+            if req.flag("children") else None
         stale = self._stale()
         stopped = stop_note(self.pid)
         if stopped is not None:  # its agent cannot answer: no need to wait a deadline for it
@@ -354,7 +361,15 @@ class Proxy:
             done, _ = await asyncio.wait({task}, timeout=self.deadline_s)
             if done and task.exception() is None:
                 head, r, w = task.result()
-                return await self.upstream.relay(writer, head, r, w)
+                if kids is None or head.status != 200:
+                    if kids is not None:
+                        kids.cancel()
+                    return await self.upstream.relay(writer, head, r, w)
+                body = await self.upstream.read_json(head, r, w)
+                if body is not None:
+                    writer.write(json_response(200, {**body, "children": await kids}))
+                    return True
+                reason = "the agent's answer could not be read whole to add the children"
             if done:
                 e = task.exception()
                 reason = f"the agent did not answer ({type(e).__name__}: {e})"
@@ -362,7 +377,7 @@ class Proxy:
                 task.cancel()
                 reason = (f"the agent did not answer within {self.deadline_s * 1000:.0f} ms "
                           "(PROBE_BACKTRACE_DEADLINE_MS)")
-        writer.write(await self.stand_in.out_of_process(req, reason, started))
+        writer.write(await self.stand_in.out_of_process(req, reason, started, kids))
         return True
 
     async def fetch_in_process(self) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
 from typing import Any
 
@@ -71,8 +72,10 @@ class StandIn:
             "state": "unknown", "error": "the agent did not answer in time"}).to_wire()
 
     # -- a live rank whose agent does not answer ----------------------------------------------
-    async def out_of_process(self, req: Request, reason: str, started: float) -> bytes:
-        """The backtrace read from outside; ``reason`` says why the agent's was not used."""
+    async def out_of_process(self, req: Request, reason: str, started: float,
+                             children: Awaitable[list[dict[str, Any]]] | None = None) -> bytes:
+        """The backtrace read from outside; ``reason`` says why the agent's was not used;
+        ``children``, when asked for, the rank's children being read (children.py)."""
         native, want_locals, show_all = req.flag("native"), req.flag("locals"), req.flag("all")
         try:
             res = await self.reader.read(locals=want_locals, native=native)
@@ -108,6 +111,7 @@ class StandIn:
             gil_held=res.get("gil_holder") is not None if res["route"] == "py-spy" else None,
             heartbeat_age_s=round(hb[0], 3) if hb else None,
             step=self.rank.last_step, threads=tuple(threads),
+            children=tuple(await children) if children is not None else None,
             elapsed_ms=round((time.monotonic() - started) * 1e3, 3),
         ).to_wire())
 

@@ -72,6 +72,22 @@ class Upstream:
             w.close()
         return not close
 
+    async def read_json(self, head: ResponseHead, r: Any, w: Any,
+                        limit: int = 16 * 1024 * 1024) -> dict[str, Any] | None:
+        """The whole JSON body of the answer ``ask`` returned (then closed), for a caller that
+        adds to it (the backtrace's children); None when it has no length, is over ``limit``
+        bytes or is not a JSON object: the caller then relays nothing and says why."""
+        try:
+            if head.length is None or head.length > limit:
+                return None
+            data = await asyncio.wait_for(r.readexactly(head.length), RELAY_IDLE_S)
+            body = json.loads(data)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
+            return None
+        finally:
+            w.close()
+        return body if isinstance(body, dict) else None
+
     async def fetch(self, target: str) -> dict[str, Any] | None:
         """``GET target`` as the watchdog itself: the JSON body of a 200, or None when the
         agent did not answer that within the deadline."""

@@ -12,6 +12,7 @@ from ..diagnose.ends import ends_lines
 from ..gather.postmortem import session_job
 from ..group import rank_label
 from ..outcome import Outcome, finish
+from ..render.children import render_children
 from ..render.stacks import render_backtrace
 from ..render.text import format_csv
 from ..result import RankResult
@@ -35,9 +36,13 @@ CSV_COLUMNS = ("rank", "thread_id", "thread_name", "is_main", "depth", "func", "
 @click.option("--all", "show_all", is_flag=True,
               help="Every rank in full with every thread, the agent's own included. Default: "
                    "main-thread stacks grouped across ranks, outliers first.")
+@click.option("--children", "children", is_flag=True,
+              help="Also each rank's child processes (DataLoader workers and others): pid, "
+                   "worker id and Python stack, read from outside by the rank's watchdog (so "
+                   "they come while a worker or the rank holds its GIL).")
 @pass_session
 def command(session: Session, show_locals: bool, show_secrets: bool, native: bool,
-            show_all: bool) -> Outcome:
+            show_all: bool, children: bool) -> Outcome:
     """Show where every rank is right now.
 
     Across ranks, main-thread stacks that are identical are printed once with their ranks
@@ -48,21 +53,27 @@ def command(session: Session, show_locals: bool, show_secrets: bool, native: boo
     flags = {"locals": show_locals, "native": native, "all": show_all}
     if show_secrets:
         flags["secrets"] = True
+    if children:
+        flags["children"] = True
     # The other ranks: one request per node where a host runs several (nodetree.py).
     node = NodeCall("backtrace", {k: int(v) for k, v in flags.items()})
     results = fan_out_target_first(
         session,
         lambda client, _: client.backtrace(locals=show_locals, native=native, all=show_all,
-                                            secrets=show_secrets),
+                                            secrets=show_secrets, children=children),
         spread=lambda s, targets, call: fan_out_nodes(s, targets, call, node),
     )
 
     def render(ok: list[RankResult]) -> list[str]:
         if session.output == "csv":
             return format_csv(CSV_COLUMNS, list(_frame_rows(ok)))
-        return render_backtrace(
+        lines = render_backtrace(
             ok, show_all=show_all, show_locals=show_locals, colour=session.colour
         )
+        if children:
+            lines += ["", *render_children(ok, show_locals=show_locals, show_all=show_all,
+                                           colour=session.colour)]
+        return lines
 
     out = finish(session, results, render)
     ok = [r for r in results if r.ok]

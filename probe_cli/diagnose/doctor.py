@@ -53,6 +53,7 @@ def rank_doc(state: RankState, answer: dict[str, Any] | None) -> RankDoc:
     data = answer or {}
     doc = RankDoc(
         rank=state.rank, state=data.get("state"), grads=data.get("grads"), frames=state.frames,
+        children=state.children,
         collectives=tuple(data["collectives"]) if data.get("collectives") else state.collectives,
         errors=data.get("errors") or {})
     for e in evidence():

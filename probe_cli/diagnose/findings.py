@@ -63,6 +63,8 @@ class RankDoc:
     schedule: list[dict[str, Any]] | None = None  # the schedule query's rows
     parallel: list[dict[str, Any]] | None = None  # the parallel query's row
     frames: tuple[dict[str, Any], ...] = ()
+    #: its children as its watchdog read them (hang.RankState.children); () when not read
+    children: tuple[dict[str, Any], ...] = ()
     collectives: tuple[dict[str, Any], ...] = ()
     errors: dict[str, str] = field(default_factory=dict)
     answers: dict[str, list[dict[str, Any]] | None] = field(default_factory=dict)

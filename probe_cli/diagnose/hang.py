@@ -37,6 +37,7 @@ from probe_protocol.bodies import BacktraceBody, CollectivesBody
 from ..errors import AgentUnreachableError
 from ..group import rank_label
 from ..result import RankResult
+from .loader_workers import loader_place
 from .mismatch import Mismatch, find_mismatch
 from .rhythm import MIN_GAPS, WaitRule, normal_wait
 from .verdict import Verdict
@@ -73,6 +74,9 @@ class RankState:
     #: its agent is up on this machine but not in the job's rank list: it never joined the
     #: process group (transport/unjoined.py); the pid.
     unjoined_pid: int | None = None
+    #: its child processes (DataLoader workers) as its watchdog read them, asked for only when
+    #: its main thread waits in the DataLoader (``?children=1``); () when not read.
+    children: tuple[dict[str, Any], ...] = ()
 
     @property
     def answered(self) -> bool:
@@ -124,8 +128,16 @@ def _frame(f: dict[str, Any]) -> str:
     return f"{f.get('func')} ({os.path.basename(str(f.get('file')))}:{f.get('lineno')})"
 
 
-def where(frames: tuple[dict[str, Any], ...], limit: int = 3) -> tuple[str, list[str]]:
-    """A one-phrase place ("in the DataLoader") and the top frames worth showing."""
+def in_dataloader(frames: tuple[dict[str, Any], ...]) -> bool:
+    """The main thread waits in torch.utils.data (for a batch, at a DataLoader's next)."""
+    return any(_DATALOADER in str(f.get("file")) for f in frames)
+
+
+def where(frames: tuple[dict[str, Any], ...], limit: int = 3,
+          children: tuple[dict[str, Any], ...] = ()) -> tuple[str, list[str]]:
+    """A one-phrase place ("in the DataLoader") and the top frames worth showing; with the
+    rank's ``children`` read (its watchdog's), the DataLoader worker it waits for and where
+    that worker is (loader_workers.py)."""
     shown = [f for f in frames if (os.sep + "probe_agent" + os.sep) not in str(f.get("file"))]
     if not shown:
         return "somewhere unknown (no main-thread frames)", []
@@ -134,7 +146,10 @@ def where(frames: tuple[dict[str, Any], ...], limit: int = 3) -> tuple[str, list
     if user and user[0] not in top:
         top = [*shown[: limit - 1], user[0]]
     lines = [_frame(f) for f in top]
-    if any(_DATALOADER in str(f.get("file")) for f in shown):
+    if in_dataloader(tuple(shown)):
+        found = loader_place(children)
+        if found is not None:
+            return found[0], [*lines, *found[1]]
         return "in the DataLoader, waiting for a batch", lines
     inner = shown[0]
     if inner.get("func") == "sleep":
@@ -182,7 +197,7 @@ def _explain(r: int, s: RankState | None, w: dict[str, Any] | None, key: tuple[s
     if not s.answered:
         why = _silent_reason(s)
         return f"rank {r} {why}", [f"rank {r} {why}"], False
-    place, frames = where(s.frames)
+    place, frames = where(s.frames, children=s.children)
     stack = [f"    {line}" for line in frames]
     if w is not None and (str(w.get("pg")), w.get("seq")) == key:
         phrase = (f"rank {r} calls {_label(w)} where the others call {op} "
@@ -296,7 +311,7 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
         # Python does not run: its GIL is held. Name it with the stack read from outside.
         details = []
         for s in stuck:
-            place, frames = where(s.frames)
+            place, frames = where(s.frames, children=s.children)
             details += [f"rank {s.rank} is {place}; its agent did not answer /v1/collectives "
                         f"({s.coll_error})", *(f"    {line}" for line in frames)]
         basis = "the rank's Python did not run in time to answer (read from outside)"
@@ -311,7 +326,7 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
         culprits = sorted(s.rank for s in silent) or sorted(failed)
         details = [f"rank {s.rank} {_silent_reason(s)}" for s in silent]
         for r, f in sorted(failed.items()):
-            place, frames = where(by_rank[r].frames)
+            place, frames = where(by_rank[r].frames, children=by_rank[r].children)
             details.append(f"rank {r}: {_label(f)} failed: {f.get('error')}; it is now {place}")
         parts = []
         if len(silent) == 1:  # the culprit first, with what is known of it
@@ -349,7 +364,7 @@ def _unjoined_verdict(unjoined: list[RankState], answered: list[RankState],
     finished) ``init_process_group``; the others wait for them there."""
     details, phrases = [], []
     for s in unjoined:
-        place, frames = where(s.frames)
+        place, frames = where(s.frames, children=s.children)
         at_init = _in_init(s.frames)
         what = ("is inside init_process_group and never finished it" if at_init else
                 "never reached init_process_group")
@@ -393,7 +408,7 @@ def _mismatch_verdict(m: Mismatch, by_rank: dict[int, RankState],
         for r in side.ranks:
             state = by_rank.get(r)
             if state is not None and state.frames:
-                place, frames = where(state.frames)
+                place, frames = where(state.frames, children=state.children)
                 details += [f"rank {r} is {place}", *(f"    {line}" for line in frames)]
     waiting = [r for i, side in enumerate(m.sides) if i != m.odd for r in side.ranks]
     ages = [by_rank[r].now - float(row.get("start_time") or by_rank[r].now)
@@ -437,9 +452,10 @@ def rank_state(r: RankResult) -> RankState:
     # Only a thread marked main: a stack from another thread would put the rank somewhere false.
     main = next((t for t in bt.threads if t.get("is_main")), None)
     frames = tuple(main.get("frames", ())) if main else ()
+    kids = bt.children or ()
     if r.data.get("collectives") is None:  # backtrace from the watchdog, collectives timed out
         return RankState(rank, frames=frames, coll_error=r.data.get("collectives_error") or
-                         "no answer", route=bt.route or bt.source)
+                         "no answer", route=bt.route or bt.source, children=kids)
     coll = CollectivesBody.from_wire(r.data["collectives"])
     return RankState(rank, frames=frames, collectives=coll.collectives, now=coll.now,
-                     route=bt.route or bt.source)
+                     route=bt.route or bt.source, children=kids)

@@ -104,7 +104,7 @@ def check_stalls(report: Report, docs: list[RankDoc], min_wait: float) -> None:
         evidence.append(f"rank {d.rank}: no optimizer step for {idle:.1f} s since step {step}"
                         f"{usual}")
         waiting = num(((d.state or {}).get("loop") or {}).get("data_waiting_s"))
-        place, frames = where(d.frames)
+        place, frames = where(d.frames, children=d.children)
         if waiting is not None:
             evidence.append(f"rank {d.rank}: waiting for a batch in DataLoader __next__ for "
                             f"{waiting:.1f} s")
@@ -120,7 +120,8 @@ def check_stalls(report: Report, docs: list[RankDoc], min_wait: float) -> None:
         CRITICAL, "stall",
         f"STALLED: {rank_label(ranks)} {what}: no optimizer step for "
         f"{max(i for _, i, _ in stalled):.1f} s",
-        evidence, "probe backtrace", ranks, score=1e8))
+        evidence, "probe backtrace --children" if in_dl else "probe backtrace", ranks,
+        score=1e8))
 
 
 def check_straggler(report: Report, docs: list[RankDoc]) -> None:

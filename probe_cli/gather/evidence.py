@@ -10,11 +10,12 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from probe_protocol.bodies import CollectivesBody
+from probe_protocol.bodies import BacktraceBody, CollectivesBody
 from probe_protocol.envelope import Envelope
 from probe_protocol.query import QueryBody
 
 from ..diagnose.doctor import evidence
+from ..diagnose.hang import in_dataloader
 from ..diagnose.levers import LEVER_EVIDENCE
 from ..diagnose.straggler import StragglerVerdict, diagnose_stragglers
 from ..errors import AgentHTTPError, RankError
@@ -31,6 +32,8 @@ RECENT = 64
 
 def hang_evidence(client: RankClient, _: RankTarget) -> dict[str, Any]:
     bt = client.backtrace()
+    if _waits_for_a_batch(bt):  # which worker it waits for (see _loader_children)
+        bt = client.backtrace(children=True)
     who = Envelope.from_wire(bt)
     out = {"ok": True, "rank": who.rank, "pid": who.pid, "host": who.host, "backtrace": bt,
            "collectives": None}
@@ -56,14 +59,16 @@ def hang_evidence_by_node(session: Session, targets: list[RankTarget]) -> list[R
         session, [t for t in targets if t.endpoint.label in answered],
         lambda c, _: c.collectives(limit=RECENT), NodeCall("collectives", {"limit": RECENT}))
     by_url = {r.url: r for r in colls}
+    kids = _loader_children(session, targets, stacks)
     out = []
     for r in stacks:
         if not r.ok or r.data is None:
             out.append(r)
             continue
         who = Envelope.from_wire(r.data)
+        bt = {**r.data, "children": kids[r.url]} if r.url in kids else r.data
         body: dict[str, Any] = {"ok": True, "rank": who.rank, "pid": who.pid, "host": who.host,
-                                "backtrace": r.data, "collectives": None}
+                                "backtrace": bt, "collectives": None}
         c = by_url.get(r.url)
         if c is not None and c.ok:
             body["collectives"] = c.data
@@ -71,6 +76,26 @@ def hang_evidence_by_node(session: Session, targets: list[RankTarget]) -> list[R
             body["collectives_error"] = getattr(c and c.error, "reason", None) or "no answer"
         out.append(replace(r, data=body))
     return out
+
+
+def _waits_for_a_batch(body: dict[str, Any] | None) -> bool:
+    main = BacktraceBody.from_wire(body).main_thread
+    return in_dataloader(tuple((main or {}).get("frames") or ()))
+
+
+def _loader_children(session: Session, targets: list[RankTarget],
+                     stacks: list[RankResult]) -> dict[str, list[dict[str, Any]]]:
+    """The children (DataLoader workers) of each rank whose main thread waits for a batch, as
+    its watchdog reads them from outside (``?children=1``), by url: a third round, for those
+    ranks only (py-spy pauses each worker for a moment). A rank with no watchdog sends none."""
+    urls = {r.url for r in stacks if r.ok and _waits_for_a_batch(r.data)}
+    if not urls:
+        return {}
+    again = fan_out_nodes(session, [t for t in targets if t.endpoint.label in urls],
+                          lambda c, _: c.backtrace(children=True),
+                          NodeCall("backtrace", {"children": 1}))
+    return {r.url: list(BacktraceBody.from_wire(r.data).children or ())
+            for r in again if r.ok and BacktraceBody.from_wire(r.data).children is not None}
 
 
 def doctor_queries(last: int) -> tuple[tuple[str, str, dict[str, Any]], ...]:

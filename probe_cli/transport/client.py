@@ -177,11 +177,13 @@ class ProbeClient:
 
     def backtrace(
         self, *, locals: bool = False, native: bool = False, all: bool = False,
-        secrets: bool = False,
+        secrets: bool = False, children: bool = False,
     ) -> dict[str, Any]:
         params = {"locals": int(locals), "native": int(native), "all": int(all)}
         if secrets:
             params["secrets"] = 1
+        if children:  # the rank's child processes, read by its watchdog
+            params["children"] = 1
         return self._json(routes.BACKTRACE, params=params)
 
     def collectives(self, *, limit: int = 200, state: str | None = None) -> dict[str, Any]:
