@@ -41,6 +41,7 @@ class CollectiveScenario:
     culprits: tuple[int, ...] | None = None  # hang's culprits (None: not scored)
     mismatch: str | None = None  # hang's mismatch kind
     unused: tuple[str, tuple[str, ...]] | None = None  # doctor: (verdict, modules)
+    says: tuple[str, ...] = ()  # what hang's headline must say (the worker and its line)
     dead: bool = False  # judged from the post-mortem copy
     healthy: bool = False
     args: tuple[str, ...] = ()
@@ -72,7 +73,9 @@ SCENARIOS = [
     CollectiveScenario("c_unused_none", QUIET, unused=("costs_time", ()), healthy=True,
                        args=("--at", "12")),
     CollectiveScenario("c_loader_stuck", {"hang": _s("hang"), "doctor": _s("hang")},
-                       culprits=(1,)),
+                       culprits=(1,), says=("from DataLoader worker 1 (pid ",
+                                            "stuck in read_remote_shard (collective_job.py:")),
+    CollectiveScenario("c_loader_healthy", QUIET, healthy=True, args=("--at", "40")),
 ]
 
 
@@ -156,6 +159,8 @@ def score(sc: CollectiveScenario, o: Any) -> None:
     ok = want <= o.kinds <= want | sc.allow
     if o.command == "hang" and sc.culprits is not None and want:
         ok = ok and sorted(o.culprits) == list(sc.culprits)
+    if o.command == "hang" and sc.says:
+        ok = ok and all(part in o.headline for part in sc.says)
     if o.command == "hang" and sc.mismatch:
         ok = ok and (o.body.get("mismatch") or {}).get("kind") == sc.mismatch
     if o.command == "doctor" and not want and not sc.dead:

@@ -69,6 +69,9 @@ class RankState:
     now: float = 0.0
     #: the backtrace answered but /v1/collectives did not (its GIL is held): why.
     coll_error: str | None = None
+    #: with ``coll_error``: how long its Python had not run, as its watchdog said (None: not
+    #: said). Shorter than the job's stuck threshold, it is a busy node, not a held GIL.
+    gil_age_s: float | None = None
     #: which route read the stack ("watchdog": from outside the process), when it says.
     route: str | None = None
     #: its agent is up on this machine but not in the job's rank list: it never joined the
@@ -241,7 +244,11 @@ def diagnose(states: list[RankState], min_wait_s: float | None = None) -> HangVe
                            [s.rank for s in silent], confidence="low",
                            basis="no rank answered: nothing to compare")
 
-    stuck = [s for s in answered if s.coll_error]
+    # A rank whose Python has not run for less than the job's own stuck threshold is on a busy
+    # node, not held: on 2 overloaded cores healthy ranks' heartbeats pass the watchdog's 1 s
+    # deadline, and "HANG ... for 0.2 s" was printed for a healthy DataLoader job.
+    stuck = [s for s in answered if s.coll_error and
+             (s.gil_age_s is None or s.gil_age_s >= rule.wait_s)]
     if stuck and not waits:
         # A rank whose Python does not run (its GIL is held: the watchdog answered for it) is
         # evidence enough: the others' pending collectives, however young, wait for it.
@@ -454,8 +461,10 @@ def rank_state(r: RankResult) -> RankState:
     frames = tuple(main.get("frames", ())) if main else ()
     kids = bt.children or ()
     if r.data.get("collectives") is None:  # backtrace from the watchdog, collectives timed out
+        age = r.data.get("collectives_heartbeat_age_s")
         return RankState(rank, frames=frames, coll_error=r.data.get("collectives_error") or
-                         "no answer", route=bt.route or bt.source, children=kids)
+                         "no answer", route=bt.route or bt.source, children=kids,
+                         gil_age_s=float(age) if isinstance(age, int | float) else None)
     coll = CollectivesBody.from_wire(r.data["collectives"])
     return RankState(rank, frames=frames, collectives=coll.collectives, now=coll.now,
                      route=bt.route or bt.source, children=kids)

@@ -43,7 +43,16 @@ def hang_evidence(client: RankClient, _: RankTarget) -> dict[str, Any]:
         # A rank whose GIL is held answers the backtrace from its watchdog (out of process)
         # but not the collectives: keep its stack, it is the verdict's evidence.
         out["collectives_error"] = e.reason
+        out["collectives_heartbeat_age_s"] = _heartbeat_age(e)
     return out
+
+
+def _heartbeat_age(error: Any) -> float | None:
+    """How long the rank's Python had not run, from its watchdog's 504 (``heartbeat_age_s``);
+    None when the error does not say (a timeout, no watchdog)."""
+    body = getattr(error, "body", None)
+    age = body.get("heartbeat_age_s") if isinstance(body, dict) else None
+    return float(age) if isinstance(age, int | float) and not isinstance(age, bool) else None
 
 
 def hang_evidence_by_node(session: Session, targets: list[RankTarget]) -> list[RankResult]:
@@ -74,6 +83,7 @@ def hang_evidence_by_node(session: Session, targets: list[RankTarget]) -> list[R
             body["collectives"] = c.data
         else:  # as hang_evidence: keep the stack (the watchdog's, with the GIL held)
             body["collectives_error"] = getattr(c and c.error, "reason", None) or "no answer"
+            body["collectives_heartbeat_age_s"] = _heartbeat_age(c and c.error)
         out.append(replace(r, data=body))
     return out
 

@@ -32,7 +32,7 @@ def _main(body: dict) -> dict:
 
 def test_gil_held_backtrace_answers_out_of_process_then_in_process_again(gil_rank, capsys):
     require_pyspy()
-    info, go, done = gil_rank(spin_s=5.0)
+    info, go, done = gil_rank(spin_s=6.0, workers=2)
     with httpx.Client(base_url=info["url"], timeout=10) as client:
         # GIVEN the main thread waits in time.sleep: the in-process route answers, with locals
         body, _ = _timed_get(client, "/v1/backtrace", locals=1)
@@ -52,6 +52,18 @@ def test_gil_held_backtrace_answers_out_of_process_then_in_process_again(gil_ran
             return b if b["source"] == "out-of-process" else None
 
         body = wait_until(out_of_process, 4, "backtrace never came from the watchdog")
+        # AND the rank's DataLoader workers come with it, read from outside, pid and worker id
+        kids, took = _timed_get(client, "/v1/backtrace", children=1)
+        assert kids["source"] == "out-of-process" and took <= 4.0, (took, kids)
+        workers = [c for c in kids["children"] if c["kind"] == "dataloader_worker"]
+        assert sorted(c["worker_id"] for c in workers) == [0, 1], kids["children"]
+        for c in workers:
+            assert c["route"] == "py-spy" and c["name"] == "pt_data_worker", c
+            frames = c["threads"][0]["frames"]
+            assert "_worker_loop" in [f["func"] for f in frames], frames
+            assert all(f["locals"] is None for f in frames)  # read with locals, not sent
+            assert open(f"/proc/{c['pid']}/stat").read().rsplit(")", 1)[1].split()[1] == \
+                str(info["pid"])  # a real child of the rank
         main = _main(body)
         assert body["route"] == "py-spy"
         assert body["gil_holder"] == main["thread_id"] and body["gil_held"] is True

@@ -19,6 +19,7 @@ Scenarios (each fault starts at step ``--at``, right after every rank announced 
   finished reduction"; ``unused_found``: with it, the job runs and pays for the search).
 - ``unused_none``: ``find_unused_parameters=True`` on a model that uses every parameter.
 - ``loader_stuck``: rank 1's DataLoader worker 1 blocks in ``ShardDataset.__getitem__``.
+- ``loader_healthy``: the same DataLoader (2 workers per rank), no worker blocks.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
 SCENARIOS = ("healthy", "rank0_only", "sizes", "dtype", "order", "stall", "missing_init",
-             "unused", "unused_found", "unused_none", "loader_stuck")
+             "unused", "unused_found", "unused_none", "loader_stuck", "loader_healthy")
 
 
 class Net(nn.Module):
@@ -135,8 +136,9 @@ def main() -> None:
         find_unused_parameters=sc in ("unused_found", "unused_none"))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = None
-    if sc == "loader_stuck":
-        ds = ShardDataset(stuck_from=args.at * 8 if rank == odd else None)
+    if sc in ("loader_stuck", "loader_healthy"):
+        stuck = sc == "loader_stuck" and rank == odd
+        ds = ShardDataset(stuck_from=args.at * 8 if stuck else None)
         loader = iter(DataLoader(ds, batch_size=8, num_workers=2))
     x, y = torch.randn(8, 16), torch.randn(8, 1)
     for i in range(1, args.steps + 1):

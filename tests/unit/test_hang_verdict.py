@@ -138,3 +138,18 @@ def test_a_gil_held_rank_is_named_before_the_wait_is_long():
     # THEN the hang is named now, culprit first, on the evidence of the held GIL
     assert v.headline.startswith("HANG: rank 1 never reached all_reduce #30; it is in spin_in_c")
     assert "GIL is held" in v.basis and v.confidence == "high"
+
+
+def test_a_busy_node_heartbeat_short_of_the_jobs_threshold_is_no_held_gil():
+    # GIVEN rank 0 0.2 s into all_reduce #30 (a 1 s rhythm: stuck means 4 s), and rank 1 whose
+    # collectives read got the watchdog's 504 after its Python had not run for 1.1 s (2
+    # overloaded cores: the healthy DataLoader job of the fault suite)
+    spin = {"func": "main", "file": "/job/train.py", "lineno": 155}
+    busy = RankState(1, frames=(spin,), coll_error="HTTP 504", route="py-spy", gil_age_s=1.1)
+    v = diagnose([history(0, 1.0, pending_age=0.2), busy])
+    # THEN no hang (it was "HANG: rank 1 never reached all_reduce #30 ... for 0.2 s")
+    assert not v.problem, v.headline
+    # AND once its Python has not run for longer than the job's threshold, it is named
+    held = RankState(1, frames=(spin,), coll_error="HTTP 504", route="py-spy", gil_age_s=6.0)
+    v = diagnose([history(0, 1.0, pending_age=0.2), held])
+    assert v.problem and v.culprits == [1], v.headline
