@@ -35,8 +35,8 @@ def hang_evidence(client: RankClient, _: RankTarget) -> dict[str, Any]:
     if _waits_for_a_batch(bt):  # which worker it waits for (see _loader_children)
         bt = client.backtrace(children=True)
     who = Envelope.from_wire(bt)
-    out = {"ok": True, "rank": who.rank, "pid": who.pid, "host": who.host, "backtrace": bt,
-           "collectives": None}
+    out: dict[str, Any] = {"ok": True, "rank": who.rank, "pid": who.pid, "host": who.host,
+                           "backtrace": bt, "collectives": None}
     try:
         out["collectives"] = client.collectives(limit=RECENT)
     except RankError as e:
