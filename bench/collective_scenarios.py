@@ -75,7 +75,10 @@ SCENARIOS = [
     CollectiveScenario("c_loader_stuck", {"hang": _s("hang"), "doctor": _s("hang")},
                        culprits=(1,), says=("from DataLoader worker 1 (pid ",
                                             "stuck in read_remote_shard (collective_job.py:")),
-    CollectiveScenario("c_loader_healthy", QUIET, healthy=True, args=("--at", "40")),
+    # 2 workers per rank on a loaded 2-core node can really be the bottleneck: DATA-BOUND is
+    # then true (a warning), not a false alarm; any hang, stall or straggler verdict is one
+    CollectiveScenario("c_loader_healthy", QUIET, healthy=True, args=("--at", "40"),
+                       allow=_s("dataloader")),
 ]
 
 
@@ -163,8 +166,8 @@ def score(sc: CollectiveScenario, o: Any) -> None:
         ok = ok and all(part in o.headline for part in sc.says)
     if o.command == "hang" and sc.mismatch:
         ok = ok and (o.body.get("mismatch") or {}).get("kind") == sc.mismatch
-    if o.command == "doctor" and not want and not sc.dead:
-        ok = ok and o.exit == 0  # healthy (or info only): exit 0
+    if o.command == "doctor" and not want and not sc.dead and not o.kinds:
+        ok = ok and o.exit == 0  # healthy (or info only, or only what `allow` accepts): exit 0
     if o.command == "doctor" and sc.unused:
         verdict, modules = sc.unused
         found = [f.get("detail") or {} for f in o.body.get("findings", [])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -62,8 +63,8 @@ def test_gil_held_backtrace_answers_out_of_process_then_in_process_again(gil_ran
             frames = c["threads"][0]["frames"]
             assert "_worker_loop" in [f["func"] for f in frames], frames
             assert all(f["locals"] is None for f in frames)  # read with locals, not sent
-            assert open(f"/proc/{c['pid']}/stat").read().rsplit(")", 1)[1].split()[1] == \
-                str(info["pid"])  # a real child of the rank
+            stat = Path(f"/proc/{c['pid']}/stat").read_text()
+            assert stat.rsplit(")", 1)[1].split()[1] == str(info["pid"])  # the rank's child
         main = _main(body)
         assert body["route"] == "py-spy"
         assert body["gil_holder"] == main["thread_id"] and body["gil_held"] is True
