@@ -96,7 +96,30 @@ def _is_worker(name: str, threads: list[dict[str, Any]]) -> bool:
         f.get("func") == WORKER_LOOP for t in threads for f in t.get("frames") or ())
 
 
-async def read_child(pid: int, why_no_pyspy: str | None, pyspy: str | None, *,
+class ChildReaders:
+    """One ``StackReader`` per child, kept while the child lives. Its py-spy slot makes reads of
+    one child take turns (two tracers on one process refuse each other: a `probe hang` and a
+    `probe backtrace --children` at the same moment left one without the worker's stack), and a
+    dump that began after a request arrived is shared with it."""
+
+    def __init__(self) -> None:
+        self._readers: dict[int, StackReader] = {}
+
+    def get(self, pid: int, pyspy: str | None) -> StackReader:
+        reader = self._readers.get(pid)
+        if reader is None or reader.pyspy != pyspy:
+            # No faulthandler route: a child never registered the agent's dump signal, and
+            # sending it would kill it (its default action).
+            reader = self._readers[pid] = StackReader(pid, pyspy, "py-spy", dump_path="",
+                                                      dump_signal=None)
+        return reader
+
+    def keep_only(self, pids: list[int]) -> None:
+        for gone in set(self._readers) - set(pids):
+            del self._readers[gone]
+
+
+async def read_child(pid: int, why_no_pyspy: str | None, reader: StackReader, *,
                      want_locals: bool, secrets: bool, all_threads: bool) -> dict[str, Any]:
     """One child: ``{pid, name, cmdline, state, kind, worker_id, route, threads, error,
     elapsed_ms}``. ``threads`` are its main thread only unless ``all_threads``."""
@@ -109,9 +132,6 @@ async def read_child(pid: int, why_no_pyspy: str | None, pyspy: str | None, *,
     try:
         if why_no_pyspy is not None:
             raise ReadError(why_no_pyspy)
-        # No faulthandler route: the child never registered the agent's dump signal, and
-        # sending it would kill it (its default action).
-        reader = StackReader(pid, pyspy, "py-spy", dump_path="", dump_signal=None)
         res = await reader.read(locals=True)
         threads, out["route"] = res["threads"], res["route"]
     except (ReadError, PermissionError) as e:
@@ -133,19 +153,23 @@ async def read_child(pid: int, why_no_pyspy: str | None, pyspy: str | None, *,
     return out
 
 
-async def read_children(pid: int, reader: StackReader, *, want_locals: bool = False,
-                        secrets: bool = False, all_threads: bool = False) -> list[dict[str, Any]]:
+async def read_children(pid: int, reader: StackReader, readers: ChildReaders, *,
+                        want_locals: bool = False, secrets: bool = False,
+                        all_threads: bool = False) -> list[dict[str, Any]]:
     """Every direct child of the rank ``pid`` (the watchdog left out), oldest pid first; the
-    first ``MAX_CHILDREN`` read with py-spy (``reader`` says whether py-spy is usable)."""
+    first ``MAX_CHILDREN`` read with py-spy (the rank's ``reader`` says whether py-spy is
+    usable; ``readers`` keeps each child's own)."""
     pids = child_pids(pid, frozenset({os.getpid()}))
+    readers.keep_only(pids)
     why_not = reader.pyspy_unusable()
     slots = asyncio.Semaphore(PARALLEL)
 
     async def one(child: int) -> dict[str, Any]:
         async with slots:
             try:
-                return await read_child(child, why_not, reader.pyspy, want_locals=want_locals,
-                                        secrets=secrets, all_threads=all_threads)
+                return await read_child(child, why_not, readers.get(child, reader.pyspy),
+                                        want_locals=want_locals, secrets=secrets,
+                                        all_threads=all_threads)
             except Exception as e:  # one child must not cost the answer for the others
                 return {"pid": child, "name": _proc_text(f"/proc/{child}/comm"),
                         "state": proc_state(child), "kind": "process", "worker_id": None,

@@ -38,7 +38,7 @@ from ..access import (
     overload_message,
     reserve_refusal,
 )
-from .children import read_children
+from .children import ChildReaders, read_children
 from .compiling import compiling_note
 from .health import HealthWatch, http_status
 from .httpwire import BadRequest, Request, error_response, json_response, read_request
@@ -107,6 +107,8 @@ class Proxy:
         self.stand_in = StandIn(self.rank_no, self.pid, self.host, rank, reader)
         #: healthy / starting / hung / dead for schedulers (health.py); started by main.py
         self.health = HealthWatch(rank)
+        #: one stack reader per child process (children.py), for ?children=1
+        self.child_readers = ChildReaders()
         self.node = NodeRelay(os.path.dirname(self.inner), cfg.get("token"), self.host,
                               self.rank_no)
 
@@ -346,7 +348,7 @@ class Proxy:
         # ?children=1: the rank's children (DataLoader workers) are read from outside, here,
         # beside the rank's own stack, so they come whatever the rank's GIL does (children.py)
         kids = asyncio.ensure_future(read_children(
-            self.pid, self.stand_in.reader, want_locals=req.flag("locals"),
+            self.pid, self.stand_in.reader, self.child_readers, want_locals=req.flag("locals"),
             secrets=req.flag("secrets"), all_threads=req.flag("all"))) \
             if req.flag("children") else None
         stale = self._stale()

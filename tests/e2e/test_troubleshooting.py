@@ -3,8 +3,10 @@ probe command is run against it until it prints what the guide says it prints.
 
 Conventions in the guide (parsed here):
 
-- ``<!-- example: examples/NAME.py [nproc=N] [ARGS...] -->`` starts an entry: the test runs that
-  program with PROBE=1 (under torchrun with N ranks when ``nproc`` is given).
+- ``<!-- example: examples/NAME.py [nproc=N] [watchdog] [ARGS...] -->`` starts an entry: the
+  test runs that program with PROBE=1 (under torchrun with N ranks when ``nproc`` is given),
+  without the watchdog process unless ``watchdog`` is given (an entry whose commands read from
+  outside the rank: a DataLoader worker's stack).
 - In the entry, each ```` ```console ```` block whose first line is ``$ probe ...`` is a command
   and its real output. The ``<!-- expect: exit=N | text | text -->`` comment that follows the
   block says what the test asserts: the exit code and lines of text the output must contain.
@@ -55,6 +57,7 @@ class Entry:
     nproc: int
     args: list[str]
     commands: list[Command] = field(default_factory=list)
+    watchdog: bool = False
 
     @property
     def id(self) -> str:
@@ -70,8 +73,8 @@ def parse_guide(text: str) -> list[Entry]:
         if m := _EXAMPLE.search(line):
             words = m.group(1).split()
             nproc = next((int(w.split("=")[1]) for w in words if w.startswith("nproc=")), 0)
-            rest = [w for w in words[1:] if not w.startswith("nproc=")]
-            entries.append(Entry(words[0], nproc, rest))
+            rest = [w for w in words[1:] if not w.startswith("nproc=") and w != "watchdog"]
+            entries.append(Entry(words[0], nproc, rest, watchdog="watchdog" in words[1:]))
         elif line.startswith("```console") and entries:
             block = []
             i += 1
@@ -138,7 +141,7 @@ def test_documented_commands_find_the_problem(entry: Entry, tmp_path: Path):
     run_dir = tmp_path / "run"
     base = free_base_port(max(entry.nproc, 1)) if entry.nproc else 0
     env = python_env(PROBE="1", PROBE_PORT=str(base), PROBE_RUN_DIR=str(run_dir),
-                     PROBE_WATCHDOG="0")
+                     PROBE_WATCHDOG="1" if entry.watchdog else "0")
     cmd = [sys.executable]
     if entry.nproc:
         cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={entry.nproc}",
