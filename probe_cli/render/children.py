@@ -65,7 +65,9 @@ def render_children(results: Sequence[RankResult], *, show_locals: bool = False,
         bt = BacktraceBody.from_wire(r.data)
         who = f"Rank {r.rank} (pid {bt.pid})"
         if bt.children is None:
-            out += [f"{who}: {NO_CHILDREN_READ}", ""]
+            why = ("children not kept: a post-mortem copy has no child processes"
+                   if bt.source == "postmortem" else NO_CHILDREN_READ)
+            out += [f"{who}: {why}", ""]
             continue
         n = len(bt.children)
         out.append(paint(f"{who}: {n} child process{'es' if n != 1 else ''}"
