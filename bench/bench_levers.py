@@ -11,7 +11,9 @@ a no-agent baseline hides cost):
   sampled steps, every 10th) against off;
 - ``.to()``: the stand-in a CUDA job gets in front of ``Tensor.to`` (to count ``.to("cpu")``),
   per call on the path every batch move takes (a CPU tensor: returns to the original after one
-  ``is_cpu`` read), against the original, in nanoseconds (best of many repeats, alternated).
+  ``is_cpu`` read), against the original, in nanoseconds (best of many repeats, alternated);
+  and likewise one counted ``.item()``: the price of each sync, which times a loop's syncs per
+  step bounds the counter's cost where the step-time ratios are too noisy to.
 
 Arms alternate in blocks of ``--block`` steps (ABAB..., the order within each round shuffled);
 each round gives one ratio of median step times (arm / off), and the report is the median
@@ -206,22 +208,43 @@ def run_moe(torch: Any, agent: Any, device: str, rounds: int, block: int, width:
     return res
 
 
-def run_to(torch: Any, agent: Any, repeats: int = 30) -> dict[str, Any]:
+def _per_call(original: Any, patched: Any, *args: Any, repeats: int = 30) -> dict[str, Any]:
+    """ns per call of ``patched(*args)`` against ``original(*args)``: the best of many short
+    timings, the two alternated (the best is the least disturbed by a busy machine)."""
     import timeit
 
-    counter = agent.collectors.get("host_syncs")
-    original = torch.Tensor.to
-    counter.install_to(torch)
-    patched = torch.Tensor.to
-    x = torch.ones(64)
     best: dict[str, list[float]] = {"original": [], "patched": []}
     for _ in range(repeats):
         for name, f in (("original", original), ("patched", patched)):
-            best[name].append(min(timeit.repeat(lambda f=f: f(x, "cpu"), number=2000,
+            best[name].append(min(timeit.repeat(lambda f=f: f(*args), number=2000,
                                                 repeat=3)) / 2000 * 1e9)
     a, b = min(best["original"]), min(best["patched"])
     return {"original_ns": round(a), "patched_ns": round(b), "added_ns": round(b - a),
             "patched": patched is not original}
+
+
+def run_item(torch: Any, agent: Any) -> dict[str, Any]:
+    """One counted ``.item()`` (the stand-in, the frame walk to this file, the site's count)
+    against the original: the price of each sync the loop makes."""
+    from probe_agent import patches
+
+    step = _sync_loop(torch, "cpu", 8, 2, 0)
+    for _ in range(3):
+        step()  # the counter goes in at the agent's first step
+    patched = torch.Tensor.item
+    original = getattr(patched, "__wrapped__", None) if patches.ours(patched) else None
+    if original is None:
+        raise SystemExit("the host-sync counter's .item() stand-in is not in place")
+    return _per_call(original, patched, torch.ones(()))
+
+
+def run_to(torch: Any, agent: Any) -> dict[str, Any]:
+    """A batch move through the ``Tensor.to`` stand-in (a CPU tensor: not counted) against the
+    original: what every ``.to()`` pays on a CUDA job."""
+    counter = agent.collectors.get("host_syncs")
+    original = torch.Tensor.to
+    counter.install_to(torch)
+    return _per_call(original, torch.Tensor.to, torch.ones(64), "cpu")
 
 
 def _loadavg() -> str | None:
@@ -234,7 +257,7 @@ def _loadavg() -> str | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=("syncs", "syncs300", "moe", "to"), action="append")
+    ap.add_argument("--only", choices=("syncs", "syncs300", "moe", "item", "to"), action="append")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--block", type=int, default=20)
     ap.add_argument("--device", default="cpu")
@@ -258,7 +281,7 @@ def main() -> int:
     run = tempfile.mkdtemp(prefix="probe-bl-")
     agent: Any = probe_agent.start(AgentConfig(port=0, run_dir=run, watchdog=False,
                                                trace="every:10"))
-    only = set(args.only or ("syncs", "syncs300", "moe", "to"))
+    only = set(args.only or ("syncs", "syncs300", "moe", "item", "to"))
     out: dict[str, Any] = {"device": args.device, "torch": torch.__version__,
                            "rounds": args.rounds, "block": args.block,
                            "threads": torch.get_num_threads(), "loadavg": _loadavg()}
@@ -277,6 +300,9 @@ def main() -> int:
             out["moe"] = run_moe(torch, agent, args.device, args.rounds, args.block,
                                  args.width // 2, args.batch)
             print(json.dumps({"moe": out["moe"]}), flush=True)
+        if "item" in only:
+            out["item_call"] = run_item(torch, agent)
+            print(json.dumps({"item_call": out["item_call"]}), flush=True)
         if "to" in only:  # last: it leaves Tensor.to patched until the agent stops
             out["to_call"] = run_to(torch, agent)
             print(json.dumps({"to_call": out["to_call"]}), flush=True)
