@@ -5,19 +5,25 @@ gradients are still there then (``zero_grad`` comes later in the loop). Under FS
 its gradient and its optimizer state are DTensors: what this rank holds is the local shard
 (``_local_tensor``), and that is what is counted; under ZeRO-style sharded optimizers the state
 dict only holds this rank's share, so counting it gives the local share too. Each tensor counts
-once (by its address and size: tied weights, a state tensor shared by two groups).
+once (by its address and size: tied weights, a state tensor shared by two groups). A master
+copy the optimizer steps instead of the model's parameters (DeepSpeed ZeRO's flat fp32
+partition) is optimizer state: ZeRO-1/2 shard that, not the parameters.
 Cost: one pass over the parameters and the optimizers' state, ~1 us a tensor.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 
 def local_bytes(t: Any) -> tuple[int, int]:
-    """``(address, bytes)`` of what this rank holds of ``t`` (a DTensor's local shard)."""
+    """``(address, bytes)`` of what this rank holds of ``t`` (a DTensor's local shard, a
+    ZeRO-3 parameter's partition: its ``ds_tensor``, while the parameter itself is empty)."""
     local = getattr(t, "_local_tensor", None)
+    if local is None and getattr(t, "ds_tensor", None) is not None and t.numel() == 0:
+        local = t.ds_tensor
     if local is not None:
         t = local
     try:
@@ -35,6 +41,8 @@ def _sum(tensors: Iterable[Any], seen: set[tuple[int, int]], plain: tuple[type, 
                 key = (t.data_ptr(), t.nbytes)
             except (RuntimeError, NotImplementedError, TypeError):
                 key = local_bytes(t)
+            if not key[1]:  # empty: a ZeRO-3 parameter between gathers holds its partition
+                key = local_bytes(t)
         else:
             key = local_bytes(t)
         if key not in seen:
@@ -45,15 +53,22 @@ def _sum(tensors: Iterable[Any], seen: set[tuple[int, int]], plain: tuple[type, 
 
 def trained_params(root: Any, optimizers: Iterable[Any]) -> list[Any]:
     """The parameters of ``root`` (a module, or None) and of the optimizers' param groups,
-    each once (frozen ones count too: they take memory)."""
+    each once (frozen ones count too: they take memory). With a root that has parameters, an
+    optimizer's plain tensor (not an ``nn.Parameter``) is a master copy, not a parameter:
+    DeepSpeed ZeRO's flat fp32 partition (stage 1/2: ``single_partition_of_fp32_groups``,
+    stage 3: ``fp32_partitioned_groups_flat``) beside the model's own parameters; count_kinds
+    counts it with the optimizer's state."""
     seen: dict[int, Any] = {}
     if root is not None and hasattr(root, "parameters"):
         for p in root.parameters():
             seen[id(p)] = p
+    torch = sys.modules.get("torch")
+    plain = torch.Tensor if torch is not None and seen else None
     for opt in optimizers:
         for group in getattr(opt, "param_groups", ()) or ():
             for p in group.get("params", ()):
-                seen[id(p)] = p
+                if type(p) is not plain:
+                    seen[id(p)] = p
     return list(seen.values())
 
 
@@ -79,6 +94,9 @@ def count_kinds(torch: Any, params: list[Any],
         state = getattr(opt, "state", None) or {}
         o_bytes += _sum((v for s in state.values() if isinstance(s, dict)
                          for v in s.values() if isinstance(v, tensor)), seen, plain)
+        # master copies trained_params left out (seen holds every parameter counted above)
+        o_bytes += _sum((p for group in getattr(opt, "param_groups", ()) or ()
+                         for p in group.get("params", ()) if isinstance(p, tensor)), seen, plain)
     return p_bytes, g_bytes, o_bytes, p32, sharded
 
 

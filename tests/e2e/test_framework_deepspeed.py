@@ -142,6 +142,28 @@ def test_checkpoint_loads_strictly_and_holds_the_engines_weights(job):
 
 
 @pytest.mark.timeout(180)
+def test_memory_counts_the_models_parameters_and_the_master_partition_as_optimizer(job):
+    """ZeRO-1/2 shard gradients and optimizer state, not parameters: every rank holds the whole
+    model; the flat fp32 partition the torch optimizer steps is a master copy (optimizer
+    state). ZeRO-3: a rank holds its parameters' partitions (``ds_tensor``)."""
+    endpoint, _, stage, _ = job
+    held = "p.ds_tensor" if stage == 3 else "p"
+    [want] = set(evals(endpoint, f"sum({held}.numel() * {held}.element_size() "
+                                 "for p in model.parameters())"))
+    state = ("sum(t.numel() * t.element_size() for s in optimizer.state.values() "
+             "for t in s.values()) + sum(p.numel() * p.element_size() "
+             "for g in optimizer.param_groups for p in g['params'])")
+    opt_bytes = [int(x) for x in evals(endpoint, state)]
+    out = fc.ok(probe("-t", endpoint, *SLOW_MACHINE, "--json", "memory", "--warmup", "0",
+                      timeout=120))
+    bodies = sorted(json.loads(out.stdout), key=lambda b: b["rank"])
+    # the model's bytes (were model + partition under ZeRO-2, x1.5 here; the partition alone
+    # when no root module was seen)
+    assert [b["breakdown"]["bytes"]["parameters"] for b in bodies] == [int(want)] * 2, bodies
+    assert [b["breakdown"]["bytes"]["optimizer"] for b in bodies] == opt_bytes, bodies
+
+
+@pytest.mark.timeout(180)
 def test_slow_names_modules_from_the_engines_module(job):
     endpoint, _, _, _ = job
 
