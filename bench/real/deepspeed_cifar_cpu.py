@@ -3,9 +3,11 @@ unmodified upstream file) to this CPU VM: a real ZeRO job for `probe memory` / `
 
 Only what cannot run here is changed, each by an exact text replacement that must match (the
 script fails loudly if upstream moved): torchvision's ``FakeData`` (3x32x32, 10 classes) instead of
-downloading CIFAR10; gloo instead of DeepSpeed's default backend; ``MAX_STEPS`` steps (default 300)
-then the upstream test pass is skipped. The network, the DeepSpeed config (Adam, WarmupLR,
-clipping 1.0, ZeRO stage from ``--stage``), the loop and the dtype choice are upstream's.
+downloading CIFAR10; gloo instead of DeepSpeed's default backend; torch's Adam (``torch_adam``:
+DeepSpeed's fused CPU Adam is a C++ build, which here had not finished after 14 minutes);
+``MAX_STEPS`` steps (default 300), then the upstream test pass is skipped. The network, the
+DeepSpeed config (Adam, WarmupLR, clipping 1.0, ZeRO stage from ``--stage``), the loop and the
+dtype choice are upstream's.
 
     python bench/real/deepspeed_cifar_cpu.py UPSTREAM/cifar10_deepspeed.py OUTDIR
     cd OUTDIR && DS_ACCELERATOR=cpu PROBE=1 torchrun --nproc_per_node 2 cifar10_cpu.py \
@@ -28,6 +30,8 @@ EDITS = [
      'download=True, transform=transform\n    )',
      "    testset = torchvision.datasets.FakeData(\n        size=64, image_size=(3, 32, 32),"
      " num_classes=10, transform=transform\n    )"),
+    ('                "weight_decay": 3e-7,\n',
+     '                "weight_decay": 3e-7,\n                "torch_adam": True,\n'),
     ("            model_engine.step()\n",
      "            model_engine.step()\n"
      "            if model_engine.global_steps >= int(os.environ.get('MAX_STEPS', 300)):\n"

@@ -71,7 +71,27 @@ def render_checkpoint(results: Sequence[RankResult], colour: bool = False) -> li
     if written:  # a DeepSpeed checkpoint: what went where, and how to load it
         out.append("")
         out += [f"written {k}: {v}" for k, v in written.items()]
+    dcp = next((d for r in results if (d := FinishedAction.from_wire(r.data).data).get("mode")
+                == "torch.distributed.checkpoint"), None)
+    if dcp is not None:
+        out += ["", *dcp_load_hint(str(dcp.get("directory") or "PATH"))]
     return out
+
+
+def dcp_load_hint(directory: str) -> list[str]:
+    """How to load a torch.distributed.checkpoint directory probe wrote: its keys are
+    ``model``, ``optimizer``, ``scheduler.<i>``, ``step`` (one model; ``model.<name>`` for
+    several), as actions/checkpoint.py saves them."""
+    return [
+        f"load it into the same sharded model and optimizer (any number of ranks): msd, osd = "
+        f"torch.distributed.checkpoint.state_dict.get_state_dict(model, [optimizer]); "
+        f"state = {{'model': msd, 'optimizer': osd}}; "
+        f"torch.distributed.checkpoint.load(state, checkpoint_id={directory!r}); "
+        "set_state_dict(model, [optimizer], model_state_dict=state['model'], "
+        "optim_state_dict=state['optimizer'])",
+        "or as one torch.save file, for one process: python -m "
+        f"torch.distributed.checkpoint.format_utils dcp_to_torch {directory} OUT.pt",
+    ]
 
 
 def render_paused(results: Sequence[RankResult], colour: bool = False) -> list[str]:

@@ -14,12 +14,15 @@ ranks agree on the bad step and re-run its forward together.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
+from probe_cli.render.actions import dcp_load_hint
 from tests.e2e import framework_checks as fc
 from tests.e2e.training import probe, training_job
-from tests.support import wait_until
+from tests.support import python_env, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.frameworks]
 
@@ -69,6 +72,19 @@ def test_sharded_checkpoint_loads_back_into_a_fresh_fsdp2_job(job):
     # FSDP2 is no trainer: the plain loop's objects, with DTensor parameters (saved sharded)
     fc.checkpoint_loads_back(endpoint, path, tmp / "log", verify, "plain", ranks=2)
     assert (path / ".metadata").exists()
+    # AND the text output says how to load the directory (it said nothing), and its one-file
+    # command works: a torch.save file with the model, the optimizer and the step
+    hint = dcp_load_hint(str(path))
+    assert "torch.distributed.checkpoint.load(" in hint[0] and "set_state_dict(" in hint[0]
+    cmd = hint[1].split(": ", 1)[1].replace("OUT.pt", str(tmp / "one.pt")).split()
+    assert cmd[:3] == ["python", "-m", "torch.distributed.checkpoint.format_utils"], hint
+    got = subprocess.run([sys.executable, *cmd[1:]], capture_output=True, text=True,
+                         timeout=120, env=python_env())
+    assert got.returncode == 0, got.stdout + got.stderr
+    keys = subprocess.run([sys.executable, "-c", "import torch, sys; d = torch.load(sys.argv[1], "
+                           "weights_only=False); print(sorted(d), d['step'])",
+                           str(tmp / "one.pt")], capture_output=True, text=True, timeout=120)
+    assert "'model', 'optimizer'" in keys.stdout, keys.stdout + keys.stderr
 
 
 @pytest.mark.timeout(JOB_START_S + 120)

@@ -238,3 +238,18 @@ def test_query_notes_name_the_cap_that_cut_the_rows():
         "note: rank 1: result truncated at the agent's row cap; add a LIMIT or aggregate, or "
         "raise PROBE_MAX_ROWS on the training side",
     ]
+
+
+def test_a_sharded_checkpoint_says_how_to_load_its_directory():
+    from probe_cli.render.actions import render_checkpoint
+
+    data = {"mode": "torch.distributed.checkpoint", "step": 7, "directory": "/ck/d",
+            "files": [{"path": "/ck/d/.metadata", "bytes": 10}], "names": {}}
+    results = [RankResult(rank=0, url="u", ok=True, data={"rank": 0, "state": "ok", "data": data})]
+    out = "\n".join(render_checkpoint(results))
+    assert "torch.distributed.checkpoint.load(state, checkpoint_id='/ck/d')" in out, out
+    assert "format_utils dcp_to_torch /ck/d OUT.pt" in out, out
+    # a torch.save checkpoint (one file) needs no such line
+    data = {**data, "mode": "torch.save", "directory": None}
+    results = [RankResult(rank=0, url="u", ok=True, data={"rank": 0, "state": "ok", "data": data})]
+    assert "dcp_to_torch" not in "\n".join(render_checkpoint(results))
