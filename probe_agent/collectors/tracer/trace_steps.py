@@ -156,7 +156,8 @@ class StepBoundaries:
         list is kept while the root, the optimizers and their parameter counts stay the same,
         for at most PARAMS_MAX_AGE_S (a parameter added to the model alone shows after that)."""
         opts = (optimizer, *(self.optimizers or ()))
-        root = self.tracer.root
+        tr = self.tracer
+        root = tr.params_root if tr.params_root is not None else tr.root
         key = (id(root), *((id(o), _n_params(o)) for o in opts))
         now = time.monotonic()
         memo = self._params_memo

@@ -116,6 +116,9 @@ class TorchTracer:
         self.in_backward = FORWARD  # the kind of a forward row now: RECOMPUTE in backward
         self.step = 1
         self.root: Any = None
+        #: the last root module that has parameters: the model, where ``root`` can be a loss
+        #: module called at top level after it (DeepSpeedExamples' CIFAR: nn.CrossEntropyLoss)
+        self.params_root: Any = None
         self.cuda = False
         self.last_gf: Any = None
         self.hook_gfs: list[Any] = []  # grad_fns waiting for their pre-hook (trace_hot)
@@ -290,6 +293,9 @@ class TorchTracer:
                      self.saved._on_input))
             if self.in_backward:
                 return  # activation-checkpoint recompute, not a new step
+            if module is not self.root and module is not self.params_root and next(
+                    module.parameters(), None) is not None:  # only when the root changes
+                self.params_root = module
             self.root = module
             self.boundaries.root_called(module, args, kwargs)
         except Exception as e:  # noqa: BLE001 - training thread

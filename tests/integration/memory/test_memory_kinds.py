@@ -86,6 +86,37 @@ def test_parameter_gradient_and_optimizer_bytes_are_exact(make_agent):
     assert act > 0
 
 
+def test_a_master_copy_is_optimizer_state_after_a_top_level_loss_module(make_agent):
+    """DeepSpeedExamples' CIFAR under ZeRO-2 showed half its parameters: its torch optimizer
+    steps a flat fp32 partition (a plain tensor, a master copy), and the last module called at
+    top level each step is the loss (``criterion = nn.CrossEntropyLoss()``), which has none."""
+    # GIVEN a model, a loss module called after it, and an optimizer over fp32 master copies
+    agent = make_agent(trace="on")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    master = flat[: flat.numel() // 2].clone().requires_grad_(True)  # this rank's half
+    opt = torch.optim.AdamW([master], lr=1e-3)
+    criterion = torch.nn.CrossEntropyLoss()
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    # WHEN three steps run (the master's gradient from the model's, as ZeRO does)
+    for _ in range(3):
+        loss = criterion(model(x), y)
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        master.grad = grads[: master.numel()].clone()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+    # THEN the parameters are the model's; the master copy and its state are the optimizer's
+    p_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    params, optim = rows(agent, "SELECT params_mib, optimizer_mib FROM memory "
+                                "ORDER BY step DESC LIMIT 1")[0]
+    assert params == pytest.approx(p_bytes * _MIB), (params * 2**20, p_bytes)
+    m_bytes = master.numel() * master.element_size()
+    assert optim == pytest.approx((_state_bytes(opt) + m_bytes) * _MIB)
+
+
 def test_input_bytes_are_the_calls_tensor_arguments(make_agent):
     # GIVEN an agent tracing every step and the attention-like model
     agent = make_agent(trace="on")
