@@ -513,7 +513,9 @@ CREATE TABLE IF NOT EXISTS python.step_stats (
 --   'origin': where the first non-finite value came from, from one re-run of the first bad
 --     step's forward and backward before the optimizer ruined the weights (nan_hunt.py):
 --     module (or '(none)' when this rank's re-run stayed finite: it received the value, e.g.
---     through DDP's gradient all-reduce), stage 'input' | 'forward' | 'backward' | 'none',
+--     through DDP's gradient all-reduce), stage 'input' | 'forward' | 'backward' | 'none'
+--     | 'unchecked' (no re-run happened: no root model seen yet, inputs not kept, or the
+--     re-run failed; note says which),
 --     role 'produced' | 'received', op (the torch function, or the autograd node and aten op
 --     in backward), samples (DataLoader indices, or rows of the batch: note says which), note
 --     (the step's loss and norm, the micro-batch, the re-run's cost).

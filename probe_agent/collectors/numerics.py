@@ -389,20 +389,22 @@ class NumericsRecorder:
                                 "loss_finite": lf is not None and math.isfinite(lf)}
         t0 = time.perf_counter()
         if mm is None:
-            found: dict[str, Any] = {"stage": "none", "note": "no root model seen yet (the "
+            # "unchecked": no re-run happened (the CLI must not say it stayed finite)
+            found: dict[str, Any] = {"stage": "unchecked", "note": "no root model seen yet (the "
                                      "tracer names it at the first step it wraps)"}
         elif not self.calls:
-            found = {"stage": "none", "note": "the step's model inputs were not kept"}
+            found = {"stage": "unchecked", "note": "the step's model inputs were not kept"}
         elif not rerun:
-            found = {"stage": "none", "note": "FSDP2: not every rank had the step's inputs and "
-                     "model at hand, and a re-run must run on all of them at once"}
+            found = {"stage": "unchecked", "note": "FSDP2: not every rank had the step's "
+                     "inputs and model at hand, and a re-run must run on all of them at once"}
         else:
             self.loss.paused = True
             try:
                 found = hunt(torch, mm.model, self.calls, self.batch_ids, mm.modules,
                              collective=bool(self._sharded))
             except Exception as e:  # noqa: BLE001 - the re-run failed: say so, go on
-                found = {"stage": "none", "note": f"re-run failed: {type(e).__name__}: {e}"}
+                found = {"stage": "unchecked",
+                         "note": f"re-run failed: {type(e).__name__}: {e}"}
             finally:
                 self.loss.paused = False
         info.update(found)

@@ -19,6 +19,8 @@ def check_nonfinite(report: Report, docs: list[RankDoc]) -> None:
     evidence: list[str] = []
     ranks: set[int] = set()
     first: list[int] = []
+    #: first bad steps that are the first step a window read (doctor --last): not a start
+    unread: set[int] = set()
     for d in docs:
         for m in d.metrics or []:
             last_ok = num(m.get("last_finite"))
@@ -29,21 +31,27 @@ def check_nonfinite(report: Report, docs: list[RankDoc]) -> None:
             ranks.add(d.rank)
             first.append(int(num(m.get("first_step")) or 0))
         loop = first_loop(d)
-        if int(num(loop.get("nonfinite_grad_steps")) or 0):
+        n_bad = int(num(loop.get("nonfinite_grad_steps")) or 0)
+        if n_bad:
             evidence.append(f"rank {d.rank}: clip_grad_norm_ saw a NaN/Inf gradient norm on "
                             f"{loop['nonfinite_grad_steps']} of the last {loop.get('steps')} "
                             f"steps (steps {loop.get('first_nonfinite_step')}-"
                             f"{loop.get('last_nonfinite_step')})")
             ranks.add(d.rank)
             first.append(int(num(loop.get("first_nonfinite_step")) or 0))
+            if n_bad >= int(num(loop.get("steps")) or 0):  # every step read: began earlier
+                unread.add(first[-1])
         g = d.grads or {}
         if g.get("checked") and g.get("nonfinite"):
             evidence.append(f"rank {d.rank}: {g['nonfinite']} of {g.get('params')} parameters "
                             f"have NaN/Inf gradients at step {g.get('step')}")
             ranks.add(d.rank)
-        bad = [r for r in d.rows("numerics") or [] if r.get("nonfinite") or
+        read = d.rows("numerics") or []
+        bad = [r for r in read if r.get("nonfinite") or
                (num(r.get("loss")) is not None and not math.isfinite(num(r.get("loss")) or 0))]
         if bad:
+            if bad[0] is read[0]:  # the first row read is bad: it may have begun before it
+                unread.add(int(bad[0]["step"]))
             evidence.append(f"rank {d.rank}: loss or gradient norm NaN/Inf at {len(bad)} "
                             f"recorded steps, first at step {bad[0]['step']} (loss "
                             f"{bad[0].get('loss')}, gradient norm {bad[0].get('grad_norm')})")
@@ -54,6 +62,9 @@ def check_nonfinite(report: Report, docs: list[RankDoc]) -> None:
         ranks.update(int(x) for x in (born or []))
     if evidence or lines:
         since = f" since step {min(first)}" if first else ""
+        if first and min(first) in unread and min(first) > 1:  # "since step 199": the
+            # first step the window read, not when it began
+            since = f" since step {min(first)} or earlier (the first step read)"
         title = (f"NaN/Inf: {tail}" if tail else f"NaN/Inf: {rank_label(sorted(ranks))} "
                  f"{_verb(ranks, 'trains', 'train')} on NaN/Inf values{since}")
         received = sorted(ranks - set(born)) if born else []

@@ -325,7 +325,10 @@ def origin_lines(docs: list[RankDoc]) -> tuple[list[str], list[int], str | None,
         lines.append(f"rank {r}: first non-finite at step {f.get('step')} (loss {f.get('loss')}, "
                      f"gradient norm {f.get('grad_norm')}): " + _where(f))
     if not born:
-        return lines, [], f"first at step {step}; the re-run found no origin", \
+        rerun = ("not re-run to find the origin" if all(f.get("stage") == "unchecked"
+                                                        for _, f in firsts)
+                 else "the re-run found no origin")
+        return lines, [], f"first at step {step}; {rerun}", \
             "probe query \"SELECT * FROM python.numerics WHERE kind = 'origin'\""
     r, f = born[0]
     tail = f"first at step {f.get('step')} on rank {r}: " + _where(f)
@@ -353,6 +356,8 @@ def _where(f: dict[str, Any]) -> str:
         return f"produced in the forward of module {mod!r}{cls} by {op or 'an op'}: {which}"
     if stage == "backward":
         return f"produced in the backward of module {mod!r}{cls} by {op or 'an op'}"
+    if stage == "unchecked":  # no re-run happened: nothing says where it came from
+        return f"not re-run ({f.get('note') or 'no reason recorded'})"
     return f"received (this rank's re-run stayed finite: {f.get('note') or 'not born here'})"
 
 

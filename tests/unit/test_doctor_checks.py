@@ -392,3 +392,35 @@ def test_overlapping_collectives_never_wait_more_than_the_window():
     import re
     shares = [int(x) for x in re.findall(r"(\d+)% of the time", text)]
     assert shares and max(shares) <= 100, text
+
+
+@pytest.mark.parametrize("loop, since", [
+    # every step of the 50 read had a NaN gradient norm: it began at step 199 or before
+    ({"nonfinite_grad_steps": 50, "steps": 50, "first_nonfinite_step": 199,
+      "last_nonfinite_step": 248}, "since step 199 or earlier (the first step read)"),
+    # a NaN that began inside the window is dated
+    ({"nonfinite_grad_steps": 10, "steps": 50, "first_nonfinite_step": 239,
+      "last_nonfinite_step": 248}, "since step 239"),
+])
+def test_nan_since_says_when_the_window_began_not_the_nan(loop, since):
+    report = diagnose(NO_HANG, [doc(0, loop={**loop, "clip_steps": 50})], 5.0)
+    [nan] = [f for f in report.findings if f.check == "nonfinite"]
+    assert nan.title.endswith(since), nan.title
+    if "earlier" not in since:
+        assert "earlier" not in nan.title
+
+
+def test_a_nan_origin_that_was_not_re_run_does_not_say_received():
+    # GIVEN NaN at the job's very first step, before the tracer had seen the root model (the
+    # FSDP2 example on CPU): no re-run happened
+    first = {"step": 1, "loss": "nan", "grad_norm": "nan", "stage": "unchecked",
+             "note": "no root model seen yet (the tracer names it at the first step it wraps)"}
+    docs = [doc(r) for r in (0, 1)]
+    for d in docs:
+        d.state["numerics"] = {"first_nonfinite": first}
+    report = diagnose(NO_HANG, docs, 5.0)
+    [nan] = [f for f in report.findings if f.check == "nonfinite"]
+    # THEN it says no re-run was done, not that the re-run stayed finite / received it
+    assert nan.title == "NaN/Inf: first at step 1; not re-run to find the origin", nan.title
+    text = "\n".join(nan.evidence)
+    assert "not re-run (no root model seen yet" in text and "received" not in text, text
