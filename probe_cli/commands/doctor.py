@@ -11,17 +11,21 @@ A query over a table this agent does not record becomes a "not checked" line, ne
 
 from __future__ import annotations
 
+import time
+
 import click
 
+from ..diagnose import time_checks
 from ..diagnose.doctor import diagnose, rank_doc, steps_seen
 from ..diagnose.ends import ages_lines, check_ends, ends_lines, went_wrong
-from ..diagnose.hang import rank_state
+from ..diagnose.hang import HangVerdict, rank_state
 from ..errors import EXIT_FAILURE
 from ..gather.evidence import doctor_evidence
 from ..gather.postmortem import last_steps_lines, session_job
 from ..outcome import Outcome, failure_summary, verdict_outcome
 from ..render.doctor import doctor_header, render, render_json
 from ..render.verdicts import rank_answers
+from ..result import RankResult
 from ..transport.fanout import fan_out, resolve_ranks
 from ..transport.session import Session
 from . import pass_session
@@ -46,6 +50,7 @@ def command(session: Session, last: int, min_wait: float | None) -> Outcome:
     but some ranks did not answer; 1: no rank answered.
     """
     verdict, first = gather_hang(session, min_wait)
+    verdict = recheck_stuck(session, min_wait, verdict, first)
     answered = [r for r in first if r.ok]
     if not answered:
         out = Outcome(exit_code=EXIT_FAILURE)
@@ -75,3 +80,40 @@ def command(session: Session, last: int, min_wait: float | None) -> Outcome:
     lines = [*ends_lines(job), *ages_lines(job), *last_steps_lines(job, [r.rank for r in wrong]),
              "", *lines]
     return verdict_outcome(session, report, first, lines)
+
+
+#: How long doctor reads a "does not run Python" verdict again before it stands.
+RECHECK_S = 8.0
+
+
+def recheck_stuck(session: Session, min_wait: float | None, verdict: HangVerdict,
+                  first: list[RankResult]) -> HangVerdict:
+    """A hang verdict resting only on ranks too slow to answer (their GIL held, or a busy
+    node) is read again for up to RECHECK_S: a fresh read with no hang, or every suspect's
+    heartbeat step moved on, is no hang (time_checks.kept_stepping). A rank whose GIL is
+    really held neither answers nor steps, and the first verdict stands."""
+    if not time_checks.blames_only_gil(verdict):
+        return verdict
+    before = heartbeat_steps(first)
+    deadline = time.monotonic() + RECHECK_S
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        again, results = gather_hang(session, min_wait)
+        if not again.problem:
+            return again
+        moved = time_checks.kept_stepping(verdict, before, heartbeat_steps(results))
+        if moved is not None:
+            return moved
+    return verdict
+
+
+def heartbeat_steps(results: list[RankResult]) -> dict[int, int | None]:
+    """Each rank's last step as its backtrace answer says (the watchdog's heartbeat record
+    when the agent's Python did not answer in time)."""
+    out: dict[int, int | None] = {}
+    for r in results:
+        if r.ok and r.rank is not None and isinstance(r.data, dict):
+            bt = r.data.get("backtrace") or {}
+            step = bt.get("step") if isinstance(bt, dict) else None
+            out[r.rank] = step if isinstance(step, int) else None
+    return out

@@ -37,7 +37,7 @@ def busy_not_stuck(verdict: HangVerdict, docs: list[RankDoc], min_wait: float) -
     finished recently: a rank whose Python does not run can do neither. On a busy node
     "STUCK: ranks 0,1 do not run Python" was printed while the steps kept advancing."""
     suspects = set(verdict.gil_suspects)
-    if not verdict.problem or not suspects or not suspects >= set(verdict.culprits):
+    if not blames_only_gil(verdict):
         return verdict
     by_rank = {d.rank: d for d in docs}
     lines = []
@@ -56,6 +56,36 @@ def busy_not_stuck(verdict: HangVerdict, docs: list[RankDoc], min_wait: float) -
         False, f"no hang: {ranks} answered the collectives read too late, then kept stepping "
         "(a busy node, not a held GIL)",
         [*lines, f"the first read said: {verdict.headline}"], confidence="medium",
+        basis="the ranks blamed for not running Python finished optimizer steps since",
+        threshold_s=verdict.threshold_s)
+
+
+def blames_only_gil(verdict: HangVerdict) -> bool:
+    """The verdict is a hang that rests only on ranks whose collectives read timed out."""
+    suspects = set(verdict.gil_suspects)
+    return bool(verdict.problem and suspects and suspects >= set(verdict.culprits))
+
+
+def kept_stepping(verdict: HangVerdict, before: dict[int, int | None],
+                  after: dict[int, int | None]) -> HangVerdict | None:
+    """A "STUCK: ranks do not run Python" verdict read again: when every suspect's heartbeat
+    step (``before``: the first read, ``after``: a later one; read from outside the process)
+    moved on, its Python ran and finished optimizer steps in between: a busy node, not a held
+    GIL. None when some suspect did not move (or the verdict is another). On a node with a
+    load of 25 on 2 cores every real script read "[critical] STUCK" while stepping, and the
+    ranks were too slow to answer doctor's second round too (busy_not_stuck had no clock)."""
+    if not blames_only_gil(verdict):
+        return None
+    moved = []
+    for r in sorted(set(verdict.gil_suspects)):
+        a, b = before.get(r), after.get(r)
+        if a is None or b is None or b <= a:
+            return None
+        moved.append(f"rank {r}: step {a} -> {b} between two reads from outside the process")
+    ranks = rank_label(sorted(set(verdict.gil_suspects)))
+    return HangVerdict(
+        False, f"no hang: {ranks} kept stepping while too slow to answer (a busy node, not a "
+        "held GIL)", [*moved, f"the first read said: {verdict.headline}"], confidence="medium",
         basis="the ranks blamed for not running Python finished optimizer steps since",
         threshold_s=verdict.threshold_s)
 

@@ -424,3 +424,24 @@ def test_a_nan_origin_that_was_not_re_run_does_not_say_received():
     assert nan.title == "NaN/Inf: first at step 1; not re-run to find the origin", nan.title
     text = "\n".join(nan.evidence)
     assert "not re-run (no root model seen yet" in text and "received" not in text, text
+
+
+def test_a_stuck_verdict_whose_ranks_kept_stepping_is_a_busy_node():
+    from probe_cli.diagnose.time_checks import kept_stepping
+
+    # GIVEN "STUCK: ranks 0,1 do not run Python" (their collectives read timed out), as doctor
+    # printed on every real script on a node with a load of 25 on 2 cores
+    stuck = HangVerdict(True, "STUCK: ranks 0,1 do not run Python; rank 0 is in forward",
+                        ["..."], [0, 1], confidence="low", gil_suspects=(0, 1))
+    # WHEN a later read from outside finds both heartbeat steps moved on
+    moved = kept_stepping(stuck, {0: 154, 1: 154}, {0: 157, 1: 156})
+    # THEN no hang, with the steps as evidence
+    assert moved is not None and not moved.problem
+    assert moved.headline.startswith("no hang: ranks 0,1 kept stepping"), moved.headline
+    assert "rank 0: step 154 -> 157" in moved.details[0]
+    # AND a rank that did not move keeps the verdict (a GIL really held: no step), as does a
+    # step that cannot be read, and a verdict that also blames a rank for something else
+    assert kept_stepping(stuck, {0: 154, 1: 154}, {0: 157, 1: 154}) is None
+    assert kept_stepping(stuck, {0: 154, 1: None}, {0: 157, 1: 156}) is None
+    mixed = HangVerdict(True, "HANG: rank 2 never joined", [], [0, 2], gil_suspects=(0,))
+    assert kept_stepping(mixed, {0: 1}, {0: 5}) is None
