@@ -19,10 +19,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from . import Guard, Sink
 from .registry import CollectorSpec
+from .row_buffer import RowBuffer
 
 if TYPE_CHECKING:
     from ..clock import StepClock
@@ -41,9 +40,7 @@ class CompileWatcher:
         self.clock = clock
         self.rank = rank
         self.guard = Guard("compile state")
-        self.rows: list[tuple[Any, ...]] = []
-        self.sink: Sink | None = None
-        self._schema: pa.Schema | None = None
+        self.rows = RowBuffer(TABLE)  # python.compile_state rows, flushed by the writer
         self._unsubscribe: Any = None
         self._last: tuple[Any, ...] | None = None
         self._next_read = 1
@@ -55,7 +52,7 @@ class CompileWatcher:
         self._metric_seen: Any = None  # the last compilation metric counted
 
     def start(self, sink: Sink) -> None:
-        self.sink, self._schema = sink, sink.arrow_schema(TABLE)
+        self.rows.start(sink)
         self._unsubscribe = self.clock.subscribe(self._on_step, "compile state")
         sink.add_flusher(self.flush)
 
@@ -80,8 +77,8 @@ class CompileWatcher:
                 self._scan(optimizer)
                 self._next_scan = max(10, 10 * step)
             self._last = counts
-            if len(self.rows) < 1000:
-                self.rows.append((time.time(), self.rank, step, *counts, *self._modules))
+            if not self.rows.full():
+                self.rows.add((time.time(), self.rank, step, *counts, *self._modules))
         except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
             self.guard.failed(e)
 
@@ -151,11 +148,7 @@ class CompileWatcher:
 
     # -- writer thread -----------------------------------------------------------------------
     def flush(self) -> None:
-        n = len(self.rows)
-        if not n or self.sink is None:
-            return
-        rows, self.rows[:n] = self.rows[:n], []
-        self.sink.append(TABLE, pa.table(list(map(list, zip(*rows))), schema=self._schema))
+        self.rows.flush()
 
 
 #: The collector of this module, for registry.py.

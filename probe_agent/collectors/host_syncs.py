@@ -54,11 +54,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from .. import patches
 from . import Guard, Sink
 from .registry import CollectorSpec
+from .row_buffer import RowBuffer
 
 if TYPE_CHECKING:
     from ..clock import StepClock
@@ -218,9 +217,7 @@ class HostSyncCounter:
         self.cpu_only = True
         self.counts: dict[tuple[str, Any, int], int] = {}
         self.wait_ns: dict[tuple[str, Any, int], int] = {}  # time inside the calls
-        self.rows: list[tuple[Any, ...]] = []
-        self.sink: Sink | None = None
-        self._schema: pa.Schema | None = None
+        self.rows = RowBuffer(TABLE, BUFFER)  # python.host_syncs rows, flushed by the writer
         self._unsubscribe: Any = None
         self._patched: list[patches.Patch] = []
         self._to_patched = False
@@ -230,7 +227,7 @@ class HostSyncCounter:
 
     # -- collector protocol ------------------------------------------------------------------
     def start(self, sink: Sink) -> None:
-        self.sink, self._schema = sink, sink.arrow_schema(TABLE)
+        self.rows.start(sink)
         self._unsubscribe = self.clock.subscribe(self._on_step, "host sync counter")
         sink.add_flusher(self.flush)
 
@@ -332,29 +329,25 @@ class HostSyncCounter:
             self.install_to(torch)
         counts, self.counts = self.counts, {}
         waits, self.wait_ns = self.wait_ns, {}
-        if not counts or len(self.rows) >= BUFFER:
+        if not counts or self.rows.full():
             return
         now = time.time()
         ranked = sorted(counts.items(), key=lambda kv: -kv[1])
         for key, n in ranked[:MAX_SITES]:
             kind, code, line = key
-            self.rows.append((now, self.rank, step, kind, code.co_filename, line, code.co_name,
-                              n, waits.get(key, 0) / 1e9))
+            self.rows.add((now, self.rank, step, kind, code.co_filename, line, code.co_name,
+                           n, waits.get(key, 0) / 1e9))
         rest: dict[str, list[float]] = {}
         for key, n in ranked[MAX_SITES:]:
             acc = rest.setdefault(key[0], [0.0, 0.0])
             acc[0] += n
             acc[1] += waits.get(key, 0) / 1e9
         for kind, (calls, secs) in rest.items():
-            self.rows.append((now, self.rank, step, kind, None, None, None, int(calls), secs))
+            self.rows.add((now, self.rank, step, kind, None, None, None, int(calls), secs))
 
     # -- writer thread -----------------------------------------------------------------------
     def flush(self) -> None:
-        n = len(self.rows)
-        if not n or self.sink is None:
-            return
-        rows, self.rows[:n] = self.rows[:n], []
-        self.sink.append(TABLE, pa.table(list(map(list, zip(*rows))), schema=self._schema))
+        self.rows.flush()
 
     def state(self) -> dict[str, Any]:
         return {"installed": bool(self._patched), "points": len(self._patched),

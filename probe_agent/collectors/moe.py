@@ -34,11 +34,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from . import Guard, Sink
 from .moe_layout import expert_owners, global_experts
 from .registry import CollectorSpec
+from .row_buffer import RowBuffer
 from .tracer.saved_bytes import compiled_here
 
 if TYPE_CHECKING:
@@ -111,10 +110,8 @@ class MoeCounter:
         self.guard = Guard("MoE counter")
         #: (layer, gate, experts, k, the global rank holding each expert or None: no EP)
         self.routers: list[tuple[str, Any, int, int, list[int] | None]] = []
-        self.rows: list[tuple[Any, ...]] = []
+        self.rows = RowBuffer(TABLE)  # python.moe_experts rows, flushed by the writer
         self.pending: list[tuple[int, float, list[tuple[str, Any, int, int, Any]]]] = []
-        self.sink: Sink | None = None
-        self._schema: pa.Schema | None = None
         self._unsubscribe: Any = None
         self._handles: list[Any] = []
         self._acc: dict[str, Any] = {}
@@ -123,7 +120,7 @@ class MoeCounter:
         self.skipped: str | None = None
 
     def start(self, sink: Sink) -> None:
-        self.sink, self._schema = sink, sink.arrow_schema(TABLE)
+        self.rows.start(sink)
         self._unsubscribe = self.clock.subscribe(self._on_step, "MoE counter")
         sink.add_flusher(self.flush)
 
@@ -223,13 +220,9 @@ class MoeCounter:
                     # .tolist() here, not on the training thread: on CUDA it waits for the
                     # step's kernels, which the writer may do
                     for expert, tokens in enumerate(counts.tolist()):
-                        self.rows.append((t, self.rank, step, layer, expert, int(tokens),
-                                          experts, k, owners[expert] if owners else None))
-        m = len(self.rows)
-        if not m or self.sink is None:
-            return
-        rows, self.rows[:m] = self.rows[:m], []
-        self.sink.append(TABLE, pa.table(list(map(list, zip(*rows))), schema=self._schema))
+                        self.rows.add((t, self.rank, step, layer, expert, int(tokens),
+                                       experts, k, owners[expert] if owners else None))
+        self.rows.flush()
 
     def state(self) -> dict[str, Any]:
         return {"routers": [(r[0], r[2], r[3]) for r in self.routers],

@@ -13,9 +13,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from . import Guard, Sink
+from .row_buffer import RowBuffer
 
 if TYPE_CHECKING:
     from ..clock import StepClock
@@ -36,15 +35,13 @@ class RareReader:
         self.clock = clock
         self.rank = rank
         self.guard = Guard(self.name)
-        self.rows: list[tuple[Any, ...]] = []
-        self.sink: Sink | None = None
-        self._schema: pa.Schema | None = None
+        self.rows = RowBuffer(self.table, BUFFER)  # this reader's rows, flushed by the writer
         self._next = 0  # the next step at which it reads
         self._reads = 0
         self._unsubscribe: Any = None
 
     def start(self, sink: Sink) -> None:
-        self.sink, self._schema = sink, sink.arrow_schema(self.table)
+        self.rows.start(sink)
         self._unsubscribe = self.clock.subscribe(self._on_step, self.name)
         sink.add_flusher(self.flush)
 
@@ -65,14 +62,10 @@ class RareReader:
         self._next = max(10, 10 * step)
         self._reads += 1
         try:
-            self.rows.extend(self.read(step, sys._getframe(1))[: BUFFER - len(self.rows)])
+            self.rows.extend(self.read(step, sys._getframe(1))[: self.rows.room()])
         except Exception as e:  # noqa: BLE001 - training thread: counted, never raised
             self.guard.failed(e)
 
     # -- writer thread -----------------------------------------------------------------------
     def flush(self) -> None:
-        n = len(self.rows)
-        if not n or self.sink is None:
-            return
-        rows, self.rows[:n] = self.rows[:n], []
-        self.sink.append(self.table, pa.table(list(map(list, zip(*rows))), schema=self._schema))
+        self.rows.flush()

@@ -28,10 +28,9 @@ import sys
 import time
 from typing import Any
 
-import pyarrow as pa
-
 from . import Guard, Sink
 from .registry import CollectorSpec
+from .row_buffer import RowBuffer
 from .torch_import import imported
 
 TABLE = "python.unused_params"
@@ -51,9 +50,7 @@ class UnusedParams:
         self.rank = rank
         self.tracer = tracer
         self.guard = Guard("unused parameters")
-        self.rows: list[tuple[Any, ...]] = []
-        self.sink: Sink | None = None
-        self._schema: pa.Schema | None = None
+        self.rows = RowBuffer(TABLE)  # python.unused_params rows, flushed by the writer
         self._hook: Any = None
         self._left = FIRST_STEPS
         self._names: dict[int, str] = {}
@@ -63,7 +60,7 @@ class UnusedParams:
         self._stopped = False
 
     def start(self, sink: Sink) -> None:
-        self.sink, self._schema = sink, sink.arrow_schema(TABLE)
+        self.rows.start(sink)
         sink.add_flusher(self.flush)
         self.tick()
 
@@ -108,14 +105,14 @@ class UnusedParams:
         step = int(getattr(self.clock, "current_step", 0) or 0) + 1
         now = time.time()
         if not unused:
-            self.rows.append((now, self.rank, step, None, None, None, len(params),
-                              self._find_unused))
+            self.rows.add((now, self.rank, step, None, None, None, len(params),
+                           self._find_unused))
             return
         for p in unused[:MAX_PER_STEP]:
             name = names.get(id(p)) or f"<unnamed {tuple(p.shape)}>"
             module = name.rpartition(".")[0] if "." in name else ""
-            self.rows.append((now, self.rank, step, name, module, int(p.numel()), len(params),
-                              self._find_unused))
+            self.rows.add((now, self.rank, step, name, module, int(p.numel()), len(params),
+                           self._find_unused))
 
     def _param_names(self, params: list[Any]) -> dict[int, str]:
         key = tuple(id(p) for p in params[:8]) + (len(params),)
@@ -144,11 +141,7 @@ class UnusedParams:
     # -- writer thread -----------------------------------------------------------------------
     def flush(self) -> None:
         self.tick()
-        n = len(self.rows)
-        if not n or self.sink is None:
-            return
-        rows, self.rows[:n] = self.rows[:n], []
-        self.sink.append(TABLE, pa.table(list(map(list, zip(*rows))), schema=self._schema))
+        self.rows.flush()
 
 
 def _ddp_flags(models: list[Any]) -> list[bool]:
