@@ -13,7 +13,6 @@ unused-parameter verdict and module).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -126,14 +125,9 @@ def _run(sc: CollectiveScenario, work: Path) -> list[Any]:
 
 
 def _live(proc: subprocess.Popen[str], ready: Path, sc: CollectiveScenario) -> str:
-    deadline = time.monotonic() + 180
-    while not all((ready / f"rank{r}.json").exists() for r in range(2)):
-        if proc.poll() is not None:
-            raise RuntimeError(f"{sc.name}: the job exited early:\n{proc.stdout.read()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{sc.name}: the ranks never became ready")
-        time.sleep(0.2)
-    infos = [json.loads((ready / f"rank{r}.json").read_text()) for r in range(2)]
+    from bench.verdicts import wait_ready
+
+    infos = wait_ready(proc, ready, sc.name, 180)
     time.sleep(2.0)  # a few steps past the announcement (the first steps are recorded)
     url = next(i["url"] for i in infos if i.get("url"))
     return str(url).removeprefix("http://")

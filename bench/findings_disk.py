@@ -10,7 +10,6 @@ only directories it made under /tmp.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -24,19 +23,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from findings_support import cli as _cli
+
 from tests.foreign import FOREIGN_UID, run_as
 
 OLD = time.time() - 30 * 24 * 3600
 ESC = "\x1b]0;pwned\x07\x1b[2J"
-
-
-def _cli(*argv: str) -> tuple[int, str, str]:
-    from probe_cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 @contextlib.contextmanager

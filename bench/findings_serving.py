@@ -12,7 +12,6 @@ already points at it).
 from __future__ import annotations
 
 import contextlib
-import io
 import ipaddress
 import json
 import os
@@ -29,32 +28,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from findings_support import attackers
+from findings_support import cli as _cli
+
 from tests.foreign import FOREIGN_UID, run_as
 
 HERE = Path(__file__).resolve().parents[1]
 ROOT = Path(os.environ.get("PROBE_SRC") or HERE)
 CODE = "'the owner code'"
-
-
-def _attackers() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("attackers", HERE / "tests" / "attackers.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
-
-
-attackers = _attackers()
-
-
-def _cli(*argv: str) -> tuple[int, str, str]:
-    from probe_cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 @contextlib.contextmanager

@@ -15,9 +15,7 @@ Needs root (setuid to 65534) and torch (the c10d store row).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
 import json
 import os
 import re
@@ -37,30 +35,13 @@ HERE = Path(__file__).resolve().parents[1]
 ROOT = Path(os.environ.get("PROBE_SRC") or HERE)
 sys.path.insert(0, str(ROOT))
 
+from findings_support import attackers  # noqa: E402 - bench/, this script's directory
+from findings_support import cli as _cli  # noqa: E402
+
 from tests.foreign import FOREIGN_UID, http_request, run_as  # noqa: E402
-
-
-def _attackers() -> Any:
-    """This checkout's tests/attackers.py, whatever checkout is under test."""
-    spec = importlib.util.spec_from_file_location("attackers", HERE / "tests" / "attackers.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-attackers = _attackers()
 
 TOKEN = "findings-" + os.urandom(8).hex()
 CODE = "'the owner''s code'"
-
-
-def _cli(*argv: str) -> tuple[int, str, str]:
-    from probe_cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 def _wait_listening(host: str, port: int) -> None:

@@ -219,6 +219,21 @@ def score(sc: Scenario, o: Outcome) -> None:
     o.right = ok
 
 
+def wait_ready(proc: subprocess.Popen[str], ready: Path, name: str, timeout_s: float,
+               ranks: int = 2) -> list[dict[str, Any]]:
+    """Each rank's announcement (``ready/rank{r}.json``: its agent's url and pid) once every
+    rank has written one; raises when the job exits first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while not all((ready / f"rank{r}.json").exists() for r in range(ranks)):
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise RuntimeError(f"{name}: the job exited early:\n{out}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: the ranks never became ready")
+        time.sleep(0.2)
+    return [json.loads((ready / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
 def run(sc: Scenario, work: Path, lib: str | None, repeat: int = 0) -> list[Outcome]:
     """One run of ``sc``; repeats of a long healthy scenario are judged at different ages
     (x1, x0.5, x1.5 its ready step), where warm-up memory growth would fool a weak check."""
@@ -243,14 +258,8 @@ def run(sc: Scenario, work: Path, lib: str | None, repeat: int = 0) -> list[Outc
         if sc.hog:  # one busy process per core, beside the job from the start
             hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                                      start_new_session=True) for _ in range(os.cpu_count() or 2)]
-        deadline = time.monotonic() + 180 + 10 * sc.ready_step * max(sc.step_s, 0.01)
-        while not all((ready / f"rank{r}.json").exists() for r in range(2)):
-            if proc.poll() is not None:
-                raise RuntimeError(f"{sc.name}: the job exited early:\n{proc.stdout.read()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{sc.name}: the ranks never became ready")
-            time.sleep(0.2)
-        infos = [json.loads((ready / f"rank{r}.json").read_text()) for r in range(2)]
+        infos = wait_ready(proc, ready, sc.name,
+                           180 + 10 * sc.ready_step * max(sc.step_s, 0.01))
         target = infos[0]["url"].removeprefix("http://")
         if sc.kill:
             os.kill(proc.pid, signal.SIGSTOP)  # as if the node's launcher died with the rank
