@@ -1,6 +1,8 @@
 """Why one rank is slower than the others, when the data says so: more samples or tokens per
-step, a longer sequence, more DataLoader wait, or more host syncs than the median of the other
-ranks (the rank_work query's row per rank). Pure. The straggler verdict appends these reasons
+step, a longer sequence, more DataLoader wait, more host syncs than the median of the other
+ranks (the rank_work query's row per rank), or, with expert parallelism, more of the MoE tokens
+to compute: it holds the experts every rank's router favours (``held_tokens``, from each
+rank's python.moe_load rows and their ``owner``). Pure. The straggler verdict appends these reasons
 to its headline; none is given unless the difference is large (``RATIO`` x the others' median,
 and an absolute floor), so a jittery healthy job gets no made-up cause.
 """
@@ -23,7 +25,20 @@ MEASURES = (
                      "step)", 2.0),
     ("syncs_per_step", "it makes {x:.1f}x the others' host syncs ({a:g} vs {b:g} per step)",
      8.0),
+    ("moe_tokens", "it holds the busy experts: it computes {x:.1f}x the others' MoE tokens "
+                   "({a:g} vs {b:g} over the sampled steps)", 1.0),
 )
+
+
+def held_tokens(rows: list[dict[str, Any]]) -> dict[int, int]:
+    """Expert parallelism: the MoE tokens each rank computes, i.e. those every rank's router
+    sent to the experts it holds (``owner``), summed over layers. Empty without EP."""
+    out: dict[int, int] = {}
+    for r in rows:
+        owner = num(r.get("owner"))
+        if owner is not None:
+            out[int(owner)] = out.get(int(owner), 0) + int(num(r.get("tokens")) or 0)
+    return out if len(out) > 1 else {}
 
 
 def why_slower(rank: Any, work: dict[Any, dict[str, Any]]) -> list[str]:

@@ -17,6 +17,7 @@ from ..group import rank_label
 from .checks import Context, DoctorCheck, Evidence
 from .findings import CRITICAL, INFO, WARNING, Finding, RankDoc, Report, first_loop, num, unrecorded
 from .hang import HangVerdict, where
+from .rank_work import held_tokens
 from .straggler import arrivals, diagnose_stragglers
 
 #: DataLoader wait above this share of step time is a finding.
@@ -162,11 +163,14 @@ def check_straggler(report: Report, docs: list[RankDoc]) -> None:
     step_ms = [num(first_loop(d).get("step_ms")) for d in docs]
     known = [x for x in step_ms if x is not None and x > 0]
     waits = {d.rank: num(first_loop(d).get("cpu_wait_share")) for d in docs}
+    work = {d.rank: w[0] for d in docs if (w := d.rows("work"))}
+    for r, tokens in held_tokens([x for d in docs for x in d.rows("moe") or []]).items():
+        work[r] = {**work.get(r, {}), "moe_tokens": tokens}  # the MoE check's evidence
     v = diagnose_stragglers(rows, last=len(next(iter(rows.values()))),
                             min_share=STRAGGLER_SHARE,
                             step_s=statistics.median(known) / 1e3 if known else None,
                             cpu_wait={r: w for r, w in waits.items() if w is not None},
-                            work={d.rank: w[0] for d in docs if (w := d.rows("work"))})
+                            work=work)
     if v.contention:  # time lost, but to the host: information, with where to look
         report.findings.append(Finding(
             INFO, "cpu_contention", f"CPU CONTENTION: {v.headline.removeprefix('no straggler: ')}",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from probe_cli.diagnose.findings import RankDoc, Report
 from probe_cli.diagnose.lever_checks import check_host_syncs, check_moe
-from probe_cli.diagnose.rank_work import why_slower
+from probe_cli.diagnose.rank_work import held_tokens, why_slower
 from probe_cli.diagnose.straggler import diagnose_stragglers
 from probe_cli.diagnose.throughput import check_throughput
 from tests.unit.test_throughput_lever import row
@@ -175,6 +175,20 @@ def test_a_balanced_moe_gets_nothing():
     report = Report()
     check_moe(report, [d])
     assert report.findings == [] and "within 1.2x" in report.fine[-1]
+
+
+def test_with_expert_parallelism_the_straggler_holds_the_busy_experts():
+    # GIVEN both ranks' routers sending most tokens to the experts rank 0 holds
+    rows = [{"rank": src, "layer": "blocks.0", "expert": e, "tokens": t, "owner": e // 2}
+            for src in (0, 1) for e, t in enumerate([900, 50, 30, 20])]
+    held = held_tokens(rows)
+    assert held == {0: 1900, 1: 100}
+    # THEN the straggler's why says rank 0 computes 19x the others' MoE tokens
+    work = {r: {"samples": 64, "moe_tokens": t} for r, t in held.items()}
+    assert why_slower(0, work) == ["it holds the busy experts: it computes 19.0x the others' "
+                                   "MoE tokens (1900 vs 100 over the sampled steps)"]
+    # AND without expert parallelism (no owner) there is no such reason
+    assert held_tokens([{**r, "owner": None} for r in rows]) == {}
 
 
 def test_why_the_straggler_is_slower():
