@@ -214,8 +214,29 @@ def _classify(key: tuple[str, int], here: dict[int, dict[str, Any]],
     shifted = _shift(key, sides, tables)
     if shifted is not None:
         kind, extra = shifted
+    if kind == "op" and len(sides) == 2:
+        extra += _same_function(sides)
     odd, why = _odd(key, sides, here, tables)
     return Mismatch(kind, key[0], key[1], sides, odd, why, extra)
+
+
+def _same_function(sides: list[Side]) -> list[str]:
+    """Two different ops at one seq, called from one function at different lines: either the
+    ranks make both calls in a different order (an order mismatch, which the tables show only
+    once a swapped pair goes through: here the first pair hangs, so nothing says what either
+    rank calls next), or one side took another branch. Both readings are said; neither is
+    guessed (docs/decisions/diagnosis.md)."""
+    where = []
+    for s in sides:
+        path, _, rest = (s.callsite or "").partition(":")
+        line, _, func = rest.partition(" ")
+        where.append((path, func, line))
+    (p0, f0, l0), (p1, f1, l1) = where
+    if not f0 or (p0, f0) != (p1, f1) or l0 == l1:
+        return []
+    return [f"both calls are in {f0} ({os.path.basename(p0)}:{l0} and :{l1}): if every rank "
+            "makes both, they make them in a different order (an order mismatch); if not, one "
+            "side took another branch"]
 
 
 def _shift(key: tuple[str, int], sides: list[Side],

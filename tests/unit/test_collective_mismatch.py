@@ -85,3 +85,24 @@ def test_three_ranks_against_one_name_the_one_by_majority():
     rows[3] = (*history(), row(10, shapes=((5,),), state="pending", site=LOG, ranks=(0, 1, 2, 3)))
     m = find_mismatch(rows)
     assert m.kind == "sizes" and m.culprits == [3] and "against 3 ranks" in m.why_odd
+
+
+def test_two_ops_from_one_function_say_order_or_branch_without_guessing():
+    # GIVEN rank 0 in all_reduce and rank 1 in broadcast at #10, both from sync_both (the
+    # fault suite's order scenario at the moment gloo hangs on the first swapped pair)
+    r0 = RankState(0, collectives=(*history(), row(10, shapes=((4,),), state="pending",
+                                                     site="/job/train.py:87 sync_both")), now=NOW)
+    r1 = RankState(1, collectives=(*history(), row(10, op="broadcast", shapes=((4,),),
+                                                     state="pending",
+                                                     site="/job/train.py:90 sync_both")), now=NOW)
+    m = find_mismatch({0: r0.collectives, 1: r1.collectives})
+    # THEN the kind stays op (nothing recorded says what either calls next), with both readings
+    assert m is not None and m.kind == "op"
+    assert ("both calls are in sync_both (train.py:87 and :90): if every rank makes both, they "
+            "make them in a different order (an order mismatch); if not, one side took another "
+            "branch") in m.details()
+    # AND calls from different functions get no such line
+    r1 = RankState(1, collectives=(*history(), row(10, op="broadcast", shapes=((4,),),
+                                                     state="pending", site=LOG)), now=NOW)
+    m = find_mismatch({0: r0.collectives, 1: r1.collectives})
+    assert m is not None and not any("both calls are in" in d for d in m.details())
