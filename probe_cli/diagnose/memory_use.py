@@ -105,8 +105,14 @@ class Breakdown:
         total = self.total or 1.0
         return ", ".join(
             f"{k} not counted" if k == "activations" and not self.counted_activations
-            else f"{k} {mib(v)}" + (f" ({100 * v / total:.0f}%)" if shares else "")
+            else f"{k} {self._size(k, v)}" + (f" ({100 * v / total:.0f}%)" if shares else "")
             for k, v in self.kinds.items())
+
+    def _size(self, kind: str, v: float) -> str:
+        """The exact bytes when the row has them: the MiB columns are rounded to 0.01, so a
+        242 KiB model read "246 KiB" (DeepSpeedExamples' CIFAR net)."""
+        exact = self.exact.get(kind)
+        return mib(exact / 2**20) if exact is not None else mib(v)
 
     @property
     def cause(self) -> str:

@@ -142,3 +142,13 @@ def test_a_large_job_s_finding_stays_small():
     assert len(f.detail["breakdown"]) == 128 and f.detail["ranks_counted"] == 300
     assert sum(line.startswith("rank ") for line in f.evidence) == 8
     assert "292 more ranks" in "\n".join(f.evidence)
+
+
+def test_the_text_uses_the_exact_bytes_not_the_rounded_mib():
+    # 248024 B of parameters (a 242 KiB CNN): params_mib is rounded to 0.24 -> "246 KiB"
+    b = breakdown(0, row(params_mib=0.24, params_bytes=248024, grads_mib=0.0, grads_bytes=0),
+                  [])
+    text = b.kinds_text()
+    assert "parameters 242 KiB" in text and "gradients 0 KiB" in text, text
+    # an older agent's row without the bytes still reads its MiB
+    assert "parameters 10.0 MiB" in breakdown(0, row(), []).kinds_text()
