@@ -78,6 +78,21 @@ def grad_norms(torch: Any, params: list[Any]) -> Any:
     return torch.stack([next(it) if p.grad is not None else zero for p in params])
 
 
+def module_grad_norms(torch: Any, mm: ModuleMap | None) -> list[tuple[str, float]]:
+    """Each module's own gradient norm (its parameters', not its children's), read now."""
+    if mm is None or not mm.params:
+        return []
+    with torch.no_grad():
+        norms = grad_norms(torch, mm.params)
+    if norms is None:
+        return []
+    vals, out, i = norms.tolist(), [], 0
+    for (name, _), n in zip(mm.groups, mm.sizes):
+        out.append((name, math.sqrt(sum(x * x for x in vals[i:i + n]))))
+        i += n
+    return out
+
+
 def total_norm(torch: Any, optimizer: Any) -> Any:
     """The total gradient norm over the optimizer's parameters (a 0-dim tensor), or None."""
     grads = [local(p.grad) for g in getattr(optimizer, "param_groups", ()) for p in g["params"]

@@ -41,6 +41,8 @@ reported as not found in the forward.
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 #: The longest text kept for an op or node name.
@@ -325,3 +327,53 @@ def _with_samples(found: dict[str, Any], call: int, sample_ids: list[Any]) -> di
     found["samples"] = samples
     found["micro_batch"] = call
     return found
+
+
+def origin(torch: Any, mm: Any, calls: list[tuple[Any, Any, Any]], sample_ids: list[Any],
+           loss: float | None, norm: float | None, rerun: bool,
+           collective: bool) -> dict[str, Any]:
+    """The first non-finite step's record (``first_nonfinite`` in /v1/numerics): its loss and
+    norm and what the re-run of ``calls`` on ``mm`` (a module_stats.ModuleMap, or None while
+    no root model is known) found, or why there was none (``rerun`` False: not every rank of a
+    collective re-run could). Never raises: a failed re-run is said in the note."""
+    info: dict[str, Any] = {"loss": loss, "grad_norm": norm,
+                            "loss_finite": loss is not None and math.isfinite(loss)}
+    t0 = time.perf_counter()
+    if mm is None:
+        # "unchecked": no re-run happened (the CLI must not say it stayed finite)
+        found: dict[str, Any] = {"stage": "unchecked", "note": "no root model seen yet (the "
+                                 "tracer names it at the first step it wraps)"}
+    elif not calls:
+        found = {"stage": "unchecked", "note": "the step's model inputs were not kept"}
+    elif not rerun:
+        found = {"stage": "unchecked", "note": "FSDP2: not every rank had the step's inputs "
+                 "and model at hand, and a re-run must run on all of them at once"}
+    else:
+        try:
+            found = hunt(torch, mm.model, calls, sample_ids, mm.modules, collective=collective)
+        except Exception as e:  # noqa: BLE001 - the re-run failed: say so, go on
+            found = {"stage": "unchecked", "note": f"re-run failed: {type(e).__name__}: {e}"}
+    info.update(found)
+    if mm is not None and found.get("module"):
+        info["module_class"] = module_class(mm.model, mm.modules, found["module"])
+    info["rerun_ms"] = (time.perf_counter() - t0) * 1e3
+    return info
+
+
+def module_class(model: Any, names: dict[int, str], name: str) -> str | None:
+    """The class of the module called ``name`` (``names``: id -> name)."""
+    ids = {m_id for m_id, n in names.items() if n == name}
+    return next((type(m).__name__ for m in model.modules() if id(m) in ids), None)
+
+
+def origin_note(info: dict[str, Any]) -> str:
+    """The ``origin`` row's note: the step's numbers and what the re-run found."""
+    bits = [f"loss {info.get('loss')}", f"grad norm {info.get('grad_norm')}"]
+    if info.get("samples_are"):
+        bits.append(f"samples are {info['samples_are']}")
+    if info.get("micro_batch") is not None:
+        bits.append(f"micro-batch {info['micro_batch']}")
+    if info.get("note"):
+        bits.append(str(info["note"]))
+    bits.append(f"re-run {info.get('rerun_ms', 0):.0f} ms")
+    return "; ".join(bits)

@@ -19,15 +19,12 @@ What runs when
 - **Checks armed by an operator** (`probe guard`): ``on_check`` is called with the step's
   numbers before the optimizer runs, and may make it skip the step (actions/guard.py).
 
-Sample indices: ``_BaseDataLoaderIter._next_index`` is wrapped to keep the indices of each
-batch the sampler hands out, in order, on the iterator (a worker pool asks ahead; batches come
-back in that order); the loop monitor's ``__next__`` wrapper pops them as batches are taken.
+What the step was given (its root calls, its batches' sample indices) is step_inputs.py's.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import math
 import statistics
 import sys
@@ -37,13 +34,16 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .. import optim_hooks, patches
+from .. import optim_hooks
 from . import Guard, Sink
 from .loss import LossMeter, to_float
-from .module_stats import ActivationHook, ModuleMap, StepStats, grad_norms, total_norm, unwrap
-from .nan_hunt import hunt
+from .module_stats import ActivationHook, ModuleMap, StepStats, module_grad_norms, total_norm
+from .nan_hunt import origin, origin_note
+from .numerics_rows import TABLE, NumericsRows
+from .numerics_rows import to_float as row_float
 from .registry import CollectorSpec
 from .sharded import agree, is_sharded
+from .step_inputs import StepInputs, samples_text
 from .torch_import import imported
 
 if TYPE_CHECKING:
@@ -51,14 +51,10 @@ if TYPE_CHECKING:
     from .tracer.tracer import TorchTracer
     from .trainloop import LoopMonitor
 
-TABLE = "python.numerics"
-BUFFER = 100_000
 #: Recent losses the spike check compares with (their median and MAD).
 WINDOW = 50
 #: Anomaly captures (per-module norms of a spike or non-finite step) kept per run.
 MAX_ANOMALIES = 20
-#: Root calls (micro-batches) of one step kept for a re-run.
-MAX_CALLS = 64
 #: Thresholds: settable while the job runs (`probe numerics --set NAME=VALUE`, every rank);
 #: doctor and `probe numerics` read them from the ranks, so all judge alike.
 DEFAULTS: dict[str, float] = {
@@ -81,37 +77,28 @@ class NumericsRecorder:
         self.guard = Guard("numerics recorder")
         self.loss = LossMeter()
         self.thresholds = dict(DEFAULTS)
-        self.rows: list[tuple[Any, ...]] = []
+        self.out = NumericsRows(rank)
         self.sink: Sink | None = None
         self._schema: pa.Schema | None = None
         self._handle: Any = None
         self._unsubscribe: Any = None
         self._torch: Any = None
-        self._dl: patches.Patch | None = None
         self._lock = threading.Lock()
         self._stopped = False
         self._paused = False  # set_active(False)
-        self._found: Any = None  # the model a heap walk found (_find_model)
         self._sharded: bool | None = None  # steps DTensor parameters (sharded.py)
-        self._find_at = -1e9
         # per step (training thread)
         self._begun = False
         self.step_loss: tuple[Any, str | None, int] = (None, None, 0)
-        self.calls: list[tuple[Any, Any, Any]] = []
-        self.batch_ids: list[Any] = []
+        self.inputs = StepInputs()
         self._stats: StepStats | None = None
         self._acts: ActivationHook | None = None
-        self._root: Any = None
-        self._root_hook: Any = None
-        self._map: ModuleMap | None = None
         self.recent: collections.deque[float] = collections.deque(maxlen=WINDOW)
         self.anomalies = 0
         #: the first non-finite step and what the re-run found (doctor's evidence)
         self.first_nonfinite: dict[str, Any] | None = None
         self.last: dict[str, Any] = {}
         self._pending_total: tuple[Any, ...] | None = None
-        #: this step's rows (training thread only), stamped with its number by _on_step
-        self._held: list[tuple[Any, ...]] = []
         self._next_act_values: dict[str, list[Any]] = {}
         #: the armed step guard (actions/guard.py, set by its action at a step boundary):
         #: ``check`` before the optimizer runs, ``after_step`` once it did
@@ -123,7 +110,7 @@ class NumericsRecorder:
         self._unsubscribe = self.clock.subscribe(self._on_step, "numerics recorder")
         if self.loop is not None:
             self.loop.on_scale = self.loss.scaled
-            self.loop.on_batch = self._on_batch
+            self.loop.on_batch = self.inputs.on_batch
         sink.add_flusher(self.flush)
         sink.add_ticker(self.poll)
         self.poll()
@@ -144,11 +131,7 @@ class NumericsRecorder:
             self.loss.uninstall()
             if self._acts is not None:
                 self._acts.off()
-            if self._root_hook is not None:
-                self._root_hook.remove()
-            if self._dl is not None:
-                patches.restore(self._dl)
-                self._dl = None
+            self.inputs.remove()
         finally:
             self.flush()
 
@@ -182,15 +165,9 @@ class NumericsRecorder:
                     and hasattr(mod, "register_optimizer_step_pre_hook"):
                 self._torch = sys.modules["torch"]
                 self._handle = optim_hooks.register(mod, "pre", self._on_opt_pre)
-            if self._dl is None and (dl := imported("torch.utils.data.dataloader")) is not None:
-                cls = dl._BaseDataLoaderIter
-                orig = cls.__dict__.get("_next_index")
-                if orig is not None:
-                    self._dl = patches.replace(
-                        cls, "_next_index", _keep_indices(orig), by="numerics",
-                        why="keeps the sample indices of each batch, for a NaN's origin")
+            self.inputs.wrap_dataloader()
         try:
-            self._find_model()
+            self.inputs.find_model(self._torch, self.clock, self.tracer)
         except Exception as e:  # noqa: BLE001 - writer thread: counted
             self.guard.failed(e)
 
@@ -205,65 +182,8 @@ class NumericsRecorder:
         return dict(self.thresholds)
 
     # -- training thread -----------------------------------------------------------------------
-    def _on_batch(self, it: Any) -> None:
-        q = it.__dict__.get("_probe_indices")
-        ids = q.popleft() if q else None
-        if len(self.batch_ids) < MAX_CALLS:
-            self.batch_ids.append(ids)
-
-    def _find_model(self) -> None:
-        """Writer tick: when no tracer names the root model (PROBE_TRACE=off), find it once
-        with one heap walk (heapscan.py: ~50-100 ms, once): the largest module whose trainable
-        parameters the stepping optimizers hold. The training thread hooks it (_keep_root)."""
-        tracer = self.tracer
-        if self._root is not None or self._found is not None or not self.clock.seen_step or \
-                getattr(tracer, "_first_root", None) is not None or \
-                time.monotonic() - self._find_at < 30 or self._torch is None:
-            return
-        self._find_at = time.monotonic()
-        wanted = {id(p) for o in self.clock.optimizers() for g in getattr(o, "param_groups", ())
-                  for p in g["params"]}
-        if not wanted:
-            return
-        from ..heapscan import live_objects
-
-        mods = live_objects({"m": (self._torch.nn.Module,)})["m"]
-        best, size = None, 0
-        for m in mods:
-            try:
-                ps = [p for p in m.parameters() if p.requires_grad]
-            except RuntimeError:
-                continue
-            if ps and len(ps) > size and all(id(p) in wanted for p in ps):
-                best, size = unwrap(m), len(ps)
-        self._found = best
-
-    def _keep_root(self) -> None:
-        """Hook the root model to keep each step's inputs (for a re-run) once it is known."""
-        tracer = self.tracer
-        root = getattr(tracer, "_first_root", None) or getattr(tracer, "root", None) or \
-            self._found
-        if root is None or root is self._root:
-            return
-        if self._root_hook is not None:
-            self._root_hook.remove()
-        self._root = root
-        self._map = None
-        torch = self._torch
-
-        def keep(module: Any, args: Any, kwargs: Any) -> None:
-            if torch.is_grad_enabled() and len(self.calls) < MAX_CALLS:
-                self.calls.append((args, kwargs, _autocast(torch)))
-
-        self._root_hook = root.register_forward_pre_hook(keep, with_kwargs=True)
-
     def module_map(self) -> ModuleMap | None:
-        if self._root is None:
-            return None
-        model = unwrap(self._root)
-        if self._map is None or self._map.model is not model:
-            self._map = ModuleMap(model)
-        return self._map
+        return self.inputs.module_map()
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         if self._begun or not self.guard.enabled:
@@ -315,7 +235,7 @@ class NumericsRecorder:
         if self._sharded:  # FSDP2: the whole model's norm, and every rank knows of a NaN
             ready = self.first_nonfinite is None and self.module_map() is not None
             gf, nonfinite, rerun = agree(torch, lf, gf, clip_max is None,
-                                         len(self.calls) if ready else 0)
+                                         len(self.inputs.calls) if ready else 0)
         spike = self._spike(lf)
         before = list(self.recent)
         if lf is not None and math.isfinite(lf):
@@ -346,7 +266,7 @@ class NumericsRecorder:
             norm = loop.clip_norm
             if scale is not None:
                 norm = norm / scale
-            return norm, _float(loop.clip_max)
+            return norm, row_float(loop.clip_max)
         with torch.no_grad():
             return total_norm(torch, optimizer), None
 
@@ -366,69 +286,27 @@ class NumericsRecorder:
     def _anomaly(self, torch: Any, step: int | None, mm: ModuleMap | None,
                  spike: float | None, nonfinite: bool) -> None:
         now = time.time()
-        samples = _samples_text(self.batch_ids)
+        samples = samples_text(self.inputs.batch_ids)
         what = "nonfinite" if nonfinite else f"spike x{spike:.2f}"
-        self._row(now, step, "(total)", "anomaly", note=what, samples=samples)
-        if mm is None or not mm.params:
-            return
-        with torch.no_grad():
-            norms = grad_norms(torch, mm.params)
-        if norms is None:
-            return
-        vals = norms.tolist()
-        i = 0
-        for (name, _), n in zip(mm.groups, mm.sizes):
-            g = math.sqrt(sum(x * x for x in vals[i:i + n]))
-            i += n
-            self._row(now, step, name, "anomaly", grad_norm=g,
-                      grad_nonfinite=not math.isfinite(g))
+        self.out.add(now, step, "(total)", "anomaly", note=what, samples=samples)
+        for name, g in module_grad_norms(torch, mm):
+            self.out.add(now, step, name, "anomaly", grad_norm=g,
+                         grad_nonfinite=not math.isfinite(g))
 
     def _hunt(self, torch: Any, step: int | None, lf: float | None, gf: float | None,
               mm: ModuleMap | None, rerun: bool = True) -> None:
-        info: dict[str, Any] = {"step": step, "loss": lf, "grad_norm": gf,
-                                "loss_finite": lf is not None and math.isfinite(lf)}
-        t0 = time.perf_counter()
-        if mm is None:
-            # "unchecked": no re-run happened (the CLI must not say it stayed finite)
-            found: dict[str, Any] = {"stage": "unchecked", "note": "no root model seen yet (the "
-                                     "tracer names it at the first step it wraps)"}
-        elif not self.calls:
-            found = {"stage": "unchecked", "note": "the step's model inputs were not kept"}
-        elif not rerun:
-            found = {"stage": "unchecked", "note": "FSDP2: not every rank had the step's "
-                     "inputs and model at hand, and a re-run must run on all of them at once"}
-        else:
-            self.loss.paused = True
-            try:
-                found = hunt(torch, mm.model, self.calls, self.batch_ids, mm.modules,
-                             collective=bool(self._sharded))
-            except Exception as e:  # noqa: BLE001 - the re-run failed: say so, go on
-                found = {"stage": "unchecked",
-                         "note": f"re-run failed: {type(e).__name__}: {e}"}
-            finally:
-                self.loss.paused = False
-        info.update(found)
-        if mm is not None and found.get("module"):
-            cls = next((type(m).__name__ for m_id, name in mm.modules.items()
-                        if name == found["module"] for m in [_module_by_id(mm.model, m_id)]
-                        if m is not None), None)
-            info["module_class"] = cls
-        info["rerun_ms"] = (time.perf_counter() - t0) * 1e3
+        self.loss.paused = True  # the re-run's backward is not the step's loss
+        try:
+            info = origin(torch, mm, self.inputs.calls, self.inputs.batch_ids, lf, gf, rerun,
+                          bool(self._sharded))
+        finally:
+            self.loss.paused = False
+        info["step"] = step
         self.first_nonfinite = info
-        self._row(time.time(), step, found.get("module") or "(none)", "origin",
-                  stage=found.get("stage"), role=found.get("role"), op=found.get("op"),
-                  samples=", ".join(str(s) for s in found.get("samples") or []) or None,
-                  note=_origin_note(info))
-
-    def _row(self, ts: float, step: int | None, module: str, kind: str, grad_norm: Any = None,
-             weight_norm: Any = None, ratio: Any = None, act: Any = None,
-             grad_nonfinite: Any = None, act_nonfinite: Any = None, clip_max: Any = None,
-             stage: Any = None, role: Any = None, op: Any = None, samples: Any = None,
-             note: Any = None) -> None:
-        if len(self._held) < 10_000:
-            self._held.append((ts, step, module, kind, grad_norm, weight_norm, ratio, act,
-                              act_nonfinite, grad_nonfinite, clip_max, stage, role, op,
-                              samples, note))
+        self.out.add(time.time(), step, info.get("module") or "(none)", "origin",
+                     stage=info.get("stage"), role=info.get("role"), op=info.get("op"),
+                     samples=", ".join(str(s) for s in info.get("samples") or []) or None,
+                     note=origin_note(info))
 
     def _on_step(self, step: int, optimizer: Any) -> None:
         """StepClock subscriber: the step's rows; set up the next step."""
@@ -445,21 +323,19 @@ class NumericsRecorder:
         pending, self._pending_total = self._pending_total, None
         if pending is not None:
             ts, gf, clip_max, nonfinite, spike = pending
-            self._row(ts, step, "(total)", "step", grad_norm=gf, grad_nonfinite=nonfinite,
+            self.out.add(ts, step, "(total)", "step", grad_norm=gf, grad_nonfinite=nonfinite,
                       clip_max=clip_max, note=f"spike x{spike:.2f}" if spike else None)
         stats, self._stats = self._stats, None
         if stats is not None:
             try:
                 stats.after_step(torch)
-                self._row(time.time(), step, "", "module-stats", note=stats)
+                self.out.add(time.time(), step, "", "module-stats", note=stats)
             except Exception as e:  # noqa: BLE001 - training thread: counted
                 self.guard.failed(e)
-        held, self._held = self._held, []
-        if len(self.rows) < BUFFER:
-            self.rows.extend((r[0], step if r[1] is None else r[1], *r[2:]) for r in held)
-        self.calls, self.batch_ids = [], []
+        self.out.stamp(step)
+        self.inputs.step_done()
         try:
-            self._keep_root()
+            self.inputs.keep_root(torch, self.tracer)
             self._next_acts(step)
         except Exception as e:  # noqa: BLE001 - training thread: counted
             self.guard.failed(e)
@@ -512,84 +388,11 @@ class NumericsRecorder:
 
     # -- writer thread -----------------------------------------------------------------------
     def flush(self) -> None:
-        n = len(self.rows)
-        if not n or self.sink is None:
+        if self.sink is None or self._schema is None:
             return
-        rows, self.rows[:n] = self.rows[:n], []
-        out = []
-        for r in rows:
-            if r[3] == "module-stats":
-                stats = r[-1]  # the StepStats rides in the note field until here
-                for name, g, w, ratio, act in stats.rows():
-                    out.append((r[0], r[1], name, "module", g, w, ratio, act,
-                                act is not None and not math.isfinite(act),
-                                g is not None and not math.isfinite(g),
-                                None, None, None, None, None, None))
-            else:
-                out.append(r)
-        cols = list(zip(*out))
-        self.sink.append(TABLE, pa.table(
-            [cols[0], [self.rank] * len(out), *cols[1:4],
-             *[[_float(v) for v in c] for c in cols[4:8]], *cols[8:]], schema=self._schema))
-
-
-def _module_by_id(model: Any, m_id: int) -> Any:
-    return next((m for m in model.modules() if id(m) == m_id), None)
-
-
-def _keep_indices(orig: Any) -> Any:
-    @functools.wraps(orig)
-    def _next_index(it: Any) -> Any:
-        idx = orig(it)
-        q = it.__dict__.get("_probe_indices")
-        if q is None:
-            q = it.__dict__["_probe_indices"] = collections.deque(maxlen=256)
-        q.append(idx)
-        return idx
-
-    return _next_index
-
-
-def _autocast(torch: Any) -> Any:
-    for dev in ("cuda", "cpu"):
-        try:
-            if torch.is_autocast_enabled(dev):
-                return dev, torch.get_autocast_dtype(dev)
-        except (RuntimeError, TypeError):
-            continue
-    return None
-
-
-def _samples_text(batch_ids: list[Any]) -> str | None:
-    parts = []
-    for i, ids in enumerate(batch_ids[:8]):
-        if isinstance(ids, (list, tuple)):
-            shown = ", ".join(str(x) for x in ids[:32]) + (", ..." if len(ids) > 32 else "")
-            parts.append(f"batch {i}: [{shown}]")
-        elif ids is not None:
-            parts.append(f"batch {i}: {ids}")
-    return "; ".join(parts) or None
-
-
-def _origin_note(info: dict[str, Any]) -> str:
-    bits = [f"loss {info.get('loss')}", f"grad norm {info.get('grad_norm')}"]
-    if info.get("samples_are"):
-        bits.append(f"samples are {info['samples_are']}")
-    if info.get("micro_batch") is not None:
-        bits.append(f"micro-batch {info['micro_batch']}")
-    if info.get("note"):
-        bits.append(str(info["note"]))
-    bits.append(f"re-run {info.get('rerun_ms', 0):.0f} ms")
-    return "; ".join(bits)
-
-
-def _float(v: Any) -> float | None:
-    if v is None:
-        return None
-    try:
-        return float(v.item() if hasattr(v, "item") else v)
-    except (TypeError, ValueError, RuntimeError, OverflowError):
-        return math.nan
+        table = self.out.table(self._schema)
+        if table is not None:
+            self.sink.append(TABLE, table)
 
 
 #: This collector, for the registry (registry.py): after the loop monitor (its GradScaler).
