@@ -2,7 +2,7 @@
 (step 300: wrong labels, a finite spike) and one corrupt sample (step 400: an all-zero row,
 which the first layer divides by its norm: 0/0).
 
-    PROBE=1 python examples/loss_spike.py
+    PROBE=1 python examples/loss_spike.py --steps 600 --hold-s 600
 
 Nothing is logged to the agent: it records the loss backward() was called on and the gradient
 norm of every step by itself. `probe numerics` (or `probe doctor`) names the spike's step,
@@ -11,6 +11,7 @@ traced; `probe guard --skip-nonfinite` makes the job skip such steps from then o
 """
 
 import argparse
+import time
 
 import torch
 import torch.nn as nn
@@ -28,6 +29,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=0, help="stop after N steps (0: run until Ctrl-C)")
 p.add_argument("--spike-at", type=int, default=300)
 p.add_argument("--nan-at", type=int, default=400)
+p.add_argument("--hold-s", type=float, default=0.0,
+               help="after --steps, stay alive this long (the probe commands can still ask)")
 args = p.parse_args()
 
 torch.manual_seed(0)
@@ -51,3 +54,4 @@ while args.steps == 0 or step < args.steps:
         step += 1
         if args.steps and step >= args.steps:
             break
+time.sleep(args.hold_s)

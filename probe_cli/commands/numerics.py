@@ -20,8 +20,9 @@ from probe_protocol.query import QueryBody
 
 from ..diagnose.clipping import check_clipping, check_lr_zero
 from ..diagnose.findings import RankDoc, Report, num
+from ..diagnose.guard_check import check_guard
 from ..diagnose.nonfinite import check_nonfinite
-from ..diagnose.numerics import TREND_WINDOW, check_guard, check_numerics, spikes, thresholds
+from ..diagnose.numerics import TREND_WINDOW, check_numerics, spikes, thresholds
 from ..errors import EXIT_USAGE, ProbeCLIError, RankError
 from ..outcome import Outcome, verdict_outcome
 from ..render.doctor import render

@@ -10,6 +10,7 @@ from typing import Any
 
 from . import (
     clipping,
+    guard_check,
     isolated,
     lever_checks,
     lr_checks,
@@ -28,8 +29,8 @@ from .hang import HangVerdict, RankState
 
 #: The modules whose ``CHECKS`` doctor runs (checks.py). A new check is a module of its own
 #: and one line here.
-DEFAULT_CHECKS = (time_checks, nonfinite, memory_growth, lr_checks, numerics, clipping,
-                  memory_use, schedule, throughput, lever_checks, isolated, unused_params)
+DEFAULT_CHECKS = (time_checks, nonfinite, memory_growth, lr_checks, numerics, guard_check,
+                  clipping, memory_use, schedule, throughput, lever_checks, isolated, unused_params)
 
 
 def doctor_checks() -> list[DoctorCheck]:

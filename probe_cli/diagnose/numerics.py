@@ -17,7 +17,7 @@ import statistics
 from typing import Any
 
 from ..group import rank_label
-from .checks import Context, DoctorCheck, Evidence
+from .checks import DoctorCheck, Evidence
 from .findings import CRITICAL, WARNING, Finding, RankDoc, Report, num
 
 #: The agents' defaults, for ranks that predate them (kept equal to collectors/numerics.py).
@@ -125,7 +125,8 @@ def _spike(report: Report, docs: list[RankDoc], t: dict[str, float]) -> None:
                         f"{len(after_f)} steps)" if back < 1.5 * s["median"] else
                         f"after it the loss stayed up ({back:.4g}, median of the next "
                         f"{len(after_f)} steps)")
-    evs = [e for e in d.rows("numeric_events") or [] if e.get("step") == s["step"] and
+    answered = d.rows("numeric_events")
+    evs = [e for e in answered or [] if e.get("step") == s["step"] and
            e.get("kind") == "anomaly"]
     jumped = []
     for e in evs:
@@ -138,9 +139,18 @@ def _spike(report: Report, docs: list[RankDoc], t: dict[str, float]) -> None:
             f"{m} x{f:.1f} ({g:.3g} vs median {b:.3g})" for f, m, g, b in jumped[:3]))
     samples = next((e.get("samples") for e in evs if e.get("module") == "(total)"
                     and e.get("samples")), None)
-    evidence.append(f"the batch: DataLoader sample indices {samples}" if samples else
-                    "the batch: no DataLoader sample indices (the loop does not iterate a "
-                    f"DataLoader); it was step {s['step']}'s batch")
+    if samples:
+        evidence.append(f"the batch: DataLoader sample indices {samples}")
+    elif answered is None:  # not read (a timeout on a busy machine): say so, claim nothing
+        why = d.errors.get("numeric_events") or "no answer"
+        evidence.append(f"the batch and the modules: rank {d.rank}'s anomaly rows were not "
+                        f"read ({why}); probe numerics again")
+    elif evs:
+        evidence.append("the batch: no DataLoader sample indices (the loop does not iterate a "
+                        f"DataLoader); it was step {s['step']}'s batch")
+    else:
+        evidence.append(f"the batch: not captured (the agent keeps the first 20 spikes and "
+                        f"non-finite steps); it was step {s['step']}'s batch")
     report.findings.append(Finding(
         WARNING, "spike", f"LOSS SPIKE: rank {d.rank} step {s['step']}: loss x{s['factor']:.1f} "
         f"its recent median ({s['median']:.4g} -> {s['loss']:.4g})", evidence,
@@ -365,38 +375,10 @@ def _g(v: float | None) -> str:
     return "?" if v is None else f"{v:.4g}"
 
 
-def check_guard(report: Report, docs: list[RankDoc]) -> None:
-    """The step guard's firings (`probe guard`): each is a step the ranks skipped."""
-    fired: dict[str, list[int]] = {}
-    armed = []
-    for d in docs:
-        g = ((d.state or {}).get("numerics") or {}).get("guard")
-        if not g:
-            continue
-        armed.append(d.rank)
-        for f in g.get("firings") or []:
-            line = f"step {f.get('step')}: {f.get('why')} -> {', '.join(f.get('done') or [])}"
-            fired.setdefault(line, []).append(d.rank)
-    if fired:
-        lines = [f"{rank_label(r)}: {x}" for x, r in fired.items()]
-        n = len(fired)
-        report.findings.append(Finding(
-            WARNING, "guard", f"GUARD FIRED {n} time{'s' if n != 1 else ''}: " + lines[-1],
-            lines, "probe query \"SELECT timestamp, rank, at_step, code FROM python.audit "
-            "WHERE kind = 'guard' ORDER BY timestamp\"", sorted(armed), score=0.65))
-    elif armed:
-        report.fine.append(f"guard: armed on {rank_label(armed)}, has not fired")
-
-
-def _numbers_checks(report: Report, ctx: Context) -> None:
-    check_numerics(report, ctx.docs)
-    check_guard(report, ctx.docs)
-
-
 _SERIES = Evidence("numerics", "numerics", lambda last: {"window": max(last, TREND_WINDOW)})
 #: The checks of this module, for doctor.py's registry (checks.py): the loss verdicts right
 #: after NaN/Inf (30); clipping.py's run before the LR block.
 CHECKS = (
-    DoctorCheck("numerics", 35, _numbers_checks,
+    DoctorCheck("numerics", 35, lambda report, ctx: check_numerics(report, ctx.docs),
                 evidence=(_SERIES, Evidence("numeric_events", "numerics_events"))),
 )

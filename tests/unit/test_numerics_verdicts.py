@@ -218,3 +218,18 @@ def test_a_healthy_start_with_big_first_updates_is_not_a_blow_up():
         r["update_ratio"] = 0.15
     report = report_of(with_numerics(0, rows, classes=10))
     assert "lr_high" not in checks(report) and not report.problem
+
+
+def test_a_spike_whose_anomaly_rows_were_not_read_claims_no_missing_dataloader():
+    # GIVEN a spike whose rank did not answer the anomaly-rows query (a timeout under load)
+    rows = series()
+    rows[119]["loss"] = 3.2 * rows[118]["loss"]
+    d = with_numerics(0, rows)
+    d.file("numeric_events", None)
+    d.errors["numeric_events"] = "timed out after 5 s"
+    spike = next(f for f in report_of(d).findings if f.check == "spike")
+    # THEN it says the rows were not read and why, never "the loop does not iterate a
+    # DataLoader" (it may well)
+    text = " ".join(spike.evidence)
+    assert "does not iterate a DataLoader" not in text
+    assert "anomaly rows were not read (timed out after 5 s)" in text, text
