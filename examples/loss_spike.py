@@ -1,8 +1,8 @@
 """Loss spikes and a NaN, found with no line of code: a classifier whose data has one bad batch
-(step 300: wrong labels, a finite spike) and one corrupt sample (step 400: an all-zero row,
+(step 100: wrong labels, a finite spike) and one corrupt sample (step 150: an all-zero row,
 which the first layer divides by its norm: 0/0).
 
-    PROBE=1 python examples/loss_spike.py --steps 600 --hold-s 600
+    PROBE=1 python examples/loss_spike.py --steps 250 --hold-s 600
 
 Nothing is logged to the agent: it records the loss backward() was called on and the gradient
 norm of every step by itself. `probe numerics` (or `probe doctor`) names the spike's step,
@@ -27,8 +27,8 @@ class UnitNorm(nn.Module):
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=0, help="stop after N steps (0: run until Ctrl-C)")
-p.add_argument("--spike-at", type=int, default=300)
-p.add_argument("--nan-at", type=int, default=400)
+p.add_argument("--spike-at", type=int, default=100)
+p.add_argument("--nan-at", type=int, default=150)
 p.add_argument("--hold-s", type=float, default=0.0,
                help="after --steps, stay alive this long (the probe commands can still ask)")
 args = p.parse_args()
@@ -38,7 +38,7 @@ w = torch.randn(32, 10)
 xs = torch.randn(1 << 14, 32)
 data = DataLoader(TensorDataset(xs, (xs @ w).argmax(1)), batch_size=32, shuffle=True)
 model = nn.Sequential(UnitNorm(), nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 step = 0
 while args.steps == 0 or step < args.steps:
     for x, y in data:
