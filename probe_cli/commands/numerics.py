@@ -110,12 +110,16 @@ def _gather(window: int, values: dict[str, float]) -> Call:
             agent.set_numerics(values)
         out: dict[str, Any] = {"ok": True, "rank": target.rank, "errors": {}}
         out["state"] = agent.numerics().get("numerics")
-        for key, name, params in (("rows", "numerics", {"window": window}),
-                                  ("events", "numerics_events", {}), ("schedule", "schedule", {})):
+        # errors are filed under the evidence keys the checks read (numerics, numeric_events):
+        # a timed-out query is then "not read (why)", never "no steps recorded yet"
+        for key, name, params, said in (
+                ("rows", "numerics", {"window": window}, "numerics"),
+                ("events", "numerics_events", {}, "numeric_events"),
+                ("schedule", "schedule", {}, "schedule")):
             try:
                 out[key] = QueryBody.from_wire(client.canned(name, **params)).records()
             except RankError as e:
-                out["errors"][key] = e.reason
+                out["errors"][said] = f"not read: {e.reason}"
         return out
 
     return call
