@@ -156,6 +156,15 @@ def test_with_expert_parallelism_the_rank_holding_the_busy_expert_is_named():
             "2000 tokens every rank's router sent (94%)") in f.evidence
     assert ("rank 1: 10 all-to-all calls, 0.100 s in them (its wait here is for rank 0, which "
             "holds the busy expert)") in f.evidence
+    # AND when the holder itself spent longer in all-to-all, no wait is blamed on it
+    docs[0].collectives = tuple(a2a * 2)
+    report = Report()
+    check_moe(report, docs)
+    [f] = report.findings
+    assert "rank 0: 20 all-to-all calls, 0.200 s in them" in f.evidence
+    assert not any("wait" in e and "for rank 0" in e for e in f.evidence[:-2]), f.evidence
+    assert ("the all-to-all times do not show rank 0's peers waiting for it in this window (its "
+            "extra expert compute is small beside the step)") in f.evidence
 
 
 def test_without_expert_parallelism_no_rank_is_named():
