@@ -191,8 +191,8 @@ def test_a_stopped_agent_leaves_torch_as_it_found_it_and_is_freed(make_agent):
     # the saved-tensors pack hook pushed for the next traced step is popped: left there, it
     # kept torch.compile from compiling any frame of this thread for the rest of the process
     assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
-    wait_until(lambda: gc.collect() is not None and ref() is None, 10,
-               "the stopped agent is still referenced")
+    wait_until(lambda: gc.collect() is not None and ref() is None, 60,  # its threads' last
+               "the stopped agent is still referenced")  # turns end late on a busy machine
 
 
 def test_an_agent_stopped_from_another_thread_pops_its_hook_at_the_next_step(make_agent):
