@@ -28,8 +28,11 @@ from tests.support import PROGRAMS, python_env, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-#: The process group's timeout of the stuck-loader job: room for the live reads before it.
-LOADER_TIMEOUT_S = "15"
+#: The process group's timeout of the stuck-loader job: room for the live reads before it (3
+#: probe calls at once; at load ~30 on 2 cores one call can take 10 s or more).
+LOADER_TIMEOUT_S = "25"
+#: How long each live read is retried (the job dies at the timeout anyway).
+LIVE_S = 25
 
 
 def _start(tmp: Path, name: str, scenario: str, *args: str) -> dict:
@@ -94,12 +97,12 @@ def _live_loader(pool: ThreadPoolExecutor, job: dict, tmp: Path) -> dict[str, An
     url = json.loads((ready / "rank0.json").read_text())["url"].removeprefix("http://")
     asks: dict[str, Future] = {
         "hang": pool.submit(wait_until, lambda: (h := probe("-t", url, "hang")).returncode == 4
-                            and h, 15, "probe hang never named the stuck loader"),
+                            and h, LIVE_S, "probe hang never named the stuck loader"),
         "children": pool.submit(
             wait_until, lambda: "making a batch" in (c := probe("-t", url, "backtrace",
                                                                 "--children")).stdout and c,
-            15, "probe backtrace --children never showed a worker making a batch"),
-        "health": pool.submit(wait_until, lambda: _hung(url, tmp), 15,
+            LIVE_S, "probe backtrace --children never showed a worker making a batch"),
+        "health": pool.submit(wait_until, lambda: _hung(url, tmp), LIVE_S,
                               "probe health never said the loader's rank 1 was hung"),
     }
     out: dict[str, Any] = {name: f.result() for name, f in asks.items()}
