@@ -137,10 +137,15 @@ def rank_of(name: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-def write_atomic(path: str, write: Any) -> int:
+def write_atomic(path: str, write: Any, durable: bool = True) -> int:
     """``write(binary file)`` into a fresh 0600 temporary beside ``path``, fsync, rename over
     ``path``, fsync the directory: a reader (or a kill, a full disk) sees the old file or the
-    new one, whole, never a part. The temporary is gone when this raises. Returns the size."""
+    new one, whole, never a part. The temporary is gone when this raises. Returns the size.
+
+    ``durable=False`` renames before any fsync: for a record written while the process is
+    being killed (``end.json``), where an fsync on a busy disk took longer than the grace
+    before SIGKILL and the record never got its name. A process's death does not lose a
+    renamed file (the page cache is the kernel's); only a crash of the machine could."""
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, tmp_name(name))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -148,7 +153,8 @@ def write_atomic(path: str, write: Any) -> int:
         with open(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
             size = f.tell()
         os.replace(tmp, path)
     except BaseException:
@@ -174,9 +180,9 @@ def sync_dir(folder: str) -> None:
         os.close(dfd)
 
 
-def write_json(path: str, record: Mapping[str, Any]) -> None:
+def write_json(path: str, record: Mapping[str, Any], durable: bool = True) -> None:
     """Atomically (``write_atomic``), 0600."""
-    write_atomic(path, lambda f: f.write(json.dumps(record, default=str).encode()))
+    write_atomic(path, lambda f: f.write(json.dumps(record, default=str).encode()), durable)
 
 
 #: The largest record read (a copy's JSON files are a few KiB).

@@ -110,7 +110,8 @@ class Postmortem:
             except Exception as e:  # noqa: BLE001 - the end record must be written anyway
                 log.debug("probe agent: end extras failed: %s", e)
         try:
-            layout.write_json(os.path.join(self.path, layout.END), record)
+            # named without waiting on an fsync: the rank may be SIGKILLed within seconds
+            layout.write_json(os.path.join(self.path, layout.END), record, durable=False)
         except OSError:
             pass
         self.copy.refresh_soon(FINAL_WAIT_S)
