@@ -149,21 +149,37 @@ def check_lr_zero(report: Report, docs: list[RankDoc]) -> bool:
         lrs = _finite([r.get("lr") for r in rows])
         if not lrs or lrs[-1] != 0:
             continue
-        since = next((r["step"] for r in reversed(rows) if num(r.get("lr")) != 0), None)
+        # the last step with a known LR above 0 (a row without one, NULL where python.step_stats
+        # had no row for the step, is not "above 0": it read "since step 21" for a step-40 end)
+        at = next((i for i in range(len(rows) - 1, -1, -1)
+                   if (v := num(rows[i].get("lr"))) is not None and v != 0), None)
+        since = rows[at]["step"] if at is not None else None
+        # the query reads the first 20 steps and the last N: between them nothing was read, so
+        # the LR may have reached 0 anywhere in the gap (it said "since step 21" for a step-40
+        # end)
+        gap = rows[at + 1]["step"] if since is not None and at is not None and \
+            at + 1 < len(rows) and rows[at + 1]["step"] > since + 1 else None
         ended = next((int(num(s.get("end_step")) or 0) for s in d.schedule or []
                       if s.get("end_step") is not None), None)
-        hits.append((d.rank, since, ended))
+        hits.append((d.rank, since, ended, gap))
     if not hits:
         return False
-    r, since, ended = hits[0]
-    when = f"since step {since + 1}" if since is not None else "in the whole window"
+    _, since, ended, gap = hits[0]
+
+    def when_(since: int | None, gap: int | None) -> str:
+        if since is None:
+            return "in the whole window"
+        if gap is not None:
+            return f"since a step between {since + 1} and {gap} (steps in between not read)"
+        return f"since step {since + 1}"
+
+    when = when_(since, gap)
     why = (f"the LR schedule ended at its step {ended}" if ended is not None else
            "the schedule (or the loop) set it to 0")
     report.findings.append(Finding(
         WARNING, "lr_zero", f"LR ZERO: {rank_label([h[0] for h in hits])} {when}: {why}; the "
         "steps since change nothing (this is not an LR that is too high)",
-        [f"rank {h[0]}: lr 0 {('since step ' + str(h[1] + 1)) if h[1] is not None else ''}"
-         for h in hits],
+        [f"rank {h[0]}: lr 0 {when_(h[1], h[3])}" for h in hits],
         "extend the schedule to the job's real length (its total steps), or stop the job; "
         "probe lr --set LR --force restarts it now", [h[0] for h in hits], score=0.6))
     return True

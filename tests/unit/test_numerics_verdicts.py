@@ -233,3 +233,18 @@ def test_a_spike_whose_anomaly_rows_were_not_read_claims_no_missing_dataloader()
     text = " ".join(spike.evidence)
     assert "does not iterate a DataLoader" not in text
     assert "anomaly rows were not read (timed out after 5 s)" in text, text
+
+
+def test_lr_zero_whose_start_fell_in_the_unread_gap_says_so():
+    # GIVEN num_sched_end's rows as the query reads them: steps 1-20 and the last ones (101-
+    # 300); the cosine reached 0 after step 40, in the gap; one row has no LR read
+    rows = [r for r in series(n=300, lr=1e-3) if r["step"] <= 20 or r["step"] > 100]
+    for r in rows:
+        if r["step"] > 40:
+            r["lr"] = 0.0
+    rows[-5]["lr"] = None
+    report = report_of(with_numerics(0, rows))
+    zero = next(f for f in report.findings if f.check == "lr_zero")
+    # THEN not "since step 21": somewhere between 21 and 101
+    assert "since a step between 21 and 101 (steps in between not read)" in zero.title, \
+        zero.title
