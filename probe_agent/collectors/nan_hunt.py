@@ -63,8 +63,9 @@ def hunt(torch: Any, model: Any, calls: list[tuple[Any, Any, Any]], sample_ids: 
     if collective:
         return _hunt_sharded(torch, model, calls, sample_ids, names)
     if any(type(p).__name__ == "DTensor" for p in model.parameters()):
-        return {"stage": "none", "note": "parameters are DTensors (FSDP2) but the ranks did "
-                "not agree on a re-run: the rank's own loss and gradients are reported"}
+        return {"stage": "unchecked", "note": "parameters are DTensors (FSDP2) and the ranks "
+                "did not agree on a re-run (an agent injected after launch never does: it may "
+                "be in some ranks only): the rank's own loss and gradients are reported"}
     saved = _save(torch, model)
     try:
         for i, (args, kwargs, amp) in enumerate(calls):
