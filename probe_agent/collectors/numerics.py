@@ -42,7 +42,7 @@ from .nan_hunt import origin, origin_note
 from .numerics_rows import TABLE, NumericsRows
 from .numerics_rows import to_float as row_float
 from .registry import CollectorSpec
-from .sharded import agree, is_sharded
+from .sharded import agree, gate, is_sharded
 from .step_inputs import StepInputs, samples_text
 from .torch_import import imported
 
@@ -87,6 +87,9 @@ class NumericsRecorder:
         self._stopped = False
         self._paused = False  # set_active(False)
         self._sharded: bool | None = None  # steps DTensor parameters (sharded.py)
+        self.sharded_off: str | None = None  # why the ranks do not agree (sharded.gate)
+        self._agreed = False  # this step's sharded.agree ran (each step, on every rank)
+        self._leave = False  # stopped while agreeing: the next step's pre-hook says so once
         # per step (training thread)
         self._begun = False
         self.step_loss: tuple[Any, str | None, int] = (None, None, 0)
@@ -120,10 +123,13 @@ class NumericsRecorder:
         # again then (a stale wrapper would keep this agent alive and record for it).
         with self._lock:
             self._stopped = True
+            # the other ranks call sharded.agree at every step: this rank's pre-hook stays for
+            # one more step to leave with them (sharded.py), else they would wait for it
+            self._leave = bool(self._sharded) and self._handle is not None
         try:
             if self._unsubscribe is not None:
                 self._unsubscribe()
-            if self._handle is not None:
+            if self._handle is not None and not self._leave:
                 self._handle.remove()
                 self._handle = None
             if self.loop is not None:
@@ -186,6 +192,9 @@ class NumericsRecorder:
         return self.inputs.module_map()
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        if self._leave or (self._sharded and not self.guard.enabled):
+            self._leave_agreement()  # before _begun: after stop() no step resets it
+            return None
         if self._begun or not self.guard.enabled:
             return None
         # A step given a closure (Lightning, LBFGS) runs forward and backward inside step():
@@ -212,10 +221,28 @@ class NumericsRecorder:
         if self._begun:
             return
         self._begun = True
+        self._agreed = False
         try:
             self._check(optimizer)
         except Exception as e:  # noqa: BLE001 - inside optimizer.step(): counted
             self.guard.failed(e)
+            if self._sharded and not self._agreed:  # the other ranks are in agree: leave
+                self._leave_agreement()
+
+    def _leave_agreement(self) -> None:
+        """Take part in this step's agreement once more, saying this rank leaves; no rank
+        calls it again (sharded.py). Then the pre-hook goes if the recorder stopped."""
+        self._leave = False
+        if self._sharded:
+            self._sharded = False
+            self.sharded_off = "a rank's numerics recorder stopped"
+            try:
+                agree(self._torch, None, None, False, 0, leaving=True)
+            except Exception as e:  # noqa: BLE001 - counted; nothing more to agree on
+                self.guard.failed(e)
+        if self._stopped and self._handle is not None:
+            self._handle.remove()
+            self._handle = None
 
     def _check(self, optimizer: Any) -> None:
         torch = self._torch
@@ -229,13 +256,19 @@ class NumericsRecorder:
         step = None
         nonfinite = (lf is not None and not math.isfinite(lf)) or \
             (gf is not None and not math.isfinite(gf))
-        if self._sharded is None:
-            self._sharded = is_sharded(optimizer)
+        if self._sharded is None and is_sharded(optimizer):
+            ok, why = gate(self.clock.current_step + 1)  # every rank takes part, or none
+            self._sharded, self.sharded_off = ok, None if ok else why
+        elif self._sharded is None:
+            self._sharded = False
         rerun = True
         if self._sharded:  # FSDP2: the whole model's norm, and every rank knows of a NaN
             ready = self.first_nonfinite is None and self.module_map() is not None
-            gf, nonfinite, rerun = agree(torch, lf, gf, clip_max is None,
-                                         len(self.inputs.calls) if ready else 0)
+            self._agreed = True
+            gf, nonfinite, rerun, stay = agree(torch, lf, gf, clip_max is None,
+                                               len(self.inputs.calls) if ready else 0)
+            if not stay:  # another rank's recorder stopped: every rank stops agreeing here
+                self._sharded, self.sharded_off = False, "a rank's numerics recorder stopped"
         spike = self._spike(lf)
         before = list(self.recent)
         if lf is not None and math.isfinite(lf):

@@ -19,14 +19,27 @@ the one ``clip_grad_norm_`` would print, not a shard's) and a flag per rank whos
 gradients were non-finite. A NaN propagates through the sum, so every rank reads the same
 answer. That is the per-step cost on FSDP2 (a scalar collective beside the two per sharded
 module that FSDP2 runs every step anyway); without sharded parameters nothing is added.
+
+Never a hang of the tool's making: the collective runs only once every rank has said, through
+the job's store, that it will take part (``gate``: the first sharded step; a rank without the
+agent, or with the recorder off, never says so, and after ``GATE_S`` every rank that did reads
+"off", the same answer everywhere). Once on, a rank whose recorder stops (switched off after
+failures, or the agent stopped) takes part once more with a "leaving" flag, and every rank
+stops at that same step.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: How long the first sharded step waits for every rank to say it takes part (once per run).
+GATE_S = 10.0
 
 
 def is_sharded(optimizer: Any) -> bool:
@@ -50,13 +63,29 @@ def is_sharded(optimizer: Any) -> bool:
     return False
 
 
+def gate(step: int) -> tuple[bool, str]:
+    """Whether every rank of the job takes part in ``agree`` from now on (the same answer on
+    every rank that asks; call on the training thread at the first sharded step)."""
+    from ..actions.agreement import StepAgreement
+
+    # one key per (re)start of the job: torchrun's restarts keep the store
+    run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    ok, why = StepAgreement().agree(f"numerics-sharded.{run}", None, GATE_S,
+                                    lambda: False, step)
+    if not ok:
+        log.warning("probe agent: FSDP2 numerics agreement off (%s): each rank's gradient norm "
+                    "is its shard's, and a NaN's module is not re-run", why)
+    return ok, why
+
+
 def agree(torch: Any, loss: float | None, norm: float | None, local_norm: bool,
-          calls: int) -> tuple[float | None, bool, bool]:
+          calls: int, leaving: bool = False) -> tuple[float | None, bool, bool, bool]:
     """The whole model's gradient norm (from each rank's shard norm when ``local_norm``; a
     clip's norm is already the whole model's), whether any rank's loss or norm was non-finite
     this step, and whether every rank can re-run it (``calls``: the root calls this rank kept,
-    0 when it cannot re-run: all must be equal and not 0). One all_reduce over the default
-    group: call on every rank."""
+    0 when it cannot re-run: all must be equal and not 0), and whether every rank stays in
+    (False once any rank is ``leaving``: then no rank calls this again). One all_reduce over
+    the default group: call on every rank."""
     dist = sys.modules["torch.distributed"]
     bad = (loss is not None and not math.isfinite(loss)) or \
         (norm is not None and not math.isfinite(norm))
@@ -65,15 +94,16 @@ def agree(torch: Any, loss: float | None, norm: float | None, local_norm: bool,
     if "nccl" in str(dist.get_backend()):
         dev = f"cuda:{torch.cuda.current_device()}"
     # the calls' count and its square: equal on every rank iff n * sum(c^2) == sum(c)^2
-    t = torch.tensor([square, 1.0 if bad else 0.0, 1.0, float(calls), float(calls) ** 2],
-                     dtype=torch.float64, device=dev)
+    t = torch.tensor([square, 1.0 if bad else 0.0, 1.0, float(calls), float(calls) ** 2,
+                      1.0 if leaving else 0.0], dtype=torch.float64, device=dev)
     dist.all_reduce(t)
-    total, flags, n, c, c2 = (float(x) for x in t.tolist())
+    total, flags, n, c, c2, left = (float(x) for x in t.tolist())
     any_bad = flags > 0 or not math.isfinite(total)
-    rerun = c > 0 and abs(n * c2 - c * c) < 0.5 and calls > 0
+    stay = left == 0
+    rerun = c > 0 and abs(n * c2 - c * c) < 0.5 and calls > 0 and stay
     if not local_norm or norm is None:
-        return norm, any_bad, rerun
-    return (math.nan if any_bad else math.sqrt(total)), any_bad, rerun
+        return norm, any_bad, rerun, stay
+    return (math.nan if any_bad else math.sqrt(total)), any_bad, rerun, stay
 
 
 def reshard(model: Any) -> None:
