@@ -44,15 +44,10 @@ GATE_S = 10.0
 
 def is_sharded(optimizer: Any) -> bool:
     """Whether the optimizer steps DTensor parameters (FSDP2) in a distributed job of 2+
-    ranks whose agents were all started at launch.
-
-    The agreement is a collective: every rank must make it, or the job's next collective is
-    matched against it. PROBE=1 in the launch environment starts an agent in every rank alike
-    (torchrun hands all ranks one environment); an agent injected later (`probe inject`) may be
-    in some ranks only, or join at different steps, so it never agrees (no collective, no
-    FSDP2 re-run: its NaN origin says why)."""
-    if os.environ.get("PROBE", "") in ("", "0"):
-        return False
+    ranks. Whether every rank takes part is ``gate``'s to say: PROBE=1 in the launch
+    environment is not enough (a node launched without it, an agent that failed to start on
+    one rank), and an agent injected later (`probe inject`) into every rank is welcome once all
+    of them say so."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized() or \
             dist.get_world_size() < 2:

@@ -32,10 +32,10 @@ def _run(tmp_path, *args: str) -> dict[int, dict]:
         proc.wait(10)
     assert proc.returncode == 0, text[-4000:]
     got = {}
-    for line in text.splitlines():
-        if "PARTIAL " in line:
-            body = json.loads(line.split("PARTIAL ", 1)[1])
-            got[body["rank"]] = body
+    decoder = json.JSONDecoder()
+    for part in text.split("PARTIAL ")[1:]:  # two ranks' lines may share one line of output
+        body, _ = decoder.raw_decode(part)
+        got[body["rank"]] = body
     return got
 
 
