@@ -86,6 +86,10 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         pass
 
 
+#: How long a 504 waits for the stack read that says whether the rank is compiling.
+COMPILING_READ_S = 0.5
+
+
 class Proxy:
     def __init__(self, cfg: dict[str, Any], rank: RankWatch, reader: StackReader) -> None:
         self.cfg = cfg
@@ -310,8 +314,9 @@ class Proxy:
         """Where the rank compiles (torch.compile), read from its stacks outside the process;
         None when it does not, or they cannot be read within a deadline."""
         try:
-            read = await asyncio.wait_for(self.stand_in.reader.read(),
-                                          max(self.deadline_s, 1.0))
+            # bounded: the 504 it decorates must not wait on it (a short GIL hold would be
+            # over, and answered 200, before a slow read came back)
+            read = await asyncio.wait_for(self.stand_in.reader.read(), COMPILING_READ_S)
         except (ReadError, asyncio.TimeoutError, OSError):
             return None
         return compiling_note(read)

@@ -25,7 +25,7 @@ LRS = ("import gc, torch\n"
 
 def test_an_lr_change_or_an_eval_sent_during_a_gil_hold_runs_once(gil_rank, capsys):
     # GIVEN a training rank, behind its watchdog, that takes optimizer steps
-    info, go, done = gil_rank(spin_s=3.0, train=True)
+    info, go, done = gil_rank(spin_s=6.0, train=True)  # long enough to be seen held
     url = info["url"]
     with httpx.Client(base_url=url, timeout=10) as client:
         step = wait_until(lambda: (client.get("/v1/step").json().get("step") or 0) > 2 and
@@ -44,7 +44,10 @@ def test_an_lr_change_or_an_eval_sent_during_a_gil_hold_runs_once(gil_rank, caps
             assert "probe: queued as " in err and "`probe actions cancel " in err, err
         # AND once the GIL is back the LR was halved exactly once, by exactly one action
         def lr_actions() -> list[dict] | None:
-            acts = [a for a in client.get("/v1/actions").json()["actions"] if a["kind"] == "lr"]
+            r = client.get("/v1/actions")
+            if r.status_code != 200:  # the GIL is still held: the watchdog's 504
+                return None
+            acts = [a for a in r.json()["actions"] if a["kind"] == "lr"]
             return acts if acts and all(a["state"] == "ok" for a in acts) else None
 
         acts = wait_until(lr_actions, 60, "the lr action never ran")
