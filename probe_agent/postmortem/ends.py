@@ -62,13 +62,31 @@ def exception_record(exc: BaseException) -> dict[str, Any]:
 
 
 def stack_of(frame: Any) -> list[dict[str, Any]]:
-    """Frames from ``frame`` outwards, innermost first, the agent's own left out."""
-    out: list[dict[str, Any]] = []
-    for f in traceback.extract_stack(frame)[::-1] if frame is not None else ():
-        if f"{os.sep}probe_agent{os.sep}" not in f.filename:
-            out.append({"depth": len(out), "func": f.name, "file": f.filename,
-                        "lineno": f.lineno or 0})
+    """Frames from ``frame`` outwards, innermost first, the agent's own left out, and so is
+    what they called (read from another thread while the main thread runs this handler, its
+    innermost frames are traceback's and linecache's, which pushed the job's own off the
+    frames a verdict shows)."""
+    frames = list(traceback.extract_stack(frame)[::-1]) if frame is not None else []
+
+    def ours(f: Any) -> bool:
+        return f"{os.sep}probe_agent{os.sep}" in f.filename
+
+    first = next((i for i, f in enumerate(frames) if ours(f)), None)
+    if first is not None and all(os.path.basename(f.filename) in _HANDLER_MODULES
+                                 for f in frames[:first]):
+        end = first
+        while end < len(frames) and ours(frames[end]):
+            end += 1
+        frames = frames[end:]  # the handler's own call chain, innermost
+    out = [{"depth": i, "func": f.name, "file": f.filename, "lineno": f.lineno or 0}
+           for f in frames if not ours(f) for i in [0]]
+    for i, d in enumerate(out):
+        d["depth"] = i
     return out[:64]
+
+
+#: Modules the end handler calls into while it reads a stack.
+_HANDLER_MODULES = frozenset({"traceback.py", "linecache.py"})
 
 
 class EndHooks:
