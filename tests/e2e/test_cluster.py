@@ -232,8 +232,13 @@ def test_straggler_names_the_rank_that_sleeps_50ms_per_step(tmp_path):
     with torchrun_job(tmp_path, "straggler_sleep.py", 2, "--healthy-steps", "30") as (_, infos):
         # WHEN
         out = probe("-t", infos[0]["url"].removeprefix("http://"), "straggler", "--last", "20")
-        js = probe("-t", infos[0]["url"].removeprefix("http://"), "--json", "straggler",
-                   "--last", "20")
+        # (the JSON read is a second read over a window that moved on: on a loaded CI box a
+        # few disturbed collectives can leave it without a verdict, so it may read again)
+        for _ in range(3):
+            js = probe("-t", infos[0]["url"].removeprefix("http://"), "--json", "straggler",
+                       "--last", "20")
+            if js.returncode == 4:
+                break
     # THEN rank 1 is named, about 50 ms slower than the median rank each step
     assert out.returncode == 4, out.stdout + out.stderr
     m = re.match(r"STRAGGLER: rank 1 is ([\d.]+) ms slower than the median rank each time it is "
