@@ -175,6 +175,10 @@ class ActionQueue:
                         "queued (use --next-step, or a later --at-step)",
                         reason="past", current_step=cur,
                     )
+                twin = self._jobs.find(action_id)
+                if twin is not None and twin._request == request:
+                    return twin  # the same request, sent twice at once (a retry racing the
+                    # first, both released when the GIL came back): one action, no 409
                 if action_id in self._jobs:
                     raise ConflictError(f"an action with id {action_id} already exists on rank "
                                         f"{rank} with another request; choose a new id",
