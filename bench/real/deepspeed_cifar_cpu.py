@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import sys
 
+from edits import apply  # bench/real/edits.py: run as a script, its folder is on sys.path
+
 EDITS = [
     ("    deepspeed.init_distributed()\n",
      "    deepspeed.init_distributed(dist_backend='gloo')\n"),
@@ -41,11 +43,7 @@ EDITS = [
 
 
 def adapt(src: str) -> str:
-    for old, new in EDITS:
-        if src.count(old) != 1:
-            raise SystemExit(f"upstream changed: {old!r} found {src.count(old)} times")
-        src = src.replace(old, new)
-    return src
+    return apply(src, EDITS)
 
 
 def main() -> None:

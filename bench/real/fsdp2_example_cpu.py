@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import sys
 
+from edits import apply  # bench/real/edits.py: run as a script, its folder is on sys.path
+
 EDITS = [
     ("    if not verify_min_gpu_count(min_gpus=_min_gpu_count):\n",
      "    if torch.accelerator.is_available() and "
@@ -28,11 +30,7 @@ EDITS = [
 
 
 def adapt(src: str) -> str:
-    for old, new in EDITS:
-        if src.count(old) != 1:
-            raise SystemExit(f"upstream changed: {old!r} found {src.count(old)} times")
-        src = src.replace(old, new)
-    return src
+    return apply(src, EDITS)
 
 
 def main() -> None:
