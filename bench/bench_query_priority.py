@@ -1,5 +1,6 @@
 """How much a heavy query stretches training steps, with the agent's SQL threads at idle priority
-(probe_agent/cpu_priority.py) against normal priority, side by side in one process.
+(probe_agent/cpu_priority.py), at nice 10 (the canned diagnostics' level) and at normal
+priority, side by side in one process.
 
 One process: the agent (both arms load it), a training loop on the main thread (matmuls on
 ``--torch-threads`` threads, every core by default), and in alternating blocks one heavy query
@@ -55,13 +56,15 @@ def main() -> None:
             a @ a
         return time.perf_counter() - t0
 
-    results: dict[str, list[tuple[float, float, float]]] = {"idle": [], "normal": []}
+    arms = ("idle", "nice", "normal")
+    results: dict[str, list[tuple[float, float, float]]] = {a: [] for a in arms}
     try:
         with httpx.Client(base_url=agent.url, timeout=300) as c:
             c.post("/v1/query", json={"sql": "SELECT 1"})
-            for block in range(2 * args.blocks):
-                arm = "idle" if block % 2 == 0 else "normal"
-                cpu_priority.ENABLED = arm == "idle"
+            for block in range(len(arms) * args.blocks):
+                arm = arms[block % len(arms)]
+                cpu_priority.ENABLED = arm != "normal"
+                agent.sql_pool._background = "nice" if arm == "nice" else "idle"
                 before = [step() for _ in range(30)]
                 done = threading.Event()
                 took: list[float] = []

@@ -126,7 +126,7 @@ def run_once(token: str | None, max_examples: int, seed: int = 1) -> tuple[bool,
                    "--workers", "1", "--request-timeout", "60", "--seed", str(seed)]
             if token:
                 cmd += ["-H", f"Authorization: Bearer {token}"]
-            # 60 s per request: SQL runs at idle priority and its deadline counts its own CPU
+            # 60 s per request: SQL runs at nice 10 and its deadline counts its own CPU
             # time (at most 4 x PROBE_QUERY_TIMEOUT_MS of wall time, 40 s), so on a saturated
             # machine a query can take that long to answer its 408; it must not read as a
             # network error

@@ -74,8 +74,11 @@ class Agent:
         # Separate pools so a slow query can never starve eval or backtrace, and vice versa.
         # Their threads end after IDLE_S without work (idle_pool.py): a quiet agent keeps none.
         self.query_pool = IdlePool(4, "probe-agent.query")
-        # SQL only: bulk DuckDB work that yields the CPU to training (cpu_priority.py).
-        self.sql_pool = IdlePool(4, "probe-agent.sql", background=True)
+        # SQL only: DuckDB work that yields the CPU to training (nice 10, cpu_priority.py); the
+        # canned diagnostics the verdicts wait on have their own threads, so that an operator's
+        # heavy join cannot hold up `probe doctor`.
+        self.sql_pool = IdlePool(4, "probe-agent.sql", background="nice")
+        self.canned_pool = IdlePool(4, "probe-agent.canned", background="nice")
         self.eval_pool = IdlePool(2, "probe-agent.evalwait")
         self.collectors = Collectors()  # built and started by start()
         self.url: str | None = None
@@ -263,7 +266,7 @@ class Agent:
         if self._server is not None:
             self._server.stop()
         self.store.stop()
-        for pool in (self.query_pool, self.sql_pool, self.eval_pool):
+        for pool in (self.query_pool, self.sql_pool, self.canned_pool, self.eval_pool):
             # Not wait=True: a wedged eval must not hang interpreter exit. Workers finish on
             # their own (queries are interrupted by their timer, evals by theirs).
             pool.shutdown(wait=False, cancel_futures=True)

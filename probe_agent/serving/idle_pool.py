@@ -28,11 +28,12 @@ IDLE_S = 10.0
 
 class IdlePool(Executor):
     """Args:
-        background: run each task with the CPU yielded to training (cpu_priority.py): for
-            bulk work only (SQL), never for what must answer at once on a busy job."""
+        background: run each task with the CPU yielded to training at this level
+            (cpu_priority.py: 'idle' or 'nice'): for bulk work only (SQL), never for what must
+            answer at once on a busy job."""
 
     def __init__(self, max_workers: int, name: str, idle_s: float = IDLE_S,
-                 background: bool = False) -> None:
+                 background: str | None = None) -> None:
         self._background = background
         self._max = max_workers
         self._name = name
@@ -79,7 +80,7 @@ class IdlePool(Executor):
                 return
             fut, fn, args, kwargs = item
             if self._background:
-                cpu_priority.background()
+                cpu_priority.background(self._background)
             if fut.set_running_or_notify_cancel():
                 try:
                     result = fn(*args, **kwargs)

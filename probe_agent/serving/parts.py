@@ -48,6 +48,11 @@ class AgentParts(Protocol):
         ...
 
     @property
+    def canned_pool(self) -> Executor:
+        """The canned queries, at nice 10: what the CLI's verdicts wait on (cpu_priority.py)."""
+        ...
+
+    @property
     def eval_pool(self) -> Executor: ...
 
     #: Set by create_app: the requests' CPU budget (budget.py).

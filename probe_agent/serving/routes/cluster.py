@@ -99,7 +99,7 @@ async def run_query(request: Request, name: str) -> dict[str, Any]:
     body = await read_body(request, CannedRequest)
     agent = request.app.state.agent
     res = await asyncio.get_running_loop().run_in_executor(
-        agent.sql_pool, _canned, agent, name, body.params
+        agent.canned_pool, _canned, agent, name, body.params
     )
     return QueryBody(agent.rank, tuple(res.columns), tuple(res.types), tuple(res.rows),
                      res.truncated, round(res.elapsed_ms, 3)).to_wire()
