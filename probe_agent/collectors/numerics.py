@@ -9,8 +9,8 @@ What runs when
   ``torch._foreach_norm`` over the optimizer's gradients), and a finite check of both. That
   check reads two numbers from the device (on CUDA, a wait for the backward to finish, right
   before the optimizer would run anyway). One ``(total)`` row per step.
-- **Anomalies**: a loss above ``spike_factor`` x the median of the last ``WINDOW`` losses (and
-  above the median by ``spike_mads`` robust deviations, so a noisy loss does not count), or a
+- **Anomalies**: a loss above ``spike_factor`` x the recent level and ``spike_mads`` robust
+  deviations above it, on the log of the loss (probe_protocol/loss_spike.py), or a
   non-finite loss or norm: the per-module gradient norms of that step and the DataLoader
   sample indices of its batches are kept (``anomaly`` rows, at most ``MAX_ANOMALIES``). On the
   first non-finite step, the step is re-run once to find where the value was born
@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import collections
 import math
-import statistics
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+
+from probe_protocol import loss_spike
 
 from .. import optim_hooks
 from . import Guard, Sink
@@ -51,15 +52,15 @@ if TYPE_CHECKING:
     from .tracer.tracer import TorchTracer
     from .trainloop import LoopMonitor
 
-#: Recent losses the spike check compares with (their median and MAD).
-WINDOW = 50
+#: Recent losses the spike check compares with (probe_protocol/loss_spike.py).
+WINDOW = loss_spike.WINDOW
 #: Anomaly captures (per-module norms of a spike or non-finite step) kept per run.
 MAX_ANOMALIES = 20
 #: Thresholds: settable while the job runs (`probe numerics --set NAME=VALUE`, every rank);
 #: doctor and `probe numerics` read them from the ranks, so all judge alike.
 DEFAULTS: dict[str, float] = {
     "spike_factor": 2.0,   # a loss this many times the recent median ...
-    "spike_mads": 6.0,     # ... and this many robust deviations above it is a spike
+    "spike_mads": 5.0,     # ... and this many robust deviations above it (of the log-loss)
     "clip_share": 0.5,     # clipping on this share of steps is "clipping on most steps"
     "clip_far": 3.0,       # median pre-clip norm this many times max_norm: raise max_norm
     "stall_ratio": 1e-4,   # update/weight ratios below this (loss flat): LR far too low
@@ -304,17 +305,13 @@ class NumericsRecorder:
             return total_norm(torch, optimizer), None
 
     def _spike(self, lf: float | None) -> float | None:
-        """The factor over the recent median when this loss is a spike, else None."""
-        if lf is None or not math.isfinite(lf) or len(self.recent) < 10:
+        """The factor over the recent level when this loss is a spike (the rule doctor applies
+        too: probe_protocol/loss_spike.py), else None."""
+        if lf is None:
             return None
-        med = statistics.median(self.recent)
-        if med <= 0:
-            return None
-        mad = statistics.median(abs(x - med) for x in self.recent) * 1.4826
         t = self.thresholds
-        if lf > t["spike_factor"] * med and lf > med + t["spike_mads"] * mad:
-            return lf / med
-        return None
+        found = loss_spike.spike(self.recent, lf, t["spike_factor"], t["spike_mads"])
+        return found[0] if found else None
 
     def _anomaly(self, torch: Any, step: int | None, mm: ModuleMap | None,
                  spike: float | None, nonfinite: bool) -> None:

@@ -16,17 +16,19 @@ import math
 import statistics
 from typing import Any
 
+from probe_protocol import loss_spike
+
 from ..group import rank_label
 from .checks import DoctorCheck, Evidence
 from .findings import CRITICAL, WARNING, Finding, RankDoc, Report, num
 
 #: The agents' defaults, for ranks that predate them (kept equal to collectors/numerics.py).
-DEFAULTS = {"spike_factor": 2.0, "spike_mads": 6.0, "clip_share": 0.5, "clip_far": 3.0,
+DEFAULTS = {"spike_factor": 2.0, "spike_mads": 5.0, "clip_share": 0.5, "clip_far": 3.0,
             "stall_ratio": 1e-4, "high_ratio": 1e-1, "chance_margin": 0.1}
 #: Steps of each rank's recent history the numerics verdicts look at (and its first 20).
 TREND_WINDOW = 500
-#: Losses before a step that its spike check compares with (their median and MAD).
-SPIKE_WINDOW = 50
+#: Losses before a step that its spike check reads (probe_protocol/loss_spike.py).
+SPIKE_WINDOW = loss_spike.WINDOW
 #: Steps a trend verdict (diverging, stalled, not learning) needs in the window.
 TREND_STEPS = 60
 #: Norms this many times higher at the window's end than at its start are "growing".
@@ -55,27 +57,22 @@ def _finite(xs: list[Any]) -> list[float]:
     return out
 
 
-def _mad(xs: list[float], med: float) -> float:
-    return statistics.median(abs(x - med) for x in xs) * 1.4826
-
-
 def spikes(rows: list[dict[str, Any]], t: dict[str, float]) -> list[dict[str, Any]]:
-    """Steps whose loss is ``spike_factor`` x the median of the ``SPIKE_WINDOW`` finite losses
-    before it and ``spike_mads`` robust deviations above it (needs 10 before it)."""
+    """Steps whose loss is a spike over the finite losses before it: ``spike_factor`` x their
+    recent level and ``spike_mads`` robust deviations above it, on the log of the loss (the
+    agent's rule too: probe_protocol/loss_spike.py)."""
     out: list[dict[str, Any]] = []
     before: list[float] = []
     for r in rows:
         loss = num(r.get("loss"))
         if loss is None or not math.isfinite(loss):
             continue
-        window = before[-SPIKE_WINDOW:]
-        if len(window) >= 10:
-            med = statistics.median(window)
-            if med > 0 and loss > t["spike_factor"] * med and \
-                    loss > med + t["spike_mads"] * _mad(window, med):
-                out.append({"step": int(r["step"]), "loss": loss, "median": med,
-                            "factor": loss / med})
+        found = loss_spike.spike(before, loss, t["spike_factor"], t["spike_mads"])
+        if found:
+            out.append({"step": int(r["step"]), "loss": loss, "median": found[1],
+                        "factor": found[0]})
         before.append(loss)
+        del before[:-SPIKE_WINDOW]
     return out
 
 
@@ -112,7 +109,8 @@ def _spike(report: Report, docs: list[RankDoc], t: dict[str, float]) -> None:
     d, s = max(found, key=lambda x: x[1]["factor"])
     ranks = sorted({x.rank for x, _ in found})
     evidence = [f"rank {d.rank} step {s['step']}: loss {s['loss']:.4g} = x{s['factor']:.1f} "
-                f"the median {s['median']:.4g} of the {SPIKE_WINDOW} steps before"]
+                f"the level {s['median']:.4g} of the steps before (median of the last "
+                f"{loss_spike.LEVEL})"]
     others = [f"rank {x.rank} step {y['step']} x{y['factor']:.1f}" for x, y in found
               if (x, y) != (d, s)]
     if others:
