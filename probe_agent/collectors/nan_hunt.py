@@ -57,7 +57,7 @@ def hunt(torch: Any, model: Any, calls: list[tuple[Any, Any, Any]], sample_ids: 
     autocast ``(device type, dtype)`` it ran under or None) on ``model``; ``collective``: every
     rank does the same at once (sharded parameters, see the module docstring).
 
-    Returns a dict: ``stage`` ('input' | 'forward' | 'backward' | 'none'), ``role``
+    Returns a dict: ``stage`` ('weights' | 'input' | 'forward' | 'backward' | 'none'), ``role``
     ('produced' | 'received' | None), ``module``, ``op``, ``micro_batch``, ``samples`` (batch
     rows, as DataLoader indices when ``sample_ids`` has them), ``note``."""
     if collective:
@@ -66,6 +66,9 @@ def hunt(torch: Any, model: Any, calls: list[tuple[Any, Any, Any]], sample_ids: 
         return {"stage": "unchecked", "note": "parameters are DTensors (FSDP2) and the ranks "
                 "did not agree on a re-run (an agent injected after launch never does: it may "
                 "be in some ranks only): the rank's own loss and gradients are reported"}
+    weights = _bad_weights(torch, model, names)
+    if weights is not None:
+        return weights
     saved = _save(torch, model)
     try:
         for i, (args, kwargs, amp) in enumerate(calls):
@@ -105,6 +108,32 @@ def _hunt_sharded(torch: Any, model: Any, calls: list[tuple[Any, Any, Any]],
     return {"stage": "none", "note": f"the forward re-run of this rank's {len(calls)} micro-"
             f"batch{'es' if len(calls) != 1 else ''} stayed finite (FSDP2: the backward is not "
             "re-run): received from another rank, or made in the backward"}
+
+
+def _bad_weights(torch: Any, model: Any, names: dict[int, str]) -> dict[str, Any] | None:
+    """The first parameter that already holds NaN/Inf before the step's forward, or None.
+
+    Such a step's forward makes NaN from a finite batch in the module that holds it, and the
+    re-run used to say "produced in the forward of module 'wte' by an op" with "clamp its
+    input, add an epsilon" as the next step: wrong, the weights were bad before the step
+    began (an optimizer update that made NaN from finite gradients, a loaded checkpoint, code
+    that wrote them). Read on the first non-finite step only: one isfinite per parameter."""
+    for mod in model.modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            t = p.detach()
+            if not _bad(torch, t):
+                continue
+            bad = ~torch.isfinite(t)
+            rows = ([int(i) for i in bad.reshape(t.shape[0], -1).any(1).nonzero().flatten()
+                     [:MAX_SAMPLES].tolist()] if t.dim() else [])
+            module = names.get(id(mod), type(mod).__name__)
+            return {"stage": "weights", "role": "received", "module": module, "op": None,
+                    "param": pname, "param_rows": rows, "bad_values": int(bad.sum()),
+                    "values": t.numel(),
+                    "note": f"parameter {pname!r} of module {module!r} held NaN/Inf before the "
+                            f"step's forward ({int(bad.sum())} of {t.numel()} values; rows "
+                            f"{rows})"}
+    return None
 
 
 def _save(torch: Any, model: Any) -> dict[str, Any]:

@@ -167,9 +167,11 @@ def _loop_sets_lr(docs: list[RankDoc]) -> str:
     if not moved:
         return ""
     r, a, b, n = moved[0]
+    # digits enough to show the move: a cosine barely past its peak read "0.0006 -> 0.0006"
+    digits = next((k for k in range(4, 10) if f"{a:.{k}g}" != f"{b:.{k}g}"), 4)
     return (f"{rank_label([m[0] for m in moved])}: no LR scheduler, yet the LR moved "
-            f"on most steps (rank {r}: {a:.4g} -> {b:.4g} over {n} steps): the training loop "
-            "sets it itself")
+            f"on most steps (rank {r}: {a:.{digits}g} -> {b:.{digits}g} over {n} steps): the "
+            "training loop sets it itself")
 
 
 def _scaled_clip_finding(report: Report, scaled: dict[int, dict[str, Any]]) -> None:

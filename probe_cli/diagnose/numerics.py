@@ -327,11 +327,13 @@ def origin_lines(docs: list[RankDoc]) -> tuple[list[str], list[int], str | None,
     if not firsts:
         return [], [], None, ""
     step = min(int(num(f.get("step")) or 0) for _, f in firsts)
-    born = [(r, f) for r, f in firsts if f.get("stage") in ("input", "forward", "backward")]
+    born = [(r, f) for r, f in firsts
+            if f.get("stage") in ("weights", "input", "forward", "backward")]
     lines = []
     for r, f in firsts:
-        lines.append(f"rank {r}: first non-finite at step {f.get('step')} (loss {f.get('loss')}, "
-                     f"gradient norm {f.get('grad_norm')}): " + _where(f))
+        lines.append(f"rank {r}: first non-finite at step {f.get('step')} (loss "
+                     f"{_g(num(f.get('loss')))}, gradient norm {f.get('grad_norm')}): "
+                     + _where(f))
     if not born:
         rerun = ("not re-run to find the origin" if all(f.get("stage") == "unchecked"
                                                         for _, f in firsts)
@@ -340,7 +342,11 @@ def origin_lines(docs: list[RankDoc]) -> tuple[list[str], list[int], str | None,
             "probe query \"SELECT * FROM python.numerics WHERE kind = 'origin'\""
     r, f = born[0]
     tail = f"first at step {f.get('step')} on rank {r}: " + _where(f)
-    nxt = {"input": f"look at sample(s) {_samples(f)} of the dataset: it holds NaN/Inf",
+    nxt = {"weights": f"the weights were bad before step {f.get('step')} began: restore the "
+                      "last good checkpoint, then find what wrote them (the optimizer step "
+                      "before it, a loaded checkpoint, code that sets them); probe guard "
+                      "--skip-nonfinite keeps bad steps out meanwhile",
+           "input": f"look at sample(s) {_samples(f)} of the dataset: it holds NaN/Inf",
            "forward": f"guard the op in module {f.get('module')!r} (clamp its input, add an "
                       "epsilon); probe guard --skip-nonfinite keeps the weights meanwhile",
            "backward": f"the backward of {f.get('op')} in module {f.get('module')!r} divides "
@@ -360,6 +366,11 @@ def _where(f: dict[str, Any]) -> str:
     if stage == "input":
         return f"received from the input batch: {which}"
     cls = f" ({f['module_class']})" if f.get("module_class") else ""
+    if stage == "weights":
+        rows = f.get("param_rows") or []
+        return (f"in the weights: parameter {f.get('param')!r} of module {mod!r}{cls} held "
+                f"NaN/Inf before the step's forward ({f.get('bad_values')} of "
+                f"{f.get('values')} values" + (f"; rows {rows}" if rows else "") + ")")
     if stage == "forward":
         return f"produced in the forward of module {mod!r}{cls} by {op or 'an op'}: {which}"
     if stage == "backward":

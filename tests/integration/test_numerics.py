@@ -157,6 +157,30 @@ def test_a_nan_born_in_a_module_names_the_module_op_and_sample(make_agent):
     assert first["samples"] == [6] and first["samples_are"] == "rows of the batch"
 
 
+def test_a_nan_already_in_the_weights_is_named_as_the_weights_not_an_op(make_agent):
+    """Before, a NaN written into an embedding row (a bad update, a loaded checkpoint) read
+    "produced in the forward of module 'wte' by an op", next "clamp its input, add an
+    epsilon": the forward of a finite batch made it, but the weights were bad before it."""
+    agent = make_agent(trace="every:100")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(16, 8), nn.Flatten(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(6):
+        if step == 3:
+            with torch.no_grad():
+                model[0].weight[7] = float("nan")  # what `probe eval` did to nanoGPT's wte
+        x = torch.randint(0, 7, (8, 4))
+        x[2, 1] = 7  # sample 2 reads the bad row
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    first = agent.collectors.numerics.first_nonfinite
+    assert first["step"] == 4 and first["stage"] == "weights", first
+    assert first["module"] == "0" and first["param"] == "weight", first
+    assert first["param_rows"] == [7] and first["bad_values"] == 8, first
+
+
 class SqrtNorm(nn.Module):
     """The Euclidean norm written by hand: sqrt's backward divides by zero at a zero row."""
 
