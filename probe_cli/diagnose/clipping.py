@@ -11,7 +11,18 @@ from typing import Any
 from ..group import rank_label
 from .checks import Context, DoctorCheck, Evidence
 from .findings import INFO, WARNING, Finding, RankDoc, Report, num
-from .numerics import DEFAULTS, GROWING, TREND_WINDOW, _edge, _finite, _g, _rows, thresholds
+from .numerics import (
+    DEFAULTS,
+    GROWING,
+    TREND_WINDOW,
+    _edge,
+    _finite,
+    _g,
+    _rows,
+    lr_next,
+    own_lr,
+    thresholds,
+)
 
 
 def check_clipping(report: Report, docs: list[RankDoc]) -> bool:
@@ -58,7 +69,7 @@ def check_clipping(report: Report, docs: list[RankDoc]) -> bool:
                       f"~1e-3; above {t['high_ratio']:g} the LR is far too high)")
         x = {"rank": d.rank, "share": round(share, 3), "median_norm": med,
              "max_norm": max_norm, "update_ratio": ratio, "growth": last / first if first
-             else None, "falls": falls, "own_lr": _own_lr(d)}
+             else None, "falls": falls, "own_lr": own_lr(d)}
         # growing norms blame the LR only while the loss does not fall: early in a healthy run
         # the norms grow as the loss drops (num_clip_mild, num_clip_small: x2.2-2.7)
         if (ratio is not None and ratio > t["high_ratio"]) or \
@@ -75,19 +86,6 @@ def check_clipping(report: Report, docs: list[RankDoc]) -> bool:
     for cause, items in causes.items():
         report.findings.append(_clip_finding(cause, items))
     return judged
-
-
-def _own_lr(d: RankDoc) -> bool:
-    """No scheduler, yet the LR moved on most steps: the loop sets it (nanoGPT's get_lr)."""
-    if (d.state or {}).get("schedulers") != []:
-        return False
-    lrs = _finite([r.get("lr") for r in _rows(d)])
-    moves = sum(1 for p, n in zip(lrs, lrs[1:]) if p != n)
-    return len(lrs) >= 6 and moves >= max(3, len(lrs) // 2)
-
-
-_OWN_LR_NEXT = ("lower the peak LR the training script computes each step: the loop "
-                "overwrites an LR changed from outside at its next step")
 
 
 def _clip_finding(cause: str, items: list[tuple[RankDoc, list[str], dict[str, Any]]]
@@ -107,7 +105,7 @@ def _clip_finding(cause: str, items: list[tuple[RankDoc, list[str], dict[str, An
             WARNING, "clipping", f"CLIPPING: {who} {'clips' if len(ranks) == 1 else 'clip'} on "
             f"{share:.0%} of steps (median norm "
             f"{med:.3g}, x{med / max_norm:.0f} max_norm {max_norm:g}) and {why}: the LR is too "
-            "high", ev, _OWN_LR_NEXT if x["own_lr"] else "probe lr --scale 0.1", ranks,
+            "high", ev, lr_next(0.1, x["own_lr"]), ranks,
             score=0.7, detail=detail)
     if cause == "max_norm":
         return Finding(

@@ -54,7 +54,8 @@ def check_nonfinite(report: Report, docs: list[RankDoc]) -> None:
                 unread.add(int(bad[0]["step"]))
             evidence.append(f"rank {d.rank}: loss or gradient norm NaN/Inf at {len(bad)} "
                             f"recorded steps, first at step {bad[0]['step']} (loss "
-                            f"{bad[0].get('loss')}, gradient norm {bad[0].get('grad_norm')})")
+                            f"{_loss_text(bad[0].get('loss'))}, gradient norm "
+                            f"{bad[0].get('grad_norm')})")
             ranks.add(d.rank)
             first.append(int(bad[0]["step"]))
     lines, born, tail, nxt = origin_lines(docs)
@@ -104,3 +105,9 @@ CHECKS = (
                           Evidence("numerics", "numerics", lambda last: {
                               "window": max(last, TREND_WINDOW)}))),
 )
+
+
+def _loss_text(v: object) -> str:
+    """A loss as the other lines print it (4 significant digits; NaN as the agent sent it)."""
+    x = num(v)
+    return f"{x:.4g}" if x is not None and math.isfinite(x) else str(v)

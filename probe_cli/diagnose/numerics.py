@@ -248,6 +248,26 @@ def _decay_only(d: RankDoc, ratio: float | None) -> float | None:
     return lr * wd if abs(ratio - lr * wd) <= 0.05 * lr * wd else None
 
 
+def own_lr(d: RankDoc) -> bool:
+    """No scheduler, yet the LR moved on most steps: the loop sets it (nanoGPT's get_lr)."""
+    if (d.state or {}).get("schedulers") != []:
+        return False
+    lrs = _finite([r.get("lr") for r in _rows(d)])
+    moves = sum(1 for p, n in zip(lrs, lrs[1:]) if p != n)
+    return len(lrs) >= 6 and moves >= max(3, len(lrs) // 2)
+
+
+def lr_next(scale: float, own: bool) -> str:
+    """The next step that changes the LR by ``scale``: `probe lr`, unless the loop sets the LR
+    itself each step and would undo it (then doctor said `probe lr --scale 10` in one finding
+    and "the loop overwrites an LR changed from outside" in its LR block)."""
+    if not own:
+        return f"probe lr --scale {scale:g}"
+    return (f"{'raise' if scale > 1 else 'lower'} the peak LR the training script computes "
+            f"each step (x{scale:g}): the loop overwrites an LR changed from outside at its "
+            "next step")
+
+
 def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
                    t: dict[str, float]) -> Finding:
     ranks = sorted(d.rank for d, _, _ in items)
@@ -280,8 +300,10 @@ def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
         ev.append(f"rank {d.rank}: the median update ratio is lr x weight_decay "
                   f"({x['decay_only']:.2g}): only weight decay moves the weights, the gradients "
                   "vanished (dead units)")
+    own = own_lr(d)
     restart = ("restart from before the blow-up with a 10x lower LR (or a warmup): units it "
-               "killed do not come back; probe lr --scale 0.1 only keeps it from going on")
+               "killed do not come back" + ("" if own else
+                                            "; probe lr --scale 0.1 only keeps it from going on"))
     who = rank_label(ranks)
     if kind == "diverging":
         title = f"DIVERGING: {who}: the loss rose from {x['best']:.4g} to {x['recent']:.4g}"
@@ -289,7 +311,7 @@ def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
             ev.append(f"rank {d.rank}: clip_grad_norm_ cuts most updates, and the loss still "
                       "climbs: each step is too big")
             high = True
-        nxt = ("probe lr --scale 0.1" if high else "the LR is not the cause (update ratios are "
+        nxt = (lr_next(0.1, own) if high else "the LR is not the cause (update ratios are "
                "in range): check the data and the loss since the turn; probe numerics")
         return Finding(CRITICAL if high else WARNING, kind, title + (
             ": the LR is too high" if high else ""), ev, nxt, ranks, score=x["recent"])
@@ -297,8 +319,8 @@ def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
         title = (f"NOT LEARNING: {who}: the loss sits at chance level ({x['recent']:.4g}, "
                  f"ln of {round(math.exp(x['chance']))} classes = {x['chance']:.4g}) since "
                  f"step {a}")
-        nxt = (restart if blow else "probe lr --scale 0.1") if high else (
-            "probe lr --scale 10" if low else "check the labels and the loss function (the LR "
+        nxt = (restart if blow else lr_next(0.1, own)) if high else (
+            lr_next(10, own) if low else "check the labels and the loss function (the LR "
             "moves the weights normally)")
         return Finding(WARNING, kind, title, ev, nxt, ranks, score=1.0)
     if kind == "stalled":
@@ -307,7 +329,7 @@ def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
               else "")
         title = (f"STALLED: {who}: the loss is flat at {x['recent']:.4g}{at} and the weights "
                  f"barely move ({rtext}): the LR is far too low")
-        return Finding(WARNING, kind, title, ev, "probe lr --scale 10", ranks, score=0.8)
+        return Finding(WARNING, kind, title, ev, lr_next(10, own), ranks, score=0.8)
     if blow and not (top is not None and top > t["high_ratio"]):
         title = (f"LR TOO HIGH: {who}: at step {blow['at']} one step moved the weights by "
                  f"{blow['ratio']:.2g} of their norm (median module) and the loss jumped "
@@ -315,7 +337,7 @@ def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
         return Finding(WARNING, "lr_high", title, ev, restart, ranks, score=0.9)
     title = (f"LR TOO HIGH: {who}: each step moves a module's weights by {top:.2g} of their "
              "norm (median over the traced steps), far above the usual ~1e-3")
-    return Finding(WARNING, "lr_high", title, ev, "probe lr --scale 0.1", ranks, score=0.9)
+    return Finding(WARNING, "lr_high", title, ev, lr_next(0.1, own), ranks, score=0.9)
 
 
 def origin_lines(docs: list[RankDoc]) -> tuple[list[str], list[int], str | None, str]:

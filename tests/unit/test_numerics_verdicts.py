@@ -110,6 +110,19 @@ def test_a_flat_loss_with_tiny_updates_is_stalled():
     assert stall.next == "probe lr --scale 10" and "far too low" in stall.title
 
 
+def test_a_loop_that_sets_its_own_lr_is_not_sent_to_probe_lr():
+    """build-nanogpt's get_lr sets the LR every step: doctor said `probe lr --scale 10` for its
+    stall and "the loop overwrites an LR changed from outside" in its LR block."""
+    rows = series(start=6.95, end=6.94, ratio=1e-6)
+    for r in rows:
+        r["lr"] = 6e-8 * (1 - r["step"] * 1e-6)  # a cosine barely past its peak
+    d = with_numerics(0, rows)
+    d.state["schedulers"] = []
+    stall = next(f for f in report_of(d).findings if f.check == "stalled")
+    assert stall.next.startswith("raise the peak LR the training script computes each step "
+                                 "(x10)"), stall.next
+
+
 def test_a_loss_at_chance_level_is_not_learning():
     rows = series(start=math.log(10), end=math.log(10), jitter=0.02)
     report = report_of(with_numerics(0, rows, classes=10))
