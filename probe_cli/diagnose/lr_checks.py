@@ -59,6 +59,7 @@ def check_lr_clip(report: Report, docs: list[RankDoc], clip_said: bool | None = 
     evidence = [f"{rank_label(rs)}: {x}" for x, rs in _by_value(lines)]
     problems, ranks, scaled = [], set(), {}
     ds_lines: dict[str, list[int]] = {}
+    clips_most = False  # a rank clips on most steps: its cause is clipping.py's to judge
     for d in docs:
         loop = first_loop(d)
         clip_steps = int(num(loop.get("clip_steps")) or 0)
@@ -88,6 +89,7 @@ def check_lr_clip(report: Report, docs: list[RankDoc], clip_said: bool | None = 
                             f"clipped {clipped}" + (f"; median norm before clipping {med:.3g}"
                                                     if med is not None else ""))
             finite = int(num(loop.get("clip_finite_steps", clip_steps)) or 0)
+            clips_most |= clipped >= CLIP_SHARE * finite and finite >= 5
             if clipped >= CLIP_SHARE * finite and finite >= 5 and not clip_said:
                 legacy_clip(report, d.rank, clipped, finite, med,
                              num(loop.get("clip_max_norm")))
@@ -111,7 +113,10 @@ def check_lr_clip(report: Report, docs: list[RankDoc], clip_said: bool | None = 
         evidence.append(own)
     if scaled:
         _scaled_clip_finding(report, scaled)
-    said = any(f.check in LR_SAID for f in report.findings)
+    # no "lower it" how-to beside a clip on most steps: when the per-step norms were not read
+    # (a timeout under load), clipping.py could not say whether the LR is the cause, and the
+    # how-to read as advice (num_clip_mild, a healthy trim, once got "probe lr --scale 0.5")
+    said = any(f.check in LR_SAID for f in report.findings) or clips_most
     if problems:
         report.findings.append(Finding(
             WARNING, "lr", "LEARNING RATE: " + "; ".join(dict.fromkeys(problems)), evidence,

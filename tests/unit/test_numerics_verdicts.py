@@ -123,6 +123,17 @@ def test_a_loop_that_sets_its_own_lr_is_not_sent_to_probe_lr():
                                  "(x10)"), stall.next
 
 
+def test_a_mild_clip_whose_norms_were_not_read_gets_no_lr_how_to():
+    """num_clip_mild under load: the per-step norms did not answer, so clipping.py could not
+    judge the clip, and the LR block's how-to "probe lr --scale 0.5" read as advice."""
+    d = doc(0, loop={"clip_steps": 50, "clipped_steps": 50, "clip_max_norm": 0.8,
+                     "clip_finite_steps": 50, "grad_norm_median": 1.02})
+    report = report_of(d)
+    assert no_lr_cut(report), [(f.check, f.next) for f in report.findings]
+    # a job that does not clip still gets the how-to
+    assert any("--scale 0.5" in (f.next or "") for f in report_of(doc(0)).findings)
+
+
 def test_a_loss_at_chance_level_is_not_learning():
     rows = series(start=math.log(10), end=math.log(10), jitter=0.02)
     report = report_of(with_numerics(0, rows, classes=10))
