@@ -15,6 +15,16 @@ from typing import Any
 from .checks import DoctorCheck, Evidence
 from .findings import WARNING, Finding, RankDoc, Report, num, unrecorded
 
+#: What to do, by who wraps the model. The HF Trainer wraps it itself (accelerate decides): on a
+#: machine without an accelerator it sets up DDP only with ``use_cpu``; without it, torchrun's
+#: ranks each run the whole Trainer alone ("distributed training: False" in run_clm.py's log),
+#: and a DDP wrapper added by hand is not the fix.
+PLAIN_NEXT = ("wrap the model: model = torch.nn.parallel.DistributedDataParallel(model) (CPU: no "
+              "device_ids), or run one process if the copies are meant")
+TRAINER_NEXT = ("make the Trainer distributed: on CPU pass --use_cpu "
+                "(TrainingArguments(use_cpu=True), gloo); check that its log says "
+                "\"distributed training: True\" on every rank")
+
 #: Steps every rank must have recorded before "no collective" means anything (the first
 #: collective of a DDP job is in its first backward; an eval-only warm-up has none).
 MIN_STEPS = 20
@@ -70,12 +80,14 @@ def check_isolated(report: Report, docs: list[RankDoc]) -> None:
         "memory levers assume it is), and a checkpoint saved by rank 0 holds rank 0's model "
         "only",
     ]
+    trainer = any(x.get("framework") == "hf_trainer" for x in rows.values())
+    if trainer:
+        evidence.append("the loop is the HF Trainer, which wraps the model in DDP itself when "
+                        "its TrainingArguments say the job is distributed")
     report.findings.append(Finding(
         WARNING, "isolated", f"RANKS NEVER COMMUNICATE: {n} ranks, 0 collectives in {fewest} "
         "steps: each trains its own copy (is the model wrapped in DistributedDataParallel or "
-        "FSDP on this device?)", evidence,
-        "wrap the model: model = torch.nn.parallel.DistributedDataParallel(model) (CPU: no "
-        "device_ids), or run one process if the copies are meant",
+        "FSDP on this device?)", evidence, TRAINER_NEXT if trainer else PLAIN_NEXT,
         sorted(rows), score=0.6))
 
 

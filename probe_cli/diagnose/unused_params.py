@@ -23,6 +23,17 @@ KEY = "unused_params"
 #: Recorded steps with every parameter used before "only costs time" is said.
 MIN_CLEAN_STEPS = 3
 
+#: The HF Trainer makes the DDP wrapper itself, with find_unused_parameters=True by default for a
+#: model without activation checkpointing: the knob is its argument, not a DDP keyword.
+TRAINER_NEXT = ("pass --ddp_find_unused_parameters False (TrainingArguments("
+                "ddp_find_unused_parameters=False); DDP then skips its graph walk after every "
+                "forward)")
+
+
+def _hf_trainer(ctx: Context) -> bool:
+    """The loop is the HF Trainer (doctor_comm's framework, read for the isolated check)."""
+    return any(x.get("framework") == "hf_trainer" for d in ctx.docs for x in d.rows("comm") or [])
+
 
 def check_unused_params(report: Report, ctx: Context) -> None:
     by_rank: dict[int, list[dict[str, Any]]] = {}
@@ -78,8 +89,9 @@ def check_unused_params(report: Report, ctx: Context) -> None:
             f"parameter got a gradient on all {recorded} recorded steps",
             [f"ranks {','.join(map(str, sorted(by_rank)))}: no unused parameter on {recorded} "
              "recorded steps (traced steps and the first steps)"],
-            "pass find_unused_parameters=False (DDP then skips its graph walk after every "
-            "forward)", sorted(by_rank), detail={"verdict": "costs_time"}))
+            TRAINER_NEXT if _hf_trainer(ctx) else "pass find_unused_parameters=False (DDP then "
+            "skips its graph walk after every forward)", sorted(by_rank),
+            detail={"verdict": "costs_time"}))
         return
     report.fine.append(f"unused parameters: none on {recorded} recorded steps")
 

@@ -10,10 +10,11 @@ from probe_cli.diagnose.hang import HangVerdict
 NO_HANG = HangVerdict(False, "no hang")
 
 
-def _doc(rank: int, collectives: int, steps: int) -> RankDoc:
+def _doc(rank: int, collectives: int, steps: int, framework: str | None = None) -> RankDoc:
     doc = RankDoc(rank, state={"now": 1000.0, "clock": {"step": steps,
                                                         "last_step_at": 999.9}})
-    doc.file("comm", [{"collectives": collectives, "steps": steps, "last_step": steps}])
+    doc.file("comm", [{"collectives": collectives, "steps": steps, "last_step": steps,
+                       "framework": framework}])
     return doc
 
 
@@ -28,6 +29,16 @@ def test_two_ranks_without_a_collective_in_180_steps_is_a_finding():
     assert f.title.startswith("RANKS NEVER COMMUNICATE: 2 ranks, 0 collectives in 180 steps")
     assert "DistributedDataParallel" in f.next
     assert any("not data-parallel" in e for e in f.evidence)
+
+
+def test_an_hf_trainer_that_is_not_distributed_is_told_to_fix_its_arguments_not_wrap_in_ddp():
+    # run_clm.py under torchrun on CPU without --use_cpu: accelerate leaves the Trainer
+    # undistributed ("distributed training: False"), each rank trains alone; wrapping the model
+    # in DDP by hand is not the fix, the Trainer's arguments are
+    report = diagnose(NO_HANG, [_doc(0, 0, 80, "hf_trainer"), _doc(1, 0, 79, "hf_trainer")], 5.0)
+    [f] = _isolated(report)
+    assert "--use_cpu" in f.next and "DistributedDataParallel(model)" not in f.next
+    assert any("HF Trainer" in e for e in f.evidence)
 
 
 def test_ddp_ranks_and_young_jobs_and_single_ranks_are_not_flagged():

@@ -54,3 +54,16 @@ def test_find_unused_with_nothing_unused_only_costs_time():
     assert run(doc(0, clean(False))).findings == []
     assert run(doc(0, clean(True, recorded=2))).findings == []
     assert run(doc(0, None)).findings == [] and run(doc(0, [])).fine == []
+
+
+def test_the_hf_trainer_is_told_its_own_argument_for_find_unused():
+    # the Trainer makes the DDP wrapper itself (find_unused_parameters=True by default for a
+    # model without activation checkpointing): "pass find_unused_parameters=False" names a
+    # keyword the user never wrote; the Trainer's argument is the knob
+    docs = [RankDoc(r, answers={"unused_params": clean(True),
+                                "comm": [{"collectives": 300, "steps": 68,
+                                          "framework": "hf_trainer"}]}) for r in (0, 1)]
+    (f,) = run(*docs).findings
+    assert f.next.startswith("pass --ddp_find_unused_parameters False")
+    (g,) = run(doc(0, clean(True)), doc(1, clean(True))).findings
+    assert g.next.startswith("pass find_unused_parameters=False")
