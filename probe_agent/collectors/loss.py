@@ -24,6 +24,8 @@ The value ``backward()`` was called on, as the script itself would print it for 
   ``accumulate_grad_batches``: the plain rule (sum of divided values) gives Lightning's
   training_step mean. Backward calls inside one of these wrappers are not counted again.
 - ``probe_agent.log(loss=...)`` for a step overrides all of it (steps.py).
+- A loss on the ``meta`` device is not counted: it is a shape-only pass (a FLOP count on a meta
+  copy of the model, as litgpt's pretrain runs before its first step), with no value to read.
 
 Cost
 ----
@@ -169,6 +171,11 @@ class LossMeter:
             return
         try:
             divisor = None
+            if getattr(getattr(value, "device", None), "type", None) == "meta":
+                # a shape-only pass (litgpt's measure_flops runs forward and backward on a meta
+                # copy of the model before its first step): no value, not the step's loss. It
+                # was averaged into step 1's, which then read NaN ("NaN/Inf: first at step 1")
+                return
             if hasattr(value, "detach"):
                 if value.numel() != 1:
                     value = value.detach().float().mean()

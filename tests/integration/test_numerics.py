@@ -94,6 +94,22 @@ def test_a_gradscaler_loss_is_recorded_unscaled_and_log_overrides(make_agent):
     assert got[4] == (123.0, "logged")
 
 
+def test_a_backward_on_a_meta_copy_is_not_the_steps_loss(make_agent):
+    # GIVEN litgpt pretrain's habit: before its first step it counts FLOPs with forward and
+    # backward on a meta-device copy of the model (no values: nothing to read)
+    agent = make_agent(trace="off")
+    with torch.device("meta"):
+        meta = _model()
+    nn.functional.cross_entropy(meta(torch.empty(4, 8, device="meta")),
+                                torch.zeros(4, dtype=torch.long, device="meta")).backward()
+    # WHEN the real loop then trains
+    printed = _train(3)
+    # THEN step 1's loss is the loop's (the meta value made it NaN: "NaN/Inf at step 1")
+    got = _losses(agent)
+    assert got[1][0] == pytest.approx(printed[0], rel=1e-5), (got, printed)
+    assert not rows(agent, "SELECT step FROM python.numerics WHERE kind = 'anomaly'")
+
+
 def test_a_nan_from_the_data_is_traced_to_its_sample_on_an_untraced_step(make_agent):
     # GIVEN a loop whose 9th step's second micro-batch has a NaN in row 5, traced every 4 steps
     agent = make_agent(trace="every:4")
