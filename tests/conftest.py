@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Iterator
 
@@ -120,3 +121,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# A suite started in the background of a non-interactive shell (`nohup bash .ci/run &`)
+# inherits SIGINT ignored, and so would every process it starts (an ignored signal stays
+# ignored across exec): each test that presses Ctrl-C on a CLI or a job then fails (seen: 9 of
+# them in one local run of .ci/run). Handled here, the processes the tests start get the
+# default back at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
