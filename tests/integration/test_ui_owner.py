@@ -178,6 +178,11 @@ def test_open_puts_only_a_one_time_link_on_the_browsers_command_line(make_agent,
         assert again.status_code == 403 and "used already" in again.text
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(15)
-        proc.stdout.close()
-        proc.stderr.close()
+        try:
+            proc.wait(15)
+        finally:  # a CLI that outlived its Ctrl-C must not outlive the test, nor its pipes
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+            proc.stdout.close()
+            proc.stderr.close()
