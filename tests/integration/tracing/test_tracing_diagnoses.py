@@ -71,7 +71,10 @@ def test_probe_memory_shows_a_leak_growing_per_step(make_agent, capsys):
     [body] = json.loads(out)
     row = dict(zip(body["columns"], body["rows"][0]))
     assert row["device"] == "cpu" and row["steps"] == 10 and row["measure"] == "job RSS"
-    assert 3.0 <= row["mem_mib_per_step"] <= 5.0, row  # robust slope of rss - agent_mib
+    # robust slope of rss - agent_mib: 4 MiB kept a step, read as process RSS, so the
+    # allocator's own growth rides on it (5.16-5.29 seen on loaded CI boxes); a healthy job
+    # reads ~0, which is what the bound separates
+    assert 3.0 <= row["mem_mib_per_step"] <= 6.0, row
     assert row["rss_last_mib"] - row["rss_first_mib"] >= 30
     assert row["agent_threads"] is not None or row["agent_last_mib"] is None
     # per-module memory is a CUDA thing: on CPU the query runs and says zero
