@@ -100,12 +100,15 @@ def test_a_nan_born_on_one_rank_is_named_with_its_module_under_fsdp2(job):
     # WHEN rank 1's batch holds an all-zero sample: 0/0 in module 'norm' (UnitNorm)
     (tmp / "nan").touch()
 
+    bodies: list[dict] = []
+
     def named() -> dict | None:
         out = probe("-t", endpoint, "--json", "numerics")
         try:
             body = json.loads(out.stdout)
         except json.JSONDecodeError:
             return None
+        bodies.append(body)
         return next((f for f in body.get("findings", []) if f["check"] == "nonfinite"
                      and "first at step" in f["title"]), None)
 
@@ -113,8 +116,9 @@ def test_a_nan_born_on_one_rank_is_named_with_its_module_under_fsdp2(job):
     nan = named()
     assert nan is not None
     # THEN both ranks re-ran the step's forward together: rank 1 produced it in 'norm', at
-    # the sample that was zero; rank 0 received it
-    assert nan["ranks"] == [1], nan
+    # the sample that was zero; rank 0 received it (on failure: every rank's state, with its
+    # first non-finite step and whether the ranks agreed: `sharded_off` says why not)
+    assert nan["ranks"] == [1], json.dumps(bodies[-1])[:6000]
     assert "on rank 1: produced in the forward of module 'norm' (UnitNorm)" in nan["title"], nan
     sample = (tmp / "nan.sample").read_text()
     assert f"sample(s) {sample} (dataloader indices" in nan["title"], (sample, nan["title"])
