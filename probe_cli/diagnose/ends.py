@@ -34,19 +34,34 @@ def _when(rank: Any) -> float:
     return float(rank.end.get("at") or rank.death.get("at") or 1e18)
 
 
+#: What a rank's exception says when its peer's process vanished (gloo, NCCL, the TCP store):
+#: the survivor's view of another rank's death, not a cause of its own.
+PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe",
+             "remote process exited", "peer closed", "connection refused")
+
+
+def peer_lost(rank: Any) -> bool:
+    """The rank died of an exception that says its peer went away."""
+    text = str(rank.end.get("exception") or "").lower()
+    return rank.end.get("kind") == "exception" and any(p in text for p in PEER_LOST)
+
+
 def _culprit_first(rank: Any) -> tuple[int, float]:
-    """An exception or fatal signal is the news; a SIGTERM (the launcher tearing the job down
-    after another rank failed) and a clean exit come after."""
+    """An exception or fatal signal is the news; an exception saying a peer went away is what
+    the survivors of that news saw (a SIGKILLed rank's death is seen late, by its watchdog, so
+    time alone put the survivor first); a SIGTERM (the launcher tearing the job down after
+    another rank failed) and a clean exit come after."""
     kind = rank.end.get("kind")
     exit_ = rank.death.get("exit") or {}
     wrong = kind in ("exception", "oom", "nan") or exit_.get("signal") not in (None, 15, 2)
-    return (0 if wrong else 1, _when(rank))
+    return (1 if peer_lost(rank) else 0 if wrong else 2, _when(rank))
 
 
 def went_wrong(job: Any) -> list[Any]:
-    """The ranks whose end was an error (not a clean exit, not the launcher's SIGTERM)."""
+    """The ranks whose end was an error (not a clean exit, not the launcher's SIGTERM), those
+    that lost a peer after the others."""
     return [r for r in sorted(job.ranks.values(), key=_culprit_first)
-            if _culprit_first(r)[0] == 0]
+            if _culprit_first(r)[0] < 2]
 
 
 def check_ends(report: Any, job: Any) -> None:
@@ -54,14 +69,28 @@ def check_ends(report: Any, job: Any) -> None:
     summary line counts what the report shows; ranks torn down after it are not."""
     from .findings import CRITICAL, Finding
 
-    for rank in went_wrong(job):
+    wrong = went_wrong(job)
+    first = [r for r in wrong if not peer_lost(r)]
+    cause = (f"rank {first[0].rank} died first ({describe_end(first[0].end, first[0].death)})"
+             if first else "")
+    lost = {r.rank for r in wrong if peer_lost(r)}
+    for rank in wrong:
         tb = rank.end.get("traceback") or rank.end.get("stack") or \
             next((t.get("frames") for t in (rank.death.get("backtrace") or {}).get("threads")
                   or () if t.get("is_main")), None) or []
+        evidence = [f"{f.get('func')} ({f.get('file')}:{f.get('lineno')})" for f in tb[:6]]
+        # The rank that died first leads, above the hang check's "a collective failed on the
+        # survivors" (score 1e9): that failure is how they saw this death.
+        score = (2e9 if lost else 1e8) - _when(rank) / 1e3
+        if rank.rank in lost:
+            evidence.insert(0, f"lost its peer: {cause}" if cause else "lost its peer")
+            score = 1e8 - _when(rank) / 1e3
         report.findings.append(Finding(
             CRITICAL, "ended", f"rank {rank.rank} died: {describe_end(rank.end, rank.death)[:300]}",
-            [f"{f.get('func')} ({f.get('file')}:{f.get('lineno')})" for f in tb[:6]],
-            f"probe -t {job.label} hang", [rank.rank], score=1e8 - _when(rank) / 1e3))
+            evidence, f"probe -t {job.label} hang", [rank.rank], score=score))
+    for f in report.findings:  # the survivors' failed collective: say whose death it was
+        if f.check == "hang" and cause and f.ranks and set(f.ranks) <= lost:
+            f.evidence.insert(0, f"{cause}: the failed collective is the survivors' view of it")
 
 
 def ends_lines(job: Any, now: float | None = None) -> list[str]:
