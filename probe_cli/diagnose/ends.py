@@ -113,8 +113,12 @@ def ends_lines(job: Any, now: float | None = None) -> list[str]:
                          f"{now - float(rank.copied_at or now):.0f} s ago on {elsewhere} "
                          "(still running there?)" + (f", step {step}" if step is not None else ""))
             continue
+        # a rank that recorded its own end was copied at it; one killed outright (SIGKILL) was
+        # last copied up to a refresh period before: its step is the copy's, not the death's
+        # (litgpt: "step 1489" for a rank killed near step 1614)
+        at_step = ", step " if rank.end.get("kind") else ", last copied at step "
         lines.append(f"  rank {rank.rank}: {describe_end(rank.end, rank.death)}{when}"
-                     + (f", step {step}" if step is not None else ""))
+                     + (f"{at_step}{step}" if step is not None else ""))
         # an exception's traceback, or where a signal (torchrun's SIGTERM) found the rank
         for f in (rank.end.get("traceback") or rank.end.get("stack") or [])[:6]:
             lines.append(f"      {f.get('func')} ({f.get('file')}:{f.get('lineno')})")

@@ -36,7 +36,10 @@ def _lightning_kill() -> SimpleNamespace:
 def test_a_killed_rank_leads_over_the_survivor_that_lost_its_peer():
     job = _lightning_kill()
     assert [r.rank for r in went_wrong(job)] == [1, 0]
-    assert ends_lines(job)[1].startswith("  rank 1: killed by signal 9 (SIGKILL)")
+    lines = ends_lines(job)
+    # (its step is its last copy's: a SIGKILL leaves no copy at the death)
+    assert lines[1].startswith("  rank 1: killed by signal 9 (SIGKILL)")
+    assert lines[1].endswith(", last copied at step 1600") and lines[2].endswith(", step 1600")
     # GIVEN the hang check's verdict on the survivors' failed collective
     report = Report()
     report.findings.append(Finding(CRITICAL, "hang", "PROBLEM: a collective failed on rank 0",
