@@ -48,6 +48,11 @@ def _gb_tok(job: dict[str, Any]) -> str:
             f"{_or(job.get('context_len'))}")
 
 
+#: Why a compiled job's FLOPs read "?" (collectors/flops.py: the FLOP meter's dispatch mode
+#: would make compiled frames recompile or run eagerly, so it never counts such a job).
+NOT_MEASURED_COMPILED = "FLOPs not measured under torch.compile (counting would recompile it): "
+
+
 def render_throughput(ranks: list[RankThroughput], job: dict[str, Any]) -> list[str]:
     tokens = (f"{si(job.get('tokens_per_s'), 'tokens/s')}, "
               if job.get("tokens_per_s") is not None else "")
@@ -77,6 +82,7 @@ def render_throughput(ranks: list[RankThroughput], job: dict[str, Any]) -> list[
                if r.get("tokens") is not None else "no token count (see GB_tok)"),
             (f"  FLOPs/token {si(r.get('flops_per_token'))} measured vs "
              f"{si(r.get('flops_6n_per_token'))} 6N; " if r.get("tokens") is not None else "  ")
+            + (NOT_MEASURED_COMPILED if r.get("compiled") and r.get("flops") is None else "")
             + f"achieved {si(r.get('flops_per_s'), 'FLOP/s')}"
             f" in {_or(r.get('compute_dtype'), 'an unknown dtype')}; MFU {pct(t.mfu)} of "
             f"{si(t.peak, 'FLOP/s')} "

@@ -1,5 +1,5 @@
 -- name: throughput
--- description: Throughput of each rank over its last $last steps (medians; the FLOP-measured step left out of rates): tokens and samples per optimizer step and per second, micro-batches (root calls per step) and context length, FLOPs per step measured (FlopCounterMode) and 6N·tokens, achieved FLOP/s, the peak it is judged against (and its source), MFU; the cost of the measured step against an ordinary one; and where a traced step goes, as shares of its time: forward, backward, optimizer (outermost module of each stage, python.torch_trace), DataLoader wait (python.step_stats), explicit collectives (python.collectives, Python-timed calls inside the step), checkpoint saves and eval intervals (python.step_stats), and the rest (host code outside modules, waits not seen elsewhere; on CUDA, where the stage times are GPU time, the GPU's time outside the model's spans: idle between kernels while the host launches or syncs, or kernels outside modules; on_cuda says which); and the pauses as shares of the wall time of all the window's steps (checkpoint and eval come every few steps, where medians would hide them), with the steps that had one and their mean cost per step (ms).
+-- description: Throughput of each rank over its last $last steps (medians; the FLOP-measured step left out of rates): tokens and samples per optimizer step and per second, micro-batches (root calls per step) and context length, FLOPs per step measured (FlopCounterMode) and 6N·tokens, achieved FLOP/s, the peak it is judged against (and its source), MFU; the cost of the measured step against an ordinary one; and where a traced step goes, as shares of its time: forward, backward, optimizer (outermost module of each stage, python.torch_trace), DataLoader wait (python.step_stats), explicit collectives (python.collectives, Python-timed calls inside the step), checkpoint saves and eval intervals (python.step_stats), and the rest (host code outside modules, waits not seen elsewhere; on CUDA, where the stage times are GPU time, the GPU's time outside the model's spans: idle between kernels while the host launches or syncs, or kernels outside modules; on_cuda says which); and the pauses as shares of the wall time of all the window's steps (checkpoint and eval come every few steps, where medians would hide them), with the steps that had one and their mean cost per step (ms); compiled: torch.compile'd frames ran (the FLOPs are then not measured).
 -- params: last
 WITH s AS (
     SELECT * FROM python.steps WHERE duration IS NOT NULL
@@ -93,7 +93,10 @@ SELECT a.rank, a.steps, a.last_step, round(a.step_s * 1e3, 2) AS step_ms,
        round(pz.ckpt_per_step * 1e3, 3) AS checkpoint_ms_per_step,
        round(pz.eval_per_step * 1e3, 3) AS eval_ms_per_step,
        -- on CUDA the stage times are GPU time (CUDA events): host is the GPU outside them
-       (SELECT count(*) > 0 FROM python.memory WHERE device LIKE 'cuda%') AS on_cuda
+       (SELECT count(*) > 0 FROM python.memory WHERE device LIKE 'cuda%') AS on_cuda,
+       -- torch.compile'd frames ran: the FLOP meter stays off (its dispatch mode would make them
+       -- recompile or run eagerly), so the FLOPs, FLOP/s and MFU are unknown and this says why
+       (SELECT coalesce(max(frames), 0) > 0 FROM python.compile_state) AS compiled
 FROM agg a LEFT JOIN measured m USING (rank) LEFT JOIN shares sh USING (rank)
      LEFT JOIN pauses pz USING (rank)
 ORDER BY a.rank

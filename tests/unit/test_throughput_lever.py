@@ -172,6 +172,20 @@ def test_no_token_count_says_why_and_prints_no_none():
     assert "no token count" in text and "probe_agent.log(tokens=N)" in text
 
 
+def test_a_compiled_job_says_why_its_flops_are_unknown():
+    from probe_cli.render.throughput import render_throughput
+
+    # GIVEN litgpt pretrain (torch.compile from the start): the FLOP meter never counts a step
+    c = row(flops=None, flops_per_s=None, compute_flops_per_s=None, compiled=True)
+    ranks, job = from_rows({0: c, 1: c}, 2)
+    text = "\n".join(render_throughput(ranks, job.to_json()))
+    # THEN the "?" says why ("FLOPs/token ? measured" and "MFU ?" said nothing)
+    assert "FLOPs not measured under torch.compile" in text, text
+    # (an eager job's line is as before)
+    ranks, job = from_rows({0: row(), 1: row()}, 2)
+    assert "torch.compile" not in "\n".join(render_throughput(ranks, job.to_json()))
+
+
 def test_a_constant_lr_is_not_the_loop_setting_it():
     from probe_cli.render.throughput import schedule_lines
 
