@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import click
 
-from ..diagnose.ends import ages_lines, ends_lines, evidence_at, timeout_line
+from ..diagnose.ends import ages_lines, ends_lines, evidence_at, survivors_line, timeout_line
 from ..diagnose.hang import HangVerdict, diagnose, rank_state
 from ..errors import EXIT_FAILURE
 from ..gather.evidence import hang_evidence_by_node
@@ -67,7 +67,8 @@ def command(session: Session, min_wait: float | None) -> Outcome:
     else:
         lines = render_verdict(verdict)
     if job is not None and session.output != "json":  # a dead job: how each rank ended
-        lines += [x for x in [timeout_line(job, verdict.waiting, verdict.mismatch)] if x]
+        lines += [x for x in [timeout_line(job, verdict.waiting, verdict.mismatch),
+                              survivors_line(job, list(verdict.culprits))] if x]
         lines += ages_lines(job) + ends_lines(job)
     # The verdict names silent ranks itself: no failure summary under it.
     return verdict_outcome(session, verdict, results, lines, summary=False)

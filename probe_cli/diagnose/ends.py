@@ -70,9 +70,7 @@ def check_ends(report: Any, job: Any) -> None:
     from .findings import CRITICAL, Finding
 
     wrong = went_wrong(job)
-    first = [r for r in wrong if not peer_lost(r)]
-    cause = (f"rank {first[0].rank} died first ({describe_end(first[0].end, first[0].death)})"
-             if first else "")
+    cause = _first_death(wrong)
     lost = {r.rank for r in wrong if peer_lost(r)}
     for rank in wrong:
         tb = rank.end.get("traceback") or rank.end.get("stack") or \
@@ -88,9 +86,28 @@ def check_ends(report: Any, job: Any) -> None:
         report.findings.append(Finding(
             CRITICAL, "ended", f"rank {rank.rank} died: {describe_end(rank.end, rank.death)[:300]}",
             evidence, f"probe -t {job.label} hang", [rank.rank], score=score))
-    for f in report.findings:  # the survivors' failed collective: say whose death it was
-        if f.check == "hang" and cause and f.ranks and set(f.ranks) <= lost:
-            f.evidence.insert(0, f"{cause}: the failed collective is the survivors' view of it")
+    hang = next((f for f in report.findings if f.check == "hang"), None)
+    line = survivors_line(job, hang.ranks) if hang is not None else None
+    if hang is not None and line:  # the survivors' failed collective: whose death it was
+        hang.evidence.insert(0, line)
+
+
+def _first_death(wrong: list[Any]) -> str:
+    first = [r for r in wrong if not peer_lost(r)]
+    return (f"rank {first[0].rank} died first ({describe_end(first[0].end, first[0].death)})"
+            if first else "")
+
+
+def survivors_line(job: Any, culprits: list[int]) -> str | None:
+    """When a hang verdict blames only ranks that lost their peer (their collective failed
+    because another rank's process vanished): whose death it was. `probe hang` and doctor on a
+    copy print it; the verdict itself, built from each copy alone, cannot know."""
+    wrong = went_wrong(job)
+    lost = {r.rank for r in wrong if peer_lost(r)}
+    cause = _first_death(wrong)
+    if not (cause and culprits and set(culprits) <= lost):
+        return None
+    return f"{cause}: the failed collective is the survivors' view of it"
 
 
 def ends_lines(job: Any, now: float | None = None) -> list[str]:

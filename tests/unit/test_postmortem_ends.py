@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from probe_cli.diagnose.ends import check_ends, ends_lines, went_wrong
+from probe_cli.diagnose.ends import check_ends, ends_lines, survivors_line, went_wrong
 from probe_cli.diagnose.findings import CRITICAL, Finding, Report
 
 RESET = ("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:30622: Connection reset by "
@@ -51,6 +51,9 @@ def test_a_killed_rank_leads_over_the_survivor_that_lost_its_peer():
     assert top.title == "rank 1 died: killed by signal 9 (SIGKILL)"
     assert hang.check == "hang" and hang.evidence[0].startswith("rank 1 died first")
     assert survivor.ranks == [0] and survivor.evidence[0].startswith("lost its peer: rank 1")
+    # AND `probe hang` on the copy prints the same line under its verdict blaming rank 0
+    assert survivors_line(job, [0]) == hang.evidence[0]
+    assert survivors_line(job, [1]) is None  # a verdict blaming the killed rank needs none
 
 
 def test_an_exception_of_its_own_still_leads_by_time():
