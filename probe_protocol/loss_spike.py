@@ -49,11 +49,16 @@ def spike(before: Sequence[float], loss: float, factor: float,
         return None
     if min(window) <= 0:
         return None
+    # the level first, from the last LEVEL alone (the median of logs is the log of the median;
+    # of an even count, the geometric mean of the middle two): most steps end here, before
+    # the window's logs (the agent runs this every step: ~15 us saved on a 5 ms step)
+    recent = sorted(window[-LEVEL:])
+    mid = len(recent) // 2
+    med = recent[mid] if len(recent) % 2 else math.sqrt(recent[mid - 1] * recent[mid])
+    if loss <= factor * med:
+        return None
     logs = [math.log(x) for x in window]
-    level = statistics.median(logs[-LEVEL:])
     scale = _DIFF_TO_SIGMA * statistics.median(abs(a - b) for a, b in zip(logs[1:], logs[:-1]))
-    med = math.exp(level)
-    up = math.log(loss) - level
-    if loss > factor * med and up > deviations * scale:
+    if math.log(loss / med) > deviations * scale:
         return loss / med, med
     return None
