@@ -311,7 +311,11 @@ def _stalls(report: Report, ctx: Context) -> None:
 
 def _straggler_and_wait(report: Report, ctx: Context) -> None:
     if ctx.verdict.problem:  # timings from before a hang describe the past, and would distract
-        report.unchecked.append("straggler, collective wait: the job is hung (see above)")
+        # a failed collective or a dead rank is not a hang (a post-mortem of a SIGKILLed rank
+        # said "the job is hung")
+        what = ("a collective failed or a rank is gone" if ctx.verdict.headline.startswith(
+            "PROBLEM") else "the job is hung")
+        report.unchecked.append(f"straggler, collective wait: {what} (see above)")
         return
     check_straggler(report, ctx.docs)
     check_collective_wait(report, ctx.docs)

@@ -73,6 +73,14 @@ def test_the_context_carries_the_verdict_the_checks_defer_to():
         if check.name == "straggler":
             check.run(report, ctx)
     assert report.unchecked == ["straggler, collective wait: the job is hung (see above)"]
+    # a failed collective (a peer killed) is not called a hang
+    report = Report()
+    ctx = Context(HangVerdict(True, "PROBLEM: a collective failed on rank 0"), [RankDoc(0)], 5.0)
+    for check in doctor_checks():
+        if check.name == "straggler":
+            check.run(report, ctx)
+    assert report.unchecked == ["straggler, collective wait: a collective failed or a rank is "
+                                "gone (see above)"]
 
 
 def test_every_action_kind_is_declared_once_by_its_module():
