@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-from edits import apply  # bench/real/edits.py: run as a script, its folder is on sys.path
+from edits import adapt_file  # bench/real/edits.py: run as a script, its folder is on sys.path
 
 EDITS = [
     ("    deepspeed.init_distributed()\n",
@@ -42,17 +42,10 @@ EDITS = [
 ]
 
 
-def adapt(src: str) -> str:
-    return apply(src, EDITS)
-
-
 def main() -> None:
     upstream, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
-    with open(upstream) as f:
-        text = adapt(f.read())
-    with open(os.path.join(out, "cifar10_cpu.py"), "w") as f:
-        f.write(text)
+    adapt_file(upstream, os.path.join(out, "cifar10_cpu.py"), EDITS)
 
 
 if __name__ == "__main__":

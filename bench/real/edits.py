@@ -10,3 +10,11 @@ def apply(src: str, edits: list[tuple[str, str]]) -> str:
             raise SystemExit(f"upstream changed: {old!r} found {src.count(old)} times")
         src = src.replace(old, new)
     return src
+
+
+def adapt_file(upstream: str, dest: str, edits: list[tuple[str, str]]) -> None:
+    """Write ``upstream`` with ``edits`` applied (``apply``) to ``dest`` (may be the same)."""
+    with open(upstream) as f:
+        text = apply(f.read(), edits)
+    with open(dest, "w") as f:
+        f.write(text)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from edits import apply  # bench/real/edits.py: run as a script, its folder is on sys.path
+from edits import adapt_file  # bench/real/edits.py: run as a script, its folder is on sys.path
 
 EDITS = [
     ("    if not verify_min_gpu_count(min_gpus=_min_gpu_count):\n",
@@ -29,16 +29,9 @@ EDITS = [
 ]
 
 
-def adapt(src: str) -> str:
-    return apply(src, EDITS)
-
-
 def main() -> None:
     out = sys.argv[1]
-    with open(os.path.join(out, "example.py")) as f:
-        text = adapt(f.read())
-    with open(os.path.join(out, "example_cpu.py"), "w") as f:
-        f.write(text)
+    adapt_file(os.path.join(out, "example.py"), os.path.join(out, "example_cpu.py"), EDITS)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import os
 import random
 import sys
 
-from edits import apply  # bench/real/edits.py: run as a script, its folder is on sys.path
+from edits import adapt_file  # bench/real/edits.py: run as a script, its folder is on sys.path
 
 STEP_CLOCK = '''
     import time as _time
@@ -60,10 +60,6 @@ ARGS = (
 )
 
 
-def adapt(src: str) -> str:
-    return apply(src, EDITS)
-
-
 def sentences(n: int, seed: int) -> list[str]:
     """A small grammar: learnable structure, so a healthy run's loss falls."""
     rng = random.Random(seed)
@@ -90,10 +86,7 @@ def tokenizer(texts: list[str], out: str) -> None:
 def main() -> None:
     upstream, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
-    with open(upstream) as f:
-        text = adapt(f.read())
-    with open(os.path.join(out, "run_clm_cpu.py"), "w") as f:
-        f.write(text)
+    adapt_file(upstream, os.path.join(out, "run_clm_cpu.py"), EDITS)
     train, valid = sentences(40_000, 0), sentences(2_000, 1)
     for name, lines in (("train.txt", train), ("valid.txt", valid)):
         with open(os.path.join(out, name), "w") as f:

@@ -25,7 +25,7 @@ import os
 import shutil
 import sys
 
-from edits import apply  # bench/real/edits.py: run as a script, its folder is on sys.path
+from edits import adapt_file  # bench/real/edits.py: run as a script, its folder is on sys.path
 
 EDITS = [
     ('        strategy = FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full", '
@@ -109,20 +109,13 @@ logger_name: csv
 """
 
 
-def adapt(src: str) -> str:
-    return apply(src, EDITS)
-
-
 def main() -> None:
     checkout, out = sys.argv[1], sys.argv[2]
     src = os.path.join(out, "src", "litgpt")
     shutil.rmtree(src, ignore_errors=True)
     shutil.copytree(os.path.join(checkout, "litgpt"), src)
     path = os.path.join(src, "pretrain.py")
-    with open(path) as f:
-        text = adapt(f.read())
-    with open(path, "w") as f:
-        f.write(text)
+    adapt_file(path, path, EDITS)
     for name, body in (("tinydata.py", TINYDATA), ("pretrain.yaml", CONFIG)):
         with open(os.path.join(out, name), "w") as f:
             f.write(body)

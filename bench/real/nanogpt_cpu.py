@@ -20,7 +20,7 @@ import os
 import sys
 
 import numpy as np
-from edits import apply  # bench/real/edits.py: run as a script, its folder is on sys.path
+from edits import adapt_file  # bench/real/edits.py: run as a script, its folder is on sys.path
 
 EDITS = [
     ("from hellaswag import render_example, iterate_examples\n", ""),
@@ -45,17 +45,10 @@ EDITS = [
 ]
 
 
-def adapt(src: str) -> str:
-    return apply(src, EDITS)
-
-
 def main() -> None:
     upstream, out = sys.argv[1], sys.argv[2]
     os.makedirs(os.path.join(out, "edu_fineweb10B"), exist_ok=True)
-    with open(upstream) as f:
-        text = adapt(f.read())
-    with open(os.path.join(out, "train_gpt2_cpu.py"), "w") as f:
-        f.write(text)
+    adapt_file(upstream, os.path.join(out, "train_gpt2_cpu.py"), EDITS)
     rng = np.random.default_rng(0)
     for split in ("train", "val"):  # upstream's shard format: uint16 token ids in .npy
         np.save(os.path.join(out, "edu_fineweb10B", f"edufineweb_{split}_000000.npy"),

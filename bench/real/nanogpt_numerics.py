@@ -24,7 +24,7 @@ import argparse
 import os
 
 import numpy as np
-from edits import apply  # bench/real/edits.py: run as a script, its folder is on sys.path
+from edits import adapt_file  # bench/real/edits.py: run as a script, its folder is on sys.path
 from nanogpt_cpu import EDITS
 
 #: Tokens one optimizer step reads over both ranks: B x T x micro-batches x world (2 ranks).
@@ -59,10 +59,8 @@ def main() -> None:
     ap.add_argument("--at", type=int, default=120, help="the spike's step")
     args = ap.parse_args()
     os.makedirs(os.path.join(args.out, "edu_fineweb10B"), exist_ok=True)
-    with open(args.upstream) as f:
-        text = apply(f.read(), EDITS + FAULT_EDITS[args.fault])
-    with open(os.path.join(args.out, "train_gpt2_cpu.py"), "w") as f:
-        f.write(text)
+    adapt_file(args.upstream, os.path.join(args.out, "train_gpt2_cpu.py"),
+               EDITS + FAULT_EDITS[args.fault])
     for split, seed in (("train", 1), ("val", 2)):
         toks = tokens(2_000_000, seed)
         if split == "train" and args.fault == "spike":
