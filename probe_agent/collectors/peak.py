@@ -126,7 +126,9 @@ class PeakFlops:
 
     def _cpu(self, torch: Any, dtype: str) -> tuple[float, str] | None:
         threads = torch.get_num_threads()
-        key = f"{_cpu_model()}|{threads}|{dtype}"
+        # "cputime|": figures timed by wall clock alone (before) read low on a busy core and
+        # were kept for the run dir; the new key leaves them behind, measured again once
+        key = f"cputime|{_cpu_model()}|{threads}|{dtype}"
         found: list[float] = []
 
         def measure(cache: dict[str, Any]) -> None:

@@ -69,3 +69,15 @@ def test_the_cpu_probe_reads_the_cores_rate_while_another_process_shares_the_cor
     # THEN it still reads the core's own rate (timed by wall clock it read half: 37 against 100
     # GFLOP/s was cached for a run dir, and MFU read 37.5% for 14%)
     assert shared >= 0.75 * alone, (shared / 1e9, alone / 1e9)
+
+
+def test_a_wall_clock_figure_cached_before_is_measured_again(tmp_path):
+    """A run dir's cpu_peak.json from before the probe counted CPU time holds figures read low
+    on busy cores (37 GFLOP/s for 100: MFU 37.5% for 14%): they are not reused."""
+    from probe_agent.collectors.peak import _cpu_model
+
+    threads = torch.get_num_threads()
+    (tmp_path / "cpu_peak.json").write_text(
+        json.dumps({f"{_cpu_model()}|{threads}|float32": 1.0}))
+    peak = PeakFlops(str(tmp_path)).get(torch, "cpu", "float32")
+    assert peak is not None and peak[0] > 1.0
