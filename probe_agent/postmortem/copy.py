@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 WHOLE = frozenset({"python.backtrace", "python.collectives"})
 #: Not copied: every thread's stack incl. the agent's own (python.backtrace is the one to read).
 SKIP = frozenset({"python.backtrace_all"})
+#: Copied first at each refresh: what a death in a collective is judged by. The final refresh
+#: races the launcher's SIGTERM (torchrun kills the survivors as soon as one rank dies); at
+#: load 9 a survivor's copy ended before its collectives, and the post-mortem mismatch verdict
+#: had only the aborted rank's side of the collective.
+FIRST = ("python.collectives", "python.backtrace", "python.steps")
 
 
 class PostmortemCopy:
@@ -130,7 +135,9 @@ class PostmortemCopy:
             self._made = True
         rows: dict[str, int] = {}
         try:
-            for table in self.store.tables():
+            tables = list(self.store.tables())
+            for table in sorted(tables, key=lambda t: FIRST.index(t) if t in FIRST
+                                else len(FIRST)):
                 if table not in SKIP:
                     self._copy_table(table, rows)
             self._enforce_budget()

@@ -153,3 +153,19 @@ def test_rows_trimmed_before_a_refresh_are_counted_not_hidden(store, tmp_path: P
     assert meta["lost_rows"] > 0 and meta["truncated"] is True, meta
     assert copied + meta["lost_rows"] == 60100, (copied, meta["lost_rows"])
     assert any("trimmed by the agent's retention" in line for line in missing_lines(job))
+
+
+def test_the_collectives_are_copied_first(store, tmp_path: Path):
+    """The final refresh races the launcher's SIGTERM (torchrun kills the survivors when one
+    rank dies): at load 9 a survivor's copy ended before its collectives table, and the
+    post-mortem mismatch verdict had one side of the collective. They now go first."""
+    rank_dir = tmp_path / "root" / "j" / "rank-0"
+    _metrics(store, 0, 10)
+    _copy(store, rank_dir, 1 << 30).refresh()
+    files = layout.table_files(str(rank_dir))
+
+    def seq(path: str) -> int:
+        return int(os.path.basename(path).split(".")[1])
+
+    first = min((seq(p), short) for short, paths in files.items() for p in paths)
+    assert first[1] == "collectives", sorted(files)
