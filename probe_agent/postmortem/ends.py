@@ -85,8 +85,9 @@ def stack_of(frame: Any) -> list[dict[str, Any]]:
     return out[:64]
 
 
-#: Modules the end handler calls into while it reads a stack.
-_HANDLER_MODULES = frozenset({"traceback.py", "linecache.py"})
+#: Modules the end handler calls into while it reads a stack (linecache opens a source file
+#: through tokenize.open, which reads its encoding: seen as the innermost frames at load).
+_HANDLER_MODULES = frozenset({"traceback.py", "linecache.py", "tokenize.py", "codecs.py"})
 
 
 class EndHooks:
