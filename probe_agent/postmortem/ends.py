@@ -78,11 +78,9 @@ def stack_of(frame: Any) -> list[dict[str, Any]]:
         while end < len(frames) and ours(frames[end]):
             end += 1
         frames = frames[end:]  # the handler's own call chain, innermost
-    out = [{"depth": i, "func": f.name, "file": f.filename, "lineno": f.lineno or 0}
-           for f in frames if not ours(f) for i in [0]]
-    for i, d in enumerate(out):
-        d["depth"] = i
-    return out[:64]
+    kept = [f for f in frames if not ours(f)]
+    return [{"depth": i, "func": f.name, "file": f.filename, "lineno": f.lineno or 0}
+            for i, f in enumerate(kept[:64])]
 
 
 #: Modules the end handler calls into while it reads a stack (linecache opens a source file

@@ -89,8 +89,9 @@ def check_lr_clip(report: Report, docs: list[RankDoc], clip_said: bool | None = 
                             f"clipped {clipped}" + (f"; median norm before clipping {med:.3g}"
                                                     if med is not None else ""))
             finite = int(num(loop.get("clip_finite_steps", clip_steps)) or 0)
-            clips_most |= clipped >= CLIP_SHARE * finite and finite >= 5
-            if clipped >= CLIP_SHARE * finite and finite >= 5 and not clip_said:
+            most = clipped >= CLIP_SHARE * finite and finite >= 5
+            clips_most |= most
+            if most and not clip_said:
                 legacy_clip(report, d.rank, clipped, finite, med,
                              num(loop.get("clip_max_norm")))
         elif loop and not ds:  # DeepSpeed clips inside engine.step(): said above
