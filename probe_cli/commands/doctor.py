@@ -18,7 +18,8 @@ import click
 from ..diagnose import time_checks
 from ..diagnose.doctor import diagnose, rank_doc, steps_seen
 from ..diagnose.ends import ages_lines, check_ends, ends_lines, went_wrong
-from ..diagnose.hang import HangVerdict, rank_state
+from ..diagnose.hang import HangVerdict
+from ..diagnose.hang_state import rank_state
 from ..errors import EXIT_FAILURE
 from ..gather.evidence import doctor_evidence
 from ..gather.postmortem import last_steps_lines, session_job

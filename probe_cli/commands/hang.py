@@ -12,7 +12,8 @@ from dataclasses import replace
 import click
 
 from ..diagnose.ends import ages_lines, ends_lines, evidence_at, survivors_line, timeout_line
-from ..diagnose.hang import HangVerdict, diagnose, rank_state
+from ..diagnose.hang import HangVerdict, diagnose
+from ..diagnose.hang_state import rank_state
 from ..errors import EXIT_FAILURE
 from ..gather.evidence import hang_evidence_by_node
 from ..gather.postmortem import session_job

@@ -22,7 +22,7 @@ from probe_protocol.query import QueryBody
 from ..diagnose.doctor import diagnose as diagnose_doctor
 from ..diagnose.doctor import rank_doc
 from ..diagnose.hang import diagnose as diagnose_hang
-from ..diagnose.hang import rank_state
+from ..diagnose.hang_state import rank_state
 from ..diagnose.isolated import docs_not_data_parallel
 from ..diagnose.rhythm import FALLBACK_WAIT_S
 from ..diagnose.throughput import from_rows

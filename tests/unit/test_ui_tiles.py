@@ -4,7 +4,8 @@ not after a fixed half second that every healthy job with long steps exceeds."""
 
 from __future__ import annotations
 
-from probe_cli.diagnose.hang import diagnose, rank_state
+from probe_cli.diagnose.hang import diagnose
+from probe_cli.diagnose.hang_state import rank_state
 from probe_cli.result import RankResult
 from probe_cli.ui.snapshot import build_tiles
 
