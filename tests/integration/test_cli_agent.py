@@ -120,9 +120,12 @@ def test_ctrl_c_during_a_long_eval_ends_the_cli_at_once(agent, tmp_path):
 
     from tests.support import python_env, wait_until
 
-    # GIVEN `probe eval` running code that takes 20 s on the rank
-    started, done = tmp_path / "started", tmp_path / "done"
-    code = (f"import time; open({str(started)!r}, 'w').close(); time.sleep(20); "
+    # GIVEN `probe eval` running code that goes on until the test releases it (at most 60 s)
+    started, release, done = tmp_path / "started", tmp_path / "release", tmp_path / "done"
+    code = (f"import os, time\nopen({str(started)!r}, 'w').close()\n"
+            "deadline = time.monotonic() + 60\n"
+            f"while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:\n"
+            "    time.sleep(0.05)\n"
             f"open({str(done)!r}, 'w').close()")
     proc = subprocess.Popen([sys.executable, "-m", "probe_cli", "-t", address(agent),
                              "--timeout", "60", "eval", code], env=python_env(),
@@ -134,14 +137,16 @@ def test_ctrl_c_during_a_long_eval_ends_the_cli_at_once(agent, tmp_path):
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         waited = time.monotonic() - t0
+        # THEN the CLI is gone while the eval still runs, and says the eval goes on
+        assert not done.exists() and waited < 12, f"Ctrl-C took {waited:.1f} s"
+        assert proc.returncode == 1 and "interrupted" in err and "keeps running" in err, err
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    # THEN the CLI is gone long before the eval ends, and says the eval goes on
-    assert not done.exists() and waited < 12, f"Ctrl-C took {waited:.1f} s"
-    assert proc.returncode == 1 and "interrupted" in err and "keeps running" in err, err
-    wait_until(done.exists, 60, "the eval did not finish on the rank")  # before teardown
+        release.touch()
+    # AND the eval did go on: released, it runs to its end (before teardown)
+    wait_until(done.exists, 60, "the eval did not finish on the rank")
 
 
 def test_an_eval_the_cli_stopped_waiting_for_is_named_by_its_id(agent, capsys):
