@@ -34,11 +34,11 @@ def test_two_jobs_with_the_same_base_port_are_both_reachable(tmp_path: Path):
     base = free_base_port(8)
     run_dir = tmp_path / "run"
     env = {"PROBE_PORT": str(base), "PROBE_RUN_DIR": str(run_dir), "PROBE_TRACE": "off"}
-    with ExitStack() as stack:
+    with ExitStack() as stack, ExitStack() as first:
         jobs, launchers = [], []
-        for name in ("one", "two"):
+        for name, owner in (("one", first), ("two", stack)):
             (tmp_path / name).mkdir()
-            proc, infos = stack.enter_context(
+            proc, infos = owner.enter_context(
                 training_job(tmp_path / name, nproc=2, env=env, timeout=120))
             jobs.append(infos)
             launchers.append(proc.pid)
@@ -66,13 +66,10 @@ def test_two_jobs_with_the_same_base_port_are_both_reachable(tmp_path: Path):
             assert f"ranks 0,1 (pids {job[0][1]},{job[1][1]}): probe -t {job[0][1]}" \
                 in which.stderr, which.stderr
         # AND once one job is gone, the other is found with no -t, through its rank 0
-        stack.close()
-    lone = tmp_path / "lone"
-    lone.mkdir()
-    with training_job(lone, nproc=2, env=env, timeout=120) as (_, infos):
-        one = probe("--run-dir", str(run_dir), "--json", "eval", "1")
+        first.close()
+        one = probe("--run-dir", str(run_dir), "--json", "eval", "import os; os.getpid()")
         assert one.returncode == 0, one.stdout + one.stderr
-        assert [b["rank"] for b in json.loads(one.stdout)] == [0, 1]
+        assert [(b["rank"], int(b["result"])) for b in json.loads(one.stdout)] == pids[1]
 
 
 def _start(tmp: Path, run_dir: Path, **env: str) -> tuple[subprocess.Popen[str], dict]:
