@@ -85,7 +85,7 @@ class Records:
         if ev0 is not None:
             self.fcuda.append((ev0, self.record_event(), self.memory()))
             cuda = 1
-        self.fw.frombytes(pack_fw(t0, t1, step, kind, 0, -1, cuda))
+        self.fw.frombytes(pack_fw(t0, t1, step, kind, 0, -1, cuda, -1))
 
     def record_bw_cuda(self, gseq: int, memory: bool) -> None:
         """One backward event on a CUDA step: node ``gseq`` (or PASS_END) with a CUDA event,

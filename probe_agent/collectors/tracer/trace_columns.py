@@ -28,8 +28,10 @@ FORWARD, RECOMPUTE, OPT_STEP, BACKWARD = range(4)
 # Forward record: one per module call or optimizer step.
 #   gseq: sequence number of the output's grad_fn (-1: none), which backward events carry.
 #   cuda: 1 if the call's CUDA events went to the tracer's ``fcuda`` list (in record order).
-FW_T0, FW_T1, FW_STEP, FW_KIND, FW_DEPTH, FW_GSEQ, FW_CUDA = range(7)
-FW_N = 7
+#   igseq: sequence number of the grad_fn of the call's input (its first tensor argument, read
+#     before the call; -1: none): autograd reaching that node ends the call's backward.
+FW_T0, FW_T1, FW_STEP, FW_KIND, FW_DEPTH, FW_GSEQ, FW_CUDA, FW_IGSEQ = range(8)
+FW_N = 8
 # Backward event: a grad_fn pre-hook fired (gseq of its node), or a pass ended (gseq -1).
 BW_T, BW_GSEQ, BW_CUDA = range(3)
 BW_N = 3

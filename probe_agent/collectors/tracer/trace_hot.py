@@ -186,6 +186,17 @@ def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
             tr.depth = depth
     rec = tr.records
     e0 = rec.record_event() if tr.cuda else None
+    # the input's grad_fn, read before the call (an in-place module replaces it): autograd
+    # reaching it ends this call's backward. Most inputs are the output of the module called
+    # just before (``last_gf``), whose node is hooked already.
+    a = args[0] if args else next(iter(kwargs.values()), None) if kwargs else None
+    igf = None
+    if isinstance(a, _Tensor):
+        try:
+            igf = a.grad_fn
+        except Exception as e:  # noqa: BLE001 - a tensor subclass's getter: no end event
+            tr.failed(e)
+    new_igf = igf is not None and igf is not tr.last_gf
     tr.depth = depth + 1
     t0 = _clock()
     if _on_input is not None:  # inside the span: the inputs are this call's (never raises)
@@ -204,7 +215,11 @@ def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         cuda: tuple[Any, Any, Any] | int = 0
         if e0 is not None:
             cuda = (e0, rec.record_event(), rec.memory())
-        gseq = -1
+        gseq = igseq = -1
+        if igf is not None:
+            igseq = igf._sequence_nr()
+            if new_igf:
+                tr.hook_gfs.append(igf)
         o = out
         if type(o) is not _Tensor:
             if type(o) in (tuple, list) and o:
@@ -228,7 +243,7 @@ def traced_call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if cuda:
                 rec.fcuda.append(cuda)
                 cuda = 1
-            fw.frombytes(pack_fw(t0, t1, tr.step, tr.in_backward, depth, gseq, cuda))
+            fw.frombytes(pack_fw(t0, t1, tr.step, tr.in_backward, depth, gseq, cuda, igseq))
         else:
             rec.dropped += 1
         if depth < 2:

@@ -29,6 +29,7 @@ PyObject* g_objs = nullptr;  // list: the module of each forward record
 PyObject* g_roots = nullptr;  // list: the root call around it
 PyObject* g_on_input = nullptr;  // called (module, args) inside each traced call's span, or null
 int64_t g_dropped = 0;
+int64_t g_last_named = -1;  // the output node named last (the next call's input, mostly)
 PyObject *s_on_root, *s_failed, *s_step, *s_recording, *s_root, *s_call_impl,
     *s_compiled_call_impl;
 
@@ -109,6 +110,31 @@ void on_root(PyObject* self, PyObject* args, PyObject* kwargs) {
   if (PyErr_Occurred()) report_failure();
 }
 
+// A tensor's grad_fn -> its key, or -1.
+int64_t node_of(PyObject* o) {
+  const at::Tensor& t = THPVariable_Unpack(o);
+  if (!t.defined()) return -1;
+  const auto& gf = t.grad_fn();
+  if (!gf) return -1;
+  return node_key(gf->thread_id(), gf->sequence_nr());
+}
+
+// The call's input (its first argument, else its first keyword argument) -> its grad_fn's key,
+// or -1: autograd reaching that node ends the call's backward. Read before the call (an
+// in-place module replaces the input's grad_fn).
+int64_t input_key(PyObject* args, PyObject* kwargs) {
+  PyObject* a = nullptr;
+  if (PyTuple_GET_SIZE(args)) {
+    a = PyTuple_GET_ITEM(args, 0);
+  } else if (kwargs) {
+    Py_ssize_t pos = 0;
+    PyObject* k;
+    if (!PyDict_Next(kwargs, &pos, &k, &a)) return -1;
+  }
+  if (!a || !THPVariable_Check(a)) return -1;
+  return node_of(a);
+}
+
 // The output's first tensor (a tensor, the first item of a tuple or list, or the first value of
 // a dict such as a ModelOutput) -> its grad_fn's key, or -1.
 int64_t output_key(PyObject* o) {
@@ -127,11 +153,7 @@ int64_t output_key(PyObject* o) {
     }
     if (!THPVariable_Check(o)) return -1;
   }
-  const at::Tensor& t = THPVariable_Unpack(o);
-  if (!t.defined()) return -1;
-  const auto& gf = t.grad_fn();
-  if (!gf) return -1;
-  return node_key(gf->thread_id(), gf->sequence_nr());
+  return node_of(o);
 }
 
 // call(module, args, kwargs): nn.Module.__call__ while a traced step runs (trace_hot's shim).
@@ -154,6 +176,12 @@ PyObject* hot_call(PyObject*, PyObject* const* a, Py_ssize_t n) {
     return r;
   }
   int64_t kind = g_in_backward.load(std::memory_order_relaxed);
+  int64_t in_key = -1;
+  try {
+    in_key = input_key(args, kwargs);
+  } catch (...) {  // a tensor subclass whose grad_fn cannot be read: no end event
+    in_key = -1;
+  }
   g_depth = depth + 1;
   int64_t t0 = now_ns();
   if (g_on_input) {  // the saved-bytes accounting's input record (it never raises)
@@ -183,7 +211,7 @@ PyObject* hot_call(PyObject*, PyObject* const* a, Py_ssize_t n) {
   Py_ssize_t n_objs = PyList_GET_SIZE(g_objs), n_roots = PyList_GET_SIZE(g_roots);
   bool ok = PyList_Append(g_objs, self) == 0 && PyList_Append(g_roots, g_root) == 0;
   if (ok) {
-    int64_t rec[FW_N] = {t0, t1, g_step, kind, depth, key, 0};
+    int64_t rec[FW_N] = {t0, t1, g_step, kind, depth, key, 0, in_key};
     try {
       g_fw.insert(g_fw.end(), rec, rec + FW_N);
     } catch (...) {  // out of memory: a C++ exception must not cross into Python
@@ -195,8 +223,11 @@ PyObject* hot_call(PyObject*, PyObject* const* a, Py_ssize_t n) {
     report_failure();
     PyList_SetSlice(g_objs, n_objs, PyList_GET_SIZE(g_objs), nullptr);
     PyList_SetSlice(g_roots, n_roots, PyList_GET_SIZE(g_roots), nullptr);
-  } else if (key != -1) {
-    name_node(g_step, key);
+  } else {
+    // most inputs are the output of the call recorded just before: named already
+    if (key != -1) name_node(g_step, key);
+    if (in_key != -1 && in_key != g_last_named) name_node(g_step, in_key);
+    if (key != -1) g_last_named = key;
   }
   return out;
 }

@@ -4,7 +4,7 @@
 // A RecordFunction callback scoped to BACKWARD_FUNCTION records the start of every autograd
 // node (no per-node registration, no Python, no GIL), and queues the pass-end callback on the
 // pass's first node. It keeps only the nodes that forward records of the last KEEP_STEPS steps
-// name (the outputs' grad_fns, ~1 in 4 nodes): the others would join nothing in the resolver's
+// name (the grad_fns of calls' outputs and inputs): the others would join nothing in the resolver's
 // SQL, and dropping them here cut its CPU by ~45% on the bench GPT. Nodes are named by
 // (forward thread id, sequence number), which no two threads share.
 #include <torch/extension.h>
@@ -26,7 +26,7 @@ namespace {
 
 // trace_columns.py: FW_N, BW_N, PASS_END, FORWARD, RECOMPUTE, KEEP_STEPS (checked by
 // `layout()`)
-constexpr int64_t FW_N = 7, BW_N = 3, PASS_END = -1, FORWARD = 0, RECOMPUTE = 1, KEEP_STEPS = 3;
+constexpr int64_t FW_N = 8, BW_N = 3, PASS_END = -1, FORWARD = 0, RECOMPUTE = 1, KEEP_STEPS = 3;
 constexpr int64_t SEQ_BITS = 48;
 
 // The clock of Python's time.perf_counter_ns, so native and Python records share one timeline.

@@ -55,7 +55,7 @@ _NEAR = 5  # a span's next _NEAR - 1 events are probed by equality before a join
 
 _SETUP = """
 CREATE TABLE fwd (id BIGINT, t0 BIGINT, t1 BIGINT, step BIGINT, kind TINYINT, depth INTEGER,
-                  gseq BIGINT, code INTEGER, seq INTEGER, c0 BIGINT);
+                  gseq BIGINT, code INTEGER, seq INTEGER, c0 BIGINT, igseq BIGINT);
 CREATE TABLE sv (t BIGINT, nbytes BIGINT, kind TINYINT);
 CREATE TABLE owned (fid BIGINT, saved BIGINT, inputs BIGINT);
 CREATE TABLE sv_steps (step BIGINT);
@@ -90,10 +90,10 @@ INSERT INTO fwd
 SELECT n.id, n.t0, n.t1, n.step, n.kind, n.depth, n.gseq, n.code,
        (coalesce(b.c, 0) + row_number() OVER (PARTITION BY n.step, n.code, n.kind
                                               ORDER BY n.id) - 1)::INTEGER,
-       n.c0
+       n.c0, n.igseq
 FROM (SELECT {id0} + i AS id, r[1] AS t0, r[2] AS t1, r[3] AS step, r[4]::TINYINT AS kind,
              r[5]::INTEGER AS depth, r[6] AS gseq, code,
-             {c0} AS c0
+             {c0} AS c0, r[8] AS igseq
       FROM new_rows) n
 LEFT JOIN (SELECT step, code, kind, count(*) AS c FROM fwd GROUP BY ALL) b
        ON b.step = n.step AND b.code = n.code AND b.kind = n.kind
@@ -118,18 +118,21 @@ WITH e AS (
            ORDER BY i ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS pass
   FROM new_events),
 ends AS (SELECT pass, t AS t_end, bc AS bc_end FROM e WHERE gseq = {pass_end}),
-p AS (
+p0 AS (
   SELECT e.eid, e.t, e.pass, e.bc, f.id AS fid, f.t0, f.t1, f.kind, f.step, f.code, f.seq,
-         f.depth
+         f.depth, f.igseq
   FROM e JOIN fwd f ON f.gseq = e.gseq AND f.t1 <= e.t
   WHERE e.gseq >= 0
   QUALIFY row_number() OVER (PARTITION BY e.pass, f.id ORDER BY e.eid) = 1),
+-- k numbers the events that start spans (events of input nodes only are left out), so the
+-- near probe below steps over them
+p AS (SELECT p0.*, dense_rank() OVER (PARTITION BY pass ORDER BY eid) AS k FROM p0),
 -- the first later event of the pass with a call disjoint from a's: most spans end within a
 -- few events (probed by equality, cheap), the rest (containers) by a join over their pass
 near AS MATERIALIZED (
   SELECT a.pass, a.fid, min(b.eid) AS beid
-  FROM (SELECT p.*, p.eid + d.d AS target FROM p CROSS JOIN range(1, {near}) d(d)) a
-  JOIN p b ON b.pass = a.pass AND b.eid = a.target
+  FROM (SELECT p.*, p.k + d.d AS target FROM p CROSS JOIN range(1, {near}) d(d)) a
+  JOIN p b ON b.pass = a.pass AND b.k = a.target
   WHERE {ends_span}
   GROUP BY a.pass, a.fid),
 un AS MATERIALIZED (
@@ -138,15 +141,26 @@ un AS MATERIALIZED (
 far AS (
   SELECT a.pass, a.fid, min(b.eid) AS beid
   FROM un a
-  JOIN p b ON b.pass = a.pass AND b.eid >= a.eid + {near}
+  JOIN p b ON b.pass = a.pass AND b.k >= a.k + {near}
   WHERE {ends_span}
   GROUP BY a.pass, a.fid),
+-- autograd reaching the node of a's input (at or after a's start): a's backward is done, and
+-- what runs until the next span starts belongs to the calls around a
+fin AS (
+  SELECT a.pass, a.fid, min(b.eid) AS beid
+  FROM p a JOIN e b ON b.gseq = a.igseq AND b.pass = a.pass AND b.eid >= a.eid
+  WHERE a.igseq >= 0
+  GROUP BY a.pass, a.fid),
+fins AS (
+  SELECT pass, fid, min(beid) AS beid
+  FROM (SELECT * FROM near UNION ALL SELECT * FROM far UNION ALL SELECT * FROM fin)
+  GROUP BY pass, fid),
 bwd AS (
   SELECT a.t AS t0, coalesce(be.t, en.t_end) AS t1, a.step, a.seq, a.code,
          {backward}::TINYINT AS kind, a.depth, a.bc AS c0, CASE WHEN be.eid IS NULL THEN en.bc_end
                                                        ELSE be.bc END AS c1, NULL::BIGINT AS id
   FROM p a JOIN ends en ON en.pass = a.pass
-  LEFT JOIN (SELECT * FROM near UNION ALL SELECT * FROM far) k ON k.pass = a.pass AND k.fid = a.fid
+  LEFT JOIN fins k ON k.pass = a.pass AND k.fid = a.fid
   LEFT JOIN e be ON be.eid = k.beid),
 x AS (
   SELECT t0, t1, step, seq, code, kind, depth, c0, NULL::BIGINT AS c1, id FROM fwd

@@ -4,6 +4,7 @@ the real CLI against a real agent (issue 3): probe slow, memory, steps, trace.""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -54,6 +55,56 @@ def test_probe_slow_ranks_the_sleeping_module_first(make_agent, capsys):
     code, out, err = run(capsys, agent, "slow", "--limit", "3")
     assert code == 0, err
     assert "fwd_self_ms" in out and "bwd_self_ms" in out and "layers.1.mlp.1" in out
+
+
+class SlowGrad(torch.autograd.Function):
+    """Identity whose backward sleeps 30 ms: known work of no module's own."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.03)
+        return g
+
+
+class CoreAttn(nn.Module):
+    """Two Linear children with the parent's own work between them (an attention core: bmm,
+    softmax, and an op whose backward sleeps 30 ms), like GPT-2's attn around c_attn/c_proj."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.c_attn = nn.Linear(d, d)
+        self.c_proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.c_attn(x)
+        h = torch.softmax(h @ h.transpose(-1, -2), dim=-1) @ h
+        return self.c_proj(SlowGrad.apply(h))
+
+
+def test_backward_between_two_children_is_the_parents_own(make_agent, capsys):
+    # GIVEN a parent whose own backward (between its two children's) sleeps 30 ms a step
+    agent = make_agent(trace="on")
+    model = nn.Sequential(nn.Linear(8, 8), CoreAttn(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(4):
+        model(torch.randn(2, 4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    flush(agent)
+    # WHEN the operator asks for the slowest modules
+    code, out, err = run(capsys, agent, "--json", "slow", "--last", "3")
+    assert code == 0, err
+    [body] = json.loads(out)
+    got = {r[1]: dict(zip(body["columns"], r)) for r in body["rows"]}
+    # THEN the parent is first, with the 30 ms as its own backward
+    assert body["rows"][0][1] == "1", body["rows"][:3]
+    assert got["1"]["bwd_self_ms"] >= 25, got["1"]
+    # AND the child whose backward ran just before it is not charged for it
+    assert got["1.c_proj"]["bwd_ms"] < 15 and got["1.c_attn"]["bwd_ms"] < 15, got
 
 
 def test_probe_memory_shows_a_leak_growing_per_step(make_agent, capsys):

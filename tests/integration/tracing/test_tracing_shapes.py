@@ -78,6 +78,15 @@ def test_gpt2_accumulation_self_time_is_per_call(make_agent, checkpointing):
     [[med]] = rows(agent, "SELECT median(duration) FROM torch_trace WHERE step > 1 "
                           "AND module = 'lm_head' AND stage = 'forward'")
     assert got["lm_head"]["fwd_self_ms"] == pytest.approx(2 * med * 1e3, abs=2e-3)
+    # AND the attention core's backward (matmuls, softmax, dropout: attn's own ops) runs after
+    # c_proj's backward has ended and before c_attn's starts: it is attn's self time
+    gaps = rows(agent, """
+        SELECT c.step, c.seq, a.timestamp - (c.timestamp + c.cpu_duration)
+        FROM torch_trace c JOIN torch_trace a USING (step, seq, stage)
+        WHERE c.module = 'transformer.h.1.attn.c_proj' AND a.module = 'transformer.h.1.attn.c_attn'
+          AND stage = 'backward' AND step > 1""")
+    assert len(gaps) == 6 and all(g > 1e-5 for *_, g in gaps), gaps
+    assert got["transformer.h.1.attn"]["bwd_self_ms"] > 0
 
 
 class Regressor(nn.Module):
