@@ -158,8 +158,10 @@ CREATE TABLE IF NOT EXISTS python.collectives (
 --     gradient accumulation); a backward row has the seq of the forward call it belongs to.
 --   duration: seconds; GPU time from CUDA events on CUDA, wall time on CPU.
 --   cpu_duration: seconds of host wall time. Backward spans run from autograd reaching the
---     module's output to autograd reaching the next module call outside it (approximate for
---     parallel branches; ops between modules count towards the module before them).
+--     module's output to autograd reaching its input (its first tensor argument's grad_fn), or
+--     to the next module call outside it if that comes first (approximate for parallel
+--     branches). A parent's own ops between two children's backward (an attention core between
+--     its projections) are in the parent's span and in none of its children's: its self time.
 --   allocated, max_allocated, cached, max_cached: MiB from the CUDA caching allocator of the
 --     current device, read when the row ends (forward) or starts (backward); 0 on CPU.
 --   recompute: true for forward calls made during backward (activation checkpointing). They

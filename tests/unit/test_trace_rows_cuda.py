@@ -41,7 +41,7 @@ def resolve(resolver: RowResolver, rows: list[tuple], objs: list, events: list[t
     """rows: (t0, t1, depth, gseq, (ev0, ev1) or None); events: (t, gseq, event or None)."""
     fw, fcuda = array("q"), []
     for t0, t1, depth, gseq, evs in rows:
-        fw.extend((t0, t1, 1, FORWARD, depth, gseq, 1 if evs else 0))
+        fw.extend((t0, t1, 1, FORWARD, depth, gseq, 1 if evs else 0, -1))
         if evs:
             fcuda.append((*evs, MEM))
     bw, bcuda = array("q"), []

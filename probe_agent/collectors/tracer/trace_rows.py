@@ -14,9 +14,11 @@ bench GPT) when it resolved rows one by one.
   original forward. The last steps' forward rows stay in ``fwd`` so a step split over two
   flushes counts on, and so backward events find their calls.
 - **backward spans**: an event of node ``g`` starts the backward of the forward calls whose
-  output had ``grad_fn`` ``g``. A span ends at the first later event of its pass that has a
-  call disjoint from it in the forward (neither nested in it nor around it), except that
-  recompute calls never end spans of the original forward; otherwise at the pass end.
+  output had ``grad_fn`` ``g``. A span ends at the first event of its pass (from its own on)
+  of the node of its call's input (the gradient for the input is done), or at the first later
+  event of its pass that has a call disjoint from it in the forward (neither nested in it nor
+  around it; recompute calls never end spans of the original forward), whichever comes first;
+  otherwise at the pass end.
 - **CUDA**: durations from event pairs once the end event completed (``query()``); rows whose
   events are not done yet wait for the next flush (never a synchronize). The events stay Python
   objects in lists beside the records; rows refer to them by index (``c0``, ``c1``).

@@ -6,11 +6,14 @@ What gets captured
   CUDA events, resolved later on the writer thread without synchronising).
 - **backward**: one row per forward call whose output has a ``grad_fn``. The start of that
   node in autograd marks the start of the module's backward (the event names the node by its
-  sequence number, which the forward record carries too); the span ends at the next
-  backward start of a module call that is neither inside nor around it in the forward (or at
-  the end of the backward pass). So residual adds and other ops between modules count towards
-  the module whose backward precedes them. Modules whose outputs share one ``grad_fn`` (a
-  ``Sequential`` and its last layer) share its start.
+  sequence number, which the forward record carries too); the span ends when autograd reaches
+  the node of the call's input (its first tensor argument's ``grad_fn``: the gradient for the
+  input is done), or earlier at the next backward start of a module call that is neither
+  inside nor around it in the forward (or at the end of the backward pass). So a parent's own
+  ops between its children (GPT-2's attention core between ``c_proj`` and ``c_attn``, a
+  block's residual adds) are the parent's self time, not the child's before them; a call whose
+  input has no ``grad_fn`` (the data) ends at the next start. Modules whose outputs share one
+  ``grad_fn`` (a ``Sequential`` and its last layer) share its start.
 - **step**: one row per ``optimizer.step()`` of every ``torch.optim.Optimizer``.
 - Activation checkpointing: forward calls made while a backward runs (the recompute) are
   **flagged** ``recompute = true``, not dropped; the canned queries leave them out.
