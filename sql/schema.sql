@@ -307,7 +307,10 @@ CREATE TABLE IF NOT EXISTS python.steps (
     cpu_ms        DOUBLE,              -- the training thread on a CPU in this step
     cpu_wait_ms   DOUBLE,              -- runnable but waiting for a CPU (Linux run queue)
     loss          DOUBLE,              -- the step's loss (see below); NaN/Infinity kept
-    loss_source   VARCHAR              -- who reported it (see below)
+    loss_source   VARCHAR,             -- who reported it (see below)
+    boot_id       VARCHAR,             -- the machine the rank runs on (see below)
+    cpu_affinity  VARCHAR,             -- CPUs the training thread may run on ('0-3,8')
+    load_1m       DOUBLE               -- the machine's 1-minute load average
 );
 -- loss: the value backward() was called on in this step, as the script would print it,
 --   recorded with no code change (probe_agent/collectors/loss.py): unscaled when a GradScaler
@@ -323,6 +326,14 @@ CREATE TABLE IF NOT EXISTS python.steps (
 --   boundary (collectors/schedstat.py); NULL off Linux and for the first step. Sleeping (a
 --   collective's wait, I/O) is neither. A large cpu_wait_ms is a busy host, not the job: the
 --   straggler verdict uses it to tell a slow rank from a scheduler that delays ranks in turn.
+-- boot_id / cpu_affinity / load_1m (collectors/placement.py; read on the training thread at a
+--   boundary at most once a second, steps in between carry the last reading): boot_id is the
+--   kernel's (/proc/sys/kernel/random/boot_id: the same for every container on one kernel,
+--   which share its CPUs; the host name where there is none); cpu_affinity is
+--   os.sched_getaffinity of the training thread in the kernel's CPU-list form (as taskset -c
+--   writes it; NULL off Linux); load_1m is os.getloadavg()[0]. Ranks with one boot_id and
+--   overlapping cpu_affinity share cores: which of them waits for a CPU is the scheduler's
+--   pick, so the straggler verdict does not blame one of them for its cpu_wait_ms.
 -- Throughput (probe_agent/collectors/throughput.py; `probe throughput` reads these):
 --   tokens: tokens of this optimizer step on this rank: probe_agent.log(tokens=N) for the step
 --     (summed), else B x T of the root model's integer input (the first integer tensor of 2+

@@ -42,6 +42,7 @@ from . import Guard, Sink
 from .heap import free_heap_mib
 from .loss import to_float
 from .memory_kinds import count_kinds, grad_bytes
+from .placement import Placement
 from .registry import CollectorSpec
 from .schedstat import ThreadSchedstat
 from .throughput import ThroughputMeter
@@ -87,6 +88,7 @@ class StepRecorder:
         self._last_end: float | None = None
         self._sched = ThreadSchedstat()
         self._last_sched: tuple[float, float] | None = None
+        self._place = Placement()
         self._statm: int | None = None
         self._unsubscribe: Any = None
         self.sink: Sink | None = None
@@ -162,6 +164,7 @@ class StepRecorder:
         self._last_sched = sched
         cpu = (max(0.0, sched[0] - prev[0]), max(0.0, sched[1] - prev[1])) \
             if sched is not None and prev is not None and start is not None else (None, None)
+        place = self._place.read()
         tracer = self.tracer
         traced = False
         batch = None
@@ -190,7 +193,7 @@ class StepRecorder:
         with self._lock:
             self._finish_pending()
             self._pending = [step, start, now, duration, samples, traced, work, agent_s, cpu,
-                             loss, source]
+                             loss, source, place]
         rss = self.rss_mib()
         kinds = self._kinds(torch, optimizer) if traced else _NO_KINDS
         if kinds[0] is not None:
@@ -255,7 +258,7 @@ class StepRecorder:
         p, self._pending = self._pending, None
         if p is None:
             return
-        step, start, end, duration, samples, traced, work, agent_s, cpu, loss, source = p
+        step, start, end, duration, samples, traced, work, agent_s, cpu, loss, source, place = p
         logged_loss = self.logged_loss.pop(step, None)
         if logged_loss is not None:  # probe_agent.log(loss=...) overrides what was seen
             loss, source = logged_loss, "logged"
@@ -266,7 +269,8 @@ class StepRecorder:
         if len(self.steps) < BUFFER:
             self.steps.append((step, start, end, duration, samples, rate, traced, *tput,
                                agent_s * 1e3 if agent_s is not None else None,
-                               *(None if x is None else x * 1e3 for x in cpu), loss, source))
+                               *(None if x is None else x * 1e3 for x in cpu), loss, source,
+                               *place))
 
     def log(self, step: int | None, scalars: dict[str, Any]) -> None:
         """``probe_agent.log``: called on the user's thread; never raises into it."""
@@ -318,7 +322,7 @@ class StepRecorder:
                 [cols[0], [rank] * len(work), *cols[1:]], schema=schema["python.module_flops"]))
         if steps:
             cols = list(zip(*steps))
-            cols[-2] = tuple(to_float(v) for v in cols[-2])  # the loss: read off the device here
+            cols[_LOSS] = tuple(to_float(v) for v in cols[_LOSS])  # read off the device here
             sink.append("python.steps", pa.table(
                 [[rank] * len(steps), *cols], schema=schema["python.steps"]))
         if memory:
@@ -333,6 +337,8 @@ class StepRecorder:
 
 
 _NO_KINDS: tuple[Any, ...] = (None, None, None, None, None, None)
+#: Where the loss sits in a steps row (before loss_source and Placement's 3 columns).
+_LOSS = -5
 
 
 def _drain(buf: list[Any]) -> list[Any]:

@@ -25,8 +25,9 @@ before: rank 0 last at 80 of 157 collectives vs 62, p = 0.07, named anyway.)
 JSON (``StragglerVerdict.to_json``, stable): ``problem``, ``headline``, ``details``,
 ``culprits``, then ``window_s``, ``collectives``, ``p_value`` (of the named or most-often-last
 rank, null without a test), ``cpu_contention`` (true: a rank would have been named, but every
-rank waits for a CPU alike, see ``cpu_contention()``), ``ranks``: [{rank, arrived_last,
-others_waited_s, median_lag_ms}].
+rank waits for a CPU alike, or the ranks share cores: cpu_wait.py), ``shared_cpus`` (those
+cores, ``"0-1"``, else ""), ``ranks``: [{rank, arrived_last, others_waited_s, median_lag_ms,
+cpu_wait_share, cpu_run_share, cpus, load_1m}] (the last four null when not recorded).
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from probe_protocol.cpulist import cpu_list
+
 from ..group import rank_label
+from .cpu_wait import RankCpu, cpu_contention, load_note
 from .rank_work import why_slower
 from .rhythm import normal_wait
 from .verdict import Verdict
@@ -59,19 +63,31 @@ class StragglerVerdict(Verdict):
     per_rank: dict[int, Lateness] = field(default_factory=dict)
     p_value: float | None = None
     contention: bool = False
-    """A rank would have been named, but waiting for a CPU explains its lateness on every rank."""
+    """A rank would have been named, but waiting for a CPU explains its lateness: every rank
+    waits alike, or the ranks share cores and the scheduler picks which one waits."""
+    shared_cpus: str = ""
+    """The CPUs the ranks share when that is why none is named (``0-1``)."""
+    cpu: dict[int, RankCpu] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             **Verdict.to_json(self), "window_s": round(self.window_s, 4),
             "collectives": self.collectives,
             "p_value": None if self.p_value is None else float(f"{self.p_value:.3g}"),
-            "cpu_contention": self.contention,
+            "cpu_contention": self.contention, "shared_cpus": self.shared_cpus,
             "ranks": [{"rank": r.rank, "arrived_last": r.last,
                        "others_waited_s": round(r.caused_s, 4),
                        "median_lag_ms": round(statistics.median(r.lags) * 1e3, 3) if r.lags
-                       else None} for r in sorted(self.per_rank.values(), key=lambda x: x.rank)],
+                       else None, **self._cpu_json(r.rank)}
+                      for r in sorted(self.per_rank.values(), key=lambda x: x.rank)],
         }
+
+    def _cpu_json(self, rank: int) -> dict[str, Any]:
+        c = self.cpu.get(rank)
+        return {"cpu_wait_share": c.wait if c else None,
+                "cpu_run_share": c.run if c else None,
+                "cpus": cpu_list(c.cpus) if c and c.cpus else None,
+                "load_1m": c.load if c else None}
 
 
 #: A rank arriving last by less than this is noise (thread wake-ups), not a straggler.
@@ -156,42 +172,10 @@ def hung_now(rows_by_rank: dict[int, list[dict[str, Any]]],
             "hung, so arrivals say nothing about a straggler; run probe hang")
 
 
-#: A rank's CPU wait explains its lateness when it is at least this fraction of the excess.
-OWN_CPU_SHARE = 0.5
-
-
-def cpu_contention(rank: int, excess: float,
-                   cpu_wait: dict[int, float]) -> tuple[str, str] | None:
-    """Whether waiting for a CPU explains why ``rank`` costs the others ``excess`` of the window.
-
-    A rank descheduled for W of its step time arrives late by up to W, so an ``excess`` above
-    its own wait share is more than the host explains: a real straggler (a slow input, a sleep,
-    a slower device). Within it: when the rank waits clearly more than the others (by at least
-    ``OWN_CPU_SHARE`` of the excess, and for most of its wait), its own cores are the busy ones
-    ("own"; 55% against 50% is not that, 30% against 2% is); otherwise every
-    rank waits alike and the scheduler picks the late rank, a different one from one window to
-    the next ("scheduler"; measured: build-nanogpt's train_gpt2.py, 2 ranks on 2 cores shared
-    with other work, each waiting 33-39% of its step time, had rank 0 named "p = 9e-6" in one
-    run and rank 1 "p = 5e-4" in the next). None when not recorded or not explained."""
-    mine = cpu_wait.get(rank)
-    others = [w for r, w in cpu_wait.items() if r != rank]
-    if mine is None or not others:
-        return None
-    base = statistics.median(others)
-    line = (f"waiting for a CPU (run queue): rank {rank} {mine:.0%} of its step time, the "
-            f"others a median {base:.0%}")
-    if excess > mine:
-        return ("beyond", line + f"; its excess {excess:.1%} is more than that explains")
-    if mine - base >= max(OWN_CPU_SHARE * excess, mine / 2):  # most of its wait is its own
-        return ("own", line + "; its own cores are busy")
-    return ("scheduler", line + "; every rank waits alike, so which one is late is the "
-            "scheduler's pick")
-
-
 def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: int = 200,
                         min_share: float = 0.05, step_s: float | None = None,
                         now_by_rank: dict[int, float] | None = None,
-                        cpu_wait: dict[int, float] | None = None,
+                        cpu_wait: dict[int, float | RankCpu] | None = None,
                         work: dict[int, dict[str, Any]] | None = None) -> StragglerVerdict:
     """Name the rank the others wait for, if it costs them at least ``min_share`` of the time.
 
@@ -200,7 +184,8 @@ def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: 
     together, however they are spaced: 2 micro-batches' all-reduces 10 ms apart in a 60 ms
     step do not form separate groups of gaps).
     ``cpu_wait``: each rank's share of step time its training thread waited for a CPU (Linux
-    run queue), when recorded: see ``cpu_contention``.
+    run queue), when recorded, or its ``RankCpu`` (also its time on a CPU and where it ran):
+    see ``cpu_wait.cpu_contention``.
     ``work``: each rank's rank_work row (samples, tokens, context, DataLoader wait, host syncs
     per step): a named straggler's headline then says why it is slower (rank_work.py)."""
     window = arrivals(rows_by_rank, last)
@@ -256,12 +241,26 @@ def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: 
                      f"{ALPHA:g}, "
                      f"with {MIN_SAMPLES}+ collectives); its excess wait "
                      f"{excess:.1%} of the window (named from {min_share:.0%})")
-    waits = cpu_wait or {}
-    contention = cpu_contention(worst.rank, excess, waits)
+    cpu = {r: w if isinstance(w, RankCpu) else RankCpu(float(w))
+           for r, w in (cpu_wait or {}).items()}
+    waits = {r: c.wait for r, c in cpu.items()}
+    v.cpu = cpu
+    contention = cpu_contention(worst.rank, excess, cpu)
     if contention is not None:
-        v.details.append(contention[1])
+        v.details.append(contention.line)
     if evidence and excess >= min_share and worst.lags and contention is not None \
-            and contention[0] == "scheduler":
+            and contention.kind == "shared":
+        v.contention = True
+        v.shared_cpus = contention.cpus
+        others = statistics.median(w for r, w in waits.items() if r != worst.rank)
+        v.headline = (f"no straggler: rank {worst.rank} waited for a CPU "
+                      f"{waits[worst.rank]:.0%} of its step time (the others a median "
+                      f"{others:.0%}), but {rank_label(cpu)} share CPUs {contention.cpus} "
+                      f"of one machine{load_note(cpu[worst.rank])} with no pinning: which of "
+                      "them waits is the scheduler's pick, not the rank's doing; the machine is "
+                      "oversubscribed")
+    elif evidence and excess >= min_share and worst.lags and contention is not None \
+            and contention.kind == "scheduler":
         v.contention = True
         v.headline = (f"no straggler: the ranks wait for a CPU "
                       f"{min(waits.values()):.0%}-{max(waits.values()):.0%} of their step "
@@ -274,9 +273,12 @@ def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: 
         v.headline = (f"STRAGGLER: rank {worst.rank} is {lag_ms:.1f} ms slower than the median "
                       f"rank each time it is last; the others waited for it {share:.0%} of the "
                       f"last {span:.1f} s ({len(window)} collectives)")
-        if contention is not None and contention[0] == "own":
+        if contention is not None and contention.kind == "own":
             v.headline += (f"; it waited for a CPU {waits[worst.rank]:.0%} of its step time: "
                            "another process or too many threads on its cores")
+        elif contention is not None and contention.kind == "compute":
+            v.headline += (f"; it ran on a CPU {cpu[worst.rank].run or 0:.0%} of its step time, "
+                           "more than the others: it computes more")
         reasons = why_slower(worst.rank, work or {})
         if reasons:
             v.headline += f"; why: {reasons[0]}"

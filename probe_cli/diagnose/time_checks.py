@@ -15,6 +15,7 @@ from typing import Any
 
 from ..group import rank_label
 from .checks import Context, DoctorCheck, Evidence
+from .cpu_wait import RankCpu
 from .findings import CRITICAL, INFO, WARNING, Finding, RankDoc, Report, first_loop, num, unrecorded
 from .hang import HangVerdict, where
 from .rank_work import held_tokens
@@ -162,20 +163,23 @@ def check_straggler(report: Report, docs: list[RankDoc]) -> None:
         return
     step_ms = [num(first_loop(d).get("step_ms")) for d in docs]
     known = [x for x in step_ms if x is not None and x > 0]
-    waits = {d.rank: num(first_loop(d).get("cpu_wait_share")) for d in docs}
+    cpu: dict[int, float | RankCpu] = {
+        d.rank: c for d in docs if (c := RankCpu.from_row(first_loop(d))) is not None}
     work = {d.rank: w[0] for d in docs if (w := d.rows("work"))}
     for r, tokens in held_tokens([x for d in docs for x in d.rows("moe") or []]).items():
         work[r] = {**work.get(r, {}), "moe_tokens": tokens}  # the MoE check's evidence
     v = diagnose_stragglers(rows, last=len(next(iter(rows.values()))),
                             min_share=STRAGGLER_SHARE,
                             step_s=statistics.median(known) / 1e3 if known else None,
-                            cpu_wait={r: w for r, w in waits.items() if w is not None},
+                            cpu_wait=cpu,
                             work=work)
     if v.contention:  # time lost, but to the host: information, with where to look
         report.findings.append(Finding(
             INFO, "cpu_contention", f"CPU CONTENTION: {v.headline.removeprefix('no straggler: ')}",
             list(v.details), "top -H (what else runs on the node; threads per rank: "
-            "OMP_NUM_THREADS, DataLoader workers)", [], score=0.0))
+            "OMP_NUM_THREADS, DataLoader workers)" + (
+                f"; or give each rank CPUs of its own out of {v.shared_cpus} (taskset -c)"
+                if v.shared_cpus else ""), [], score=0.0))
     elif v.problem:
         share = max(e.caused_s for e in v.per_rank.values()) / v.window_s if v.window_s else 0
         report.findings.append(Finding(WARNING, "straggler", v.headline, list(v.details),

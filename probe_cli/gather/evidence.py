@@ -14,6 +14,7 @@ from probe_protocol.bodies import BacktraceBody, CollectivesBody
 from probe_protocol.envelope import Envelope
 from probe_protocol.query import QueryBody
 
+from ..diagnose.cpu_wait import RankCpu
 from ..diagnose.doctor import evidence
 from ..diagnose.hang import in_dataloader
 from ..diagnose.levers import LEVER_EVIDENCE
@@ -205,9 +206,9 @@ def straggler_verdict(results: list[RankResult], last: int,
                for rec in QueryBody.from_wire(b).records()]
     known = [float(x) for x in step_ms if isinstance(x, (int, float)) and x > 0]
     step_s = statistics.median(known) / 1e3 if known else None
-    cpu_wait = {k: float(rec["cpu_wait_share"]) for k, b in steps.items()
-                for rec in QueryBody.from_wire(b).records()
-                if isinstance(rec.get("cpu_wait_share"), (int, float))}
+    cpu_wait: dict[int, float | RankCpu] = {
+        k: c for k, b in steps.items() for rec in QueryBody.from_wire(b).records()
+        if (c := RankCpu.from_row(rec)) is not None}
     work = {k: d["work"] for k, d in data.items() if d.get("work")}
     return diagnose_stragglers(rows, last=last, min_share=min_share, step_s=step_s,
                                now_by_rank=now, cpu_wait=cpu_wait, work=work), steps
