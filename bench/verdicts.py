@@ -39,6 +39,7 @@ from bench.collective_scenarios import SCENARIOS as COLLECTIVE_SCENARIOS  # noqa
 from bench.lever_scenarios import lever_scenarios  # noqa: E402
 from bench.numerics_scenarios import KINDS as NUMERICS_KINDS  # noqa: E402
 from bench.numerics_scenarios import numerics_scenarios  # noqa: E402
+from bench.shared_cpu_scenarios import shared_cpu_scenarios  # noqa: E402
 from tests.e2e.procs import SPIN_C, kill_all  # noqa: E402 - the same GIL-holding C loop as the tests
 from tests.support import PROGRAMS, kill_tree, python_env  # noqa: E402
 
@@ -132,6 +133,7 @@ SCENARIOS = [
 SCENARIOS += lever_scenarios(Scenario)  # noqa: E305 - host syncs, compile, MoE, uneven batches
 SCENARIOS += COLLECTIVE_SCENARIOS  # type: ignore[arg-type]  # each runs its own job (run())
 SCENARIOS += numerics_scenarios(Scenario)  # loss spike, NaN origin, LR, clipping, schedule end
+SCENARIOS += shared_cpu_scenarios(Scenario)  # ranks sharing busy cores, or pinned to their own
 KIND.update(NUMERICS_KINDS)
 QUICK = ("healthy", "leak", "hang_gil", "slow_rank")
 

@@ -59,6 +59,7 @@ def rank_doc(state: RankState, answer: dict[str, Any] | None) -> RankDoc:
         errors=data.get("errors") or {})
     for e in evidence():
         doc.file(e.key, data.get(e.key))
+    doc.file("cpu", data.get("cpu"))  # the cpu_window row, over the collectives' window
     return doc
 
 

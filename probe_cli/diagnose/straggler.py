@@ -252,10 +252,10 @@ def diagnose_stragglers(rows_by_rank: dict[int, list[dict[str, Any]]], *, last: 
             and contention.kind == "shared":
         v.contention = True
         v.shared_cpus = contention.cpus
-        others = statistics.median(w for r, w in waits.items() if r != worst.rank)
+        base = statistics.median(w for r, w in waits.items() if r != worst.rank)
         v.headline = (f"no straggler: rank {worst.rank} waited for a CPU "
                       f"{waits[worst.rank]:.0%} of its step time (the others a median "
-                      f"{others:.0%}), but {rank_label(cpu)} share CPUs {contention.cpus} "
+                      f"{base:.0%}), but {rank_label(cpu)} share CPUs {contention.cpus} "
                       f"of one machine{load_note(cpu[worst.rank])} with no pinning: which of "
                       "them waits is the scheduler's pick, not the rank's doing; the machine is "
                       "oversubscribed")

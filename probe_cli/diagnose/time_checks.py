@@ -163,8 +163,9 @@ def check_straggler(report: Report, docs: list[RankDoc]) -> None:
         return
     step_ms = [num(first_loop(d).get("step_ms")) for d in docs]
     known = [x for x in step_ms if x is not None and x > 0]
-    cpu: dict[int, float | RankCpu] = {
-        d.rank: c for d in docs if (c := RankCpu.from_row(first_loop(d))) is not None}
+    cpu: dict[int, float | RankCpu] = {  # over the collectives' window, else the loop's
+        d.rank: c for d in docs
+        if (c := RankCpu.from_row((d.rows("cpu") or [first_loop(d)])[0])) is not None}
     work = {d.rank: w[0] for d in docs if (w := d.rows("work"))}
     for r, tokens in held_tokens([x for d in docs for x in d.rows("moe") or []]).items():
         work[r] = {**work.get(r, {}), "moe_tokens": tokens}  # the MoE check's evidence

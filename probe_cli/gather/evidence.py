@@ -148,6 +148,7 @@ def doctor_evidence(last: int, grad_wait: float) -> Call:
             # round's RECENT: the collectives of about ``last`` steps, as `probe straggler`.
             coll = CollectivesBody.from_wire(client.collectives(limit=min(10_000, 4 * last)))
             out["collectives"] = list(coll.collectives)
+            out["cpu"] = cpu_window(client, out["collectives"])
         except RankError as e:
             out["errors"]["collectives"] = e.reason
         for key, name, params in doctor_queries(last):
@@ -174,6 +175,23 @@ def _short(e: RankError) -> str:
     return str(msg or e.reason).split("\n")[0][:160]
 
 
+def cpu_window(client: RankClient, collectives: list[dict[str, Any]] | tuple[Any, ...]
+               ) -> list[dict[str, Any]] | None:
+    """The rank's CPU time over the steps since the oldest of ``collectives`` (the
+    ``cpu_window`` query): the CPU wait the straggler verdict weighs must cover the window
+    whose arrivals it judges (a fixed step count did not: at 1 collective a step, 200
+    collectives span 200 steps, and a rank that had waited for a CPU 42% of the time until 50
+    steps ago showed 11%, and was named). None when there are none, or the agent has no such
+    query (older: the verdict reads straggler_steps' share)."""
+    starts = [float(t) for c in collectives if isinstance(t := c.get("start_time"), (int, float))]
+    if not starts:
+        return None
+    try:
+        return QueryBody.from_wire(client.canned("cpu_window", since=min(starts))).records()
+    except RankError:
+        return None
+
+
 def straggler_evidence(last: int) -> Call:
     def call(client: RankClient, _: RankTarget) -> dict[str, Any]:
         coll = client.collectives(limit=min(10_000, 4 * last))
@@ -186,8 +204,9 @@ def straggler_evidence(last: int) -> Call:
         except RankError:  # an older agent: the verdict stands without the why
             work = []
         rank = Envelope.from_wire(coll).rank
+        cpu = cpu_window(client, CollectivesBody.from_wire(coll).collectives)
         return {"ok": True, "rank": rank, "collectives": coll, "steps": steps,
-                "work": work[0] if work else None}
+                "work": work[0] if work else None, "cpu": cpu[0] if cpu else None}
 
     return call
 
@@ -206,9 +225,12 @@ def straggler_verdict(results: list[RankResult], last: int,
                for rec in QueryBody.from_wire(b).records()]
     known = [float(x) for x in step_ms if isinstance(x, (int, float)) and x > 0]
     step_s = statistics.median(known) / 1e3 if known else None
-    cpu_wait: dict[int, float | RankCpu] = {
-        k: c for k, b in steps.items() for rec in QueryBody.from_wire(b).records()
-        if (c := RankCpu.from_row(rec)) is not None}
+    cpu_wait: dict[int, float | RankCpu] = {}
+    for k, d in data.items():  # over the arrivals' window; an older agent: straggler_steps'
+        recs = [d["cpu"]] if d.get("cpu") else \
+            QueryBody.from_wire(steps[k]).records() if k in steps else []
+        if recs and (c := RankCpu.from_row(recs[0])) is not None:
+            cpu_wait[k] = c
     work = {k: d["work"] for k, d in data.items() if d.get("work")}
     return diagnose_stragglers(rows, last=last, min_share=min_share, step_s=step_s,
                                now_by_rank=now, cpu_wait=cpu_wait, work=work), steps

@@ -1,5 +1,5 @@
 -- name: doctor_loop
--- description: This rank's training loop over its last $last steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window and how many steps changed it, how often clip_grad_norm_ ran with a finite norm and clipped, the median gradient norm before clipping, how often clip_grad_norm_ saw gradients an AMP GradScaler had not unscaled yet (and the median norm once unscaled), and non-finite gradient norms (first and last step), and the share of the steps' time (python.steps) the training thread waited for a CPU (cpu_wait_share) and ran on one (cpu_run_share), with the machine (boot_id), the CPUs it may use (cpu_affinity) at the last step and the median 1-minute load (load_1m). `probe doctor` reads it.
+-- description: This rank's training loop over its last $last steps (python.step_stats): median step time, the share of it spent waiting in DataLoader iterators, the learning rate at the start and end of the window and how many steps changed it, how often clip_grad_norm_ ran with a finite norm and clipped, the median gradient norm before clipping, how often clip_grad_norm_ saw gradients an AMP GradScaler had not unscaled yet (and the median norm once unscaled), and non-finite gradient norms (first and last step), and the share of the steps' time (python.steps) the training thread waited for a CPU. `probe doctor` reads it.
 -- params: last
 WITH s AS (
     SELECT step, timestamp, data_wait, lr, grad_norm, clip_max_norm, clip_calls, grad_scale,
@@ -34,16 +34,8 @@ SELECT count(step_s)                                                   AS steps,
        min(step) FILTER (WHERE NOT isfinite(grad_norm) AND step_s IS NOT NULL)
                                                                        AS first_nonfinite_step,
        max(step) FILTER (WHERE NOT isfinite(grad_norm))                AS last_nonfinite_step,
-       any_value(c.cpu_wait_share)                                     AS cpu_wait_share,
-       any_value(c.cpu_run_share)                                      AS cpu_run_share,
-       any_value(c.boot_id)                                            AS boot_id,
-       any_value(c.cpu_affinity)                                       AS cpu_affinity,
-       any_value(c.load_1m)                                            AS load_1m
-FROM s, (
-    SELECT round(sum(cpu_wait_ms) / nullif(sum(duration) FILTER (WHERE cpu_wait_ms IS NOT NULL)
-                 * 1e3, 0), 4)                                         AS cpu_wait_share,
-           round(sum(cpu_ms) / nullif(sum(duration) FILTER (WHERE cpu_ms IS NOT NULL)
-                 * 1e3, 0), 4)                                         AS cpu_run_share,
-           arg_max(boot_id, step) AS boot_id, arg_max(cpu_affinity, step) AS cpu_affinity,
-           median(load_1m) AS load_1m
-    FROM python.steps WHERE step > (SELECT max(step) FROM python.steps) - $last) c;
+       (SELECT round(sum(cpu_wait_ms) / nullif(sum(duration) FILTER (WHERE cpu_wait_ms IS NOT
+                     NULL) * 1e3, 0), 4)
+        FROM python.steps WHERE step > (SELECT max(step) FROM python.steps) - $last)
+                                                                       AS cpu_wait_share
+FROM s;

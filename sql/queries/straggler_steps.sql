@@ -1,9 +1,8 @@
 -- name: straggler_steps
--- description: This rank's median step time over its last $last steps, split into forward, backward and optimizer time from python.torch_trace (the outermost module of each stage; NULL for steps that were not traced) and the rest ("other": data loading, host code, waits outside modules), and the share of those steps' time its training thread waited for a CPU (cpu_wait_share: a busy host; NULL off Linux) and ran on one (cpu_run_share), and where it ran at the last step: the machine (boot_id), the CPUs it may use (cpu_affinity) and the machine's median 1-minute load (load_1m). `probe straggler` compares it across ranks.
+-- description: This rank's median step time over its last $last steps, split into forward, backward and optimizer time from python.torch_trace (the outermost module of each stage; NULL for steps that were not traced) and the rest ("other": data loading, host code, waits outside modules), and the share of those steps' time its training thread waited for a CPU (cpu_wait_share: a busy host; NULL off Linux). `probe straggler` compares it across ranks.
 -- params: last
 WITH recent AS (
-    SELECT step, duration, cpu_ms, cpu_wait_ms, boot_id, cpu_affinity, load_1m
-    FROM python.steps
+    SELECT step, duration, cpu_wait_ms FROM python.steps
     WHERE step > (SELECT max(step) FROM python.steps) - $last
 ),
 per_module AS (
@@ -27,10 +26,5 @@ SELECT count(*)                                        AS steps,
        round(median(r.duration - coalesce(s.fwd, 0) - coalesce(s.bwd, 0) - coalesce(s.opt, 0))
              FILTER (WHERE s.step IS NOT NULL) * 1e3, 3) AS other_ms,
        round(sum(r.cpu_wait_ms) / nullif(sum(r.duration) FILTER (WHERE r.cpu_wait_ms IS NOT NULL)
-             * 1e3, 0), 4)                             AS cpu_wait_share,
-       round(sum(r.cpu_ms) / nullif(sum(r.duration) FILTER (WHERE r.cpu_ms IS NOT NULL)
-             * 1e3, 0), 4)                             AS cpu_run_share,
-       arg_max(r.boot_id, r.step)                      AS boot_id,
-       arg_max(r.cpu_affinity, r.step)                 AS cpu_affinity,
-       median(r.load_1m)                               AS load_1m
+             * 1e3, 0), 4)                             AS cpu_wait_share
 FROM recent r LEFT JOIN per_stage s USING (step);

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from probe_protocol.cpulist import cpu_list
 from tests.e2e.training import probe
 from tests.support import PROGRAMS, kill_tree, python_env, wait_until
 
@@ -250,3 +251,8 @@ def test_straggler_names_the_rank_that_sleeps_50ms_per_step(tmp_path):
     assert body["culprits"] == [1]
     by_rank = {r["rank"]: r for r in body["ranks"]}
     assert by_rank[1]["others_waited_s"] > 10 * (by_rank[0]["others_waited_s"] or 0.001)
+    # AND both ranks share this machine's cores (no pinning): the sleeping rank is named all the
+    # same, and each rank's entry says where it ran and how it spent its step on the CPU
+    assert body["shared_cpus"] == "" and not body["cpu_contention"], body
+    assert {r["cpus"] for r in body["ranks"]} == {cpu_list(os.sched_getaffinity(0))}, body
+    assert all(isinstance(r["cpu_run_share"], float) for r in body["ranks"]), body

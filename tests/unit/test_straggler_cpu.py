@@ -29,7 +29,7 @@ def lockstep(slow: int, lag: float, n_ranks: int = 2, steps: int = 50,
 
 def row(wait: float, run: float, cpus: str = "0-1", boot: str = BOOT,
         load: float = 7.2) -> dict:
-    """A rank's ``straggler_steps`` / ``doctor_loop`` columns the rule reads."""
+    """A rank's ``cpu_window`` row (sql/queries/cpu_window.sql)."""
     return {"cpu_wait_share": wait, "cpu_run_share": run, "boot_id": boot,
             "cpu_affinity": cpus, "load_1m": load}
 
@@ -109,7 +109,8 @@ def test_doctor_reports_shared_cores_as_information_with_the_cores_to_split():
     # GIVEN doctor's rows: rank 1 late by 15 ms of 60 at every step (past doctor's 20% bar),
     # the waits of ranks sharing CPUs 0-1
     rows = lockstep(slow=1, lag=0.015)
-    docs = [RankDoc(r, loop=[{"step_ms": 60.0, **row(w, 0.08)}], collectives=tuple(rows[r]))
+    docs = [RankDoc(r, loop=[{"step_ms": 60.0, "cpu_wait_share": w}],
+                    collectives=tuple(rows[r]), answers={"cpu": [row(w, 0.08)]})
             for r, w in ((0, 0.12), (1, 0.43))]
     report = Report()
     check_straggler(report, docs)
