@@ -3,7 +3,7 @@
 work. The last rank is the odd one.
 
 Scenarios: cpu_shared (healthy: both ranks free to run on every core, so which one waits for a
-CPU is the scheduler's pick), cpu_compute (the odd rank does 3x the matmuls: a straggler that
+CPU is the scheduler's pick), cpu_compute (the odd rank does 5x the matmuls: a straggler that
 computes more), cpu_pinned (each rank pinned to a CPU of its own, and a busy process pinned to
 the odd rank's: its own cores are contended, a straggler).
 
@@ -60,7 +60,7 @@ def main() -> None:
                                                               nn.Linear(64, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     a = torch.randn(96, 96)
-    matmuls = 3 * 40 if sc == "cpu_compute" and odd else 40
+    matmuls = 5 * 40 if sc == "cpu_compute" and odd else 40
     step = 0
     try:
         while not (args.stop_file and os.path.exists(args.stop_file)):
