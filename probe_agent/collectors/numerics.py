@@ -9,12 +9,10 @@ What runs when
   ``torch._foreach_norm`` over the optimizer's gradients), and a finite check of both. That
   check reads two numbers from the device (on CUDA, a wait for the backward to finish, right
   before the optimizer would run anyway). One ``(total)`` row per step.
-- **Anomalies**: a loss above ``spike_factor`` x the recent level and ``spike_mads`` robust
+- **Bad steps**: a loss above ``spike_factor`` x the recent level and ``spike_mads`` robust
   deviations above it, on the log of the loss (probe_protocol/loss_spike.py), or a
-  non-finite loss or norm: the per-module gradient norms of that step and the DataLoader
-  sample indices of its batches are kept (``anomaly`` rows, at most ``MAX_ANOMALIES``). On the
-  first non-finite step, the step is re-run once to find where the value was born
-  (nan_hunt.py; one ``origin`` row).
+  non-finite loss or norm: what is kept of them, and the first non-finite step's re-run, are
+  bad_steps.py's. Under FSDP2 the ranks agree on each step's numbers first (sharded.py).
 - **Traced steps** (the tracer's sampling): per-module rows (module_stats.py).
 - **Checks armed by an operator** (`probe guard`): ``on_check`` is called with the step's
   numbers before the optimizer runs, and may make it skip the step (actions/guard.py).
@@ -37,14 +35,14 @@ from probe_protocol import loss_spike
 
 from .. import optim_hooks
 from . import Guard, Sink
+from .bad_steps import BadSteps
 from .loss import LossMeter, to_float
-from .module_stats import ActivationHook, ModuleMap, StepStats, module_grad_norms, total_norm
-from .nan_hunt import origin, origin_note
+from .module_stats import ActivationHook, ModuleMap, StepStats, total_norm
 from .numerics_rows import TABLE, NumericsRows
 from .numerics_rows import to_float as row_float
 from .registry import CollectorSpec
-from .sharded import agree, gate, is_sharded
-from .step_inputs import StepInputs, samples_text
+from .sharded import Agreement
+from .step_inputs import StepInputs
 from .torch_import import imported
 
 if TYPE_CHECKING:
@@ -54,8 +52,6 @@ if TYPE_CHECKING:
 
 #: Recent losses the spike check compares with (probe_protocol/loss_spike.py).
 WINDOW = loss_spike.WINDOW
-#: Anomaly captures (per-module norms of a spike or non-finite step) kept per run.
-MAX_ANOMALIES = 20
 #: Thresholds: settable while the job runs (`probe numerics --set NAME=VALUE`, every rank);
 #: doctor and `probe numerics` read them from the ranks, so all judge alike.
 DEFAULTS: dict[str, float] = {
@@ -87,9 +83,8 @@ class NumericsRecorder:
         self._lock = threading.Lock()
         self._stopped = False
         self._paused = False  # set_active(False)
-        self._sharded: bool | None = None  # steps DTensor parameters (sharded.py)
-        self.sharded_off: str | None = None  # why the ranks do not agree (sharded.gate)
-        self._agreed = False  # this step's sharded.agree ran (each step, on every rank)
+        #: the FSDP2 agreement (sharded.py); False without DTensors; None before the 1st step
+        self.sharded: Agreement | bool | None = None
         self._leave = False  # stopped while agreeing: the next step's pre-hook says so once
         # per step (training thread)
         self._begun = False
@@ -98,9 +93,7 @@ class NumericsRecorder:
         self._stats: StepStats | None = None
         self._acts: ActivationHook | None = None
         self.recent: collections.deque[float] = collections.deque(maxlen=WINDOW)
-        self.anomalies = 0
-        #: the first non-finite step and what the re-run found (doctor's evidence)
-        self.first_nonfinite: dict[str, Any] | None = None
+        self.bad = BadSteps(self.out, self.inputs, self.loss)
         self.last: dict[str, Any] = {}
         self._pending_total: tuple[Any, ...] | None = None
         self._next_act_values: dict[str, list[Any]] = {}
@@ -126,7 +119,8 @@ class NumericsRecorder:
             self._stopped = True
             # the other ranks call sharded.agree at every step: this rank's pre-hook stays for
             # one more step to leave with them (sharded.py), else they would wait for it
-            self._leave = bool(self._sharded) and self._handle is not None
+            self._leave = isinstance(self.sharded, Agreement) and self.sharded.bound and \
+                self._handle is not None
         try:
             if self._unsubscribe is not None:
                 self._unsubscribe()
@@ -193,8 +187,9 @@ class NumericsRecorder:
         return self.inputs.module_map()
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        if self._leave or (self._sharded and not self.guard.enabled):
-            self._leave_agreement()  # before _begun: after stop() no step resets it
+        if self._leave or (isinstance(self.sharded, Agreement) and self.sharded.bound and
+                           not self.guard.enabled):
+            self._leave_agreement(optimizer)  # before _begun: after stop() no step resets it
             return None
         if self._begun or not self.guard.enabled:
             return None
@@ -222,25 +217,28 @@ class NumericsRecorder:
         if self._begun:
             return
         self._begun = True
-        self._agreed = False
+        if isinstance(self.sharded, Agreement):
+            self.sharded.agreed = False
         try:
             self._check(optimizer)
         except Exception as e:  # noqa: BLE001 - inside optimizer.step(): counted
             self.guard.failed(e)
-            if self._sharded and not self._agreed:  # the other ranks are in agree: leave
-                self._leave_agreement()
+            sh = self.sharded
+            if isinstance(sh, Agreement) and sh.bound and not sh.agreed:  # may agree now
+                self._leave_agreement(optimizer)
 
-    def _leave_agreement(self) -> None:
-        """Take part in this step's agreement once more, saying this rank leaves; no rank
-        calls it again (sharded.py). Then the pre-hook goes if the recorder stopped."""
+    def _leave_agreement(self, optimizer: Any) -> None:
+        """Take part in the agreement once more, saying this rank leaves (at the agreed start
+        when it is still ahead); no rank calls it again (sharded.py). Then the pre-hook goes if
+        the recorder stopped."""
+        sh = self.sharded
+        try:
+            if isinstance(sh, Agreement) and sh.leave(self._torch, optimizer):
+                self._leave = True  # back at the next step's pre-hook
+                return
+        except Exception as e:  # noqa: BLE001 - counted; nothing more to agree on
+            self.guard.failed(e)
         self._leave = False
-        if self._sharded:
-            self._sharded = False
-            self.sharded_off = "a rank's numerics recorder stopped"
-            try:
-                agree(self._torch, None, None, False, 0, leaving=True)
-            except Exception as e:  # noqa: BLE001 - counted; nothing more to agree on
-                self.guard.failed(e)
         if self._stopped and self._handle is not None:
             self._handle.remove()
             self._handle = None
@@ -252,38 +250,27 @@ class NumericsRecorder:
         norm, clip_max = self._norm(torch, optimizer)
         lf = to_float(loss)
         gf = to_float(norm)
-        # Rows made before the clock counts this step get its number then (_on_step): the
-        # first step's number may come from the optimizer's own count.
-        step = None
         nonfinite = (lf is not None and not math.isfinite(lf)) or \
             (gf is not None and not math.isfinite(gf))
-        if self._sharded is None and is_sharded(optimizer):
-            ok, why = gate(self.clock.current_step + 1)  # every rank takes part, or none
-            self._sharded, self.sharded_off = ok, None if ok else why
-        elif self._sharded is None:
-            self._sharded = False
+        if self.sharded is None:
+            self.sharded = Agreement.of(optimizer) or False
+        sh = self.sharded
         rerun = True
-        if self._sharded:  # FSDP2: the whole model's norm, and every rank knows of a NaN
-            ready = self.first_nonfinite is None and self.module_map() is not None
-            self._agreed = True
-            gf, nonfinite, rerun, stay = agree(torch, lf, gf, clip_max is None,
-                                               len(self.inputs.calls) if ready else 0)
-            if not stay:  # another rank's recorder stopped: every rank stops agreeing here
-                self._sharded, self.sharded_off = False, "a rank's numerics recorder stopped"
+        if isinstance(sh, Agreement) and sh.poll(optimizer):
+            # FSDP2: the whole model's norm, and every rank knows of a NaN
+            ready = self.bad.first_nonfinite is None and self.module_map() is not None
+            gf, nonfinite, rerun = sh.agree(torch, lf, gf, clip_max is None,
+                                            len(self.inputs.calls) if ready else 0)
         spike = self._spike(lf)
         before = list(self.recent)
         if lf is not None and math.isfinite(lf):
             self.recent.append(lf)
-        self.last = {"step": step, "loss": lf, "grad_norm": gf, "spike": spike,
+        # the clock numbers the step, and the rows made before, when it counts it (_on_step)
+        self.last = {"step": None, "loss": lf, "grad_norm": gf, "spike": spike,
                      "nonfinite": nonfinite, "clip_max_norm": clip_max}
         self._pending_total = (time.time(), gf, clip_max, nonfinite, spike)
-        mm = None
-        if (spike or nonfinite) and self.anomalies < MAX_ANOMALIES:
-            self.anomalies += 1
-            mm = self.module_map()
-            self._anomaly(torch, step, mm, spike, nonfinite)
-        if nonfinite and self.first_nonfinite is None:
-            self._hunt(torch, step, lf, gf, mm or self.module_map(), rerun)
+        mm = self.bad.keep(torch, self.module_map, spike, nonfinite, lf, gf, rerun,
+                           isinstance(sh, Agreement) and sh.on)
         if self.tracer is not None and self.tracer.recording and self._stats is None:
             mm = mm or self.module_map()
             if mm is not None and mm.params:
@@ -313,31 +300,6 @@ class NumericsRecorder:
         found = loss_spike.spike(self.recent, lf, t["spike_factor"], t["spike_mads"])
         return found[0] if found else None
 
-    def _anomaly(self, torch: Any, step: int | None, mm: ModuleMap | None,
-                 spike: float | None, nonfinite: bool) -> None:
-        now = time.time()
-        samples = samples_text(self.inputs.batch_ids)
-        what = "nonfinite" if nonfinite else f"spike x{spike:.2f}"
-        self.out.add(now, step, "(total)", "anomaly", note=what, samples=samples)
-        for name, g in module_grad_norms(torch, mm):
-            self.out.add(now, step, name, "anomaly", grad_norm=g,
-                         grad_nonfinite=not math.isfinite(g))
-
-    def _hunt(self, torch: Any, step: int | None, lf: float | None, gf: float | None,
-              mm: ModuleMap | None, rerun: bool = True) -> None:
-        self.loss.paused = True  # the re-run's backward is not the step's loss
-        try:
-            info = origin(torch, mm, self.inputs.calls, self.inputs.batch_ids, lf, gf, rerun,
-                          bool(self._sharded))
-        finally:
-            self.loss.paused = False
-        info["step"] = step
-        self.first_nonfinite = info
-        self.out.add(time.time(), step, info.get("module") or "(none)", "origin",
-                     stage=info.get("stage"), role=info.get("role"), op=info.get("op"),
-                     samples=", ".join(str(s) for s in info.get("samples") or []) or None,
-                     note=origin_note(info))
-
     def _on_step(self, step: int, optimizer: Any) -> None:
         """StepClock subscriber: the step's rows; set up the next step."""
         torch = self._torch or sys.modules.get("torch")
@@ -347,8 +309,9 @@ class NumericsRecorder:
         guard = self.step_guard
         if guard is not None:
             guard.after_step()
-        if self.first_nonfinite is not None and self.first_nonfinite.get("step") is None:
-            self.first_nonfinite["step"] = step
+        first = self.bad.first_nonfinite
+        if first is not None and first.get("step") is None:
+            first["step"] = step
         self.last["step"] = step
         pending, self._pending_total = self._pending_total, None
         if pending is not None:
@@ -408,13 +371,18 @@ class NumericsRecorder:
             self._pending_total = (time.time(), None, None,
                                    lf is not None and not math.isfinite(lf), None)
 
+    @property
+    def first_nonfinite(self) -> dict[str, Any] | None:
+        return self.bad.first_nonfinite
+
     def state(self) -> dict[str, Any]:
         return {"thresholds": dict(self.thresholds), "last": dict(self.last),
-                "first_nonfinite": self.first_nonfinite, "anomalies": self.anomalies,
+                "first_nonfinite": self.bad.first_nonfinite, "anomalies": self.bad.anomalies,
                 "loss_source": self.loss.source, "wrapped": self.loss.installed(),
                 "classes": self._acts.classes if self._acts is not None else None,
                 "guard": self.step_guard.state() if self.step_guard is not None else None,
-                "failures": self.guard.failures, "disabled": not self.guard.enabled}
+                "failures": self.guard.failures, "disabled": not self.guard.enabled,
+                "sharded": self.sharded.state() if isinstance(self.sharded, Agreement) else None}
 
     # -- writer thread -----------------------------------------------------------------------
     def flush(self) -> None:

@@ -20,31 +20,29 @@ gradients were non-finite. A NaN propagates through the sum, so every rank reads
 answer. That is the per-step cost on FSDP2 (a scalar collective beside the two per sharded
 module that FSDP2 runs every step anyway); without sharded parameters nothing is added.
 
-Never a hang of the tool's making: the collective runs only once every rank has said, through
-the job's store, that it will take part (``gate``: the first sharded step; a rank without the
-agent, or with the recorder off, never says so, and after ``GATE_S`` every rank that did reads
-"off", the same answer everywhere). Once on, a rank whose recorder stops (switched off after
+Never a hang of the tool's making: the collective runs only from a step every rank agreed on
+through the job's store (``StartGate``, sharded_start.py: never a wait on another rank; a rank
+without the agent, or with the recorder off, never says so, and the others then read "off",
+the same answer everywhere). Once on, a rank whose recorder stops (switched off after
 failures, or the agent stopped) takes part once more with a "leaving" flag, and every rank
-stops at that same step.
+stops at that same step. ``Agreement`` is one rank's state through all of it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 from typing import Any
 
-log = logging.getLogger(__name__)
+from .sharded_start import StartGate
 
-#: How long the first sharded step waits for every rank to say it takes part (once per run).
-GATE_S = 10.0
+log = logging.getLogger(__name__)
 
 
 def is_sharded(optimizer: Any) -> bool:
     """Whether the optimizer steps DTensor parameters (FSDP2) in a distributed job of 2+
-    ranks. Whether every rank takes part is ``gate``'s to say: PROBE=1 in the launch
+    ranks. Whether every rank takes part is the start gate's to say: PROBE=1 in the launch
     environment is not enough (a node launched without it, an agent that failed to start on
     one rank), and an agent injected later (`probe inject`) into every rank is welcome once all
     of them say so."""
@@ -58,19 +56,79 @@ def is_sharded(optimizer: Any) -> bool:
     return False
 
 
-def gate(step: int) -> tuple[bool, str]:
-    """Whether every rank of the job takes part in ``agree`` from now on (the same answer on
-    every rank that asks; call on the training thread at the first sharded step)."""
-    from ..actions.agreement import StepAgreement
+class Agreement:
+    """One rank's FSDP2 agreement (training thread): undecided until the start gate decides,
+    then ``on`` (one ``agree`` per step) until a rank leaves, or ``off`` (why) for good."""
 
-    # one key per (re)start of the job: torchrun's restarts keep the store
-    run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    ok, why = StepAgreement().agree(f"numerics-sharded.{run}", None, GATE_S,
-                                    lambda: False, step)
-    if not ok:
-        log.warning("probe agent: FSDP2 numerics agreement off (%s): each rank's gradient norm "
-                    "is its shard's, and a NaN's module is not re-run", why)
-    return ok, why
+    def __init__(self, rank: int, world: int, gate: StartGate | None = None) -> None:
+        self.gate = gate or StartGate(rank, world)
+        self.on = False
+        self.off: str | None = None  # why the ranks do not agree (None while on or undecided)
+        self.agreed = False  # this step's agree ran (the recorder resets it at each step)
+
+    @staticmethod
+    def of(optimizer: Any) -> Agreement | None:
+        """A new agreement when the optimizer steps DTensor parameters in a job of 2+ ranks."""
+        if not is_sharded(optimizer):
+            return None
+        dist = sys.modules["torch.distributed"]
+        return Agreement(dist.get_rank(), dist.get_world_size())
+
+    def poll(self, optimizer: Any) -> bool:
+        """Whether this step is agreed (call at every sharded step's pre-hook, before
+        ``agree``)."""
+        if not self.on and self.off is None:
+            started = self.gate.poll(optimizer)
+            self.on = bool(started)
+            if started is False:
+                self.off = self.gate.why
+                log.warning("probe agent: FSDP2 numerics agreement off (%s): each rank's "
+                            "gradient norm is its shard's, and a NaN's module is not re-run",
+                            self.off)
+        return self.on
+
+    def agree(self, torch: Any, loss: float | None, norm: float | None, local_norm: bool,
+              calls: int) -> tuple[float | None, bool, bool]:
+        """This agreed step's ``agree`` (below): the norm, any rank non-finite, every rank can
+        re-run it. A rank that left stops every rank here."""
+        self.agreed = True
+        norm, bad, rerun, stay = agree(torch, loss, norm, local_norm, calls)
+        if not stay:
+            self.stopped("a rank's numerics recorder stopped")
+        return norm, bad, rerun
+
+    @property
+    def bound(self) -> bool:
+        """Whether the other ranks count on this one (on, or announced and not off): a
+        recorder that stops must ``leave`` first."""
+        return self.off is None and self.gate.announced is not None
+
+    def stopped(self, why: str) -> None:
+        """Every rank stopped agreeing at this step (a rank left)."""
+        self.on, self.off = False, why
+
+    def leave(self, torch: Any, optimizer: Any) -> bool:
+        """This rank's recorder stops: leave with the others (sharded.py's docstring). Returns
+        True while the rank must come back at a later step's pre-hook (the ranks agreed to
+        start at a step not reached yet, or the store did not answer)."""
+        why = "a rank's numerics recorder stopped"
+        if not self.on and self.off is None:
+            if self.gate.start is None:
+                if not self.gate.withdraw():
+                    return True  # the store did not answer: try again next step
+                if self.gate.start is None:
+                    self.off = why
+                    return False
+            if not self.poll(optimizer):
+                return self.off is None  # the agreed start is ahead: take part there, to leave
+        if self.on:
+            self.stopped(why)
+            self.agreed = True
+            agree(torch, None, None, False, 0, leaving=True)
+        return False
+
+    def state(self) -> dict[str, Any]:
+        return {**self.gate.state(), "on": self.on, "off": self.off}
 
 
 def agree(torch: Any, loss: float | None, norm: float | None, local_norm: bool,
