@@ -328,7 +328,7 @@ class NumericsRecorder:
         self.out.stamp(step)
         self.inputs.step_done()
         try:
-            self.inputs.keep_root(torch, self.tracer)
+            self.inputs.keep_root(torch, self.tracer, self.clock)
             self._next_acts(step)
         except Exception as e:  # noqa: BLE001 - training thread: counted
             self.guard.failed(e)
