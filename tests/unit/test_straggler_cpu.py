@@ -126,3 +126,33 @@ def test_cpu_lists_round_trip_and_bad_ones_are_unknown():
     assert parse_cpu_list("0-3,8,10-11") == frozenset({0, 1, 2, 3, 8, 10, 11})
     assert parse_cpu_list("") is None and parse_cpu_list(None) is None
     assert parse_cpu_list("3-1") is None and parse_cpu_list("x") is None
+
+
+def test_the_cpu_shares_of_the_arrivals_window_win_over_the_last_steps():
+    # GIVEN each rank's answer to `probe straggler`: its collectives, its straggler_steps row
+    # over the last 50 steps (rank 1 waited 11%: the older steps of the window, when it waited
+    # 42%, are not in it) and its cpu_window row over the window the collectives span
+    from probe_cli.gather.evidence import straggler_verdict
+    from probe_cli.result import RankResult
+    from probe_protocol.bodies import CollectivesBody
+    from probe_protocol.query import QueryBody
+
+    rows = lockstep(slow=1, lag=0.01)
+
+    def answer(rank: int, last_steps_wait: float, window: dict) -> RankResult:
+        steps = QueryBody(rank, ("step_ms", "cpu_wait_share"), ("DOUBLE", "DOUBLE"),
+                          ([60.0, last_steps_wait],)).to_wire()
+        coll = CollectivesBody(rank, collectives=tuple(rows[rank]), now=10.0).to_wire()
+        return RankResult(rank, f"http://r{rank}", True, {"ok": True, "rank": rank,
+                          "collectives": coll, "steps": steps, "work": None, "cpu": window})
+
+    results = [answer(0, 0.14, row(0.12, 0.08)), answer(1, 0.11, row(0.43, 0.08))]
+    v, _ = straggler_verdict(results, 200, 0.1)
+    # THEN the window's shares decide: shared cores, no straggler
+    assert not v.problem and v.shared_cpus == "0-1", v.headline
+    # AND from an agent without the cpu_window query, the last steps' share (as before)
+    for r in results:
+        assert r.data is not None
+        r.data["cpu"] = None
+    v, _ = straggler_verdict(results, 200, 0.1)
+    assert v.problem and v.culprits == [1], v.headline
