@@ -20,11 +20,13 @@ def shared_cpu_scenarios(scenario: Any) -> list[Any]:
     named = {**none, "straggler": frozenset({"straggler"}), "doctor": frozenset({"straggler"})}
 
     def cpu(name: str, expect: dict[str, frozenset[str]], **kw: Any) -> Any:
-        return scenario(name, expect, program="shared_cpu_job.py", step_s=0.005,
-                        ready_step=100, **kw)
+        kw.setdefault("ready_step", 100)
+        return scenario(name, expect, program="shared_cpu_job.py", step_s=0.005, **kw)
 
     return [
         cpu("cpu_shared", none, hog=True, healthy=True),
-        cpu("cpu_compute", named, hog=True),
+        # judged once the window holds steady steps: read at step 100, doctor's 20% bar was
+        # missed 1 time in 4 over a window that began with the start-up (144 collectives)
+        cpu("cpu_compute", named, hog=True, ready_step=160),
         cpu("cpu_pinned", named),
     ]
