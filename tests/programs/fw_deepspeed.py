@@ -12,7 +12,8 @@ fw_common.StepLog writes ``global_step`` = ``engine.global_steps``, the LR the n
 the sum of the full (gathered under ZeRO-3) parameters.
 
 - ``--hang-file PATH``: once PATH exists, rank 1 sleeps in ``do_hang`` before the next step's
-  forward, for ever (rank 0 then waits in that step's first collective).
+  forward until the stop file appears (rank 0 then waits in that step's first collective; the
+  test's teardown ends the job cleanly instead of waiting out its stop and killing it).
 - ``--verify-checkpoint PATH``: load a probe checkpoint's ``model`` strictly into a fresh
   ``GPT`` (no DeepSpeed), print ``PROBE-VERIFY {json}``, exit.
 
@@ -22,6 +23,7 @@ Run: ``DS_ACCELERATOR=cpu PROBE=1 torchrun --nproc-per-node 2 fw_deepspeed.py --
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -105,8 +107,8 @@ def full_param_sum(engine: object, stage: int) -> float:
     return float(sum(p.detach().double().sum() for p in params))
 
 
-def do_hang() -> None:
-    while True:
+def do_hang(stop_file: str | None) -> None:
+    while not (stop_file and os.path.exists(stop_file)):
         time.sleep(0.5)
 
 
@@ -128,7 +130,7 @@ def train(args: argparse.Namespace) -> None:
         idx = torch.randint(0, VOCAB, (4, 8), generator=g)
         boundary = engine.is_gradient_accumulation_boundary()
         if boundary and rank == 1 and args.hang_file and os.path.exists(args.hang_file):
-            do_hang()
+            do_hang(args.stop_file)
         loss = engine(idx)
         engine.backward(loss)
         losses.append(float(loss))
@@ -171,6 +173,10 @@ def main() -> None:
         return
     warnings.filterwarnings("ignore")
     train(args)
+    # DeepSpeed's imports leave millions of objects: the collection at interpreter exit took
+    # ~10 s of the test's teardown on a loaded machine. Exempt them (the agent's own end
+    # handling runs at exit as before).
+    gc.freeze()
 
 
 if __name__ == "__main__":
