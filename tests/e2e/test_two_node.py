@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.test_cluster import free_base_port
@@ -49,6 +50,19 @@ def test_two_nodes_from_the_compose_entrypoint(tmp_path: Path):
             out = probe("-t", f"127.0.0.1:{base}", "--json", "info", env=auth)
             return out.returncode == 0 and len(json.loads(out.stdout)) == 4
 
+        def registered() -> bool:
+            """Rank 0's agent lists four ranks: polled in-process (a CLI process per poll took
+            CPU from the four ranks starting up on two cores), before the CLI is asked."""
+            for p in procs:
+                assert p.poll() is None, f"a node exited early:\n{p.stdout.read()}"
+            try:
+                r = httpx.get(f"http://127.0.0.1:{base}/v1/ranks", timeout=10,
+                              headers={"Authorization": "Bearer two-node-secret"})
+            except httpx.HTTPError:
+                return False
+            return r.status_code == 200 and len(r.json().get("ranks") or ()) >= 4
+
+        wait_until(registered, 180, "rank 0's agent never listed four ranks")
         # WHEN one address is asked (rank 0's agent), THEN all four ranks are discovered
         wait_until(four_ranks, 180, "four ranks on two nodes were not discovered")
         info = json.loads(probe("-t", f"127.0.0.1:{base}", "--json", "info", env=auth).stdout)
