@@ -20,7 +20,9 @@ def command(session: Session, last: int, limit: int) -> Outcome:
     """Slowest modules of every rank, by self time per step: each call's time minus the calls
     nested in that same call, median per call times the median calls per step (a few steps
     slowed by something else do not count), split into forward and backward; an activation
-    checkpoint's recompute counts as backward. The optimizer step shows as its class. pct is
+    checkpoint's recompute counts as backward; a module's own backward is what autograd runs
+    for it outside its children's (an attention core between its projections is the attention
+    module's). The optimizer step shows as its class. pct is
     the share of all self time. `probe doctor` names the same module first. From
     python.torch_trace (canned query slow_modules)."""
     return canned_outcome(
