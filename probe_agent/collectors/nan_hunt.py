@@ -64,8 +64,8 @@ def hunt(torch: Any, model: Any, calls: list[tuple[Any, Any, Any]], sample_ids: 
         return _hunt_sharded(torch, model, calls, sample_ids, names)
     if any(type(p).__name__ == "DTensor" for p in model.parameters()):
         return {"stage": "unchecked", "note": "parameters are DTensors (FSDP2) and the ranks "
-                "did not agree on a re-run (an agent injected after launch never does: it may "
-                "be in some ranks only): the rank's own loss and gradients are reported"}
+                "did not agree on a re-run (agreeing needs an agent on every rank, each announced "
+                "in the job's store): the rank's own loss and gradients are reported"}
     weights = _bad_weights(torch, model, names)
     if weights is not None:
         return weights
