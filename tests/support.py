@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "tests" / "programs"
@@ -42,6 +46,16 @@ def python_env(**extra: str) -> dict[str, str]:
     env.update(extra)
     return env
 
+
+def run_script_result(script: str, *args: str, timeout: float) -> dict[str, Any]:
+    """Run ``script`` in a fresh interpreter (``python -c``) and return the JSON it printed on
+    its ``RESULT `` line: for checks that need a process of their own (a process group, a
+    torch mode). A non-zero exit fails with the child's output."""
+    done = subprocess.run([sys.executable, "-c", script, *args], env=python_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
 
 def cuda_available() -> bool:
     try:

@@ -8,14 +8,11 @@ with what to run instead and the groups stay unsharded; at a step boundary (shar
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import python_env
+from tests.support import run_script_result
 
 pytest.importorskip("torch")
 
@@ -49,11 +46,7 @@ dist.destroy_process_group()
 
 
 def test_a_mid_step_state_dict_from_an_eval_is_refused_and_works_at_a_boundary(tmp_path: Path):
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], env=python_env(),
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.removeprefix("RESULT "))
+    out = run_script_result(SCRIPT, str(tmp_path), timeout=120)
     ok, error = out["mid"]
     assert not ok and error.startswith("MidStepReshard: probe refused: on FSDP2"), out
     assert "probe eval --next-step" in error

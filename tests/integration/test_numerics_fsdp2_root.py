@@ -13,12 +13,9 @@ would outlive the test), and the root the training thread then keeps must be the
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.support import python_env
+from tests.support import run_script_result
 
 SCRIPT = r'''
 import json, os, sys, time
@@ -90,10 +87,6 @@ dist.destroy_process_group()
 
 
 def test_a_heap_walk_inside_an_fsdp2_forward_still_finds_the_model(tmp_path: Path):
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], env=python_env(),
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stdout + done.stderr
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.removeprefix("RESULT "))
+    out = run_script_result(SCRIPT, str(tmp_path), timeout=180)
     assert out["walked"], out
     assert out["is_model"], out  # was 'FSDPBlock' or 'ModuleList'
