@@ -70,10 +70,13 @@ def other_host() -> Iterator[tuple[str, int, object]]:
     squatter in a network namespace of its own behind a veth pair; ``received()`` stops it and
     returns what it got."""
     need_root()
-    tag = f"{os.getpid() % 10000}{uuid.uuid4().hex[:3]}"
+    # a number of its own picks the interface names, the /30 and the port; a pid under 1000
+    # once made a 3-digit prefix that the parse below read into the hex suffix
+    slot = os.getpid() % 10000
+    tag = f"{slot:04d}{uuid.uuid4().hex[:3]}"
     ns, a, b = f"probe-t{tag}", f"pt{tag}a", f"pt{tag}b"
     # a /30 of its own in 169.254.220.0/22 (link-local)
-    net = ipaddress.ip_address("169.254.220.0") + 4 * (int(tag[:4]) % 256)
+    net = ipaddress.ip_address("169.254.220.0") + 4 * (slot % 256)
     host_ip, ns_ip = str(net + 1), str(net + 2)
 
     def sh(*cmd: str) -> None:
@@ -92,7 +95,7 @@ def other_host() -> Iterator[tuple[str, int, object]]:
         sh("ip", "link", "set", a, "up")
         sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", b)
         sh("ip", "netns", "exec", ns, "ip", "link", "set", b, "up")
-        port = 9700 + int(tag[:4]) % 200
+        port = 9700 + slot % 200
         code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
                 "from tests.attackers import squat\n"
                 f"sys.stdout.write(squat({port}, 60, {stop!r}))\n")
