@@ -1,12 +1,11 @@
-"""The agent's background work yields the CPU to training: its SQL threads run at nice 10, its
-profile export with the kernel's idle policy.
+"""The agent's background work yields the CPU to training: its SQL threads run at nice 10.
 
 A heavy query (a large join: seconds of DuckDB work, which releases the GIL) competes for the
 cores with the training threads like any other thread: on a busy 2-core machine it stretched one
 step to 0.68 s against a median of 0.08 s. ``SCHED_IDLE`` on the thread that runs it (Linux:
 ``sched_setscheduler`` on its tid applies to that thread alone) has the kernel run it only on
 CPU time no normal thread wants; where that is refused, ``nice 19`` on the thread's tid. Only
-threads that do bulk work get it (the SQL pool, the profile export): a backtrace, a memory
+threads that do bulk work get it (the SQL pools): a backtrace, a memory
 census or an eval still run at the job's own priority, so a busy job still answers them at once.
 
 Two levels, because idle is too little for what an operator waits on. On a machine training
@@ -15,8 +14,13 @@ at SCHED_IDLE gets almost nothing: a query of 0.1 s took 17-18 s there
 (bench/bench_query_priority.py), and `probe doctor`'s ~20 canned queries 48 s. At nice 10
 (weight 110 against 1024) the query took 0.3-0.6 s with the median step x1.04-1.18 meanwhile
 (x1.9-2.0 at the job's priority, x1.00 at idle); doctor 5.3 s with the job at 81% of its step
-rate (docs/decisions/serving.md). So SQL, ad-hoc and canned, runs at ``"nice"``; ``"idle"`` is
-left to the profile export (seconds of writing nobody waits on step by step). An unprivileged
+rate (docs/decisions/serving.md). So SQL, ad-hoc and canned, runs at ``"nice"``.
+
+Never for work that holds the GIL for long: the holder then runs below the training thread that
+waits for it (priority inversion). DuckDB releases the GIL while it executes; Kineto's trace
+save and a full ``gc.collect()`` do not, and the profile export at SCHED_IDLE beside two busy
+loops held the training thread for minutes (profiling/window.py). So nothing uses ``"idle"``
+today; it stays for bulk work that is GIL-free from end to end. An unprivileged
 thread cannot go back up (SCHED_IDLE to normal, or to a lower nice, needs RLIMIT_NICE): threads
 of one pool keep one level.
 

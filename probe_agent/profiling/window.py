@@ -36,7 +36,6 @@ creates a CUDA context (DESIGN). Nothing here imports torch before ``start()``.
 from __future__ import annotations
 
 import atexit
-import gc
 import logging
 import os
 import threading
@@ -44,7 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import cpu_priority, patches
+from .. import patches
 from .memory import give_back, rss_mib
 
 log = logging.getLogger(__name__)
@@ -53,6 +52,29 @@ log = logging.getLogger(__name__)
 #: --record-shapes --with-stack on an 8-layer MLP: 30 steps +11 MiB recording, +158 MiB at the
 #: peak (x14); 83 steps +34 MiB, +669 MiB (x20).
 EXPORT_FACTOR = 20.0
+
+
+def _drop_events(prof: Any) -> None:
+    """Free the window's events now, by reference counting.
+
+    ``torch.profiler.profile`` sits in a reference cycle (its ``action_map`` holds its own bound
+    methods), and the events with it (``profiler.kineto_results``): dropped alone they stayed
+    until a full collection, 415 -> 609 MiB after a 30-step window. A ``gc.collect()`` here
+    walked the whole heap holding the GIL (0.1-0.3 s on a small job, seconds on a big heap),
+    so the references are cut by hand: the events go at once and only a small shell is left
+    for the collector."""
+    inner = getattr(prof, "profiler", None)
+    if inner is not None:
+        for name in ("kineto_results", "_function_events", "_old_function_events"):
+            if hasattr(inner, name):
+                try:
+                    setattr(inner, name, None)
+                except Exception:  # another torch's attribute layout: the collector frees it
+                    pass
+    if prof is not None and hasattr(prof, "profiler"):
+        prof.profiler = None
+    if isinstance(getattr(prof, "action_map", None), dict):
+        prof.action_map.clear()
 
 
 def _mib(v: float | None) -> float | None:
@@ -287,7 +309,12 @@ class ProfileWindow:
 
     # -- export thread ------------------------------------------------------------------------
     def _export(self) -> None:
-        cpu_priority.background()  # seconds of trace writing: on CPU training does not want
+        # At the job's own priority, not in the background: Kineto's save is C++ that holds
+        # the GIL from start to end (a Python thread beside it ran twice in 88 ms), so the
+        # training thread waits for it whatever this thread's priority. At SCHED_IDLE beside
+        # two busy loops the save and its clean-up got almost no CPU while holding the GIL,
+        # and the training thread stood still for minutes (py-spy: the trainer waiting for the
+        # GIL, this thread active+gil for 50+ s). Lower priority only lengthens the stall.
         prof, self._prof = self._prof, None
         t0 = time.perf_counter()
         final = self.state if self.state != "exporting" else "error"
@@ -302,11 +329,8 @@ class ProfileWindow:
             self.error = f"exporting the trace: {type(e).__name__}: {e}"
             log.warning("probe agent: profile %s on rank %d: %s", self.id, self.rank, self.error)
         finally:
-            del prof  # the profiler's events can be large: drop them before anything else
-            # The profiler's events sit in reference cycles: without a collection here they
-            # stayed until some later one, and the window's memory with them (415 -> 609 MiB
-            # after a 30-step window, 425 with it). Once per window, on this thread.
-            gc.collect()
+            _drop_events(prof)
+            del prof
             give_back()
             self.rss_after = rss_mib()
             self.export_ms = (time.perf_counter() - t0) * 1e3
