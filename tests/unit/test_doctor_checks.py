@@ -110,6 +110,23 @@ def test_a_steady_leak_is_named_with_its_evidence():
     assert "malloc's free heap (41.5 MiB at the end), left out" in mem.evidence[0]
 
 
+def test_slow_cpu_growth_over_few_steps_waits_and_fast_growth_does_not():
+    # GIVEN the measured false alarm: a healthy ZeRO-3 job probed hard on a loaded machine,
+    # +31 MiB over steps 37-145 (the agent's requests in the job's heap), shaped like a leak
+    probed = mem_row(527.3, 558.7, 0.256, 0.27, 3, first_step=37, last_step=145)
+    report = diagnose(NO_HANG, [doc(0, memory=[probed]), doc(1, memory=[probed])], 5.0)
+    # THEN doctor does not call it a leak yet, and says when it will judge it
+    assert "memory" not in checks(report), report
+    [line] = [u for u in report.unchecked if u.startswith("memory:")]
+    assert "judged over 150 steps" in line and "527.3 -> 558.7 MiB" in line
+    # AND the guide's leak, 1.8 MiB a step over 75 steps, is named at once
+    fast = mem_row(484.8, 614.6, 1.85, 1.904, 3, first_step=26, last_step=101)
+    assert checks(diagnose(NO_HANG, [doc(0, memory=[fast])], 5.0))["memory"] == "warning"
+    # AND on CUDA (no agent share in allocated) the same slope over few steps is named
+    cuda = {**probed, "device": "cuda:0", "measure": "CUDA allocated"}
+    assert checks(diagnose(NO_HANG, [doc(0, memory=[cuda])], 5.0))["memory"] == "warning"
+
+
 def test_memory_growth_and_cuda_headroom():
     rows = [mem_row(1000.0, 4200.0, 64.0, 64.0, 3, first_step=11, last_step=80,
                     device="cuda:0", measure="CUDA allocated", reserved_mib=4600.0)]
