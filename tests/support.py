@@ -57,6 +57,7 @@ def run_script_result(script: str, *args: str, timeout: float) -> dict[str, Any]
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))
 
+
 def cuda_available() -> bool:
     try:
         import torch

@@ -126,7 +126,7 @@ class StepAgreement:
             elif store.check([key]):  # someone already decided (a late arrival after an abort)
                 vote = "abort:decided elsewhere"
             if vote is not None:
-                decision = _text(store.compare_set(key, "", vote))
+                decision = store_text(store.compare_set(key, "", vote))
                 if decision == "go":
                     return True, ""
                 if not decision.startswith("abort:") or len(decision) > MAX_DECISION:
@@ -138,7 +138,8 @@ class StepAgreement:
             arrived = int(store.add(f"{action_id}/arrived", 0))
 
 
-def _text(value: Any) -> str:
+def store_text(value: Any) -> str:
+    """A c10d store value as text (bytes from a TCPStore; at most MAX_DECISION + 1 read)."""
     if isinstance(value, str):
         return value
     return bytes(value[:MAX_DECISION + 1]).decode(errors="replace")

@@ -44,7 +44,7 @@ import os
 import time
 from typing import Any
 
-from ..actions.agreement import MAX_DECISION, StepAgreement
+from ..actions.agreement import MAX_DECISION, StepAgreement, store_text
 
 #: Steps between the last rank's announcement and the first agreed step (see the docstring).
 MARGIN = 2
@@ -126,13 +126,13 @@ class StartGate:
         """The decision when there is one (writing it when every rank has announced)."""
         key = f"{self.key}/decision"
         if store.check([key]):
-            return self._take(_text(store.get(key)))
+            return self._take(store_text(store.get(key)))
         n = int(store.add(f"{self.key}/ready", 0))
         if n > self.world:
             return self._decide(store, f"off:{n} ranks announced for a job of {self.world}: "
                                 "the job's store was written by someone else")
         if n == self.world:
-            steps = [int(_text(store.get(f"{self.key}/ready/{r}"))) for r in range(self.world)]
+            steps = [int(store_text(store.get(f"{self.key}/ready/{r}"))) for r in range(self.world)]
             return self._decide(store, f"go:{max(steps) + MARGIN}")
         if time.monotonic() - self._since > self.pending_s:
             return self._decide(store, f"off:only {n} of {self.world} ranks took part within "
@@ -140,7 +140,7 @@ class StartGate:
         return None
 
     def _decide(self, store: Any, vote: str) -> str:
-        return self._take(_text(store.compare_set(f"{self.key}/decision", "", vote)))
+        return self._take(store_text(store.compare_set(f"{self.key}/decision", "", vote)))
 
     def _take(self, decision: str) -> str:
         if decision.startswith("go:") and decision[3:].isdigit():
@@ -173,8 +173,3 @@ def step_of(optimizer: Any) -> tuple[int | None, bool]:
             return int(count.item() if hasattr(count, "item") else count) + 1, True
     return None, False
 
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return bytes(value[:MAX_DECISION + 1]).decode(errors="replace")

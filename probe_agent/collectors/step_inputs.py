@@ -134,10 +134,10 @@ class StepInputs:
     def _pick(self, clock: Any) -> Any:
         """At a step boundary: the largest of the walk's candidates that is the model (see the
         module docstring), or None (the writer walks again, 30 s later)."""
-        candidates, self._candidates = self._candidates, None
+        candidates = self._candidates
         if not candidates or clock is None:
-            self._candidates = candidates
             return None
+        self._candidates = None
         groups = [{id(p) for g in getattr(o, "param_groups", ()) for p in g["params"]
                    if p.requires_grad} for o in clock.optimizers()]
         wanted = set().union(*groups)

@@ -85,6 +85,7 @@ def _memory_line(d: RankDoc, row: dict[str, Any]) -> tuple[str, float, str]:
         return line, slope, "early"
     return line, slope, "leak" if leak else "fine"
 
+
 def check_memory(report: Report, docs: list[RankDoc]) -> None:
     have = [d for d in docs if d.memory]
     if not have:
