@@ -17,8 +17,8 @@ from .numerics import (
     TREND_WINDOW,
     _edge,
     _finite,
-    _g,
     _rows,
+    fmt4,
     lr_next,
     own_lr,
     thresholds,
@@ -63,7 +63,7 @@ def check_clipping(report: Report, docs: list[RankDoc]) -> bool:
         ev = [f"rank {d.rank}: clip_grad_norm_(max_norm={max_norm:g}) clipped {clipped} of "
               f"{len(norms)} steps; median norm before clipping {med:.3g} (x{med / max_norm:.2g}"
               f" max_norm), {first:.3g} at the window's start and {last:.3g} at its end",
-              f"rank {d.rank}: loss {_g(a)} -> {_g(b)}"]
+              f"rank {d.rank}: loss {fmt4(a)} -> {fmt4(b)}"]
         if ratio is not None:
             ev.append(f"rank {d.rank}: median update/weight ratio {ratio:.2g} per step (healthy "
                       f"~1e-3; above {t['high_ratio']:g} the LR is far too high)")

@@ -93,7 +93,8 @@ def check_numerics(report: Report, docs: list[RankDoc]) -> None:
         rows = _rows(d)
         a, b = _edge(rows, first=True), _edge(rows, first=False)
         report.fine.append(f"loss: no spike, divergence or stall (rank {d.rank}: "
-                           f"{_g(a)} -> {_g(b)} over steps {rows[0]['step']}-{rows[-1]['step']})")
+                           f"{fmt4(a)} -> {fmt4(b)} over steps "
+                           f"{rows[0]['step']}-{rows[-1]['step']})")
 
 
 def _edge(rows: list[dict[str, Any]], first: bool, n: int = 10) -> float | None:
@@ -340,69 +341,8 @@ def _trend_finding(kind: str, items: list[tuple[RankDoc, str, dict[str, Any]]],
     return Finding(WARNING, "lr_high", title, ev, lr_next(0.1, own), ranks, score=0.9)
 
 
-def origin_lines(docs: list[RankDoc]) -> tuple[list[str], list[int], str | None, str]:
-    """The NaN origin from every rank's ``first_nonfinite``: evidence lines, the ranks where
-    it was born, a title tail and the next step."""
-    firsts = [(d.rank, (d.state or {}).get("numerics", {}).get("first_nonfinite"))
-              for d in docs]
-    firsts = [(r, f) for r, f in firsts if f]
-    if not firsts:
-        return [], [], None, ""
-    step = min(int(num(f.get("step")) or 0) for _, f in firsts)
-    born = [(r, f) for r, f in firsts
-            if f.get("stage") in ("weights", "input", "forward", "backward")]
-    lines = []
-    for r, f in firsts:
-        lines.append(f"rank {r}: first non-finite at step {f.get('step')} (loss "
-                     f"{_g(num(f.get('loss')))}, gradient norm {f.get('grad_norm')}): "
-                     + _where(f))
-    if not born:
-        rerun = ("not re-run to find the origin" if all(f.get("stage") == "unchecked"
-                                                        for _, f in firsts)
-                 else "the re-run found no origin")
-        return lines, [], f"first at step {step}; {rerun}", \
-            "probe query \"SELECT * FROM python.numerics WHERE kind = 'origin'\""
-    r, f = born[0]
-    tail = f"first at step {f.get('step')} on rank {r}: " + _where(f)
-    nxt = {"weights": f"the weights were bad before step {f.get('step')} began: restore the "
-                      "last good checkpoint, then find what wrote them (the optimizer step "
-                      "before it, a loaded checkpoint, code that sets them); probe guard "
-                      "--skip-nonfinite keeps bad steps out meanwhile",
-           "input": f"look at sample(s) {_samples(f)} of the dataset: it holds NaN/Inf",
-           "forward": f"guard the op in module {f.get('module')!r} (clamp its input, add an "
-                      "epsilon); probe guard --skip-nonfinite keeps the weights meanwhile",
-           "backward": f"the backward of {f.get('op')} in module {f.get('module')!r} divides "
-                       "by zero or overflows at that input: add an epsilon inside it"}
-    return lines, [x for x, _ in born], tail, nxt.get(str(f.get("stage")), "")
-
-
-def _samples(f: dict[str, Any]) -> str:
-    s = f.get("samples") or []
-    return ", ".join(str(x) for x in s[:8]) or "?"
-
-
-def _where(f: dict[str, Any]) -> str:
-    stage, mod, op = f.get("stage"), f.get("module"), f.get("op")
-    which = f"sample(s) {_samples(f)} ({f.get('samples_are', 'rows of the batch')}" + (
-        f", micro-batch {f.get('micro_batch')})" if f.get("micro_batch") is not None else ")")
-    if stage == "input":
-        return f"received from the input batch: {which}"
-    cls = f" ({f['module_class']})" if f.get("module_class") else ""
-    if stage == "weights":
-        rows = f.get("param_rows") or []
-        return (f"in the weights: parameter {f.get('param')!r} of module {mod!r}{cls} held "
-                f"NaN/Inf before the step's forward ({f.get('bad_values')} of "
-                f"{f.get('values')} values" + (f"; rows {rows}" if rows else "") + ")")
-    if stage == "forward":
-        return f"produced in the forward of module {mod!r}{cls} by {op or 'an op'}: {which}"
-    if stage == "backward":
-        return f"produced in the backward of module {mod!r}{cls} by {op or 'an op'}"
-    if stage == "unchecked":  # no re-run happened: nothing says where it came from
-        return f"not re-run ({f.get('note') or 'no reason recorded'})"
-    return f"received (this rank's re-run stayed finite: {f.get('note') or 'not born here'})"
-
-
-def _g(v: float | None) -> str:
+def fmt4(v: float | None) -> str:
+    """A number in 4 significant digits, `?` when unknown (the verdicts' own style)."""
     return "?" if v is None else f"{v:.4g}"
 
 
