@@ -24,11 +24,13 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _current: Agent | None = None
 _fork_handler_registered = False
+#: PROBE_AGENT_PID as it was before ``start`` set it (None: unset), put back by ``stop``.
+_owner_before: str | None = None
 
 
 def start(config: AgentConfig | None = None, environ: Mapping[str, str] | None = None) -> Agent:
     """Start the agent in this process; raises ``AgentStateError`` if one already runs."""
-    global _current, _fork_handler_registered
+    global _current, _fork_handler_registered, _owner_before
     env = os.environ if environ is None else environ
     with _lock:
         if _current is not None and _current.running:
@@ -40,6 +42,7 @@ def start(config: AgentConfig | None = None, environ: Mapping[str, str] | None =
         agent = Agent(cfg, Identity.from_env(env))
         agent.start()
         _current = agent
+        _owner_before = os.environ.get("PROBE_AGENT_PID")
         os.environ["PROBE_AGENT_PID"] = str(os.getpid())
         publish_rank(agent.identity)
         # init_process_group renumbers it, start_processes makes it a launcher
@@ -65,8 +68,22 @@ def stop() -> None:
     global _current
     with _lock:
         agent, _current = _current, None
+        if agent is not None:
+            _forget_owner()
     if agent is not None:
         agent.stop()
+
+
+def _forget_owner() -> None:
+    """Put PROBE_AGENT_PID back as it was: a process started after the agent stopped has no
+    agent above it, and with PROBE=1 must start its own (it would wait for a process group
+    otherwise). Only this process's own value is undone (a forked child keeps its parent's)."""
+    if os.environ.get("PROBE_AGENT_PID") != str(os.getpid()):
+        return
+    if _owner_before is None:
+        os.environ.pop("PROBE_AGENT_PID", None)
+    else:
+        os.environ["PROBE_AGENT_PID"] = _owner_before
 
 
 def current() -> Agent | None:

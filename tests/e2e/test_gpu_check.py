@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import python_env
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -35,7 +36,7 @@ def test_the_dry_run_lists_every_check_and_why_each_is_skipped(tmp_path: Path) -
     # WHEN the dry run runs on this machine
     r = subprocess.run([sys.executable, "bench/gpu_check.py", "--dry-run", "--out",
                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=280,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       env=python_env())
     # THEN it exits 0, and its report names every check with a reason and its command
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads((tmp_path / "report.json").read_text())
@@ -56,8 +57,8 @@ def test_the_dry_run_lists_every_check_and_why_each_is_skipped(tmp_path: Path) -
 @pytest.mark.timeout(400)
 def test_the_one_process_gpt_check_runs_whole_on_cpu(tmp_path: Path) -> None:
     # GIVEN the GPU check's GPT job on CPU under PROBE=1 (a tiny model)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PROBE="1", PROBE_PORT="0",
-               PROBE_WATCHDOG="0", PROBE_RUN_DIR=str(tmp_path / "run"))
+    env = python_env(PROBE="1", PROBE_PORT="0", PROBE_WATCHDOG="0",
+                     PROBE_RUN_DIR=str(tmp_path / "run"))
     r = subprocess.run([sys.executable, "bench/gpu_gpt.py", "one", "--device", "cpu",
                         "--batch", "4", "--warmup", "2", "--steps", "3", "--out",
                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True,

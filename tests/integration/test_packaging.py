@@ -111,6 +111,23 @@ def test_autostart_skips_children_of_an_agent():
     assert should_start(["python", "w.py"], {"PROBE_AGENT_PID": "11"}, 11) is True
 
 
+def test_a_stopped_agent_is_no_longer_above_the_processes_started_after_it(make_agent):
+    """PROBE_AGENT_PID tells a child that an agent runs above it (so it waits for a process
+    group before starting its own); once the agent stops, it must not say so any more."""
+    import probe_agent
+    from probe_agent._autostart import should_start
+
+    before = os.environ.get("PROBE_AGENT_PID")
+    # GIVEN an agent running in this process: a child of it defers
+    make_agent(trace="off")
+    assert os.environ["PROBE_AGENT_PID"] == str(os.getpid())
+    assert should_start(["python", "w.py"], dict(os.environ), os.getpid() + 1) is False
+    # WHEN it stops, THEN the variable is as it was, and a child with PROBE=1 starts its own
+    probe_agent.stop()
+    assert os.environ.get("PROBE_AGENT_PID") == before
+    assert should_start(["python", "w.py"], dict(os.environ), os.getpid() + 1) is True
+
+
 #: Wheels of the dependencies, for installing offline (this machine's local index; CI images
 #: set PROBE_WHEELHOUSE). Without one the install test skips: it must never reach the network.
 WHEELHOUSE = os.environ.get("PROBE_WHEELHOUSE", "/opt/pypi/files")
