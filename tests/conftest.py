@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 
@@ -108,6 +109,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # build's own limit (trace_native.BUILD_TIMEOUT_S, 900 s): its timeout is its own plus that,
     # so a slow build fails on the fixture's assertion (with the loader's status), not on a
     # pytest-timeout kill at 120-300 s.
+    _group_for_workers(items)
     building = [item for item in items if _may_build_native(item)]
     if building:
         from probe_agent.collectors.tracer.trace_native import BUILD_TIMEOUT_S
@@ -121,6 +123,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def _group_for_workers(items: list[pytest.Item]) -> None:
+    """docker/test.sh runs two xdist workers with ``--dist loadgroup``: every end-to-end test
+    file is a group of its own (its module fixture starts its jobs once), and all in-process
+    tests (unit, integration) are one group, run by one worker in the serial order. In-process
+    tests share the interpreter (dynamo's counters, the dynamic loader, os.environ, tensors
+    left alive), so their order must stay the one the suite is checked in; the end-to-end tests
+    run in processes of their own and may run beside each other."""
+    for item in items:
+        name = item.module.__name__ if item.module is not None else "other"
+        group = name if item.get_closest_marker("e2e") else "in-process"
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_compiled_frames() -> Iterator[None]:
+    """A module that compiled with torch.compile leaves dynamo's frame counters up, and every
+    later agent in this process then takes the process for a compiled job (no FLOP
+    measurement, no MoE hooks, no saved-bytes hooks): cleared when the module ends."""
+    yield
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.utils.counters.clear()
 
 
 # A suite started in the background of a non-interactive shell (`nohup bash .ci/run &`)
