@@ -104,6 +104,8 @@ def _may_build_native(item: pytest.Item) -> bool:
             or params.get("hot_path") == "native")
 
 
+# tryfirst: xdist's worker reads the groups in its own hook of this name
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The first test to use the C++ hot path waits for its build, which may take up to the
     # build's own limit (trace_native.BUILD_TIMEOUT_S, 900 s): its timeout is its own plus that,
