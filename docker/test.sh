@@ -9,7 +9,6 @@ echo "test.sh: ruff check ." >&2
 .venv/bin/ruff check .
 echo "test.sh: mypy probe_agent probe_cli probe_protocol" >&2
 .venv/bin/mypy probe_agent probe_cli probe_protocol
-# Two workers (tests/conftest.py's groups: each end-to-end file whole, the in-process tests
-# together in their serial order); `-n N` in the arguments changes the count, `-n 0` runs
-# everything in this process.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadgroup "$@"
+# Two workers, one test file each (a module fixture starts its jobs once); `-n N` in the
+# arguments changes the count, `-n 0` runs everything in this process.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadfile "$@"

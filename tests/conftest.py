@@ -104,14 +104,11 @@ def _may_build_native(item: pytest.Item) -> bool:
             or params.get("hot_path") == "native")
 
 
-# tryfirst: xdist's worker reads the groups in its own hook of this name
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The first test to use the C++ hot path waits for its build, which may take up to the
     # build's own limit (trace_native.BUILD_TIMEOUT_S, 900 s): its timeout is its own plus that,
     # so a slow build fails on the fixture's assertion (with the loader's status), not on a
     # pytest-timeout kill at 120-300 s.
-    _group_for_workers(items)
     building = [item for item in items if _may_build_native(item)]
     if building:
         from probe_agent.collectors.tracer.trace_native import BUILD_TIMEOUT_S
@@ -125,19 +122,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
-
-
-def _group_for_workers(items: list[pytest.Item]) -> None:
-    """docker/test.sh runs two xdist workers with ``--dist loadgroup``: every end-to-end test
-    file is a group of its own (its module fixture starts its jobs once), and all in-process
-    tests (unit, integration) are one group, run by one worker in the serial order. In-process
-    tests share the interpreter (dynamo's counters, the dynamic loader, os.environ, tensors
-    left alive), so their order must stay the one the suite is checked in; the end-to-end tests
-    run in processes of their own and may run beside each other."""
-    for item in items:
-        name = item.module.__name__ if item.module is not None else "other"
-        group = name if item.get_closest_marker("e2e") else "in-process"
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="module", autouse=True)
