@@ -96,7 +96,6 @@ def _verb(ranks: Any, one: str, many: str) -> str:
     return one if len(set(ranks)) == 1 else many
 
 
-
 def origin_lines(docs: list[RankDoc]) -> tuple[list[str], list[int], str | None, str]:
     """The NaN origin from every rank's ``first_nonfinite``: evidence lines, the ranks where
     it was born, a title tail and the next step."""

@@ -78,9 +78,9 @@ def test_a_rank_killed_mid_build_takes_its_builder_and_the_next_job_loads_native
     cache = tmp_path / "native"
     monkeypatch.setenv("PROBE_NATIVE_DIR", str(cache))  # this process is the next job
     directory = cache / ext_name(torch)
-    # the dynamic loader maps a library once per process (it matches the soname): where an
-    # earlier test in this pytest process loaded the extension, the new build is checked on
-    # disk only
+    # CPython hands back the extension module it first loaded under a name, whatever the path
+    # asked for (the new .so is mapped, its module is not used): where an earlier test in this
+    # pytest process loaded the extension, the new build is checked on disk only
     loaded_before = f"/{ext_name(torch)}.so" in Path("/proc/self/maps").read_text()
     # GIVEN a rank whose builder is compiling (torch's build holds its plain-file lock)
     rank = subprocess.Popen([sys.executable, "-c", RANK], stdin=subprocess.PIPE, text=True,
